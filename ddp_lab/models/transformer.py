@@ -1,0 +1,109 @@
+"""The CS336 assignment's pre-norm decoder-only Transformer.
+
+RMSNorm, causal multi-head self-attention with rotary position embeddings (RoPE), SwiGLU
+feed-forward, untied output projection. Sizes come from `conf/model/*.yaml` (Table 1).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x.float() * rms).to(x.dtype) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos/sin tables, kept as non-persistent buffers (no gradient, not checkpointed)."""
+
+    def __init__(self, head_dim: int, context_length: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        angles = torch.outer(torch.arange(context_length).float(), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (batch, heads, seq, head_dim); rotate interleaved pairs.
+        seq = x.shape[-2]
+        cos, sin = self.cos[:seq], self.sin[:seq]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return out.flatten(-2)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, rope: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k = self.rope(q), self.rope(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, rope: RotaryEmbedding):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, num_heads, rope)
+        self.ln2 = RMSNorm(d_model)
+        self.ffn = SwiGLU(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, d_ff: int,
+                 num_layers: int, num_heads: int, rope_theta: float = 10000.0):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.context_length = context_length
+        self.embed = nn.Embedding(vocab_size, d_model)
+        # One RoPE table shared by every layer (a buffer, not a parameter).
+        rope = RotaryEmbedding(d_model // num_heads, context_length, rope_theta)
+        self.blocks = nn.ModuleList(Block(d_model, num_heads, d_ff, rope) for _ in range(num_layers))
+        self.ln_final = RMSNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            fan_in = module.weight.shape[-1]
+            nn.init.trunc_normal_(module.weight, std=1 / math.sqrt(fan_in), a=-3 / math.sqrt(fan_in), b=3 / math.sqrt(fan_in))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_final(x))

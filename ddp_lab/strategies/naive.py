@@ -1,0 +1,23 @@
+"""NaiveDDP: after backward, one blocking all-reduce per gradient tensor.
+
+The baseline: simple and correct, and slow on models with many tensors because every call pays the
+collective's fixed latency.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ddp_lab.distributed import all_reduce_mean_
+from ddp_lab.strategies.base import DataParallelBase
+
+
+class NaiveDDP(DataParallelBase):
+    def _synchronize_gradients(self) -> None:
+        for param in self.trainable_parameters():
+            if param.grad is None:
+                # A parameter unused this step: every rank agrees (same model, same graph), so
+                # skipping keeps ranks in step; its optimizer update is skipped everywhere.
+                continue
+            with self.comm.timed(param.grad.numel() * param.grad.element_size()):
+                all_reduce_mean_(param.grad)

@@ -1,0 +1,35 @@
+"""`Strategy`: what `conf/strategy/*.yaml` instantiates and the trainer talks to.
+
+The trainer never names a strategy. It asks this object to wrap the model and to build the
+optimizer; the YAML decides which wrapper class (and which optimizer, for sharded ones) that is.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class Strategy:
+    def __init__(self, name: str, wrapper: Callable[[nn.Module], nn.Module],
+                 optimizer: Callable | None = None, **knobs):
+        self.name = name
+        self._wrapper = wrapper
+        self._optimizer = optimizer
+        # The knobs users sweep (bucket_mb, grad_sync, ...), for run names and result tables.
+        self.knobs = {k: v for k, v in knobs.items() if v is not None}
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return self._wrapper(model)
+
+    def build_optimizer(self, params, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            return optimizer_cls(params, **kwargs)
+        return self._optimizer(params, optimizer_cls, **kwargs)
+
+    @property
+    def label(self) -> str:
+        """`bucketed-bucket_mb=25`: the strategy and its knobs, for run names."""
+        return "-".join([self.name] + [f"{k}={v}" for k, v in sorted(self.knobs.items())])

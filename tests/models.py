@@ -1,0 +1,45 @@
+"""Small models with the awkward parts the strategies must handle: frozen and tied parameters."""
+
+import torch
+from torch import nn
+
+from ddp_lab.models import Transformer
+
+VOCAB = 64
+CONTEXT = 8
+
+
+class FrozenLayerNet(nn.Module):
+    """An MLP whose middle layer is frozen: its weights must still be broadcast, never reduced."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.hidden = nn.Linear(16, 32)
+        self.out = nn.Linear(32, VOCAB)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(torch.relu(self.frozen(self.embed(tokens))))))
+
+
+class TiedNet(nn.Module):
+    """Input embedding and output projection share one weight: reduced once, not twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.hidden = nn.Linear(16, 16)
+        self.out = nn.Linear(16, VOCAB, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.hidden(self.embed(tokens))))
+
+
+def tiny_transformer():
+    return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
+
+
+MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "transformer": tiny_transformer}
