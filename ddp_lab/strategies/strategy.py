@@ -18,7 +18,8 @@ class Strategy:
         self.name = name
         self._wrapper = wrapper
         self._optimizer = optimizer
-        # The knobs users sweep (bucket_mb, grad_sync, ...), for run names and result tables.
+        # The knobs users sweep (bucket_mb, grad_sync, comm) reach the wrapper through the YAML's
+        # interpolations; here they are only kept for reference.
         self.knobs = {k: v for k, v in knobs.items() if v is not None}
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -29,7 +30,11 @@ class Strategy:
             return optimizer_cls(params, **kwargs)
         return self._optimizer(params, optimizer_cls, **kwargs)
 
-    @property
-    def label(self) -> str:
-        """`bucketed-bucket_mb=25`: the strategy and its knobs, for run names."""
-        return "-".join([self.name] + [f"{k}={v}" for k, v in sorted(self.knobs.items())])
+
+KNOBS = ("bucket_mb", "grad_sync", "comm")
+
+
+def knob_label(strategy_cfg) -> str:
+    """`bucketed-bucket_mb=25`: a strategy config's name and the knobs it sets, for run names."""
+    knobs = [f"{k}={strategy_cfg[k]}" for k in KNOBS if strategy_cfg.get(k) is not None]
+    return "-".join([strategy_cfg["name"]] + knobs)

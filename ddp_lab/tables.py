@@ -1,0 +1,82 @@
+"""The comparison table printed after a job, at the end of a sweep, and by the report.
+
+One row per job, failed jobs included (a failed row says so instead of leaving a gap).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ddp_lab.strategies.strategy import knob_label
+
+
+def _get(d: dict | None, *path, default=None):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return default
+        d = d[key]
+    return d
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
+    ("step p50", ("summary", "step_time_ms", "p50")),
+    ("step p90", ("summary", "step_time_ms", "p90")),
+    ("comm p50", ("summary", "comm_ms", "p50")),
+    ("exposed p50", ("summary", "exposed_comm_ms", "p50")),
+    ("overlap %", ("summary", "overlap_pct")),
+    ("colls/step", ("summary", "collectives_per_step")),
+]
+
+
+def row_label(results: dict) -> str:
+    cfg = results.get("config") or {}
+    if _get(cfg, "task", "name") == "allreduce":
+        return f"{_get(cfg, 'task', 'op')} {_get(cfg, 'task', 'size_mb')} MiB"
+    strategy = cfg.get("strategy")
+    return knob_label(strategy) if strategy else "?"
+
+
+def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells for training runs: (job name, results) pairs in sweep order."""
+    header = ["job", "strategy", "model", "ranks", "status"] + [h for h, _ in TRAIN_COLUMNS]
+    rows = []
+    for job, res in runs:
+        cfg = res.get("config") or {}
+        status = res.get("status", "missing")
+        cells = [job, row_label(res), _fmt(_get(cfg, "model", "name")), _fmt(cfg.get("world_size")), status]
+        cells += [_fmt(_get(res, *path)) for _, path in TRAIN_COLUMNS]
+        rows.append(cells)
+    return header, rows
+
+
+def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, justify="left" if name in ("job", "strategy", "model", "status") else "right")
+    for cells in rows:
+        style = None if cells[header.index("status")] == "ok" else "red"
+        table.add_row(*cells, style=style)
+    return table
+
+
+def print_table(table: Table) -> None:
+    """Print at the terminal's width, or wide enough for every column when output is a file."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(table)
+
+
+def job_name(job_dir: Path) -> str:
+    return Path(job_dir).name

@@ -1,0 +1,79 @@
+"""task=train: train the chosen model with the chosen strategy and measure every step.
+
+The loop reads top to bottom and never names a strategy: the strategy object wraps the model and
+builds the optimizer, and the wrapper's `finish_gradient_synchronization()` / `no_sync()` are the
+only synchronization points it knows.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from ddp_lab.data import rank_micro_batches
+from ddp_lab.distributed import seed_everything
+from ddp_lab.faults import maybe_inject_fault
+from ddp_lab.models import build_model
+from ddp_lab.stats import summarize
+from ddp_lab.step_metrics import StepTimer, reduce_over_ranks
+
+SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms")
+
+
+def run(cfg, device: torch.device, recorder) -> dict:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
+    strategy = instantiate(cfg.strategy)
+    model = strategy.wrap(build_model(cfg.model).to(device))
+    optimizer = strategy.build_optimizer([p for p in model.parameters() if p.requires_grad], torch.optim.AdamW,
+                                         lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    recorder.log_once(run_facts(model))
+    timer, steps = StepTimer(device), []
+    recorder.start(cfg.train.steps)
+    for step in range(cfg.train.steps):
+        maybe_inject_fault(cfg.fault, rank, step)
+        timer.start()
+        optimizer.zero_grad(set_to_none=True)
+        micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
+        loss_sum = torch.zeros((), device=device)
+        for i, (inputs, targets) in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last else model.no_sync():
+                logits = model(inputs)
+                loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten()) / len(micro_batches)
+                loss.backward()
+            loss_sum += loss.detach()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+        step_ms = timer.stop_ms()
+        record = {"step": step, **reduce_over_ranks(
+            {"step_time_ms": step_ms, "loss": loss_sum.item(), **model.comm.pop()}, device)}
+        steps.append(record)
+        recorder.step(record)
+    return {"summary": summarize_steps(steps, cfg.train.warmup_steps), "steps": steps}
+
+
+def run_facts(model) -> dict:
+    """Once per run: model size and, for bucketed wrappers, the bucket plan."""
+    facts = {"num_params": sum(p.numel() for p in model.parameters())}
+    if hasattr(model, "bucket_sizes_mb"):
+        facts["buckets"] = {"count": len(model.bucket_sizes_mb), "sizes_mb": list(model.bucket_sizes_mb)}
+    return facts
+
+
+def summarize_steps(steps: list[dict], warmup_steps: int) -> dict:
+    """Summaries over the measured (post-warm-up) steps, plus overlap % where comm was in flight."""
+    measured = [s for s in steps if s["step"] >= warmup_steps]
+    summary = {key: summarize(s.get(key) for s in measured) for key in SUMMARIZED}
+    total = sum(s.get("comm_ms", 0.0) for s in measured)
+    exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
+    summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
+    summary["measured_steps"] = len(measured)
+    if measured:
+        summary["collectives_per_step"] = measured[-1].get("collectives")
+        summary["comm_bytes_per_step"] = measured[-1].get("comm_bytes")
+    return summary
