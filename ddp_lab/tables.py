@@ -36,7 +36,9 @@ TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
     ("exposed p50", ("summary", "exposed_comm_ms", "p50")),
     ("overlap %", ("summary", "overlap_pct")),
     ("colls/step", ("summary", "collectives_per_step")),
+    ("opt state MiB/rank", ("summary", "memory", "optimizer_state_max_rank")),
 ]
+MIB_COLUMNS = {"opt state MiB/rank"}
 
 
 def row_label(results: dict) -> str:
@@ -55,7 +57,11 @@ def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]
         cfg = res.get("config") or {}
         status = res.get("status", "missing")
         cells = [job, row_label(res), _fmt(_get(cfg, "model", "name")), _fmt(cfg.get("world_size")), status]
-        cells += [_fmt(_get(res, *path)) for _, path in TRAIN_COLUMNS]
+        for header_name, path in TRAIN_COLUMNS:
+            value = _get(res, *path)
+            if header_name in MIB_COLUMNS and value is not None:
+                value = value / 2**20
+            cells.append(_fmt(value))
         rows.append(cells)
     return header, rows
 

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from ddp_lab.data import rank_micro_batches
 from ddp_lab.distributed import seed_everything
 from ddp_lab.faults import maybe_inject_fault
+from ddp_lab.memory import expected_zero_bytes, is_sharded, model_state_bytes
 from ddp_lab.models import build_model
 from ddp_lab.stats import summarize
 from ddp_lab.step_metrics import StepTimer, reduce_over_ranks
@@ -32,6 +33,7 @@ def run(cfg, device: torch.device, recorder) -> dict:
     optimizer = strategy.build_optimizer([p for p in model.parameters() if p.requires_grad], torch.optim.AdamW,
                                          lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     recorder.log_once(run_facts(model))
+    memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     recorder.start(cfg.train.steps)
     for step in range(cfg.train.steps):
@@ -48,13 +50,19 @@ def run(cfg, device: torch.device, recorder) -> dict:
                 loss.backward()
             loss_sum += loss.detach()
         model.finish_gradient_synchronization()
+        if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
+            memory["before_step"] = memory_snapshot(model, optimizer, device)
         optimizer.step()
         step_ms = timer.stop_ms()
+        if step == cfg.train.steps - 1:
+            memory["after_step"] = memory_snapshot(model, optimizer, device)
         record = {"step": step, **reduce_over_ranks(
             {"step_time_ms": step_ms, "loss": loss_sum.item(), **model.comm.pop()}, device)}
         steps.append(record)
         recorder.step(record)
-    return {"summary": summarize_steps(steps, cfg.train.warmup_steps), "steps": steps}
+    summary = summarize_steps(steps, cfg.train.warmup_steps)
+    summary["memory"] = memory_report(memory, model, optimizer)
+    return {"summary": summary, "steps": steps}
 
 
 def run_facts(model) -> dict:
@@ -63,6 +71,25 @@ def run_facts(model) -> dict:
     if hasattr(model, "bucket_sizes_mb"):
         facts["buckets"] = {"count": len(model.bucket_sizes_mb), "sizes_mb": list(model.bucket_sizes_mb)}
     return facts
+
+
+def memory_snapshot(model, optimizer, device) -> dict:
+    """This rank's model-state bytes now; on CUDA also the allocator's peak so far."""
+    snapshot = model_state_bytes(model, optimizer)
+    if device.type == "cuda":
+        snapshot["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    return snapshot
+
+
+def memory_report(memory: dict, model, optimizer) -> dict:
+    """Every rank's three snapshots (gathered once, at the end) beside the ZeRO paper's figures."""
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, memory)
+    num_params = sum(p.numel() for p in model.parameters())
+    stage = 1 if is_sharded(optimizer) else 0
+    expected = expected_zero_bytes(num_params, 4, dist.get_world_size(), stage)
+    return {"per_rank": per_rank, "zero_stage": stage, "expected": expected,
+            "optimizer_state_max_rank": max(r["after_step"]["optimizer_state"] for r in per_rank)}
 
 
 def summarize_steps(steps: list[dict], warmup_steps: int) -> dict:
