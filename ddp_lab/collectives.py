@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.distributed import synchronize
+from ddp_lab.stats import SUMMARY_KEYS, summarize
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 GB = 1e9
 MiB = 2**20
-SUMMARY_KEYS = ("mean", "std", "p50", "p90", "p95", "min", "max")
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -61,12 +61,10 @@ def busbw(op: str, nbytes: float, seconds: float, world_size: int) -> float:
 
 def latency_summary(seconds) -> dict:
     """mean, std, p50, p90, p95, min, max of per-iteration times, in milliseconds."""
-    a = np.asarray(seconds, dtype=float) * 1e3
-    if a.size == 0:
+    out = summarize([t * 1e3 for t in seconds])
+    if out is None:
         raise ValueError("no timings to summarize")
-    p50, p90, p95 = np.percentile(a, [50, 90, 95])
-    return {"mean": float(a.mean()), "std": float(a.std()), "p50": float(p50), "p90": float(p90),
-            "p95": float(p95), "min": float(a.min()), "max": float(a.max())}
+    return out
 
 
 def combine_rank_times(per_rank: list[list[float]]) -> list[float]:
