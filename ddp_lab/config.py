@@ -79,6 +79,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     seed: int = 0
     grad_accum_steps: int = 1
+    save_model: bool = False  # rank 0 writes the final weights to JOB_DIR/model.pt
 
 
 @dataclass

@@ -76,7 +76,7 @@ def main(job_dir: Path) -> None:
         env = environment(backend, device)
         if rank == 0:
             recorder = RunRecorder(cfg, job_dir)
-        result = task_runner(cfg.task.name)(cfg, device, recorder)
+        result = task_runner(cfg.task.name)(cfg, device, recorder, job_dir)
         if rank == 0:
             recorder.finish(result["summary"], ok=True)
             write_json_atomic(job_dir / RESULTS, make_results(

@@ -4,14 +4,20 @@
 |---|---|---|
 | naive | NaiveDDP | naive.py |
 | flat | FlatDDP | flat.py |
+| overlap | OverlapDDP | overlap.py (+ hooked.py, inflight.py) |
+| bucketed | BucketedDDP, plan_buckets | bucketed.py (+ hooked.py, inflight.py) |
+| torch_ddp | TorchDDP (torch's DistributedDataParallel) | torch_ddp.py |
 
 `Strategy` (strategy.py) is what the YAML instantiates; `DataParallelBase` (base.py) is the shared
 wrapper contract.
 """
 
 from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.naive import NaiveDDP
+from ddp_lab.strategies.overlap import OverlapDDP
 from ddp_lab.strategies.strategy import Strategy
+from ddp_lab.strategies.torch_ddp import TorchDDP
 
-__all__ = ["DataParallelBase", "FlatDDP", "NaiveDDP", "Strategy"]
+__all__ = ["BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "Strategy", "TorchDDP", "plan_buckets"]

@@ -25,7 +25,7 @@ from ddp_lab.step_metrics import StepTimer, reduce_over_ranks
 SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms")
 
 
-def run(cfg, device: torch.device, recorder) -> dict:
+def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     strategy = instantiate(cfg.strategy)
@@ -60,6 +60,8 @@ def run(cfg, device: torch.device, recorder) -> dict:
             {"step_time_ms": step_ms, "loss": loss_sum.item(), **model.comm.pop()}, device)}
         steps.append(record)
         recorder.step(record)
+    if cfg.train.save_model and rank == 0:
+        torch.save(model.module.state_dict(), job_dir / "model.pt")
     summary = summarize_steps(steps, cfg.train.warmup_steps)
     summary["memory"] = memory_report(memory, model, optimizer)
     return {"summary": summary, "steps": steps}

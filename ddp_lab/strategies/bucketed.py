@@ -1,0 +1,81 @@
+"""BucketedDDP: gradients grouped into buckets of at most `bucket_mb` MiB, one async all-reduce each.
+
+The knob trades the per-call latency OverlapDDP pays once per parameter against overlap: one huge
+bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are OverlapDDP.
+
+- The plan (`plan_buckets`) walks `parameters()` in reverse, the order gradients roughly become
+  ready, and closes a bucket before it would exceed the cap; a parameter larger than the cap gets
+  a bucket of its own. Buckets are also split where dtype or device changes.
+- Each bucket is one flat buffer allocated at construction and reused every step. Gradients are
+  views into it (torch DDP's `gradient_as_bucket_view`): after the first synchronization
+  `param.grad` *is* a slice of the bucket, so with `zero_grad(set_to_none=False)` autograd
+  accumulates straight into the bucket and nothing is copied in or out. With `set_to_none=True`
+  autograd hands over a fresh tensor each step; it is copied into the bucket once, when its hook
+  fires, and `.grad` is pointed back at the bucket slice.
+- Hook, ordering, unused-parameter and no_sync rules are in hooked.py.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ddp_lab.strategies.hooked import HookedDDP
+
+MIB = 2**20
+
+
+def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[int]]:
+    """Indices into `params`, grouped into buckets in reverse order, each at most `bucket_mb` MiB."""
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
+    cap = bucket_mb * MIB
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size, kind = 0, None
+    for i in reversed(range(len(params))):
+        p = params[i]
+        nbytes = p.numel() * p.element_size()
+        if current and (size + nbytes > cap or (p.dtype, p.device) != kind):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+        kind = (p.dtype, p.device)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class BucketedDDP(HookedDDP):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        plan = plan_buckets(trainable, bucket_mb)
+        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan])
+        self.bucket_mb = bucket_mb
+        self._buffers: list[torch.Tensor] = []
+        self._view_of: dict[int, torch.Tensor] = {}
+        for unit in self._units:
+            buffer = torch.zeros(sum(p.numel() for p in unit), dtype=unit[0].dtype, device=unit[0].device)
+            offset = 0
+            for p in unit:
+                self._view_of[id(p)] = buffer[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self._buffers.append(buffer)
+        self.bucket_sizes_mb = [b.numel() * b.element_size() / MIB for b in self._buffers]
+
+    def _stage(self, param: nn.Parameter) -> None:
+        view = self._view_of[id(param)]
+        grad = param.grad
+        if grad is None:
+            view.zero_()  # no gradient on this rank: contribute zeros
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)  # a fresh tensor from autograd (set_to_none=True, or first step)
+        else:
+            return  # already the bucket slice: autograd accumulated in place, nothing to copy
+        param.grad = view
+
+    def _unit_tensor(self, index: int) -> torch.Tensor:
+        return self._buffers[index]

@@ -1,0 +1,105 @@
+"""TorchDDP: torch's own DistributedDataParallel behind our wrapper contract, the in-run reference.
+
+So every sweep can include the production implementation next to ours, measured the same way.
+
+- `bucket_mb` is DDP's `bucket_cap_mb` (DDP also keeps its 1 MiB first bucket and rebuilds the
+  buckets after the first iteration from the real gradient order).
+- `.module` is the user's model, as for every wrapper; the DDP object is `.ddp` and is kept out of
+  the module tree so `parameters()` and `state_dict()` are the model's own.
+- `forward_sync_buffers=False` (`broadcast_buffers=False` on older torch): our strategies do not
+  re-broadcast buffers every forward either (the models here have no buffers that training
+  changes); the start-up broadcast of parameters and buffers is ours (DDP's `init_sync=False`).
+- Forwards in eval mode or under no_grad bypass DDP, so they never arm its reducer.
+- Comm accounting: an all-reduce comm hook (the same divide-then-sum as DDP's default) stamps each
+  bucket's in-flight interval as for our strategies (inflight.py), so `comm_ms` is comparable.
+- Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in
+  `finish_gradient_synchronization()`. Exposed is instead measured from the last gradient
+  accumulated (a post-accumulate-grad hook on every trainable parameter; a CUDA event on GPU) to
+  the call of `finish_gradient_synchronization()`, which the trainer makes right after backward:
+  the wait for the last buckets plus DDP's copy of the averaged buckets back into `.grad`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_lab.distributed import synchronize
+from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.inflight import all_reduce_mean_async, host_time_of, record_intervals
+
+MIB = 2**20
+_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def _timed_all_reduce_hook(stamps, bucket):
+    # No annotations: DDP checks them and this module's are strings (`from __future__`).
+    future, stamp = all_reduce_mean_async(bucket.buffer())
+    stamps.append(stamp)
+    return future
+
+
+class TorchDDP(DataParallelBase):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, **ddp_kwargs):
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
+        super().__init__(module)  # broadcasts parameters and buffers from rank 0, frozen ones too
+        # Newer torch renamed `broadcast_buffers` (and warns on the old name); same meaning here.
+        buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
+        ddp_kwargs.setdefault(buffers_key, False)
+        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False, **ddp_kwargs)
+        self._stamps: list = []
+        ddp.register_comm_hook(self._stamps, _timed_all_reduce_hook)
+        object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
+        self.bucket_mb = bucket_mb
+        self._last_grad = None
+        for param in self.trainable_parameters():
+            param.register_post_accumulate_grad_hook(self._mark_grad)
+
+    def _mark_grad(self, param: torch.Tensor) -> None:
+        if param.is_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._last_grad = event
+        else:
+            self._last_grad = time.perf_counter()
+
+    @property
+    def bucket_sizes_mb(self) -> list[float]:
+        """DDP's current buckets in MiB, launch order. They change once, at the second forward.
+
+        Unlike BucketedDDP's, a DDP bucket may pass the cap by one tensor (DDP closes a bucket once
+        it reaches the cap), and the first bucket's cap is 1 MiB until the rebuild.
+        """
+        try:
+            buckets = self.ddp.reducer._get_zeros_like_grad_buckets()  # private: torch may drop it
+            return [b.buffer().numel() * b.buffer().element_size() / MIB for b in buckets]
+        except (AttributeError, RuntimeError):
+            sizes = self.ddp._get_ddp_logging_data().get("bucket_sizes", "")  # the initial plan
+            return [int(s) / MIB for s in str(sizes).split(",") if s.strip()]
+
+    def forward(self, *args, **kwargs):
+        if self.training and torch.is_grad_enabled():
+            return self.ddp(*args, **kwargs)
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        with super().no_sync(), self.ddp.no_sync():
+            yield
+
+    def finish_gradient_synchronization(self) -> None:
+        stamps = self._stamps[:]
+        self._stamps.clear()  # the same list object DDP's hook appends to
+        if stamps and self._last_grad is not None:
+            synchronize(self.comm.device)
+            now = time.perf_counter()
+            last = self._last_grad if isinstance(self._last_grad, float) else host_time_of(self._last_grad)
+            self.comm.exposed_s += max(0.0, now - last)
+        self._last_grad = None
+        record_intervals(stamps, self.comm)
