@@ -88,6 +88,15 @@ def fit_link(nbytes, seconds, huber_k: float = 1.5, iterations: int = 20) -> Lin
                    rel_rms=float(np.sqrt(np.mean(rel**2))))
 
 
+def fit_link_from_summaries(summaries) -> LinkFit:
+    """`fit_link` on benchmark jobs' figures (`collectives.summarize_collective` dicts): the
+    median latency of each message size. Use jobs of one op, backend and world size."""
+    keys = {(s["op"], s["world_size"]) for s in summaries}
+    if len(keys) > 1:
+        raise ValueError(f"mixing ops / world sizes {sorted(keys)}: fit one link per (op, world_size)")
+    return fit_link([s["bytes"] for s in summaries], [s["latency_ms"]["p50"] / 1e3 for s in summaries])
+
+
 def exposed_overhead(n_buckets, total_bytes: float, overhead_s: float, bandwidth_Bps: float):
     """Exposed communication of bucketed DDP: n_b*o + s/(n_b*w) (seconds; n_b may be an array).
 
@@ -126,6 +135,21 @@ def best_bucket_bytes(total_bytes: float, overhead_s: float, bandwidth_Bps: floa
     if overhead_s <= 0:
         raise ValueError("with zero per-call overhead more buckets always help; no finite optimum")
     return min(math.sqrt(total_bytes * overhead_s * bandwidth_Bps), float(total_bytes))
+
+
+def bucket_curve(total_bytes: float, fit: LinkFit, bucket_mb=None, points: int = 200) -> dict:
+    """What the report plots beside a measured bucket sweep: predicted exposed ms per bucket size
+    (MiB, log-spaced from 0.1 MiB to the whole gradient unless given) and the predicted optimum."""
+    MiB = 2**20
+    if bucket_mb is None:
+        bucket_mb = np.geomspace(0.1, max(total_bytes / MiB, 0.2), points)
+    bucket_mb = np.asarray(bucket_mb, dtype=float)
+    exposed = exposed_vs_bucket_bytes(bucket_mb * MiB, total_bytes, fit.overhead_s, fit.bandwidth_Bps)
+    best = best_bucket_bytes(total_bytes, fit.overhead_s, fit.bandwidth_Bps)
+    return {"bucket_mb": bucket_mb.tolist(), "exposed_ms": (np.atleast_1d(exposed) * 1e3).tolist(),
+            "best_bucket_mb": best / MiB,
+            "best_n_buckets": best_bucket_count(total_bytes, fit.overhead_s, fit.bandwidth_Bps),
+            "best_exposed_ms": exposed_vs_bucket_bytes(best, total_bytes, fit.overhead_s, fit.bandwidth_Bps) * 1e3}
 
 
 def pipeline_exposed(n_buckets: int, total_bytes: float, overhead_s: float, bandwidth_Bps: float,

@@ -71,3 +71,25 @@ def test_pipeline_closed_form_matches_simulation(backward_s):
         ns = range(1, 2000)
         best = min(ns, key=lambda n: cm.pipeline_exposed(n, s, o, w, backward_s))
         assert abs(best - math.sqrt(backward_s / o)) <= 1
+
+
+def test_fit_from_benchmark_summaries():
+    from ddp_lab.collectives import summarize_collective
+
+    sizes = [2**20, 10 * 2**20, 100 * 2**20, 1000 * 2**20]
+    jobs = [summarize_collective("all_reduce", b, 4, [O + b / W] * 5) for b in sizes]
+    fit = cm.fit_link_from_summaries(jobs)
+    assert fit.overhead_s == pytest.approx(O, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(W, rel=1e-6)
+    jobs.append(summarize_collective("all_reduce", 2**20, 2, [O] * 5))
+    with pytest.raises(ValueError, match="one link per"):
+        cm.fit_link_from_summaries(jobs)
+
+
+def test_bucket_curve_minimum_is_the_predicted_best():
+    fit = cm.LinkFit(overhead_s=O, bandwidth_Bps=W, n_points=4, rel_rms=0.0)
+    s = 37_266_432                                   # tiny's fp32 gradients
+    curve = cm.bucket_curve(s, fit, points=2000)
+    i = int(np.argmin(curve["exposed_ms"]))
+    assert curve["bucket_mb"][i] == pytest.approx(curve["best_bucket_mb"], rel=0.01)
+    assert curve["best_bucket_mb"] == pytest.approx(math.sqrt(s * O * W) / 2**20)
+    assert min(curve["exposed_ms"]) >= curve["best_exposed_ms"] - 1e-12
