@@ -7,6 +7,7 @@
 | overlap | OverlapDDP | overlap.py (+ hooked.py, inflight.py) |
 | bucketed | BucketedDDP, plan_buckets | bucketed.py (+ hooked.py, inflight.py) |
 | torch_ddp | TorchDDP (torch's DistributedDataParallel) | torch_ddp.py |
+| zero1, zero1_torch | ShardedOptimizer (+ a grad_sync wrapper) | sharded_optimizer.py, zero1.py |
 
 `Strategy` (strategy.py) is what the YAML instantiates; `DataParallelBase` (base.py) is the shared
 wrapper contract.
@@ -17,7 +18,8 @@ from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
+from ddp_lab.strategies.sharded_optimizer import ShardedOptimizer
 from ddp_lab.strategies.strategy import Strategy
 from ddp_lab.strategies.torch_ddp import TorchDDP
 
-__all__ = ["BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "Strategy", "TorchDDP", "plan_buckets"]
+__all__ = ["BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "ShardedOptimizer", "Strategy", "TorchDDP", "plan_buckets"]
