@@ -164,18 +164,21 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
 
 
 def benchmark_collective(op: str, nbytes: int, iters: int, warmup: int, device: torch.device,
-                         dtype=torch.float32, group=None, barrier: bool = True) -> list[float]:
+                         dtype=torch.float32, group=None, barrier: bool = True,
+                         info: dict | None = None) -> list[float]:
     """Time `iters` calls of `op` on `nbytes` (see `message_bytes`) after `warmup` untimed ones.
 
     The process group must already be initialized. Returns this rank's per-iteration seconds;
-    gather them from every rank and combine with `combine_rank_times`. `resolve_collective` tells
-    which torch API ran (`benchmark_collective` uses the same choice).
+    gather them from every rank and combine with `combine_rank_times`. Pass a dict as `info` to
+    learn the torch API that ran (`api`) and the bytes actually moved (`bytes`), for results.json.
     """
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     n = dist.get_world_size(group)
     numel = message_numel(nbytes, n, torch.empty((), dtype=dtype).element_size())
-    run, _, _ = resolve_collective(op, numel, device, dtype, group)  # its trial call is warm-up 0
+    run, api, _ = resolve_collective(op, numel, device, dtype, group)  # its trial call is warm-up 0
+    if info is not None:
+        info.update(api=api, bytes=numel * torch.empty((), dtype=dtype).element_size())
     for _ in range(max(warmup - 1, 0)):
         run()
     synchronize(device)

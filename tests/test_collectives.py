@@ -67,8 +67,10 @@ def _bench_all_ops(rank, world_size):
         bufs["full"].copy_(torch.arange(8.0) + 10 * rank)
         bufs["chunk"].fill_(rank + 1)
         run()
-        out[op] = {"api": api, "full": bufs["full"].clone(), "chunk": bufs["chunk"].clone(),
-                   "times": C.benchmark_collective(op, 64 * 1024, iters=3, warmup=2, device=torch.device("cpu"))}
+        info = {}
+        times = C.benchmark_collective(op, 64 * 1024 + 4, iters=3, warmup=2, device=torch.device("cpu"), info=info)
+        out[op] = {"api": api, "full": bufs["full"].clone(), "chunk": bufs["chunk"].clone(), "times": times,
+                   "info": info}
     dist.barrier()
     return out
 
@@ -88,6 +90,7 @@ def test_real_two_rank_gloo_run():
         assert res["all_gather"]["api"] in ("all_gather_single", "all_gather_into_tensor", "all_gather")
         assert torch.equal(res["all_gather"]["full"], torch.tensor([1.0] * 4 + [2.0] * 4))
         for op in C.OPS:
+            assert res[op]["info"] == {"api": res[op]["api"], "bytes": 64 * 1024}   # 16385 floats -> 16384
             times = res[op]["times"]
             assert len(times) == 3 and all(0 < t < 5 for t in times)
     combined = C.combine_rank_times([r["all_reduce"]["times"] for r in results])
