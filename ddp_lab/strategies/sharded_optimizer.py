@@ -45,7 +45,7 @@ zero1 wrapper already did it in `finish_gradient_synchronization()` (ddp_lab/str
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterable
 
 import torch
@@ -214,8 +214,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _exposed(self):
         return self.comm_stats.exposed() if self.comm_stats is not None else nullcontext()
 
-    def _timed(self, nbytes: int):
-        return self.comm_stats.timed(nbytes) if self.comm_stats is not None else nullcontext()
+    @contextmanager
+    def _timed(self, nbytes: int, calls: int = 1):
+        """One interval for `calls` collectives launched together (they are in flight together)."""
+        if self.comm_stats is None:
+            yield
+            return
+        with self.comm_stats.timed(nbytes):
+            yield
+        self.comm_stats.collectives += calls - 1
 
     def _broadcast_params(self) -> None:
         """Each owner broadcasts its updated params as one flat buffer; all owners at once."""
@@ -231,7 +238,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 else:
                     flat = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device)
                 pending.append((params, flat, owner))
-        with self._timed(sum(_nbytes(flat) for _, flat, _ in pending)):
+        with self._timed(sum(_nbytes(flat) for _, flat, _ in pending), len(pending)):
             works = [dist.broadcast(flat, src=owner, async_op=True) for _, flat, owner in pending]
             for work in works:
                 work.wait()
@@ -265,7 +272,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if self._use_tensor_collectives():
                 mine = self._padded_reduce_scatter(flats)
             else:
-                with self._timed(sum(_nbytes(f) for f in flats)):
+                with self._timed(sum(_nbytes(f) for f in flats), sum(1 for f in flats if f.numel())):
                     works = [dist.reduce(flat, dst=owner, async_op=True)
                              for owner, flat in enumerate(flats) if flat.numel()]
                     for work in works:
@@ -317,7 +324,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         segments.append(_flatten_dense_tensors([p.detach() for p in params]))
                     else:
                         segments.append(torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device))
-                with self._timed(sum(_nbytes(s) for s in segments)):
+                with self._timed(sum(_nbytes(s) for s in segments), sum(1 for s in segments if s.numel())):
                     works = [dist.broadcast(seg, src=owner, async_op=True)
                              for owner, seg in enumerate(segments) if seg.numel()]
                     for work in works:
