@@ -9,7 +9,10 @@ So every sweep can include the production implementation next to ours, measured 
 - `forward_sync_buffers=False` (`broadcast_buffers=False` on older torch): our strategies do not
   re-broadcast buffers every forward either (the models here have no buffers that training
   changes); the start-up broadcast of parameters and buffers is ours (DDP's `init_sync=False`).
-- Forwards in eval mode or under no_grad bypass DDP, so they never arm its reducer.
+- Forwards in eval mode or under no_grad bypass DDP, so they never arm its reducer (DDP's forward
+  can issue collectives, and evaluation is often done by some ranks only). A backward from such a
+  forward is not reduced by DDP; `finish_gradient_synchronization()` notices (gradients arrived,
+  no bucket was sent) and all-reduces them itself, so the contract holds either way.
 - Comm accounting: an all-reduce comm hook (the same divide-then-sum as DDP's default) stamps each
   bucket's in-flight interval as for our strategies (inflight.py), so `comm_ms` is comparable.
 - Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in
@@ -27,9 +30,10 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_lab.distributed import synchronize
+from ddp_lab.distributed import all_reduce_mean_, synchronize
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.inflight import all_reduce_mean_async, host_time_of, record_intervals
 
@@ -96,6 +100,11 @@ class TorchDDP(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         stamps = self._stamps[:]
         self._stamps.clear()  # the same list object DDP's hook appends to
+        if not stamps and self._last_grad is not None:
+            self._last_grad = None
+            with self.comm.exposed():
+                self._reduce_unarmed_gradients()
+            return
         if stamps and self._last_grad is not None:
             synchronize(self.comm.device)
             now = time.perf_counter()
@@ -103,3 +112,12 @@ class TorchDDP(DataParallelBase):
             self.comm.exposed_s += max(0.0, now - last)
         self._last_grad = None
         record_intervals(stamps, self.comm)
+
+    def _reduce_unarmed_gradients(self) -> None:
+        """Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does."""
+        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        with self.comm.timed(flat.numel() * flat.element_size()):
+            all_reduce_mean_(flat)
+        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            grad.copy_(synced)
