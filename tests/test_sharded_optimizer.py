@@ -362,17 +362,21 @@ def test_later_groups_balance_on_top_and_move_nothing():
 
 
 def test_single_process_is_bit_exact_with_plain_optimizer():
-    """No process group: one rank owns everything; same weights bit for bit, same state_dict."""
+    """No process group: one rank owns everything; same weights bit for bit, same state_dict; named
+    parameters and a closure pass through as they do for the plain optimizer."""
     torch.manual_seed(0)
     a = MODELS["tied"]()
     b = copy.deepcopy(a)
-    sharded = ShardedOptimizer(a.parameters(), torch.optim.AdamW, lr=1e-2)
-    plain = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    sharded = ShardedOptimizer(a.named_parameters(), torch.optim.AdamW, lr=1e-2)
+    plain = torch.optim.AdamW(b.named_parameters(), lr=1e-2)
     for step in range(3):
         for model, opt in ((a, sharded), (b, plain)):
-            opt.zero_grad()
-            loss_of(model, global_batch(step)).backward()
-            opt.step()
+            def closure(model=model, opt=opt):
+                opt.zero_grad()
+                loss = loss_of(model, global_batch(step))
+                loss.backward()
+                return loss
+            assert opt.step(closure) is not None
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert sharded.state_dict()["param_groups"] == plain.state_dict()["param_groups"]
     with pytest.raises(ValueError, match="unknown comm"):
