@@ -80,7 +80,7 @@ def _train(rank, world_size, scenario):
     strategy = instantiate(scenario["strategy"])
     ddp = strategy.wrap(MODELS[model_name]())
     reference = copy.deepcopy(ddp.module) if rank == 0 else None
-    if scenario.get("resume"):
+    if scenario.get("resume"):  # rank 0 seeds 0 in both runs: the reference is the same uninterrupted run
         ddp.module.load_state_dict(scenario["resume"]["weights"])
 
     def make(model, sharded):
