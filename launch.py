@@ -6,7 +6,8 @@
 One process per sweep job. It validates the composed config (a user's mistake is one line on
 stderr and exit code 2, before any rank starts), saves the resolved config into the job's output
 folder, starts torchrun as a child, maps its end to a status recorded in results.json, and returns
-the job's headline metric (p50 step time in ms; lower is better) for sweepers such as Optuna.
+the job's headline metric (p50 step time in ms, or p50 latency for task=allreduce; lower is
+better) for sweepers such as Optuna.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ddp_lab.config import register_configs
 from ddp_lab.job import run_job
 from ddp_lab.preflight import check_command_line
 from ddp_lab.results import CONFIG
-from ddp_lab.tables import job_name, print_table, rich_table, train_rows
+from ddp_lab.tables import comparison_tables, job_name, print_table
 from ddp_lab.validate import validate
 
 register_configs()
@@ -41,7 +42,8 @@ def sweep_group(hc) -> str:
 
 
 def headline(results: dict) -> float:
-    value = (results.get("summary") or {}).get("step_time_ms") or {}
+    summary = results.get("summary") or {}
+    value = summary.get("step_time_ms") or summary.get("latency_ms") or {}
     return value.get("p50", float("nan")) if results.get("status") == "ok" else float("nan")
 
 
@@ -54,9 +56,8 @@ def main(cfg: DictConfig) -> float:
         cfg.logger.group = cfg.logger.group or sweep_group(hc)
     OmegaConf.save(cfg, job_dir / CONFIG, resolve=True)
     results = run_job(cfg, job_dir)
-    if cfg.task.name == "train":
-        header, rows = train_rows([(job_name(job_dir), results)])
-        print_table(rich_table(f"{job_dir}", header, rows))
+    for table in comparison_tables([(job_name(job_dir), results)], f"{job_dir}"):
+        print_table(table)
     if results["status"] != "ok":
         print(f"job {results['status']}: {results['error']}", file=sys.stderr)
     if results["status"] == "interrupted":

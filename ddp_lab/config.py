@@ -36,6 +36,7 @@ class TaskConfig:
     size_mb: float = 10.0
     iters: int = 20
     warmup_iters: int = 5
+    time_budget_s: float = 120.0  # caps iters so a huge message still ends in minutes
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Hydra callback: one comparison table at the end of every sweep, and the sweep's exit code.
 
-Registered in conf/config.yaml under hydra.callbacks. Every job appears, failed ones as failed rows;
-if any job did not end ok the sweep exits 1, so scripts and CI notice.
+Registered in conf/config.yaml under hydra.callbacks. Every job appears, failed ones as failed rows
+(training and task=allreduce jobs each get their table); if any job did not end ok the sweep exits
+1, so scripts and CI notice. Plots and files: `python -m ddp_lab.report SWEEP_DIR`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddp_lab.results import read_results
-from ddp_lab.tables import print_table, rich_table, train_rows
+from ddp_lab.tables import comparison_tables, print_table
 
 
 class SweepSummary(Callback):
@@ -21,10 +22,9 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
         runs = [(job.name, read_results(job) or {"status": "missing", "config": {}}) for job in jobs]
-        train = [(name, res) for name, res in runs if (res.get("config") or {}).get("task", {}).get("name", "train") == "train"]
-        if train:
-            header, rows = train_rows(train)
-            print_table(rich_table(f"sweep {sweep_dir}", header, rows))
+        for table in comparison_tables(runs, f"sweep {sweep_dir}"):
+            print_table(table)
+        print(f"plots and report.md: python -m ddp_lab.report {sweep_dir}")
         failed = [name for name, res in runs if res.get("status") != "ok"]
         if failed:
             print(f"{len(failed)} of {len(runs)} jobs did not end ok: {', '.join(failed)}", file=sys.stderr)

@@ -66,10 +66,52 @@ def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
+COLLECTIVE_COLUMNS = [  # (header, path into results.json)
+    ("lat p50 ms", ("summary", "latency_ms", "p50")),
+    ("lat min ms", ("summary", "latency_ms", "min")),
+    ("lat max ms", ("summary", "latency_ms", "max")),
+    ("algbw GB/s", ("summary", "algbw_GBps")),
+    ("busbw GB/s", ("summary", "busbw_GBps")),
+    ("iters", ("summary", "iters")),
+]
+
+
+def task_of(results: dict) -> str:
+    """'train' or 'allreduce'; a job that died before saving its config counts as training."""
+    return _get(results, "config", "task", "name", default="train") or "train"
+
+
+def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells for task=allreduce jobs, one row per (op, size, ranks, backend)."""
+    header = ["job", "op", "MiB", "ranks", "backend", "status"] + [h for h, _ in COLLECTIVE_COLUMNS]
+    rows = []
+    for job, res in runs:
+        cfg = res.get("config") or {}
+        backend = _get(res, "summary", "backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name")
+        size = _get(cfg, "task", "size_mb")
+        cells = [job, _fmt(_get(cfg, "task", "op")), "-" if size is None else f"{size:g}",
+                 _fmt(cfg.get("world_size")), _fmt(backend), res.get("status", "missing")]
+        cells += [_fmt(_get(res, *path), 3) for _, path in COLLECTIVE_COLUMNS]
+        rows.append(cells)
+    return header, rows
+
+
+def comparison_tables(runs: list[tuple[str, dict]], title: str) -> list[Table]:
+    """One table per task present (training and collective jobs have different columns)."""
+    tables = []
+    train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
+    collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
+    if train:
+        tables.append(rich_table(title, *train_rows(train)))
+    if collective:
+        tables.append(rich_table(title if not train else f"{title} (collectives)", *collective_rows(collective)))
+    return tables
+
+
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     table = Table(title=title)
     for name in header:
-        table.add_column(name, justify="left" if name in ("job", "strategy", "model", "status") else "right")
+        table.add_column(name, justify="left" if name in ("job", "strategy", "model", "status", "op", "backend") else "right")
     for cells in rows:
         style = None if cells[header.index("status")] == "ok" else "red"
         table.add_row(*cells, style=style)

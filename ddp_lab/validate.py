@@ -10,10 +10,13 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from ddp_lab.collectives import OPS, MiB, bytes_per_rank
 from ddp_lab.memory_estimate import estimate_rank_bytes, fmt_bytes, host_available_bytes
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
 MEMORY_HEADROOM = 0.85
+GLOO_SCRATCH = 2.0           # task=allreduce on CPU: peak memory per byte of benchmark buffers
+RANK_BASELINE_BYTES = 2**28  # one rank's interpreter + torch, before any buffer
 
 
 class ConfigError(ValueError):
@@ -36,8 +39,11 @@ def validate(cfg: DictConfig) -> None:
              "launcher.nnodes > 1 needs launcher.rdzv_endpoint=HOST:PORT (the node_rank=0 machine)")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
     _validate_backend(cfg.backend.name, ws // nnodes)
+    _require(cfg.task.name in ("train", "allreduce"), f"unknown task '{cfg.task.name}': use train or allreduce")
     if cfg.task.name == "train":
         _validate_train(cfg)
+    else:
+        _validate_collective(cfg)
 
 
 def _validate_backend(name: str, local_ranks: int) -> None:
@@ -73,13 +79,43 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_memory(cfg)
 
 
+def _validate_collective(cfg: DictConfig) -> None:
+    """task=allreduce: the benchmark's knobs, and memory, so a 1 GiB message at 6 ranks that cannot
+    fit is refused here instead of a rank being OOM-killed in the middle of a sweep."""
+    t, ws = cfg.task, cfg.world_size
+    _require(t.op in OPS, f"unknown task.op '{t.op}': use {', '.join(OPS)}")
+    _require(t.size_mb > 0, f"task.size_mb must be > 0 MiB, got {t.size_mb}")
+    _require(t.size_mb * MiB >= 4 * ws,
+             f"task.size_mb={t.size_mb} is less than one float32 per rank at world_size={ws}")
+    _require(t.iters >= 1, f"task.iters must be >= 1, got {t.iters}")
+    _require(t.warmup_iters >= 0, f"task.warmup_iters must be >= 0, got {t.warmup_iters}")
+    _require(t.time_budget_s > 0, f"task.time_budget_s must be > 0 seconds, got {t.time_budget_s}")
+    _require(not cfg.profile, "profile=true traces training steps: use it with task=train")
+    per_rank = bytes_per_rank(t.op, int(t.size_mb * MiB), ws)
+    local_ranks = ws // cfg.launcher.nnodes
+    if _on_gpu(cfg, local_ranks):
+        need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"
+    else:
+        # gloo's scratch space: peak RSS measured at 1.5-1.7x the buffers (torch 2.13), plus each
+        # rank's interpreter and torch (~0.25 GiB).
+        need = local_ranks * (GLOO_SCRATCH * per_rank + RANK_BASELINE_BYTES)
+        have, where = host_available_bytes(), "this machine's free memory"
+    _require(need <= MEMORY_HEADROOM * have,
+             f"task.size_mb={t.size_mb} needs {fmt_bytes(per_rank)} of buffers per rank for {t.op}, about "
+             f"{fmt_bytes(need)} for {local_ranks} ranks on this node, more than {int(MEMORY_HEADROOM * 100)}% "
+             f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
+
+
+def _on_gpu(cfg: DictConfig, local_ranks: int) -> bool:
+    return cfg.backend.name == "nccl" or (cfg.backend.name == "auto" and torch.cuda.is_available()
+                                          and torch.cuda.device_count() >= local_ranks)
+
+
 def _validate_memory(cfg: DictConfig) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
     per_rank = estimate_rank_bytes(cfg)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
-    on_gpu = cfg.backend.name == "nccl" or (cfg.backend.name == "auto" and torch.cuda.is_available()
-                                            and torch.cuda.device_count() >= local_ranks)
-    if on_gpu:
+    if _on_gpu(cfg, local_ranks):
         need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"
     else:
         need, have, where = per_rank * local_ranks, host_available_bytes(), "this machine's free memory"
