@@ -1,7 +1,9 @@
 """Per-step timing and the cross-rank reduction that makes a step's figures the job's figures.
 
 A step ends when the last rank ends, so each timing is the slowest rank's; the loss is the mean
-over ranks (each rank's loss is over its own slice). Counters (collectives, bytes) are the same on
+over ranks (each rank's loss is over its own slice), and so are a step's phases (the timer's laps):
+per-phase maxima from different ranks would add up to more than the step, while rank means add up
+to the average rank's step. Counters (collectives, bytes) are the same on
 every rank and reported from rank 0's view as the max.
 """
 
@@ -14,19 +16,33 @@ import torch.distributed as dist
 
 from ddp_lab.distributed import synchronize
 
-MEAN_KEYS = ("loss",)
+MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms")
 
 
 class StepTimer:
-    """Wall time of one iteration with the device synchronized on both ends."""
+    """Wall time of one iteration with the device synchronized on both ends, and its phases.
+
+    `lap(name)` records the time since the previous lap (or the start) under `name` in `laps`, so
+    the report can split a step into forward+backward, synchronization and optimizer without the
+    loop holding any clocks of its own. Each lap synchronizes the device: queued kernels are billed
+    to the phase that launched them.
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._start = 0.0
+        self._start = self._mark = 0.0
+        self.laps: dict[str, float] = {}
 
     def start(self) -> None:
         synchronize(self.device)
-        self._start = time.perf_counter()
+        self._start = self._mark = time.perf_counter()
+        self.laps = {}
+
+    def lap(self, name: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.laps[name] = (now - self._mark) * 1e3
+        self._mark = now
 
     def stop_ms(self) -> float:
         synchronize(self.device)

@@ -19,10 +19,13 @@ from ddp_lab.distributed import seed_everything
 from ddp_lab.faults import maybe_inject_fault
 from ddp_lab.memory import expected_zero_bytes, is_sharded, model_state_bytes
 from ddp_lab.models import build_model
+from ddp_lab.profiling import StepProfiler
+from ddp_lab.run_recorder import run_name
 from ddp_lab.stats import summarize
 from ddp_lab.step_metrics import StepTimer, reduce_over_ranks
 
-SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms")
+# A step's phases (timer laps): fwd_bwd (zero_grad, batch, forward, backward), sync, optimizer.
+SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "fwd_bwd_ms", "sync_ms", "optimizer_ms")
 
 
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
@@ -36,34 +39,40 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     recorder.start(cfg.train.steps)
-    for step in range(cfg.train.steps):
-        maybe_inject_fault(cfg.fault, rank, step)
-        timer.start()
-        optimizer.zero_grad(set_to_none=True)
-        micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
-        loss_sum = torch.zeros((), device=device)
-        for i, (inputs, targets) in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            with nullcontext() if last else model.no_sync():
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten()) / len(micro_batches)
-                loss.backward()
-            loss_sum += loss.detach()
-        model.finish_gradient_synchronization()
-        if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
-            memory["before_step"] = memory_snapshot(model, optimizer, device)
-        optimizer.step()
-        step_ms = timer.stop_ms()
-        if step == cfg.train.steps - 1:
-            memory["after_step"] = memory_snapshot(model, optimizer, device)
-        record = {"step": step, **reduce_over_ranks(
-            {"step_time_ms": step_ms, "loss": loss_sum.item(), **model.comm.pop()}, device)}
-        steps.append(record)
-        recorder.step(record)
+    with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
+        for step in range(cfg.train.steps):
+            maybe_inject_fault(cfg.fault, rank, step)
+            timer.start()
+            optimizer.zero_grad(set_to_none=True)
+            micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
+            loss_sum = torch.zeros((), device=device)
+            for i, (inputs, targets) in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with nullcontext() if last else model.no_sync():
+                    logits = model(inputs)
+                    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten()) / len(micro_batches)
+                    loss.backward()
+                loss_sum += loss.detach()
+            timer.lap("fwd_bwd_ms")
+            model.finish_gradient_synchronization()
+            timer.lap("sync_ms")
+            if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
+                memory["before_step"] = memory_snapshot(model, optimizer, device)
+            optimizer.step()
+            timer.lap("optimizer_ms")
+            step_ms = timer.stop_ms()
+            if step == cfg.train.steps - 1:
+                memory["after_step"] = memory_snapshot(model, optimizer, device)
+            record = {"step": step, **reduce_over_ranks(
+                {"step_time_ms": step_ms, "loss": loss_sum.item(), **timer.laps, **model.comm.pop()}, device)}
+            steps.append(record)
+            recorder.step(record)
+            profiler.step()
     if cfg.train.save_model and rank == 0:
         torch.save(model.module.state_dict(), job_dir / "model.pt")
     summary = summarize_steps(steps, cfg.train.warmup_steps)
     summary["memory"] = memory_report(memory, model, optimizer)
+    summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     return {"summary": summary, "steps": steps}
 
 
