@@ -6,7 +6,8 @@
   backward they did not arm is still reduced by `finish_gradient_synchronization()`.
 - `no_sync()` backward issues no collective.
 - A second backward without no_sync raises instead of reducing a gradient twice.
-- BucketedDDP's buffers are allocated once and `.grad` is a view into them.
+- BucketedDDP's buffers are allocated once and `.grad` is a view into them, which autograd
+  writes in place (with `zero_grad(set_to_none=True)` too): no copy in or out.
 - Comm accounting counts one collective per bucket (per parameter for OverlapDDP) and every byte.
 All cases share one 2-rank run.
 """
@@ -150,8 +151,17 @@ def _no_sync_and_double_backward(rank, world_size, make):
     return in_no_sync, error
 
 
+def _in_a_bucket(ptr, ddp):
+    return any(b.data_ptr() <= ptr < b.data_ptr() + b.numel() * b.element_size() for b in ddp._buffers)
+
+
 def _views_and_accounting(rank, world_size, set_to_none):
-    ddp = BucketedDDP(tiny_transformer(), bucket_mb=2.0**-4)
+    model = tiny_transformer()
+    # Registered before the wrapper's hooks, so it sees .grad exactly as autograd left it.
+    autograd_wrote = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: autograd_wrote.append(p.grad.data_ptr()))
+    ddp = BucketedDDP(model, bucket_mb=2.0**-4)
     buffers = [b.data_ptr() for b in ddp._buffers]
     params = list(ddp.parameters())
     optimizer = torch.optim.SGD(params, lr=0.1)
@@ -159,12 +169,13 @@ def _views_and_accounting(rank, world_size, set_to_none):
     report = []
     for step in range(3):
         optimizer.zero_grad(set_to_none=set_to_none)
+        autograd_wrote.clear()
         loss_of(ddp, global_batch(step)[rank::world_size]).backward()
+        written_in_place = len(autograd_wrote) == len(params) and all(_in_a_bucket(ptr, ddp) for ptr in autograd_wrote)
         ddp.finish_gradient_synchronization()
         stats = ddp.comm.pop()
-        inside = all(any(b.data_ptr() <= p.grad.data_ptr() < b.data_ptr() + b.numel() * b.element_size()
-                         for b in ddp._buffers) for p in params)
-        report.append((inside, [b.data_ptr() for b in ddp._buffers] == buffers,
+        inside = all(_in_a_bucket(p.grad.data_ptr(), ddp) for p in params)
+        report.append((written_in_place, inside, [b.data_ptr() for b in ddp._buffers] == buffers,
                        stats["collectives"] == len(ddp._buffers), stats["comm_bytes"] == grad_bytes,
                        stats["comm_ms"] > 0))
         optimizer.step()

@@ -7,11 +7,11 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
   ready, and closes a bucket before it would exceed the cap; a parameter larger than the cap gets
   a bucket of its own. Buckets are also split where dtype or device changes.
 - Each bucket is one flat buffer allocated at construction and reused every step. Gradients are
-  views into it (torch DDP's `gradient_as_bucket_view`): after the first synchronization
-  `param.grad` *is* a slice of the bucket, so with `zero_grad(set_to_none=False)` autograd
-  accumulates straight into the bucket and nothing is copied in or out. With `set_to_none=True`
-  autograd hands over a fresh tensor each step; it is copied into the bucket once, when its hook
-  fires, and `.grad` is pointed back at the bucket slice.
+  views into it (torch DDP's `gradient_as_bucket_view`): `param.grad` *is* a slice of the bucket,
+  autograd accumulates straight into it, and nothing is copied in or out. `zero_grad()` with
+  `set_to_none=False` zeroes the slices in place; with `set_to_none=True` the next training
+  forward zeroes the bucket and points `.grad` back at its slice (cheaper than the copy torch DDP
+  makes there, and no fresh gradient allocation). A `.grad` replaced by hand is copied in.
 - Hook, ordering, unused-parameter and no_sync rules are in hooked.py.
 """
 
@@ -66,13 +66,30 @@ class BucketedDDP(HookedDDP):
             self._buffers.append(buffer)
         self.bucket_sizes_mb = [b.numel() * b.element_size() / MIB for b in self._buffers]
 
+    def forward(self, *args, **kwargs):
+        if self.training and torch.is_grad_enabled():
+            self._point_grads_at_buckets()
+        return super().forward(*args, **kwargs)
+
+    def _point_grads_at_buckets(self) -> None:
+        """Give autograd a zeroed bucket slice to accumulate into wherever `.grad` is None."""
+        for unit, buffer in zip(self._units, self._buffers):
+            empty = [p for p in unit if p.grad is None]
+            if len(empty) == len(unit):
+                buffer.zero_()  # the usual case after zero_grad(set_to_none=True): one memset
+            else:
+                for p in empty:
+                    self._view_of[id(p)].zero_()
+            for p in empty:
+                p.grad = self._view_of[id(p)]
+
     def _stage(self, param: nn.Parameter) -> None:
         view = self._view_of[id(param)]
         grad = param.grad
         if grad is None:
             view.zero_()  # no gradient on this rank: contribute zeros
         elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)  # a fresh tensor from autograd (set_to_none=True, or first step)
+            view.copy_(grad)  # a tensor that is not the slice (set by hand, or a backward without forward)
         else:
             return  # already the bucket slice: autograd accumulated in place, nothing to copy
         param.grad = view
