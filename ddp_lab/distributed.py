@@ -40,9 +40,15 @@ def seed_everything(seed: int) -> None:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued device work so a host clock reads the real end of it."""
+    """Wait for the compute stream's queued work so a host clock reads the real end of it.
+
+    Only the current stream, not the whole device: `torch.cuda.synchronize()` would also wait for
+    NCCL's streams, so a clock read at the end of backward would swallow the collectives still in
+    flight and exposed communication would read as zero. A collective's `wait()` makes the current
+    stream wait for it, so a later synchronize still covers every collective waited for.
+    """
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def all_reduce_mean_(tensor: torch.Tensor, group=None) -> dist.Work | None:
