@@ -10,8 +10,9 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
   views into it (torch DDP's `gradient_as_bucket_view`): `param.grad` *is* a slice of the bucket,
   autograd accumulates straight into it, and nothing is copied in or out. `zero_grad()` with
   `set_to_none=False` zeroes the slices in place; with `set_to_none=True` the next training
-  forward zeroes the bucket and points `.grad` back at its slice (cheaper than the copy torch DDP
-  makes there, and no fresh gradient allocation). A `.grad` replaced by hand is copied in.
+  forward zeroes the bucket and points `.grad` back at its slice, instead of letting autograd
+  allocate a fresh gradient that would then be copied in. A `.grad` replaced by hand is copied in.
+- Buffers live on the parameters' device at construction: move the model before wrapping it.
 - Hook, ordering, unused-parameter and no_sync rules are in hooked.py.
 """
 
