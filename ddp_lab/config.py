@@ -94,18 +94,24 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig:
-    """torchrun's own rendezvous: world_size ranks split evenly over nnodes."""
+    """torchrun's own (static) rendezvous: world_size ranks split evenly over nnodes.
+
+    node_rank 0 hosts the rendezvous at rdzv_endpoint (HOST:PORT) and global rank 0. Under a
+    submitit launcher (SLURM) node_rank and rdzv_endpoint come from the job's environment.
+    """
 
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None
-    rdzv_id: Optional[str] = None
-    # Last resort after backend.timeout_s: the launcher kills a job that outlives this (0 = off).
+    # Last resort after backend.timeout_s: stop a job still running after this many seconds
+    # (0 = never). For what no collective timeout sees: every rank stuck outside a collective.
     watchdog_s: float = 0.0
 
 
 @dataclass
 class FaultConfig:
+    """Make a rank fail on purpose at a step (ddp_lab/faults.py); rank=-1 means every rank."""
+
     kind: FaultKind = FaultKind.none
     rank: int = 0
     step: int = 0

@@ -59,15 +59,21 @@ def sweep_points(overrides: list[str]) -> list[list[str]] | None:
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def check_command_line(config_dir: Path, config_name: str, args: list[str]) -> None:
-    """Exit 2 with one line if any job of this command line would be refused."""
+def check_command_line(config_dir: Path, config_name: str, args: list[str],
+                       points: list[list[str]] | None = None) -> None:
+    """Exit 2 with one line if any job of this command line would be refused.
+
+    `points`: the jobs' overrides when the caller knows them better than the command line does
+    (`resume=`, whose jobs come from the sweep folder).
+    """
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion", "-sc")
            or a.startswith("--info") for a in args):
         return  # Hydra's own informational flags: nothing will run
     overrides, multirun = split_overrides(args)
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            points = sweep_points(overrides) if multirun else [overrides]
+            if points is None:
+                points = sweep_points(overrides) if multirun else [overrides]
             for point in points or []:
                 try:
                     cfg = compose(config_name, overrides=point, return_hydra_config=True)

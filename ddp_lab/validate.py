@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ddp_lab.collectives import OPS, MiB, bytes_per_rank
 from ddp_lab.memory_estimate import estimate_rank_bytes, fmt_bytes, host_available_bytes
@@ -35,8 +35,11 @@ def validate(cfg: DictConfig) -> None:
     _require(ws % nnodes == 0, f"world_size={ws} does not split evenly over launcher.nnodes={nnodes}")
     _require(0 <= cfg.launcher.node_rank < nnodes,
              f"launcher.node_rank={cfg.launcher.node_rank} must be in [0, {nnodes - 1}]")
-    _require(nnodes == 1 or cfg.launcher.rdzv_endpoint,
-             "launcher.nnodes > 1 needs launcher.rdzv_endpoint=HOST:PORT (the node_rank=0 machine)")
+    _require(nnodes == 1 or cfg.launcher.rdzv_endpoint or _scheduler_places_nodes(cfg),
+             "launcher.nnodes > 1 needs launcher.rdzv_endpoint=HOST:PORT (the node_rank=0 machine), "
+             "or hydra/launcher=slurm")
+    _require(cfg.launcher.watchdog_s >= 0, f"launcher.watchdog_s must be >= 0 seconds (0 = off), got {cfg.launcher.watchdog_s}")
+    _require(-1 <= cfg.fault.rank < ws, f"fault.rank={cfg.fault.rank} must be a rank in [0, {ws - 1}], or -1 for every rank")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
     _validate_backend(cfg.backend.name, ws // nnodes)
     _require(cfg.task.name in ("train", "allreduce"), f"unknown task '{cfg.task.name}': use train or allreduce")
@@ -44,6 +47,11 @@ def validate(cfg: DictConfig) -> None:
         _validate_train(cfg)
     else:
         _validate_collective(cfg)
+
+
+def _scheduler_places_nodes(cfg: DictConfig) -> bool:
+    """Under a submitit launcher each node's job learns its node rank and endpoint from SLURM (cluster.py)."""
+    return "submitit" in str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
 
 
 def _validate_backend(name: str, local_ranks: int) -> None:
