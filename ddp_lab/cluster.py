@@ -24,16 +24,12 @@ def rendezvous_port(job_id: str) -> int:
 
 
 def scheduler_environment():
-    """submitit's view of this task (SLURM or local), or None outside a scheduler's job."""
-    if not os.environ.get("SUBMITIT_EXECUTOR") and "SLURM_JOB_ID" not in os.environ:
+    """submitit's view of this task (SLURM or local), or None outside a submitit job."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None
-    try:
-        import submitit
-    except ImportError:
-        return None
-    if os.environ.get("SUBMITIT_EXECUTOR"):
-        return submitit.JobEnvironment()
-    return submitit.SlurmJobEnvironment()  # `srun python launch.py ...` by hand
+    import submitit
+
+    return submitit.JobEnvironment()
 
 
 def place_node(cfg: DictConfig) -> None:
