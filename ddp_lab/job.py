@@ -107,7 +107,8 @@ def _stop(child: subprocess.Popen, job_dir: Path, hurry: list) -> None:
         deadline = time.monotonic() + GRACE_S
         while child.poll() is None and time.monotonic() < deadline and not hurry:
             time.sleep(0.1)
-    _signal_group(child.pid, signal.SIGKILL)
+    if child.poll() is None:  # only while it is unreaped: its pid cannot have been reused
+        _signal_group(child.pid, signal.SIGKILL)
     for pid in started_here(job_dir):  # ranks live in sessions of their own: killpg(torchrun) misses them
         _signal_group(pid, signal.SIGKILL)
     child.wait()
