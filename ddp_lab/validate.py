@@ -84,6 +84,7 @@ def _validate_train(cfg: DictConfig) -> None:
              f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
     bucket_mb = cfg.strategy.get("bucket_mb")
     _require(bucket_mb is None or bucket_mb > 0, f"strategy.bucket_mb must be > 0 MiB, got {bucket_mb}")
+    _validate_zero1_knobs(cfg.strategy)
     _validate_memory(cfg)
 
 
@@ -117,6 +118,17 @@ def _validate_collective(cfg: DictConfig) -> None:
 def _on_gpu(cfg: DictConfig, local_ranks: int) -> bool:
     return cfg.backend.name == "nccl" or (cfg.backend.name == "auto" and torch.cuda.is_available()
                                           and torch.cuda.device_count() >= local_ranks)
+
+
+def _validate_zero1_knobs(strategy: DictConfig) -> None:
+    """zero1's `grad_sync` and `comm` name a wrapper and a communication pattern: check the names."""
+    from ddp_lab.strategies.sharded_optimizer import COMM_MODES
+    from ddp_lab.strategies.zero1 import GRAD_SYNC
+
+    grad_sync, comm = strategy.get("grad_sync"), strategy.get("comm")
+    _require(grad_sync is None or grad_sync in GRAD_SYNC,
+             f"unknown strategy.grad_sync '{grad_sync}': use one of {', '.join(GRAD_SYNC)}")
+    _require(comm is None or comm in COMM_MODES, f"unknown strategy.comm '{comm}': use one of {', '.join(COMM_MODES)}")
 
 
 def _validate_memory(cfg: DictConfig) -> None:

@@ -22,6 +22,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "model=xl world_size=4": "needs about",
     "task=dance": "task",
     "strategy=flat strategy.bucket_mb=0": "bucket_mb must be > 0",
+    "strategy=bucketed strategy.bucket_mb=-5": "bucket_mb must be > 0",
+    "strategy=bucketed strategy.bucket_mb=big": "bucket_mb",
+    "strategy=zero1 strategy.grad_sync=magic": "unknown strategy.grad_sync 'magic'",
+    "strategy=zero1 strategy.comm=pigeon": "unknown strategy.comm 'pigeon'",
 }
 
 
