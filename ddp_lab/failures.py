@@ -90,9 +90,10 @@ def diagnose(job_dir: Path, returncode: int | None, torchrun_log: str, oom_kille
             who = f"rank {', '.join(map(str, stuck))} never joined it (hung)" if stuck else "a rank stopped responding"
             return f"rank {rank}: collective timed out after backend.timeout_s={timeout_s:g} s, {who}: {line}"
         return f"rank {rank}: {line}"
-    for rank, number in sorted(silent.items()):  # died without a word, and nobody else raised first
+    # Died without a word, and nobody else raised first. SIGTERM last: torchrun sends it to stop the rest.
+    for rank, number in sorted(silent.items(), key=lambda item: (item[1] == signal.SIGTERM, item[0])):
         if number == signal.SIGKILL:
             return (f"rank {rank}: killed by SIGKILL before it could say why (the kernel's OOM killer sends "
                     "SIGKILL, but no OOM kill was recorded, so something else killed it)")
-        return f"rank {rank}: killed by {_signal_name(number)}"
+        return f"rank {rank}: died from {_signal_name(number)} without a Python error (see logs/rank{rank}.log)"
     return f"torchrun exited with code {returncode} and no rank recorded an error (see logs/)"

@@ -68,6 +68,14 @@ def test_sigkilled_rank_is_out_of_memory_when_the_kernel_says_so(tmp_path):
     assert error.startswith("rank 1: killed by SIGKILL") and "no OOM kill was recorded" in error
 
 
+def test_a_crash_in_native_code_is_the_cause_not_torchruns_sigterm(tmp_path):
+    """Seen for real: rank 1 aborted (SIGABRT), then torchrun stopped rank 0 with SIGTERM."""
+    summary = SUMMARY.replace("exitcode  : 1 (pid: 22306)", "exitcode  : -15 (pid: 22306)").replace(
+        "exitcode  : -9 (pid: 22307)", "exitcode  : -6 (pid: 22307)")
+    assert signalled_ranks(summary) == {0: 15, 1: 6}
+    assert diagnose(tmp_path, 1, summary, False, 300).startswith("rank 1: died from SIGABRT")
+
+
 def test_allocation_failures_read_as_out_of_memory():
     assert describe_exception(MemoryError()) == "out of memory: MemoryError"
     cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
