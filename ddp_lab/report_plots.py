@@ -82,7 +82,7 @@ def plot_phases(records: list[dict], path) -> bool:
             ax.barh(i, r["step_mean_ms"], color="#DDDDDD", height=0.6, hatch="//")
             ax.text(r["step_mean_ms"], i, "  no phase timings in this run", va="center", fontsize=8)
         elif r.get("step_mean_ms") is not None:
-            ax.text(max(left[i], r["step_mean_ms"]), i, f" {r['step_mean_ms']:.3g} ms", va="center", fontsize=8)
+            ax.text(max(left[i], r["step_mean_ms"]), i, f" {r['step_mean_ms']:.0f} ms", va="center", fontsize=8)
     ax.set_yticks(y, names, fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, xmax * 1.18)
