@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.distributed import synchronize
-from ddp_lab.stats import SUMMARY_KEYS, summarize
+from ddp_lab.stats import summarize
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 GB = 1e9

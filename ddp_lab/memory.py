@@ -34,11 +34,6 @@ def _tensor_bytes(obj) -> int:
 
 
 def is_sharded(optimizer) -> bool:
-    """ShardedOptimizer and torch's ZeroRedundancyOptimizer keep their shard in an inner `.optim`."""
-    return isinstance(getattr(optimizer, "optim", None), torch.optim.Optimizer)
-
-
-def is_sharded(optimizer) -> bool:
     """True for optimizers that keep only this rank's shard of the state in an inner `.optim`
     (ShardedOptimizer, torch's ZeroRedundancyOptimizer): ZeRO stage 1."""
     return isinstance(getattr(optimizer, "optim", None), torch.optim.Optimizer)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.models import CONTEXT, MODELS, VOCAB

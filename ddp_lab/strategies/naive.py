@@ -6,7 +6,6 @@ collective's fixed latency.
 
 from __future__ import annotations
 
-import torch.distributed as dist
 
 from ddp_lab.distributed import all_reduce_mean_
 from ddp_lab.strategies.base import DataParallelBase

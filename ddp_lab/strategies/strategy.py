@@ -18,9 +18,8 @@ class Strategy:
         self.name = name
         self._wrapper = wrapper
         self._optimizer = optimizer
-        # The knobs users sweep (bucket_mb, grad_sync, comm) reach the wrapper through the YAML's
-        # interpolations; here they are only kept for reference.
-        self.knobs = {k: v for k, v in knobs.items() if v is not None}
+        # `knobs` (bucket_mb, grad_sync, comm) are accepted because the strategy's config node
+        # carries them; they reach the wrapper through the YAML's interpolations, not from here.
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return self._wrapper(model)
