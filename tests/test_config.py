@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from ddp_lab.config import register_configs
 from ddp_lab.memory_estimate import count_parameters
+from ddp_lab.strategies.strategy import knob_label
 from ddp_lab.validate import ConfigError, validate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -27,6 +28,16 @@ def test_every_strategy_composes_and_names_itself(strategy):
     cfg = _compose(f"strategy={strategy}")
     validate(cfg)
     assert cfg.strategy.name == strategy  # results and W&B runs say which strategy they measured
+
+
+@pytest.mark.parametrize("overrides, label", [
+    (["strategy=bucketed", "strategy.bucket_mb=10"], "bucketed-bucket_mb=10.0"),
+    (["strategy=zero1"], "zero1-bucket_mb=25.0-grad_sync=bucketed-comm=allreduce_broadcast"),
+    (["strategy=zero1", "strategy.comm=reduce_scatter"], "zero1-comm=reduce_scatter"),  # no wrapper, no buckets
+    (["strategy=flat"], "flat"),
+])
+def test_run_names_carry_the_knobs_in_use(overrides, label):
+    assert knob_label(_compose(*overrides).strategy) == label
 
 
 @pytest.mark.parametrize("model", ["toy", "tiny", "small"])

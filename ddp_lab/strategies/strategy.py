@@ -33,7 +33,12 @@ class Strategy:
 KNOBS = ("bucket_mb", "grad_sync", "comm")
 
 
+# Knobs a communication mode ignores: ZeRO-1's reduce-scatter replaces the gradient-sync wrapper.
+IGNORED_BY_COMM = {"reduce_scatter": ("bucket_mb", "grad_sync")}
+
+
 def knob_label(strategy_cfg) -> str:
-    """`bucketed-bucket_mb=25`: a strategy config's name and the knobs it sets, for run names."""
-    knobs = [f"{k}={strategy_cfg[k]}" for k in KNOBS if strategy_cfg.get(k) is not None]
+    """`bucketed-bucket_mb=25`: a strategy config's name and the knobs it uses, for run names."""
+    ignored = IGNORED_BY_COMM.get(strategy_cfg.get("comm"), ())
+    knobs = [f"{k}={strategy_cfg[k]}" for k in KNOBS if strategy_cfg.get(k) is not None and k not in ignored]
     return "-".join([strategy_cfg["name"]] + knobs)
