@@ -22,13 +22,14 @@ from ddp_lab import cost_model  # noqa: E402
 MiB = 2**20
 PHASES = [("compute_mean_ms", "compute (forward + backward)", "#4C72B0"),
           ("exposed_mean_ms", "exposed communication", "#C44E52"),
-          ("optimizer_mean_ms", "optimizer step", "#DD8452"),
+          ("optimizer_mean_ms", "optimizer step (the update)", "#DD8452"),
           ("other_mean_ms", "other (timers, bookkeeping)", "#BBBBBB")]
 FAILED = "#C44E52"
 
 
 def _save(fig, path) -> bool:
-    fig.tight_layout()
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -67,7 +68,9 @@ def plot_phases(records: list[dict], path) -> bool:
     if not train:
         return False
     names = labels(train)
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(train)))
+    # Constrained layout sizes the margins to the labels (a sweep's knob labels are long); the
+    # legend sits above the bars in its own row, beside the title, never over them.
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * len(train)), layout="constrained")
     y = np.arange(len(train))
     left = np.zeros(len(train))
     for key, legend, color in PHASES:
@@ -86,9 +89,10 @@ def plot_phases(records: list[dict], path) -> bool:
     ax.set_yticks(y, names, fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, xmax * 1.18)
-    ax.set_xlabel("mean step time over measured steps (ms); phases: mean over ranks, exposed comm: slowest rank")
-    ax.set_title("Where a training step goes, per job", loc="left")
-    ax.legend(loc="lower right", fontsize=8, frameon=False, ncol=2, bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlabel("mean step time over measured steps (ms)\nphases: mean over ranks; exposed comm: slowest rank",
+                  fontsize=9)
+    fig.suptitle("Where a training step goes, per job", x=0.01, ha="left")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper right", fontsize=8, frameon=False, ncol=4)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
