@@ -7,6 +7,9 @@ Two figures per step, as the design notes define them:
   its whole duration.
 - exposed (`exposed_comm_ms`): the time spent in `finish_gradient_synchronization()`, that is
   from the end of backward to gradients ready. For synchronous strategies exposed == total.
+  Sharded optimizers also wait for communication inside their step (zero1's parameter
+  broadcasts); that wait is exposed too, and its part is kept apart as
+  `exposed_optimizer_comm_ms` so a report can take it out of the optimizer phase, not compute.
 
 A host timer around an async launch measures only the launch, so async wrappers record a
 collective's end when its future completes, and on CUDA the interval is closed only after a
@@ -48,6 +51,7 @@ class CommStats:
         self.collectives = 0
         self.bytes = 0
         self.exposed_s = 0.0
+        self.exposed_optimizer_s = 0.0
 
     def add(self, start: float, end: float, nbytes: int) -> None:
         """Record one collective that was in flight from `start` to `end` (perf_counter seconds)."""
@@ -65,19 +69,24 @@ class CommStats:
         self.add(start, time.perf_counter(), nbytes)
 
     @contextmanager
-    def exposed(self):
-        """Wrap `finish_gradient_synchronization()`: the communication backward did not hide."""
+    def exposed(self, in_optimizer: bool = False):
+        """Wrap `finish_gradient_synchronization()` (the communication backward did not hide), or
+        with `in_optimizer=True` a wait for communication inside the optimizer step."""
         synchronize(self.device)
         start = time.perf_counter()
         yield
         synchronize(self.device)
-        self.exposed_s += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.exposed_s += elapsed
+        if in_optimizer:
+            self.exposed_optimizer_s += elapsed
 
     def pop(self) -> dict:
         """This step's figures (milliseconds, counts, bytes), then start afresh for the next step."""
         out = {
             "comm_ms": union_length(self.intervals) * 1e3,
             "exposed_comm_ms": self.exposed_s * 1e3,
+            "exposed_optimizer_comm_ms": self.exposed_optimizer_s * 1e3,
             "collectives": self.collectives,
             "comm_bytes": self.bytes,
         }

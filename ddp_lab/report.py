@@ -82,14 +82,17 @@ def train_record(res: dict) -> dict:
     do not). The phases (rank means of the loop's laps) fill the step; the exposed comm within
     them is the strategy's own figure (slowest rank), so a straggler's extra compute shows as the
     others' wait, as a user of DDP experiences it, and torch DDP, which waits inside backward(), is
-    split like the strategies that wait in finish_gradient_synchronization()."""
+    split like the strategies that wait in finish_gradient_synchronization(). A sharded
+    optimizer's wait for its own communication (zero1's parameter broadcasts) is exposed comm
+    taken out of the optimizer phase, which keeps only the update itself."""
     cfg = res.get("config") or {}
     fwd_bwd, sync, exposed, opt, step = (_mean(res, k) for k in
                                          ("fwd_bwd_ms", "sync_ms", "exposed_comm_ms", "optimizer_ms", "step_time_ms"))
     compute = other = None
     if None not in (fwd_bwd, sync, exposed, opt, step):
-        exposed = min(exposed, fwd_bwd + sync)
-        compute = fwd_bwd + sync - exposed
+        in_optimizer = min(_mean(res, "exposed_optimizer_comm_ms") or 0.0, exposed, opt)
+        in_sync = min(exposed - in_optimizer, fwd_bwd + sync)
+        compute, opt, exposed = fwd_bwd + sync - in_sync, opt - in_optimizer, in_sync + in_optimizer
         other = max(0.0, step - compute - exposed - opt)
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),

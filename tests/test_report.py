@@ -7,7 +7,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from ddp_lab.report import main, make_report
+from ddp_lab.report import main, make_report, train_record
 from ddp_lab.report_plots import bucket_groups
 from ddp_lab.sweep_callback import SweepSummary
 from tests.launch_util import launch, results
@@ -46,6 +46,21 @@ def test_bucket_sweep_with_benchmark_predicts_best_bucket(tmp_path):
     for png in report["png"]:
         assert_png(png)
         assert f"]({png.name})" in md
+
+
+def test_phases_take_a_sharded_optimizers_wait_out_of_the_update():
+    """zero1 waits 300 ms for its parameter broadcasts inside step(): that is exposed comm taken from
+    the optimizer phase (leaving the update), not from compute; the phases still add up to the step."""
+    means = {"fwd_bwd_ms": 900.0, "sync_ms": 100.0, "optimizer_ms": 500.0, "step_time_ms": 1510.0,
+             "exposed_comm_ms": 400.0, "exposed_optimizer_comm_ms": 300.0}
+    record = train_record({"config": {}, "summary": {k: {"mean": v} for k, v in means.items()}})
+    assert record["compute_mean_ms"] == 900.0  # fwd_bwd + sync - the 100 ms waited in sync
+    assert record["exposed_mean_ms"] == 400.0
+    assert record["optimizer_mean_ms"] == 200.0
+    assert record["other_mean_ms"] == pytest.approx(10.0)
+    del means["exposed_optimizer_comm_ms"]  # results written before the split: all exposed in sync
+    record = train_record({"config": {}, "summary": {k: {"mean": v} for k, v in means.items()}})
+    assert (record["compute_mean_ms"], record["optimizer_mean_ms"]) == (600.0, 500.0)
 
 
 def test_collective_sweep_bandwidth_plot_and_csv(tmp_path):

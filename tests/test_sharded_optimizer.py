@@ -253,7 +253,7 @@ def test_dominant_tensor_sits_alone(four):
 
 def test_comm_bytes(four, two):
     """Payload and calls recorded per step: allreduce_broadcast = all-reduce G + broadcasts P; reduce_scatter
-    = reduce-scatter G + all-gather P (on gloo: per-owner reduce/broadcast, exact sizes; nccl's
+    = reduce-scatter G + all-gather P (on gloo: per-parameter reduce/broadcast, exact sizes; nccl's
     path: N segments padded to the largest shard, N x max shard each)."""
     for results in (four, two):
         for name in ("adamw-allreduce_broadcast", "adamw-reduce_scatter", "adamw-reduce_scatter-tensor"):
@@ -264,11 +264,24 @@ def test_comm_bytes(four, two):
                 assert comm["comm_bytes"] == 2 * len(results) * max(extras["loads"]), name
             else:
                 assert comm["comm_bytes"] == 2 * trainable, name
-            assert comm["exposed_comm_ms"] > 0
-            n = len(results)
-            # flat all-reduce + one broadcast per owner; one reduce + one broadcast per owner; 2 calls
-            assert comm["collectives"] == {"adamw-allreduce_broadcast": 1 + n, "adamw-reduce_scatter": 2 * n,
+            assert 0 < comm["exposed_optimizer_comm_ms"] < comm["exposed_comm_ms"]  # the step's share of the wait
+            params = len(extras["trainable"])
+            # flat all-reduce + one broadcast per parameter; one reduce + one broadcast per parameter;
+            # nccl's path: one reduce_scatter + one all_gather
+            assert comm["collectives"] == {"adamw-allreduce_broadcast": 1 + params,
+                                           "adamw-reduce_scatter": 2 * params,
                                            "adamw-reduce_scatter-tensor": 2}[name], name
+
+
+def test_zero1_torch_counts_its_broadcasts(four, two):
+    """torch's ZeRO's post-step parameter broadcasts are in the comm figures, as ShardedOptimizer's are:
+    both move G (gradient all-reduce) + P (every parameter broadcast once) on the same Transformer."""
+    for results in (four, two):
+        ours, theirs = (results[0][name][2]["comm"] for name in ("transformer-bucketed", "zero1_torch"))
+        assert theirs["comm_bytes"] == ours["comm_bytes"]
+        assert theirs["exposed_optimizer_comm_ms"] > 0  # the broadcasts' wait, inside its step()
+        params = len(list(MODELS["transformer"]().parameters()))
+        assert theirs["collectives"] > params  # DDP's buckets + one broadcast per parameter
 
 
 def test_state_dict_is_a_plain_optimizers(four):

@@ -23,8 +23,9 @@ over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/calcula
 
 - `allreduce_broadcast` (the CS336 simplification; default): the gradient-sync wrapper all-reduces
   every gradient (payload G, 2(N-1)/N * G on the link), each owner updates its shard and
-  broadcasts its updated parameters flattened into one buffer (N broadcasts per dtype, all in
-  flight at once; payload P, and P on the link: a broadcast's bus factor is 1). In all
+  broadcasts its updated parameters, one async broadcast per parameter straight into every
+  rank's copy, all in flight at once (payload P, and P on the link: a broadcast's bus factor
+  is 1). In all
   2(N-1)/N * G + P: 1.5x an all-reduce for large N, 2x at N = 2.
 - `reduce_scatter` (ZeRO-1 as the paper describes it): gradients are summed only onto their owner
   (reduce-scatter, (N-1)/N * G), the owner updates, and everyone gathers the updated parameters
@@ -35,8 +36,9 @@ over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/calcula
   Transformer's balanced shards, but up to N x when one tensor dominates. Gloo (torch 2.13)
   accepts those two calls but emulates reduce-scatter with a full all-reduce (pytorch PR #118911:
   2x the bytes), and here they measured 2-3x slower than an all-reduce of the same buffer; so on
-  gloo the same pattern is built from what gloo does natively: one `reduce` to each owner and one
-  `broadcast` from each owner, all in flight together, exact sizes, no padding (payload G + P).
+  gloo the same pattern is built from what gloo does natively: per parameter, one `reduce` to its
+  owner and one `broadcast` from it, in place, all in flight together, exact sizes, no padding
+  (payload G + P).
 
 Either way the caller need not change: `step()` reduce-scatters the gradients itself unless the
 zero1 wrapper already did it in `finish_gradient_synchronization()` (ddp_lab/strategies/zero1.py).
@@ -50,7 +52,7 @@ from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch._utils import _flatten_dense_tensors
 
 ALLREDUCE_BROADCAST = "allreduce_broadcast"
 REDUCE_SCATTER = "reduce_scatter"
@@ -212,7 +214,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return layout
 
     def _exposed(self):
-        return self.comm_stats.exposed() if self.comm_stats is not None else nullcontext()
+        return self.comm_stats.exposed(in_optimizer=True) if self.comm_stats is not None else nullcontext()
 
     @contextmanager
     def _timed(self, nbytes: int, calls: int = 1):
@@ -225,27 +227,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.comm_stats.collectives += calls - 1
 
     def _broadcast_params(self) -> None:
-        """Each owner broadcasts its updated params as one flat buffer; all owners at once."""
+        """Each owner broadcasts its updated params straight into every rank's copy; all at once.
+
+        One async broadcast per parameter, into the parameter itself: no flat buffer to fill on
+        the owner or to copy out of elsewhere (that copy and a fresh buffer per step made this
+        2x slower on gloo; measured in docs/benchmarks.md, "ZeRO-1"). Every rank issues the
+        calls in the same order (by dtype, then owner, then param_groups order).
+        """
         if self.world_size == 1:
             return
-        pending = []
-        for (device, dtype), per_owner in self._trainable_by_owner().items():
-            for owner, params in enumerate(per_owner):
-                if not params:
-                    continue
-                if owner == self.rank:
-                    flat = _flatten_dense_tensors([p.detach() for p in params])
-                else:
-                    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device)
-                pending.append((params, flat, owner))
-        with self._timed(sum(_nbytes(flat) for _, flat, _ in pending), len(pending)):
-            works = [dist.broadcast(flat, src=owner, async_op=True) for _, flat, owner in pending]
-            for work in works:
+        pending = [(p, owner) for per_owner in self._trainable_by_owner().values()
+                   for owner, params in enumerate(per_owner) for p in params]
+        with self._timed(sum(_nbytes(p) for p, _ in pending), len(pending)):
+            works = []
+            for p, owner in pending:
+                buffer = p.detach() if p.is_contiguous() else p.detach().contiguous()
+                works.append((p, buffer, dist.broadcast(buffer, src=owner, async_op=True)))
+            for p, buffer, work in works:
                 work.wait()
-        for params, flat, owner in pending:
-            if owner != self.rank:
-                for p, value in zip(params, _unflatten_dense_tensors(flat, params)):
-                    p.copy_(value)
+                if buffer.data_ptr() != p.data_ptr():
+                    p.copy_(buffer)
 
     def _use_tensor_collectives(self) -> bool:
         """nccl: reduce_scatter/all_gather proper. Gloo emulates them badly (module docstring)."""
@@ -261,6 +262,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         once per step (a second call before `step()`/`zero_grad()` does nothing). A parameter
         with no gradient on this rank contributes zeros; its owner keeps `grad=None` when it has
         none itself (as NaiveDDP, this assumes all ranks agree on which parameters were used).
+        Other ranks drop their copy (`grad=None`): only the owner needs it.
         """
         if self.comm_mode != REDUCE_SCATTER or self._grads_reduced:
             return
@@ -268,22 +270,46 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.world_size == 1:
             return
         for (device, dtype), per_owner in self._trainable_by_owner().items():
-            flats = [self._flat_grads(params, dtype, device) for params in per_owner]
             if self._use_tensor_collectives():
-                mine = self._padded_reduce_scatter(flats)
+                self._padded_reduce_scatter(per_owner, dtype, device)
             else:
-                with self._timed(sum(_nbytes(f) for f in flats), sum(1 for f in flats if f.numel())):
-                    works = [dist.reduce(flat, dst=owner, async_op=True)
-                             for owner, flat in enumerate(flats) if flat.numel()]
-                    for work in works:
-                        work.wait()
-                mine = flats[self.rank]
-            mine.div_(self.world_size)
-            for owner, params in enumerate(per_owner):
-                for p, value in zip(params, _split(mine, params) if owner == self.rank else [None] * len(params)):
-                    if owner != self.rank:
-                        p.grad = None  # only the owner needs it; frees (N-1)/N of the gradients
-                    elif p.grad is not None:
+                self._reduce_to_owners(per_owner)
+
+    def _reduce_to_owners(self, per_owner: list[list[torch.Tensor]]) -> None:
+        """Gloo's reduce-scatter: one async `reduce` per parameter, in place, to its owner."""
+        pending = []
+        for owner, params in enumerate(per_owner):
+            for p in params:
+                grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
+                pending.append((p, owner, grad))
+        with self._timed(sum(_nbytes(g) for *_, g in pending), len(pending)):
+            works = [dist.reduce(grad, dst=owner, async_op=True) for _, owner, grad in pending]
+            for work in works:
+                work.wait()
+        for p, owner, grad in pending:
+            if owner != self.rank:
+                p.grad = None
+            elif p.grad is not None:
+                if grad.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(grad)
+                p.grad.div_(self.world_size)
+
+    def _padded_reduce_scatter(self, per_owner: list[list[torch.Tensor]], dtype, device) -> None:
+        """nccl: one reduce_scatter over owner segments padded to the largest shard."""
+        flats = [self._flat_grads(params, dtype, device) for params in per_owner]
+        width = max(f.numel() for f in flats)
+        padded = torch.cat([torch.nn.functional.pad(f, (0, width - f.numel())) for f in flats])
+        mine = torch.empty(width, dtype=padded.dtype, device=padded.device)
+        with self._timed(_nbytes(padded)):
+            _reduce_scatter_single(mine, padded)
+        mine.div_(self.world_size)
+        for owner, params in enumerate(per_owner):
+            if owner != self.rank:
+                for p in params:
+                    p.grad = None
+            else:
+                for p, value in zip(params, _split(mine, params)):
+                    if p.grad is not None:
                         p.grad.copy_(value)
 
     @staticmethod
@@ -292,46 +318,30 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  for p in params]
         return torch.cat(parts) if parts else torch.empty(0, dtype=dtype, device=device)
 
-    def _padded_reduce_scatter(self, flats: list[torch.Tensor]) -> torch.Tensor:
-        """One reduce_scatter over owner segments padded to the largest shard; returns ours."""
-        width = max(f.numel() for f in flats)
-        padded = torch.cat([torch.nn.functional.pad(f, (0, width - f.numel())) for f in flats])
-        out = torch.empty(width, dtype=padded.dtype, device=padded.device)
-        with self._timed(_nbytes(padded)):
-            _reduce_scatter_single(out, padded)
-        return out[:flats[self.rank].numel()]
-
     @torch.no_grad()
     def _all_gather_params(self) -> None:
-        """ZeRO-1's parameter half: every rank receives every owner's updated parameters."""
+        """ZeRO-1's parameter half: every rank receives every owner's updated parameters.
+
+        nccl: one all_gather over owner segments padded to the largest shard. Gloo: the
+        per-parameter broadcasts of `_broadcast_params` (exact sizes, no padding).
+        """
         if self.world_size == 1:
             return
+        if not self._use_tensor_collectives():
+            self._broadcast_params()
+            return
         for (device, dtype), per_owner in self._trainable_by_owner().items():
-            if self._use_tensor_collectives():
-                width = max(sum(p.numel() for p in params) for params in per_owner)
-                mine = torch.zeros(width, dtype=dtype, device=device)
-                if per_owner[self.rank]:
-                    flat = _flatten_dense_tensors([p.detach() for p in per_owner[self.rank]])
-                    mine[:flat.numel()] = flat
-                gathered = torch.empty(width * self.world_size, dtype=dtype, device=device)
-                with self._timed(_nbytes(gathered)):
-                    _all_gather_single(gathered, mine)
-                segments = gathered.split(width)
-            else:
-                segments = []
-                for owner, params in enumerate(per_owner):
-                    if owner == self.rank and params:
-                        segments.append(_flatten_dense_tensors([p.detach() for p in params]))
-                    else:
-                        segments.append(torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device))
-                with self._timed(sum(_nbytes(s) for s in segments), sum(1 for s in segments if s.numel())):
-                    works = [dist.broadcast(seg, src=owner, async_op=True)
-                             for owner, seg in enumerate(segments) if seg.numel()]
-                    for work in works:
-                        work.wait()
-            for owner, params in enumerate(per_owner):
+            width = max(sum(p.numel() for p in params) for params in per_owner)
+            mine = torch.zeros(width, dtype=dtype, device=device)
+            if per_owner[self.rank]:
+                flat = _flatten_dense_tensors([p.detach() for p in per_owner[self.rank]])
+                mine[:flat.numel()] = flat
+            gathered = torch.empty(width * self.world_size, dtype=dtype, device=device)
+            with self._timed(_nbytes(gathered)):
+                _all_gather_single(gathered, mine)
+            for owner, (params, segment) in enumerate(zip(per_owner, gathered.split(width))):
                 if owner != self.rank:
-                    for p, value in zip(params, _split(segments[owner], params)):
+                    for p, value in zip(params, _split(segment, params)):
                         p.copy_(value)
 
     # ----- checkpoints ---------------------------------------------------------------------

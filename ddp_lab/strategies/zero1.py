@@ -13,7 +13,8 @@ communication (bytes in sharded_optimizer.py):
   need a sum over ranks.
 
 `strategy=zero1_torch` (conf/strategy/zero1_torch.yaml): torch's DistributedDataParallel with
-torch's ZeroRedundancyOptimizer, the in-run reference.
+torch's ZeroRedundancyOptimizer, the in-run reference. Its post-step parameter broadcasts are
+recorded in the wrapper's comm figures as ShardedOptimizer's are, so both columns count the same.
 
 Grad-sync wrappers are looked up by name in `ddp_lab.strategies` when a run starts, so wrappers
 added there later (bucketed, overlap, torch_ddp) need no change here.
@@ -25,6 +26,7 @@ import inspect
 
 import torch
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.sharded_optimizer import REDUCE_SCATTER, ShardedOptimizer
@@ -76,8 +78,8 @@ class Zero1Strategy(Strategy):
     """`Strategy` plus one link: the optimizer it builds reports to the wrapper it made.
 
     The trainer reads communication figures from the wrapper's `comm`; the sharded optimizer's
-    broadcasts/all-gathers are recorded there too, and in reduce_scatter mode the wrapper calls
-    the optimizer's reduce-scatter.
+    broadcasts/all-gathers (ShardedOptimizer's or torch's) are recorded there too, and in
+    reduce_scatter mode the wrapper calls the optimizer's reduce-scatter.
     """
 
     _wrapped: nn.Module | None = None
@@ -88,15 +90,39 @@ class Zero1Strategy(Strategy):
 
     def build_optimizer(self, params, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         optimizer = super().build_optimizer(params, optimizer_cls, **kwargs)
-        if isinstance(optimizer, ShardedOptimizer) and self._wrapped is not None:
+        if hasattr(optimizer, "comm_stats") and self._wrapped is not None:
             optimizer.comm_stats = getattr(self._wrapped, "comm", None)
-            if isinstance(self._wrapped, ShardedGradSync):
+            if isinstance(self._wrapped, ShardedGradSync) and isinstance(optimizer, ShardedOptimizer):
                 self._wrapped.optimizer = optimizer
         return optimizer
 
 
+class TimedZeroRedundancyOptimizer(ZeroRedundancyOptimizer):
+    """torch's ZeroRedundancyOptimizer, its parameter broadcasts timed like ShardedOptimizer's.
+
+    Hooks two private methods that torch 2.4-2.13 all have: `_sync_params` (a step's
+    broadcasts, issued async and waited for) and `_broadcast_params_from_rank` (one rank's
+    handles, counted). Without `comm_stats` it is torch's class unchanged.
+    """
+
+    comm_stats = None  # set by Zero1Strategy to the wrapper's CommStats
+    _handles_issued = 0
+
+    def _broadcast_params_from_rank(self, rank: int):
+        handles = super()._broadcast_params_from_rank(rank)
+        self._handles_issued += len(handles)
+        return handles
+
+    def _sync_params(self):
+        if self.comm_stats is None:
+            return super()._sync_params()
+        self._handles_issued = 0
+        nbytes = sum(p.numel() * p.element_size() for g in self.param_groups for p in g["params"])
+        with self.comm_stats.exposed(in_optimizer=True), self.comm_stats.timed(nbytes):
+            super()._sync_params()
+        self.comm_stats.collectives += self._handles_issued - 1
+
+
 def torch_zero_optimizer(params, optimizer_cls: type[torch.optim.Optimizer], **kwargs):
     """torch's ZeroRedundancyOptimizer with the `optimizer(params, optimizer_cls, **kwargs)` shape."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, **kwargs)
+    return TimedZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, **kwargs)

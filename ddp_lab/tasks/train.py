@@ -25,7 +25,8 @@ from ddp_lab.stats import summarize
 from ddp_lab.step_metrics import StepTimer, reduce_over_ranks
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, batch, forward, backward), sync, optimizer.
-SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "fwd_bwd_ms", "sync_ms", "optimizer_ms")
+SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms",
+              "optimizer_ms")
 
 
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
