@@ -25,8 +25,7 @@ over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/calcula
   every gradient (payload G, 2(N-1)/N * G on the link), each owner updates its shard and
   broadcasts its updated parameters, one async broadcast per parameter straight into every
   rank's copy, all in flight at once (payload P, and P on the link: a broadcast's bus factor
-  is 1). In all
-  2(N-1)/N * G + P: 1.5x an all-reduce for large N, 2x at N = 2.
+  is 1). In all 2(N-1)/N * G + P: 1.5x an all-reduce for large N, 2x at N = 2.
 - `reduce_scatter` (ZeRO-1 as the paper describes it): gradients are summed only onto their owner
   (reduce-scatter, (N-1)/N * G), the owner updates, and everyone gathers the updated parameters
   (all-gather, (N-1)/N * P): with P = G exactly one all-reduce's bytes. After the reduce-scatter a
