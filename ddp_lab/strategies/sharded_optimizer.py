@@ -240,7 +240,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         with self._timed(sum(_nbytes(p) for p, _ in pending), len(pending)):
             works = []
             for p, owner in pending:
-                buffer = p.detach() if p.is_contiguous() else p.detach().contiguous()
+                buffer = p.detach().contiguous()  # the parameter itself unless it is not contiguous
                 works.append((p, buffer, dist.broadcast(buffer, src=owner, async_op=True)))
             for p, buffer, work in works:
                 work.wait()
