@@ -424,3 +424,26 @@ def test_is_sharded():
     params = list(MODELS["tied"]().parameters())
     assert is_sharded(ShardedOptimizer(params, torch.optim.AdamW))
     assert not is_sharded(torch.optim.AdamW(params))
+
+
+def _non_contiguous(rank, world_size, comm):
+    """A transposed (non-contiguous) weight: its update must still reach every rank."""
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(6, 4).t()), torch.nn.Parameter(torch.randn(4))]
+    reference = [w.detach().clone() for w in weights]
+    opt = ShardedOptimizer(weights, torch.optim.AdamW, comm=comm, lr=0.1)
+    plain = torch.optim.AdamW([torch.nn.Parameter(w) for w in reference], lr=0.1)
+    for step in range(3):
+        for w, r in zip(weights, plain.param_groups[0]["params"]):
+            w.grad = torch.full_like(w, step + 1.0)  # the same on every rank: the average is itself
+            r.grad = torch.full_like(r, step + 1.0)
+        opt.step()
+        plain.step()
+    return [w.detach().clone() for w in weights], [r.detach().clone() for r in plain.param_groups[0]["params"]]
+
+
+@pytest.mark.parametrize("comm", ["allreduce_broadcast", "reduce_scatter"])
+def test_non_contiguous_parameter(comm):
+    for got, expected in run_ranks(_non_contiguous, 2, comm):
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, atol=ATOL, rtol=RTOL)
