@@ -18,13 +18,17 @@ spent in the optimizer step), as seen by rank 0. Needs ~3 GiB per rank.
 """
 
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ddp_lab.models import Transformer
+from ddp_lab.models import build_model
 from ddp_lab.strategies.sharded_optimizer import assign_owners
+
+SMALL = Path(__file__).resolve().parents[1] / "conf/model/small.yaml"
 
 CHUNK_BYTES = 25 * 2**20
 REPEATS = 6
@@ -34,8 +38,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    params = list(Transformer(vocab_size=10000, context_length=128, d_model=768, d_ff=3072, num_layers=12,
-                              num_heads=12).parameters())
+    params = list(build_model(OmegaConf.load(SMALL)).parameters())
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     owners = assign_owners([p.numel() * p.element_size() for p in params], world)
