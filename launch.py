@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
@@ -27,14 +26,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ddp_lab.cluster import place_node
+from ddp_lab.analysis.tables import comparison_tables, print_table
 from ddp_lab.config import register_configs
-from ddp_lab.job import node_file, run_job
-from ddp_lab.preflight import check_command_line
-from ddp_lab.results import CONFIG
-from ddp_lab.resume import resume_command_line
-from ddp_lab.tables import comparison_tables, job_name, print_table
-from ddp_lab.validate import ConfigError, validate
+from ddp_lab.jobdir import CONFIG, node_file, write_text_atomic
+from ddp_lab.launcher.cluster import place_node
+from ddp_lab.launcher.job import run_job
+from ddp_lab.launcher.preflight import check_command_line
+from ddp_lab.launcher.resume import resume_command_line
+from ddp_lab.launcher.validate import ConfigError, validate
 
 register_configs()
 # A unique folder per launch: two sweeps started in the same second must not share one. Under a
@@ -55,12 +54,9 @@ def sweep_group(hc) -> str:
 def save_config(cfg: DictConfig, path: Path) -> None:
     """The job's config, the same bytes from every node (launcher.node_rank as node 0 has it), written
     atomically: the nodes of a multi-node job may share the folder, and ranks read this file."""
-    job = OmegaConf.to_container(cfg, resolve=True)
+    job = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     job["launcher"]["node_rank"] = 0
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(OmegaConf.to_yaml(job))
-    os.replace(tmp, path)
+    write_text_atomic(path, OmegaConf.to_yaml(job))
 
 
 def under_submitit(hc) -> bool:
@@ -93,7 +89,7 @@ def main(cfg: DictConfig) -> float:
         print(f"node {node} of {cfg.launcher.nnodes}: {results['status']} ({job_dir / node_file(node)}); "
               "results.json is written by node_rank 0")
     else:
-        for table in comparison_tables([(job_name(job_dir), results)], f"{job_dir}"):
+        for table in comparison_tables([(job_dir.name, results)], f"{job_dir}"):
             print_table(table)
     if results["status"] != "ok":
         print(f"job {results['status']}: {results['error']}", file=sys.stderr)
@@ -107,7 +103,7 @@ def main(cfg: DictConfig) -> float:
 
 
 def resume_or_exit(args: list[str]) -> tuple[list[str], list[list[str]] | None]:
-    """`resume=DIR ...` becomes a multirun of DIR's unfinished jobs (ddp_lab/resume.py)."""
+    """`resume=DIR ...` becomes a multirun of DIR's unfinished jobs (ddp_lab/launcher/resume.py)."""
     try:
         resumed = resume_command_line(args)
     except (OSError, ValueError) as exc:

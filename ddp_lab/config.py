@@ -1,8 +1,12 @@
-"""The typed schema of every config group.
+"""The typed schema of every config group: what each key means, and the options it takes.
 
-Hydra merges each group's YAML into these dataclasses, so a wrong type (`train.lr=abc`) or an unknown
-key (`train.stepz=3`) is refused by Hydra itself before launch.py runs a line of its own. Checks
-that need more than a type (world_size > 0, batch divisible by ranks, memory) live in validate.py.
+Hydra merges each group's YAML and every command-line override into these dataclasses, so a wrong
+type (`train.lr=abc`), an unknown key (`train.stepz=3`) or an unknown option (`backend.name=mpi`)
+is refused by Hydra itself before launch.py runs a line of its own. Checks that need more than a
+type (world_size > 0, a batch that divides by the ranks, memory) live in launcher/validate.py.
+
+Options are `Choice` enums: a `str` that prints as its value, so code compares them with plain
+strings and the config saved for the ranks holds plain strings.
 """
 
 from __future__ import annotations
@@ -12,39 +16,96 @@ from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-class LoggerMode(str, Enum):
+class Choice(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class TaskName(Choice):
+    train = "train"
+    allreduce = "allreduce"
+
+
+class CollectiveOp(Choice):
+    all_reduce = "all_reduce"
+    reduce_scatter = "reduce_scatter"
+    all_gather = "all_gather"
+    broadcast = "broadcast"
+
+
+class BackendName(Choice):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class LoggerName(Choice):
+    wandb = "wandb"
+    none = "none"
+
+
+class LoggerMode(Choice):
     offline = "offline"
     online = "online"
     disabled = "disabled"
 
 
-class FaultKind(str, Enum):
+class FaultKind(Choice):
     none = "none"
     crash = "crash"
     hang = "hang"
     oom = "oom"
 
 
+class GradSync(Choice):
+    """The gradient-sync strategies zero1 can average its gradients with."""
+
+    naive = "naive"
+    flat = "flat"
+    overlap = "overlap"
+    bucketed = "bucketed"
+    torch_ddp = "torch_ddp"
+
+
+class ZeroComm(Choice):
+    allreduce_broadcast = "allreduce_broadcast"
+    """CS336's ZeRO-1: all-reduce the gradients, each owner broadcasts its updated parameters."""
+    reduce_scatter = "reduce_scatter"
+    """The ZeRO paper's: reduce-scatter gradients to their owners, all-gather the parameters."""
+
+
 @dataclass
 class TaskConfig:
-    name: str = "train"
-    # task=allreduce only: the collective benchmark's knobs.
-    op: str = "all_reduce"
+    name: TaskName = TaskName.train
+    """What each rank runs: `train`, or `allreduce` (the collective benchmark)."""
+    op: CollectiveOp = CollectiveOp.all_reduce
+    """task=allreduce: the collective to time."""
     size_mb: float = 10.0
+    """task=allreduce: MiB of the whole message (nccl-tests' convention)."""
     iters: int = 20
+    """task=allreduce: timed iterations (fewer when they would not fit in `time_budget_s`)."""
     warmup_iters: int = 5
-    time_budget_s: float = 120.0  # caps iters so a huge message still ends in minutes
+    """task=allreduce: untimed iterations first."""
+    time_budget_s: float = 120.0
+    """task=allreduce: caps `iters` (never below 3) so a huge message still ends in minutes."""
 
 
 @dataclass
 class ModelConfig:
     _target_: str = MISSING
+    """The model class (ddp_lab.models)."""
     name: str = MISSING
+    """The group option, a label in results and W&B."""
     vocab_size: int = 10000
     context_length: int = 128
+    """Tokens per sequence."""
     d_model: int = 768
     d_ff: int = 3072
     num_layers: int = 12
@@ -54,42 +115,58 @@ class ModelConfig:
 
 @dataclass
 class StrategyConfig:
-    """`wrapper` and `optimizer` are partials Hydra instantiates; the rest are the knobs users sweep."""
+    """A strategy YAML names its class (`_target_`) and sets its knobs; unset knobs stay None.
 
-    _target_: str = "ddp_lab.strategies.Strategy"
+    The trainer builds `_target_(model, **knobs)` with the knobs that are set, so a knob is one
+    field here, set in the YAMLs of the strategies that take it. Setting a knob the strategy's
+    class does not take is refused before launch.
+    """
+
+    _target_: str = MISSING
+    """The strategy class (ddp_lab.strategies)."""
     name: str = MISSING
-    wrapper: Any = MISSING
-    optimizer: Any = None
+    """The group option, so results and W&B runs say which strategy they measured."""
     bucket_mb: Optional[float] = None
-    grad_sync: Optional[str] = None
-    comm: Optional[str] = None
+    """Bucket cap in MiB (bucketed, torch_ddp as `bucket_cap_mb`, zero1's grad_sync)."""
+    grad_sync: Optional[GradSync] = None
+    """zero1: the strategy that averages the gradients."""
+    comm: Optional[ZeroComm] = None
+    """zero1: the communication pattern of the sharded optimizer."""
 
 
 @dataclass
 class BackendConfig:
-    name: str = "auto"
+    name: BackendName = BackendName.auto
+    """auto: nccl when this node has a CUDA GPU per rank, else gloo on CPU."""
     timeout_s: float = 300.0
+    """Collective timeout: a hung rank ends the job, never hangs it."""
 
 
 @dataclass
 class TrainConfig:
     steps: int = 20
     warmup_steps: int = 3
+    """Steps excluded from the summaries."""
     batch_size: int = 8
+    """Global batch, split across ranks."""
     lr: float = 1e-3
     weight_decay: float = 0.01
     seed: int = 0
     grad_accum_steps: int = 1
-    save_model: bool = False  # rank 0 writes the final weights to JOB_DIR/model.pt
+    """Micro-batches per step; communication only on the last."""
+    save_model: bool = False
+    """Rank 0 writes the final weights to JOB_DIR/model.pt."""
 
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"
+    name: LoggerName = LoggerName.wandb
     mode: LoggerMode = LoggerMode.offline
+    """offline needs no account: `wandb sync outputs/.../wandb/offline-run-*` later."""
     project: str = "ddp-lab"
     entity: Optional[str] = None
     group: Optional[str] = None
+    """None: one group per sweep (or per single run), named after its output folder."""
 
 
 @dataclass
@@ -103,17 +180,18 @@ class LauncherConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None
-    # Last resort after backend.timeout_s: stop a job still running after this many seconds
-    # (0 = never). For what no collective timeout sees: every rank stuck outside a collective.
     watchdog_s: float = 0.0
+    """Last resort after backend.timeout_s: stop a job still running after this many seconds
+    (0 = never). For what no collective timeout sees: every rank stuck outside a collective."""
 
 
 @dataclass
 class FaultConfig:
-    """Make a rank fail on purpose at a step (ddp_lab/faults.py); rank=-1 means every rank."""
+    """Make a rank fail on purpose at a step (ddp_lab/rank/faults.py)."""
 
     kind: FaultKind = FaultKind.none
     rank: int = 0
+    """-1: every rank."""
     step: int = 0
 
 
@@ -125,13 +203,40 @@ class Config:
     backend: BackendConfig = MISSING
     logger: LoggerConfig = MISSING
     world_size: int = 2
+    """Total ranks, split over launcher.nnodes."""
     train: TrainConfig = field(default_factory=TrainConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     profile: bool = False
+    """torch.profiler traces of a few training steps, and the timeline picture."""
     resume: Optional[str] = None
+    """A sweep or run folder: re-run its jobs that did not end ok."""
 
 
 def register_configs() -> None:
     """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first)."""
     ConfigStore.instance().store(name="base_config", node=Config)
+
+
+NOT_ARGUMENTS = ("_target_", "name")
+
+# Knobs a strategy's mode leaves unused (for run names): ZeRO-1's reduce-scatter replaces grad_sync.
+UNUSED_KNOBS = {("comm", "reduce_scatter"): ("bucket_mb", "grad_sync")}
+
+
+def set_knobs(node) -> dict[str, Any]:
+    """The keys of a model or strategy node that are constructor arguments and set (not None)."""
+    return {k: node[k] for k in node if k not in NOT_ARGUMENTS and node[k] is not None}
+
+
+def used_knobs(strategy) -> dict[str, Any]:
+    """`set_knobs` without the ones the strategy's mode ignores (UNUSED_KNOBS)."""
+    knobs = set_knobs(strategy)
+    unused = {k for (key, value), names in UNUSED_KNOBS.items() if str(knobs.get(key)) == value for k in names}
+    return {k: v for k, v in knobs.items() if k not in unused}
+
+
+def build(node: DictConfig, *args) -> Any:
+    """Instantiate a model or strategy node: `_target_(*args, **set_knobs(node))`."""
+    args_node = OmegaConf.masked_copy(node, ["_target_", *set_knobs(node)])
+    return instantiate(args_node, *args)

@@ -1,16 +1,21 @@
-"""Gradient-synchronization strategies, one file each.
+"""Gradient-synchronization strategies: one file each, and the registry of their names.
 
 | strategy (`strategy=`) | class | file |
 |---|---|---|
 | naive | NaiveDDP | naive.py |
 | flat | FlatDDP | flat.py |
-| overlap | OverlapDDP | overlap.py (+ hooked.py, inflight.py) |
-| bucketed | BucketedDDP, plan_buckets | bucketed.py (+ hooked.py, inflight.py) |
+| overlap | OverlapDDP | overlap.py (on overlap_engine.py) |
+| bucketed | BucketedDDP, plan_buckets | bucketed.py (on overlap_engine.py) |
 | torch_ddp | TorchDDP (torch's DistributedDataParallel) | torch_ddp.py |
-| zero1, zero1_torch | ShardedOptimizer (+ a grad_sync wrapper) | sharded_optimizer.py, zero1.py |
+| zero1 | Zero1 + ShardedOptimizer | zero1/strategy.py, zero1/optimizer.py |
+| zero1_torch | TorchZero1 (torch DDP + ZeroRedundancyOptimizer) | zero1/torch_reference.py |
 
-`Strategy` (strategy.py) is what the YAML instantiates; `DataParallelBase` (base.py) is the shared
-wrapper contract.
+Shared parts: base.py (the contract every strategy keeps), overlap_engine.py (launching
+collectives from backward hooks), collectives.py (the collectives themselves), comm_stats.py (what
+a step's communication figures mean and how async collectives are timed).
+
+A new strategy is one file, one `conf/strategy/NAME.yaml` whose `_target_` is its class, and one
+entry below.
 """
 
 from ddp_lab.strategies.base import DataParallelBase
@@ -18,8 +23,10 @@ from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
-from ddp_lab.strategies.sharded_optimizer import ShardedOptimizer
-from ddp_lab.strategies.strategy import Strategy
 from ddp_lab.strategies.torch_ddp import TorchDDP
+from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 
-__all__ = ["BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "ShardedOptimizer", "Strategy", "TorchDDP", "plan_buckets"]
+STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1)}
+
+__all__ = ["STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "ShardedOptimizer",
+           "TorchDDP", "TorchZero1", "Zero1", "plan_buckets"]

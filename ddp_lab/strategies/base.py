@@ -1,15 +1,21 @@
-"""What every gradient-sync wrapper shares: the broadcast at start, no_sync, comm accounting.
+"""The contract every strategy keeps, and what the plain gradient-sync wrappers share.
 
-A wrapper is an `nn.Module` around the user's model. Its contract (the trainer relies on nothing
-else):
+A strategy is an `nn.Module` around the user's model, built from its YAML as
+`StrategyClass(model, **knobs)`. The trainer relies on nothing else:
 
 - construction broadcasts every parameter and buffer from rank 0, frozen ones included;
 - `forward(*args, **kwargs)` runs the wrapped model (`.module`);
+- `make_optimizer(optimizer_cls, params=None, **kwargs)` builds the optimizer: a plain one over
+  the trainable parameters (or the given params / param groups), or a strategy's own (a sharded one
+  keeps only this rank's state);
 - `finish_gradient_synchronization()` is called after the last `backward()` of a step and before
-  `optimizer.step()`, and leaves the rank-averaged gradient in every `.grad`;
+  `optimizer.step()`, and leaves the rank-averaged gradient in every `.grad` the optimizer reads;
 - `no_sync()` is a context in which backward must not communicate (gradient accumulation), as in
   torch's DistributedDataParallel;
-- `comm` is a `CommStats`: the trainer pops one step's figures from it.
+- `comm` is a `CommStats`: the trainer pops one step's figures from it;
+- `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
+- `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
+  gradients, 3 also parameters), for the memory accounting and the pre-launch memory check.
 """
 
 from __future__ import annotations
@@ -19,21 +25,23 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ddp_lab.comm_stats import CommStats
-from ddp_lab.distributed import broadcast_module_state
+from ddp_lab.strategies.collectives import broadcast_module_state
+from ddp_lab.strategies.comm_stats import CommStats
 
 
-def _module_device(module: nn.Module) -> torch.device:
+def module_device(module: nn.Module) -> torch.device:
     for tensor in module.parameters():
         return tensor.device
     return torch.device("cpu")
 
 
 class DataParallelBase(nn.Module):
+    zero_stage = 0
+
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
-        self.comm = CommStats(_module_device(module))
+        self.comm = CommStats(module_device(module))
         self.require_sync = True
         broadcast_module_state(module)
 
@@ -52,6 +60,14 @@ class DataParallelBase(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters that receive gradients, each once even when tied, in `parameters()` order."""
         return [p for p in self.module.parameters() if p.requires_grad]
+
+    def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None, **kwargs) -> torch.optim.Optimizer:
+        """`optimizer_cls` over `params` (default: the trainable parameters; param groups welcome);
+        sharding strategies return their own optimizer instead."""
+        return optimizer_cls(self.trainable_parameters() if params is None else params, **kwargs)
+
+    def facts(self) -> dict:
+        return {}
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():

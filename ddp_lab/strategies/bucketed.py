@@ -13,7 +13,7 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
   forward zeroes the bucket and points `.grad` back at its slice, instead of letting autograd
   allocate a fresh gradient that would then be copied in. A `.grad` replaced by hand is copied in.
 - Buffers live on the parameters' device at construction: move the model before wrapping it.
-- Hook, ordering, unused-parameter and no_sync rules are in hooked.py.
+- Hook, ordering, unused-parameter and no_sync rules are in overlap_engine.py.
 """
 
 from __future__ import annotations
@@ -23,22 +23,21 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ddp_lab.strategies.hooked import HookedDDP
-
-MIB = 2**20
+from ddp_lab.strategies.overlap_engine import OverlapEngine
+from ddp_lab.units import MiB, tensor_bytes
 
 
 def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[int]]:
     """Indices into `params`, grouped into buckets in reverse order, each at most `bucket_mb` MiB."""
     if not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
-    cap = bucket_mb * MIB
+    cap = bucket_mb * MiB
     buckets: list[list[int]] = []
     current: list[int] = []
     size, kind = 0, None
     for i in reversed(range(len(params))):
         p = params[i]
-        nbytes = p.numel() * p.element_size()
+        nbytes = tensor_bytes(p)
         if current and (size + nbytes > cap or (p.dtype, p.device) != kind):
             buckets.append(current)
             current, size = [], 0
@@ -50,7 +49,9 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[
     return buckets
 
 
-class BucketedDDP(HookedDDP):
+class BucketedDDP(OverlapEngine):
+    name = "bucketed"
+
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
@@ -65,7 +66,10 @@ class BucketedDDP(HookedDDP):
                 self._view_of[id(p)] = buffer[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
             self._buffers.append(buffer)
-        self.bucket_sizes_mb = [b.numel() * b.element_size() / MIB for b in self._buffers]
+        self.bucket_sizes_mb = [tensor_bytes(b) / MiB for b in self._buffers]
+
+    def facts(self) -> dict:
+        return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
 
     def forward(self, *args, **kwargs):
         if self.training and torch.is_grad_enabled():

@@ -6,17 +6,19 @@ collective's fixed latency.
 
 from __future__ import annotations
 
-
-from ddp_lab.distributed import all_reduce_mean_
 from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.collectives import all_reduce_mean_
+from ddp_lab.units import tensor_bytes
 
 
 class NaiveDDP(DataParallelBase):
+    name = "naive"
+
     def _synchronize_gradients(self) -> None:
         for param in self.trainable_parameters():
             if param.grad is None:
                 # A parameter unused this step: every rank agrees (same model, same graph), so
                 # skipping keeps ranks in step; its optimizer update is skipped everywhere.
                 continue
-            with self.comm.timed(param.grad.numel() * param.grad.element_size()):
+            with self.comm.timed(tensor_bytes(param.grad)):
                 all_reduce_mean_(param.grad)

@@ -4,7 +4,7 @@ Communication of the last layers' gradients runs while backward computes the fir
 only the tail (the gradients finished last) is left exposed after backward. The price is one
 collective per parameter, each paying the fixed per-call latency that BucketedDDP amortizes.
 The all-reduce runs in place on `.grad`: no buffer, no copy. Hook, ordering, unused-parameter and
-no_sync rules are in hooked.py.
+no_sync rules are in overlap_engine.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddp_lab.strategies.hooked import HookedDDP
+from ddp_lab.strategies.overlap_engine import OverlapEngine
 
 
-class OverlapDDP(HookedDDP):
+class OverlapDDP(OverlapEngine):
+    name = "overlap"
+
     def __init__(self, module: nn.Module):
         trainable = [p for p in module.parameters() if p.requires_grad]
         super().__init__(module, [[p] for p in reversed(trainable)])

@@ -14,7 +14,7 @@ So every sweep can include the production implementation next to ours, measured 
   forward is not reduced by DDP; `finish_gradient_synchronization()` notices (gradients arrived,
   no bucket was sent) and all-reduces them itself, so the contract holds either way.
 - Comm accounting: an all-reduce comm hook (the same divide-then-sum as DDP's default) stamps each
-  bucket's in-flight interval as for our strategies (inflight.py), so `comm_ms` is comparable.
+  bucket's in-flight interval as for our strategies (collectives.py), so `comm_ms` is comparable.
 - Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in
   `finish_gradient_synchronization()`. Exposed is instead measured from the last gradient
   accumulated (a post-accumulate-grad hook on every trainable parameter; a CUDA event on GPU) to
@@ -30,14 +30,14 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_lab.distributed import all_reduce_mean_, synchronize
+from ddp_lab.rank.process_group import synchronize
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.inflight import all_reduce_mean_async, host_time_of, record_intervals
+from ddp_lab.strategies.collectives import all_reduce_mean_async, flat_all_reduce_mean_
+from ddp_lab.strategies.comm_stats import host_time_of, record_intervals
+from ddp_lab.units import MiB, tensor_bytes
 
-MIB = 2**20
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
@@ -49,6 +49,8 @@ def _timed_all_reduce_hook(stamps, bucket):
 
 
 class TorchDDP(DataParallelBase):
+    name = "torch_ddp"
+
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0, **ddp_kwargs):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
@@ -82,10 +84,13 @@ class TorchDDP(DataParallelBase):
         """
         try:
             buckets = self.ddp.reducer._get_zeros_like_grad_buckets()  # private: torch may drop it
-            return [b.buffer().numel() * b.buffer().element_size() / MIB for b in buckets]
+            return [tensor_bytes(b.buffer()) / MiB for b in buckets]
         except (AttributeError, RuntimeError):
             sizes = self.ddp._get_ddp_logging_data().get("bucket_sizes", "")  # the initial plan
-            return [int(s) / MIB for s in str(sizes).split(",") if s.strip()]
+            return [int(s) / MiB for s in str(sizes).split(",") if s.strip()]
+
+    def facts(self) -> dict:
+        return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
 
     def forward(self, *args, **kwargs):
         if self.training and torch.is_grad_enabled():
@@ -103,7 +108,8 @@ class TorchDDP(DataParallelBase):
         if not stamps and self._last_grad is not None:
             self._last_grad = None
             with self.comm.exposed():
-                self._reduce_unarmed_gradients()
+                # Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does.
+                flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm)
             return
         if stamps and self._last_grad is not None:
             synchronize(self.comm.device)
@@ -112,12 +118,3 @@ class TorchDDP(DataParallelBase):
             self.comm.exposed_s += max(0.0, now - last)
         self._last_grad = None
         record_intervals(stamps, self.comm)
-
-    def _reduce_unarmed_gradients(self) -> None:
-        """Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does."""
-        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
-        flat = _flatten_dense_tensors(grads)
-        with self.comm.timed(flat.numel() * flat.element_size()):
-            all_reduce_mean_(flat)
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            grad.copy_(synced)

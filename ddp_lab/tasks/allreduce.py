@@ -1,8 +1,11 @@
 """task=allreduce: time one collective (`task.op`) across the job's ranks, nccl-tests style.
 
-Every rank runs the same loop (`collectives.benchmark_collective`: warm-up, a barrier before each
-iteration, the device synchronized around each call). The per-rank times are gathered and each
-iteration is billed at its slowest rank, because a collective is done only when its last rank is.
+Every rank runs the same loop (`benchmark_collective`: warm-up, a barrier before each iteration,
+outside the timed region, so one rank's late arrival is not billed as the others' collective time,
+and the device synchronized around each call, since a host timer around an async launch measures
+only the launch). The per-rank times are gathered and each iteration is billed at its slowest
+rank, because a collective is done only when its last rank is (analysis/bandwidth.py does the
+arithmetic).
 
 A 1 GiB message on a loaded CPU box can take seconds per call, so after the warm-up one probe
 call decides how many timed iterations fit in `task.time_budget_s` (every rank uses the slowest
@@ -11,10 +14,22 @@ rank's probe, so all agree), never fewer than MIN_ITERS: a job takes minutes, no
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 
-from ddp_lab.collectives import GB, MiB, algbw, benchmark_collective, busbw, combine_rank_times, summarize_collective
+from ddp_lab.analysis.bandwidth import (
+    OPS,
+    algbw,
+    busbw,
+    combine_rank_times,
+    message_numel,
+    summarize_collective,
+)
+from ddp_lab.rank.process_group import synchronize
+from ddp_lab.units import GB, MiB
 
 MIN_ITERS = 3
 
@@ -61,3 +76,87 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def summarize(steps: list[dict], cfg) -> dict:
+    """A failed benchmark job keeps its steps but gets no summary: a partial sweep of sizes is no figure."""
+    return {}
+
+
+def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.float32,
+                       group=None) -> tuple[Callable[[], None], str, dict]:
+    """Buffers and a zero-argument callable running `op` once, plus the name of the API it uses.
+
+    Tensor ("single") APIs are preferred: they move one contiguous buffer, as the strategies do.
+    torch 2.13 deprecates `reduce_scatter_tensor`/`all_gather_into_tensor` in favour of
+    `reduce_scatter_single`/`all_gather_single`, and its gloo supports all of them; older torch
+    lacks the `_single` names and older gloo lacks the tensor forms, hence the fallbacks, tried
+    once with a real call (an unsupported op raises on every rank alike, before any traffic).
+    The last resort for reduce-scatter is an all-reduce of the whole message (named
+    `all_reduce_emulation`; its bus factor then is all-reduce's, so report it as such).
+    Returns (run, api_name, buffers).
+    """
+    n = dist.get_world_size(group)
+    if numel % n:
+        raise ValueError(f"numel={numel} is not a multiple of world_size={n}; use message_numel")
+    full = torch.zeros(numel, device=device, dtype=dtype)
+    chunk = torch.zeros(numel // n, device=device, dtype=dtype)
+    bufs = {"full": full, "chunk": chunk}
+
+    if op == "all_reduce":
+        candidates = [("all_reduce", lambda: dist.all_reduce(full, group=group))]
+    elif op == "broadcast":
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        candidates = [("broadcast", lambda: dist.broadcast(full, src=src, group=group))]
+    elif op == "reduce_scatter":
+        candidates = [(name, (lambda f=getattr(dist, name): f(chunk, full, group=group)))
+                      for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]
+        candidates.append(("reduce_scatter", lambda: dist.reduce_scatter(chunk, list(full.chunk(n)), group=group)))
+        candidates.append(("all_reduce_emulation", lambda: dist.all_reduce(full, group=group)))
+    elif op == "all_gather":
+        candidates = [(name, (lambda f=getattr(dist, name): f(full, chunk, group=group)))
+                      for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)]
+        candidates.append(("all_gather", lambda: dist.all_gather(list(full.chunk(n)), chunk, group=group)))
+    else:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+
+    errors = []
+    for name, run in candidates:
+        try:
+            run()
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            errors.append(f"{name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            continue
+        return run, name, bufs
+    raise RuntimeError(f"{op} is not supported by backend {dist.get_backend(group)}: " + "; ".join(errors))
+
+
+def benchmark_collective(op: str, nbytes: int, iters: int, warmup: int, device: torch.device,
+                         dtype=torch.float32, group=None, barrier: bool = True,
+                         info: dict | None = None) -> list[float]:
+    """Time `iters` calls of `op` on `nbytes` (see `message_bytes`) after `warmup` untimed ones.
+
+    The process group must already be initialized. Returns this rank's per-iteration seconds;
+    gather them from every rank and combine with `combine_rank_times`. Pass a dict as `info` to
+    learn the torch API that ran (`api`) and the bytes actually moved (`bytes`), for results.json.
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    n = dist.get_world_size(group)
+    numel = message_numel(nbytes, n, torch.empty((), dtype=dtype).element_size())
+    run, api, _ = resolve_collective(op, numel, device, dtype, group)  # its trial call is warm-up 0
+    if info is not None:
+        info.update(api=api, bytes=numel * torch.empty((), dtype=dtype).element_size())
+    for _ in range(max(warmup - 1, 0)):
+        run()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        if barrier:
+            dist.barrier(group=group)
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times

@@ -1,6 +1,6 @@
 """A Hydra sweeper that re-runs the jobs of an existing sweep folder that did not end ok.
 
-`python launch.py resume=DIR` selects it (ddp_lab/resume.py explains the design). It hands each
+`python launch.py resume=DIR` selects it (ddp_lab/launcher/resume.py explains the design). It hands each
 run of consecutive pending jobs to the configured launcher (basic, or submitit for SLURM) with
 their original job numbers, so every job lands in its old folder and the end-of-sweep table covers
 the whole sweep. It lives in the `hydra_plugins` package because Hydra only loads sweepers from there.
@@ -14,7 +14,7 @@ from typing import Any, List
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
-from ddp_lab.resume import merge_overrides, pending_jobs
+from ddp_lab.launcher.resume import merge_overrides, pending_jobs
 
 
 class ResumeSweeper(Sweeper):

@@ -1,0 +1,29 @@
+"""Names of runs and table rows, derived from a run's config alone (no torch, no process group)."""
+
+from __future__ import annotations
+
+from ddp_lab.config import used_knobs
+
+
+def knob_label(strategy_cfg) -> str:
+    """`bucketed-bucket_mb=25`: a strategy config's name and the knobs it uses, for run names."""
+    knobs = [f"{k}={v}" for k, v in used_knobs(strategy_cfg).items()]
+    return "-".join([str(strategy_cfg["name"])] + knobs)
+
+
+def run_name(cfg) -> str:
+    """`bucketed-bucket_mb=25-tiny-ws2`: what the run measured, readable in a W&B table."""
+    if cfg["task"]["name"] == "allreduce":
+        task = cfg["task"]
+        return f"{task['op']}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
+    return f"{knob_label(cfg['strategy'])}-{cfg['model']['name']}-ws{cfg['world_size']}"
+
+
+def row_label(results: dict) -> str:
+    """A table row's label: the strategy and its knobs, or the collective and its size."""
+    cfg = results.get("config") or {}
+    task = cfg.get("task") or {}
+    if task.get("name") == "allreduce":
+        return f"{task.get('op')} {task.get('size_mb')} MiB"
+    strategy = cfg.get("strategy")
+    return knob_label(strategy) if strategy else "?"

@@ -1,0 +1,202 @@
+"""The report's pictures, drawn from report.py's flat per-job records.
+
+Each `plot_*` returns False (and writes nothing) when the sweep lacks what it needs, so a report
+only holds pictures that say something. Failed jobs are drawn as red crosses or labels where
+their point or bar would be, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on cluster nodes or in tests
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from ddp_lab.analysis.records import bucket_groups, record  # noqa: E402
+from ddp_lab.analysis.timeline import plot_timeline  # noqa: E402
+from ddp_lab.jobdir import TRACES  # noqa: E402
+
+PHASES = [("compute_mean_ms", "compute (forward + backward)", "#4C72B0"),
+          ("exposed_mean_ms", "exposed communication", "#C44E52"),
+          ("optimizer_mean_ms", "optimizer step (the update)", "#DD8452"),
+          ("other_mean_ms", "other (timers, bookkeeping)", "#BBBBBB")]
+FAILED = "#C44E52"
+
+
+def _save(fig, path) -> bool:
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _train(records):
+    return [r for r in records if r["task"] != "allreduce"]
+
+
+def labels(records: list[dict]) -> list[str]:
+    """Short, distinct labels: the strategy and its knobs, plus model / ranks when those vary."""
+    vary = {k for k in ("model", "world_size") if len({r.get(k) for r in records}) > 1}
+    out = []
+    for r in records:
+        label = r["label"] + (f" {r['model']}" if "model" in vary else "") + \
+            (f" ws{r['world_size']}" if "world_size" in vary else "")
+        out.append(label)
+    if len(set(out)) < len(out):
+        out = [f"{r['job']}: {label}" for r, label in zip(records, out)]
+    return out
+
+
+def _mark_failed_x(ax, xs, label: str = "failed job") -> None:
+    """Red crosses on the x axis at the failed jobs' x values."""
+    if xs:
+        ax.plot(xs, [0.0] * len(xs), "x", color=FAILED, markersize=10, mew=2, clip_on=False, label=label,
+                transform=blended_transform_factory(ax.transData, ax.transAxes))
+
+
+# --- step time by phase ---------------------------------------------------------------------------
+
+def plot_phases(records: list[dict], path) -> bool:
+    """One horizontal stacked bar per training job: mean compute, exposed comm, optimizer, other."""
+    train = _train(records)
+    if not train:
+        return False
+    names = labels(train)
+    # Constrained layout sizes the margins to the labels (a sweep's knob labels are long); the
+    # legend sits above the bars in its own row, beside the title, never over them.
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * len(train)), layout="constrained")
+    y = np.arange(len(train))
+    left = np.zeros(len(train))
+    for key, legend, color in PHASES:
+        widths = np.array([(r.get(key) or 0.0) if r["status"] == "ok" else 0.0 for r in train])
+        ax.barh(y, widths, left=left, color=color, label=legend, height=0.6)
+        left += widths
+    xmax = max([r.get("step_mean_ms") or 0.0 for r in train] + list(left) + [1e-9])
+    for i, r in enumerate(train):
+        if r["status"] != "ok":
+            ax.text(0, i, f"  {r['status'].upper()}: {r.get('error') or ''}"[:90], va="center", color=FAILED, fontsize=8)
+        elif r.get("compute_mean_ms") is None and r.get("step_mean_ms") is not None:
+            ax.barh(i, r["step_mean_ms"], color="#DDDDDD", height=0.6, hatch="//")
+            ax.text(r["step_mean_ms"], i, "  no phase timings in this run", va="center", fontsize=8)
+        elif r.get("step_mean_ms") is not None:
+            ax.text(max(left[i], r["step_mean_ms"]), i, f" {r['step_mean_ms']:.0f} ms", va="center", fontsize=8)
+    ax.set_yticks(y, names, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, xmax * 1.18)
+    ax.set_xlabel("mean step time over measured steps (ms)\nphases: mean over ranks; exposed comm: slowest rank",
+                  fontsize=9)
+    fig.suptitle("Where a training step goes, per job", x=0.01, ha="left")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper right", fontsize=8, frameon=False, ncol=4)
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+# --- bucket size: measured, and the cost model's prediction ---------------------------------------
+
+def plot_buckets(records: list[dict], predictions: list[dict], path) -> bool:
+    """Step time and exposed comm against bucket size, one line per bucket sweep; the prediction
+    (dashed) and the best sizes (vertical lines) where a benchmark allowed a fit."""
+    groups = bucket_groups(records)
+    if not groups:
+        return False
+    fig, (ax_step, ax_exp) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ((strategy, model, ws, backend), group) in enumerate(groups.items()):
+        color, name = colors[i % len(colors)], f"{strategy} {model} ws{ws} {backend}"
+        ok = [r for r in group if r["status"] == "ok" and r.get("step_p50_ms") is not None]
+        x = [r["bucket_mb"] for r in ok]
+        p50 = np.array([r["step_p50_ms"] for r in ok])
+        low = p50 - np.array([r.get("step_min_ms") or v for r, v in zip(ok, p50)])
+        high = np.array([r.get("step_p90_ms") or v for r, v in zip(ok, p50)]) - p50
+        ax_step.errorbar(x, p50, yerr=[low, high], marker="o", color=color, capsize=3, label=f"{name} (p50; min-p90)")
+        ax_exp.plot(x, [r.get("exposed_p50_ms") for r in ok], "o-", color=color, label=f"{name}: measured p50")
+        failed = [r["bucket_mb"] for r in group if r not in ok]
+        _mark_failed_x(ax_step, failed)
+        pred = next((p for p in predictions if (p["strategy"], p["model"], p["world_size"], p["backend"])
+                     == (strategy, model, ws, backend)), None)
+        if pred:
+            ax_exp.plot(pred["curve_bucket_mb"], pred["curve_exposed_ms"], "--", color=color,
+                        label=f"{name}: cost model (o={pred['overhead_s'] * 1e3:.2g} ms, "
+                              f"w={pred['bandwidth_Bps'] / 1e9:.2g} GB/s)")
+            for ax in (ax_step, ax_exp):
+                ax.axvline(pred["best_bucket_mb"], color=color, linestyle="--", linewidth=1)
+                ax.axvline(pred["measured_best_step_mb"], color=color, linestyle=":", linewidth=1.5)
+            ax_exp.annotate(f"predicted best {pred['best_bucket_mb']:.3g} MiB", (pred["best_bucket_mb"], 0.97),
+                            xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color=color)
+            ax_step.annotate(f"measured best {pred['measured_best_step_mb']:g} MiB", (pred["measured_best_step_mb"], 0.97),
+                             xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color=color)
+    for ax, title, ylabel in ((ax_step, "Step time against bucket size", "step time (ms)"),
+                              (ax_exp, "Exposed communication: measured and predicted", "exposed comm per step (ms)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("strategy.bucket_mb (MiB)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, loc="left", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, frameon=False, loc="best")
+    ax_step.set_ylim(bottom=0)
+    if predictions:
+        ax_exp.set_yscale("log")  # the model's curve and the measured points can be decades apart
+    else:
+        ax_exp.set_ylim(bottom=0)
+    if predictions:
+        fig.text(0.01, 0.005, "dashed vertical: predicted best bucket  ·  dotted vertical: measured best (lowest step p50)",
+                 fontsize=8, color="0.3")
+    return _save(fig, path)
+
+
+# --- collectives: bandwidth and latency against message size --------------------------------------
+
+def plot_bandwidth(records: list[dict], path) -> bool:
+    """busbw and p50 latency against message size, one line per (op, backend, world size)."""
+    coll = [r for r in records if r["task"] == "allreduce"]
+    if not coll:
+        return False
+    series = defaultdict(list)
+    for r in coll:
+        series[(r.get("op"), r.get("backend"), r.get("world_size"))].append(r)
+    fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for (op, backend, ws), rows in sorted(series.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
+        ok = sorted((r for r in rows if r["status"] == "ok" and r.get("busbw_GBps") is not None),
+                    key=lambda r: r["size_mb"])
+        name = f"{op} {backend} {ws} ranks"
+        line, = ax_bw.plot([r["size_mb"] for r in ok], [r["busbw_GBps"] for r in ok], "o-", label=name)
+        ax_lat.plot([r["size_mb"] for r in ok], [r["latency_p50_ms"] for r in ok], "o-", color=line.get_color(),
+                    label=name)
+        _mark_failed_x(ax_bw, [r["size_mb"] for r in rows if r not in ok and r.get("size_mb")],
+                       label=f"{name}: failed")
+    ax_bw.set_ylabel("bus bandwidth at p50 latency (GB/s)")
+    ax_bw.set_ylim(bottom=0)
+    ax_bw.set_title("Bus bandwidth (nccl-tests: algbw × 2(n−1)/n for all-reduce)", loc="left", fontsize=10)
+    ax_lat.set_yscale("log")
+    ax_lat.set_ylabel("p50 latency (ms)")
+    ax_lat.set_title("Latency", loc="left", fontsize=10)
+    for ax in (ax_bw, ax_lat):
+        ax.set_xscale("log")
+        ax.set_xlabel("message size (MiB)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, frameon=False)
+    return _save(fig, path)
+
+
+# --- profiled jobs --------------------------------------------------------------------------------
+
+MAX_TIMELINES = 6
+
+
+def plot_timelines(runs, path) -> bool:
+    """Every profiled training job's lanes in one picture (same time scale): naive against overlap."""
+    profiled = [(name, res, job) for name, res, job in runs
+                if res.get("status") == "ok" and (job / TRACES).is_dir() and any((job / TRACES).glob("*.json"))]
+    if not profiled:
+        return False
+    profiled = profiled[:MAX_TIMELINES]
+    names = labels([record(name, res) for name, res, _ in profiled])
+    plot_timeline({label: job / TRACES for label, (_, _, job) in zip(names, profiled)}, path)
+    return True

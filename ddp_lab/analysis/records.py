@@ -1,0 +1,134 @@
+"""A sweep's jobs found on disk and flattened into one record each: what report.csv holds and the
+plots, the cost model and the predictor read.
+
+A failed or missing job is a record too (status and error), never a gap.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ddp_lab.analysis.labels import row_label
+from ddp_lab.analysis.tables import _get, task_of
+from ddp_lab.jobdir import CONFIG, RESULTS, read_results
+from ddp_lab.units import MiB
+
+# --- finding jobs --------------------------------------------------------------------------------
+
+def _is_job(path: Path) -> bool:
+    """results.json, or the config launch.py saves beside Hydra's .hydra/ (a job that never ended)."""
+    return (path / RESULTS).exists() or ((path / CONFIG).exists() and (path / ".hydra").is_dir())
+
+
+def _order(path: Path, root: Path):
+    """Numeric job folders (Hydra's 0, 1, ..., 10) in numeric order, whatever their depth."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.relative_to(root).parts]
+
+
+def find_jobs(root) -> list[Path]:
+    """DIR itself if it is a job folder, else every job folder below it (sweeps of sweeps too)."""
+    root = Path(root)
+    if _is_job(root):
+        return [root]
+    jobs = {p.parent for name in (RESULTS, CONFIG) for p in root.rglob(name) if _is_job(p.parent)}
+    return sorted(jobs, key=lambda p: _order(p, root))
+
+
+def load_job(job: Path) -> dict:
+    """results.json, or for a job killed before anyone wrote it, a 'missing' record with its config."""
+    results = read_results(job)
+    if results is not None:
+        return results
+    config = OmegaConf.to_container(OmegaConf.load(job / CONFIG), resolve=True) if (job / CONFIG).exists() else {}
+    return {"status": "missing", "error": "no results.json: the job was killed before it ended",
+            "config": config, "env": {}, "summary": {}, "steps": []}
+
+
+def load_runs(root) -> list[tuple[str, dict, Path]]:
+    """(name, results, folder) per job; the name is the folder relative to DIR ('.' for DIR)."""
+    root = Path(root)
+    runs = []
+    for job in find_jobs(root):
+        name = str(job.relative_to(root)) if job != root else job.name
+        runs.append((name, load_job(job), job))
+    return runs
+
+
+# --- one flat record per job (report.csv, and what the plots read) -------------------------------
+
+def _mean(res: dict, key: str):
+    return _get(res, "summary", key, "mean")
+
+
+def train_record(res: dict) -> dict:
+    """Raw figures of a training job, and its mean step split into phases (means add up, medians
+    do not). The phases (rank means of the loop's laps) fill the step; the exposed comm within
+    them is the strategy's own figure (slowest rank), so a straggler's extra compute shows as the
+    others' wait, as a user of DDP experiences it, and torch DDP, which waits inside backward(), is
+    split like the strategies that wait in finish_gradient_synchronization(). A sharded
+    optimizer's wait for its own communication (zero1's parameter broadcasts) is exposed comm
+    taken out of the optimizer phase, which keeps only the update itself."""
+    cfg = res.get("config") or {}
+    fwd_bwd, sync, exposed, opt, step = (_mean(res, k) for k in
+                                         ("fwd_bwd_ms", "sync_ms", "exposed_comm_ms", "optimizer_ms", "step_time_ms"))
+    compute = other = None
+    if None not in (fwd_bwd, sync, exposed, opt, step):
+        in_optimizer = min(_mean(res, "exposed_optimizer_comm_ms") or 0.0, exposed, opt)
+        in_sync = min(exposed - in_optimizer, fwd_bwd + sync)
+        compute, opt, exposed = fwd_bwd + sync - in_sync, opt - in_optimizer, in_sync + in_optimizer
+        other = max(0.0, step - compute - exposed - opt)
+    return {
+        "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
+        "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"),
+        "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
+        "measured_steps": _get(res, "summary", "measured_steps"),
+        "step_p50_ms": _get(res, "summary", "step_time_ms", "p50"), "step_p90_ms": _get(res, "summary", "step_time_ms", "p90"),
+        "step_min_ms": _get(res, "summary", "step_time_ms", "min"), "step_mean_ms": step,
+        "comm_p50_ms": _get(res, "summary", "comm_ms", "p50"), "exposed_p50_ms": _get(res, "summary", "exposed_comm_ms", "p50"),
+        "compute_mean_ms": compute, "exposed_mean_ms": exposed, "optimizer_mean_ms": opt, "other_mean_ms": other,
+        "overlap_pct": _get(res, "summary", "overlap_pct"),
+        "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
+        "collectives_per_step": _get(res, "summary", "collectives_per_step"),
+        "comm_bytes_per_step": _get(res, "summary", "comm_bytes_per_step"),
+        "opt_state_mib_per_rank": (lambda v: None if v is None else v / MiB)(
+            _get(res, "summary", "memory", "optimizer_state_max_rank")),
+    }
+
+
+def collective_record(res: dict) -> dict:
+    cfg, s = res.get("config") or {}, res.get("summary") or {}
+    return {
+        "op": _get(cfg, "task", "op"), "size_mb": _get(cfg, "task", "size_mb"), "bytes": s.get("bytes"),
+        "world_size": cfg.get("world_size"),
+        "backend": s.get("backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name"),
+        "device": s.get("device"), "iters": s.get("iters"),
+        **{f"latency_{k}_ms": _get(s, "latency_ms", k) for k in ("p50", "mean", "std", "min", "max", "p90")},
+        "algbw_GBps": s.get("algbw_GBps"), "busbw_GBps": s.get("busbw_GBps"),
+    }
+
+
+def record(name: str, res: dict) -> dict:
+    task = task_of(res)
+    head = {"job": name, "task": task, "status": res.get("status", "missing"), "error": res.get("error"),
+            "label": row_label(res)}
+    return {**head, **(collective_record(res) if task == "allreduce" else train_record(res))}
+
+
+def bucket_groups(records: list[dict]) -> dict:
+    """Training jobs that differ only in strategy.bucket_mb: {(strategy, model, ranks, backend): [records]}."""
+    train = [r for r in records if r["task"] != "allreduce" and r.get("bucket_mb") is not None]
+    # A job that failed early recorded no resolved backend ('auto'): it belongs with its sweep.
+    resolved = {}
+    for r in train:
+        if r.get("backend") not in (None, "auto"):
+            resolved.setdefault((r["strategy"], r["model"], r["world_size"]), r["backend"])
+    groups = defaultdict(list)
+    for r in train:
+        base = (r["strategy"], r["model"], r["world_size"])
+        backend = r["backend"] if r.get("backend") not in (None, "auto") else resolved.get(base, r.get("backend"))
+        groups[(*base, backend)].append(r)
+    return {k: sorted(v, key=lambda r: r["bucket_mb"]) for k, v in groups.items()
+            if len({r["bucket_mb"] for r in v}) >= 2}

@@ -1,0 +1,151 @@
+"""Turn a sweep's results into what a person reads: a table, report.md, report.csv and plots.
+
+    python -m ddp_lab.report outputs/multirun/DATE/TIME                 # a sweep (or one job folder)
+    python -m ddp_lab.report BUCKET_SWEEP --collectives ALLREDUCE_SWEEP   # + the cost model's prediction
+
+Reads every job's results.json under DIR (a failed or missing job is a failed row, not a gap) and
+writes next to the runs: report.md (the tables, the failures, the pictures), report.csv (one row per
+job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what they need:
+
+- report_phases.png: each training job's step split into compute, exposed comm and optimizer;
+- report_buckets.png: step time and exposed comm against strategy.bucket_mb, and with an all-reduce
+  benchmark at the same world size (`--collectives`, or collective jobs in DIR itself), the cost
+  model's predicted curve and best bucket size beside the measured one;
+- report_bandwidth.png: busbw and latency against message size per op, world size and backend;
+- report_timelines.png: the compute/comm lanes of every profiled job (profile=true), stacked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from ddp_lab.analysis import plots
+from ddp_lab.analysis.cost_model import bucket_predictions
+from ddp_lab.analysis.records import load_runs, record
+from ddp_lab.analysis.tables import (
+    collective_rows,
+    comparison_tables,
+    print_table,
+    task_of,
+    train_rows,
+)
+from ddp_lab.jobdir import CONFIG, RESULTS
+from ddp_lab.units import MiB
+
+
+def write_csv(records: list[dict], path: Path) -> Path:
+    fields: list[str] = []
+    for rec in records:
+        fields += [k for k in rec if k not in fields]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
+    return path
+
+
+# --- report.md ------------------------------------------------------------------------------------
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for cells in rows:
+        status = cells[header.index("status")]
+        cells = [f"**{c}**" if c == status and status != "ok" else c for c in cells]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def cost_model_markdown(predictions: list[dict]) -> str:
+    header = ["strategy", "model", "ranks", "gradient MiB", "fit: o (ms)", "fit: w (GB/s)", "fit rel. RMS",
+              "predicted best bucket MiB (n_b)", "measured best by step p50", "measured best by exposed p50"]
+    rows = [[p["strategy"], str(p["model"]), str(p["world_size"]), f"{p['total_bytes'] / MiB:.3g}",
+             f"{p['overhead_s'] * 1e3:.3g}", f"{p['bandwidth_Bps'] / 1e9:.3g}", f"{p['rel_rms']:.2f}",
+             f"{p['best_bucket_mb']:.3g} ({p['best_n_buckets']})", f"{p['measured_best_step_mb']:g}",
+             f"{p['measured_best_exposed_mb']:g}"] for p in predictions]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str]) -> Path:
+    train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
+    collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
+    parts = [f"# Report: {root}", "",
+             f"{len(runs)} jobs, {sum(r.get('status') == 'ok' for _, r, _ in runs)} ok. "
+             "Times in ms (training: warm-up steps excluded, slowest rank per step); GB/s = 1e9 bytes/s.", ""]
+    if train:
+        parts += ["## Training", "", markdown_table(*train_rows(train)), ""]
+    if collective:
+        parts += ["## Collectives", "", markdown_table(*collective_rows(collective)), ""]
+    failed = [(n, r) for n, r, _ in runs if r.get("status") != "ok"]
+    if failed:
+        parts += ["## Jobs that did not end ok", ""] + [f"- `{n}`: {r.get('status')}: {r.get('error')}" for n, r in failed] + [""]
+    if predictions:
+        parts += ["## Cost model: predicted against measured best bucket size", "",
+                  "o and w fitted to the all-reduce benchmark at the same world size and backend "
+                  "(docs/cost_model.md); predicted bucket* = sqrt(s * o * w).", "",
+                  cost_model_markdown(predictions), ""]
+    if notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    for title, png in pictures.items():
+        parts += [f"## {title}", "", f"![{title}]({Path(png).name})", ""]
+    path.write_text("\n".join(parts))
+    return path
+
+
+# --- the whole report -----------------------------------------------------------------------------
+
+def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
+    """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
+    root = Path(root)
+    out = Path(out) if out else root
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"no job folders (with {RESULTS} or {CONFIG}) under {root}")
+    if not quiet:
+        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}"):
+            print_table(table)
+    records = [record(n, r) for n, r, _ in runs]
+    bench = [r for _, r, _ in runs if task_of(r) == "allreduce"]
+    if collectives:
+        bench += [r for _, r, _ in load_runs(collectives) if task_of(r) == "allreduce"]
+    predictions, notes = bucket_predictions(records, bench, asked=collectives is not None)
+    pictures = {}
+    for title, name, draw in (
+        ("Step time by phase", "report_phases.png", lambda p: plots.plot_phases(records, p)),
+        ("Bucket size", "report_buckets.png", lambda p: plots.plot_buckets(records, predictions, p)),
+        ("Bandwidth against message size", "report_bandwidth.png", lambda p: plots.plot_bandwidth(records, p)),
+        ("Timelines of profiled jobs", "report_timelines.png", lambda p: plots.plot_timelines(runs, p)),
+    ):
+        if draw(out / name):
+            pictures[title] = out / name
+    written = {"csv": write_csv(records, out / "report.csv"),
+               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes),
+               "png": list(pictures.values())}
+    return {**written, "predictions": predictions, "notes": notes, "records": records}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_lab.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", help="a sweep folder (outputs/multirun/DATE/TIME), a folder of sweeps, or one job folder")
+    parser.add_argument("--collectives", help="a task=allreduce sweep to fit the cost model from")
+    parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
+    args = parser.parse_args(argv)
+    try:
+        report = make_report(args.dir, args.collectives, args.out)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for note in report["notes"]:
+        print(f"note: {note}")
+    for p in [report["md"], report["csv"], *report["png"]]:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The comparison table printed after a job, at the end of a sweep, and by the report.
+
+One row per job, failed jobs included (a failed row says so instead of leaving a gap).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ddp_lab.analysis.labels import row_label
+from ddp_lab.units import MiB
+
+
+def _get(d: dict | None, *path, default=None):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return default
+        d = d[key]
+    return d
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
+    ("step p50", ("summary", "step_time_ms", "p50")),
+    ("step p90", ("summary", "step_time_ms", "p90")),
+    ("comm p50", ("summary", "comm_ms", "p50")),
+    ("exposed p50", ("summary", "exposed_comm_ms", "p50")),
+    ("overlap %", ("summary", "overlap_pct")),
+    ("colls/step", ("summary", "collectives_per_step")),
+    ("opt state MiB/rank", ("summary", "memory", "optimizer_state_max_rank")),
+]
+MIB_COLUMNS = {"opt state MiB/rank"}
+
+
+def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells for training runs: (job name, results) pairs in sweep order."""
+    header = ["job", "strategy", "model", "ranks", "status"] + [h for h, _ in TRAIN_COLUMNS]
+    rows = []
+    for job, res in runs:
+        cfg = res.get("config") or {}
+        status = res.get("status", "missing")
+        cells = [job, row_label(res), _fmt(_get(cfg, "model", "name")), _fmt(cfg.get("world_size")), status]
+        for header_name, path in TRAIN_COLUMNS:
+            value = _get(res, *path)
+            if header_name in MIB_COLUMNS and value is not None:
+                value = value / MiB
+            cells.append(_fmt(value))
+        rows.append(cells)
+    return header, rows
+
+
+COLLECTIVE_COLUMNS = [  # (header, path into results.json)
+    ("lat p50 ms", ("summary", "latency_ms", "p50")),
+    ("lat min ms", ("summary", "latency_ms", "min")),
+    ("lat max ms", ("summary", "latency_ms", "max")),
+    ("algbw GB/s", ("summary", "algbw_GBps")),
+    ("busbw GB/s", ("summary", "busbw_GBps")),
+    ("iters", ("summary", "iters")),
+]
+
+
+def task_of(results: dict) -> str:
+    """'train' or 'allreduce'; a job that died before saving its config counts as training."""
+    return _get(results, "config", "task", "name", default="train") or "train"
+
+
+def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells for task=allreduce jobs, one row per (op, size, ranks, backend)."""
+    header = ["job", "op", "MiB", "ranks", "backend", "status"] + [h for h, _ in COLLECTIVE_COLUMNS]
+    rows = []
+    for job, res in runs:
+        cfg = res.get("config") or {}
+        backend = _get(res, "summary", "backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name")
+        size = _get(cfg, "task", "size_mb")
+        cells = [job, _fmt(_get(cfg, "task", "op")), "-" if size is None else f"{size:g}",
+                 _fmt(cfg.get("world_size")), _fmt(backend), res.get("status", "missing")]
+        cells += [_fmt(_get(res, *path), 3) for _, path in COLLECTIVE_COLUMNS]
+        rows.append(cells)
+    return header, rows
+
+
+def comparison_tables(runs: list[tuple[str, dict]], title: str) -> list[Table]:
+    """One table per task present (training and collective jobs have different columns)."""
+    tables = []
+    train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
+    collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
+    if train:
+        tables.append(rich_table(title, *train_rows(train)))
+    if collective:
+        tables.append(rich_table(title if not train else f"{title} (collectives)", *collective_rows(collective)))
+    return tables
+
+
+def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, justify="left" if name in ("job", "strategy", "model", "status", "op", "backend") else "right")
+    for cells in rows:
+        style = None if cells[header.index("status")] == "ok" else "red"
+        table.add_row(*cells, style=style)
+    return table
+
+
+def print_table(table: Table) -> None:
+    """Print at the terminal's width, or wide enough for every column when output is a file."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(table)

@@ -1,0 +1,189 @@
+"""Run one job's ranks with torchrun as a child process and map its end to a status.
+
+launch.py (one process per sweep job, and per node) calls `run_job`. torchrun is started in a
+session of its own, so only the launcher decides when it stops: on Ctrl-C or SIGTERM, or when
+`launcher.watchdog_s` runs out, it sends SIGTERM to torchrun (which passes it on to its ranks),
+waits `GRACE_S`, then SIGKILLs torchrun and any rank of this job still alive. torchrun starts each
+rank in a session of its own too, so they are found by a mark in their environment that only this
+launcher's children carry (`DDP_LAB_LAUNCHER`), never by a broad name: the nodes of a job may
+share its folder and, under slurm_local, this machine. Nothing this job started outlives it.
+
+Multi-node: torchrun's *static* rendezvous, not c10d. c10d numbers the nodes in order of
+(hostname, pid) and ignores `--node-rank` (torchrun warns so), which could put global rank 0, the
+one that writes results.json and the W&B run, on any node. Static makes node_rank N own ranks
+[N·k, (N+1)·k), so rank 0 is on node_rank 0, whose job folder holds the results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_lab.jobdir import (
+    RESULTS,
+    make_results,
+    node_file,
+    read_results,
+    read_steps,
+    torchrun_log,
+    write_json_atomic,
+)
+from ddp_lab.launcher.failures import diagnose, oom_kills
+from ddp_lab.launcher.resume import set_aside_previous_attempt
+from ddp_lab.tasks import TASKS
+
+GRACE_S = 15  # torchrun's own SIGTERM-to-SIGKILL wait is 30 s: the launcher does not wait that long
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MARK = "DDP_LAB_LAUNCHER"
+
+
+class Interrupted(Exception):
+    pass
+
+
+def torchrun_command(cfg: DictConfig, job_dir: Path) -> list[str]:
+    """`python -m torch.distributed.run ... -m ddp_lab.rank.worker JOB_DIR`: torchrun's own rendezvous."""
+    launcher = cfg.launcher
+    nproc = cfg.world_size // launcher.nnodes
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--max-restarts=0",
+           "--monitor-interval=0.2"]
+    if launcher.nnodes == 1:
+        cmd.append("--standalone")  # c10d rendezvous on a free port of this machine: sweeps never collide
+    else:
+        cmd += [f"--nnodes={launcher.nnodes}", f"--node-rank={launcher.node_rank}", "--rdzv-backend=static",
+                f"--rdzv-endpoint={launcher.rdzv_endpoint}"]
+    return cmd + ["-m", "ddp_lab.rank.worker", str(job_dir)]
+
+
+def worker_env(cfg: DictConfig) -> dict:
+    env = dict(os.environ)
+    local_ranks = cfg.world_size // cfg.launcher.nnodes
+    # torchrun would set 1 and warn; share this machine's cores among its ranks instead.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_ranks)))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Workers import ddp_lab from this checkout even when it is not pip-installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env[MARK] = f"{os.getpid()}:{cfg.launcher.node_rank}"  # this launcher's torchrun and ranks, no one else's
+    return env
+
+
+def started_here(job_dir: Path) -> list[int]:
+    """Pids of the processes this launcher started for this job (torchrun, ranks), by their mark."""
+    mark = f"{MARK}={os.getpid()}:".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.fsencode(str(job_dir)) not in (entry / "cmdline").read_bytes().split(b"\0"):
+                continue
+            if any(var.startswith(mark) for var in (entry / "environ").read_bytes().split(b"\0")):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(child: subprocess.Popen, job_dir: Path, hurry: list) -> None:
+    """SIGTERM torchrun (it stops its ranks), wait GRACE_S, then SIGKILL torchrun and this job's ranks.
+
+    A signal that arrives while waiting (a second Ctrl-C) lands in `hurry` and ends the wait.
+    """
+    if child.poll() is None:
+        _signal_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while child.poll() is None and time.monotonic() < deadline and not hurry:
+            time.sleep(0.1)
+    if child.poll() is None:  # only while it is unreaped: its pid cannot have been reused
+        _signal_group(child.pid, signal.SIGKILL)
+    for pid in started_here(job_dir):  # ranks live in sessions of their own: killpg(torchrun) misses them
+        _signal_group(pid, signal.SIGKILL)
+    child.wait()
+
+
+def run_job(cfg: DictConfig, job_dir: Path) -> dict:
+    """Start the ranks, wait, and return the job's results (also written to JOB_DIR/results.json)."""
+    job_dir = Path(job_dir).resolve()
+    local = cfg.world_size // cfg.launcher.nnodes
+    node_ranks = range(cfg.launcher.node_rank * local, (cfg.launcher.node_rank + 1) * local)
+    set_aside_previous_attempt(job_dir, cfg.launcher.node_rank, node_ranks)  # a re-run starts clean
+    log_path = job_dir / torchrun_log(cfg.launcher.node_rank)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    oom_before = oom_kills()
+    stopped, child, late = None, None, []  # stopped: None, "interrupted" or "watchdog"
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted)}
+    try:
+        with open(log_path, "ab") as log:
+            child = subprocess.Popen(torchrun_command(cfg, job_dir), env=worker_env(cfg), stderr=log,
+                                     start_new_session=True)
+        child.wait(timeout=cfg.launcher.watchdog_s or None)
+    except subprocess.TimeoutExpired:
+        stopped = "watchdog"
+    except (KeyboardInterrupt, Interrupted):
+        stopped = "interrupted"
+    finally:
+        # While stopping, a signal must not cut the clean-up short: note it and go on.
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: late.append(signum))
+        signal.signal(signal.SIGTERM, lambda signum, frame: late.append(signum))
+        try:
+            if child is not None:
+                _stop(child, job_dir, hurry=late)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if late and stopped is None and child.returncode != 0:
+        stopped = "interrupted"
+    results = finalize(cfg, job_dir, child.returncode if child else None, stopped, oom_kills() > oom_before)
+    if late and stopped != "interrupted":
+        signal.raise_signal(late[0])  # the job was over when it came: pass it on to the sweep
+    return results
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
+def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: str | None,
+             oom_killed: bool = False) -> dict:
+    """Keep rank 0's results when the job succeeded; otherwise write a failed/interrupted record
+    that keeps every step already measured. A node other than node_rank 0 writes node{N}.json."""
+    node = cfg.launcher.node_rank
+    results = read_results(job_dir) if node == 0 else None
+    if returncode == 0 and stopped is None and (results is not None or node > 0):
+        status, error = "ok", None
+    elif stopped == "interrupted":
+        done = len(results["steps"]) if results else len(read_steps(job_dir))
+        status, error = "interrupted", f"stopped by Ctrl-C or SIGTERM after {done} step(s), before the job ended"
+    elif stopped == "watchdog":
+        status = "failed"
+        error = (f"launcher.watchdog_s={cfg.launcher.watchdog_s:g}: the job was still running after "
+                 f"{cfg.launcher.watchdog_s:g} s and was stopped (no collective timeout ended it)")
+    else:
+        status = "failed"
+        log = job_dir / torchrun_log(node)
+        error = diagnose(job_dir, returncode, log.read_text(errors="replace") if log.exists() else "",
+                         oom_killed, cfg.backend.timeout_s)
+    if node > 0:
+        record = {"status": status, "error": error, "node_rank": node, "nnodes": cfg.launcher.nnodes,
+                  "torchrun_exit_code": returncode, "results": "in node_rank 0's job folder"}
+        write_json_atomic(job_dir / node_file(node), record)
+        return {**record, "config": OmegaConf.to_container(cfg, resolve=True), "summary": {}, "steps": []}
+    if status == "ok":
+        return results
+    steps = results["steps"] if results else read_steps(job_dir)
+    summary = results["summary"] if results else (TASKS[cfg.task.name].summarize(steps, cfg) if steps else {})
+    env = results["env"] if results else {"world_size": cfg.world_size}
+    results = make_results(status, error, OmegaConf.to_container(cfg, resolve=True), env, summary, steps)
+    write_json_atomic(job_dir / RESULTS, results)
+    return results

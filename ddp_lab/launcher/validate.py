@@ -1,0 +1,159 @@
+"""Checks on a composed config that Hydra's types cannot express, run before any rank starts.
+
+Each failure is a `ConfigError` whose message is one line saying what to change; launch.py prints
+it and exits 2. Types, unknown keys and unknown options are refused earlier by Hydra against
+ddp_lab/config.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
+
+from ddp_lab.analysis.bandwidth import bytes_per_rank
+from ddp_lab.config import Config, set_knobs
+from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
+from ddp_lab.machine import cuda_devices, host_available_bytes, resolve_backend
+from ddp_lab.units import MiB
+
+# Leave this share of the machine's free memory to the OS, Python and the launcher itself.
+MEMORY_HEADROOM = 0.85
+GLOO_SCRATCH = 2.0           # task=allreduce on CPU: peak memory per byte of benchmark buffers
+RANK_BASELINE_BYTES = 2**28  # one rank's interpreter + torch, before any buffer
+
+
+class ConfigError(ValueError):
+    """A user's mistake in the config: reported as one line, never as a traceback."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: DictConfig) -> None:
+    _validate_keys(cfg)
+    ws, nnodes = cfg.world_size, cfg.launcher.nnodes
+    _require(ws >= 1, f"world_size must be a positive number of ranks, got {ws}")
+    _require(nnodes >= 1, f"launcher.nnodes must be >= 1, got {nnodes}")
+    _require(ws % nnodes == 0, f"world_size={ws} does not split evenly over launcher.nnodes={nnodes}")
+    _require(0 <= cfg.launcher.node_rank < nnodes,
+             f"launcher.node_rank={cfg.launcher.node_rank} must be in [0, {nnodes - 1}]")
+    _require(nnodes == 1 or cfg.launcher.rdzv_endpoint or _scheduler_places_nodes(cfg),
+             "launcher.nnodes > 1 needs launcher.rdzv_endpoint=HOST:PORT (the node_rank=0 machine), "
+             "or hydra/launcher=slurm")
+    _require(cfg.launcher.watchdog_s >= 0,
+             f"launcher.watchdog_s must be >= 0 seconds (0 = off), got {cfg.launcher.watchdog_s}")
+    _require(-1 <= cfg.fault.rank < ws,
+             f"fault.rank={cfg.fault.rank} must be a rank in [0, {ws - 1}], or -1 for every rank")
+    _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
+    if cfg.backend.name == "nccl":
+        local_ranks, gpus = ws // nnodes, cuda_devices()
+        _require(gpus >= local_ranks,
+                 f"backend=nccl needs {local_ranks} CUDA GPUs on this node (one per rank), found {gpus}: "
+                 "use backend=gloo or backend=auto")
+    if cfg.task.name == "train":
+        _validate_train(cfg)
+    else:
+        _validate_collective(cfg)
+
+
+def _validate_keys(cfg: DictConfig) -> None:
+    """Every key is one the schema has: Hydra refuses `train.stepz=3`, but lets `+train.stepz=3` add one."""
+    try:
+        plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), enum_to_str=True)
+        OmegaConf.merge(OmegaConf.structured(Config), plain)
+    except ConfigKeyError as exc:
+        raise ConfigError(f"unknown key {exc.full_key}: ddp_lab/config.py has no such key (mistyped, or added "
+                          "with '+'?)") from None
+
+
+def _scheduler_places_nodes(cfg: DictConfig) -> bool:
+    """Under a submitit launcher each node's job learns its node rank and endpoint from SLURM (cluster.py)."""
+    return "submitit" in str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
+
+
+def _on_gpu(cfg: DictConfig) -> bool:
+    return resolve_backend(cfg.backend.name, cfg.world_size // cfg.launcher.nnodes) == "nccl"
+
+
+def _validate_train(cfg: DictConfig) -> None:
+    t, m, ws = cfg.train, cfg.model, cfg.world_size
+    _require(t.steps >= 1, f"train.steps must be >= 1, got {t.steps}")
+    _require(0 <= t.warmup_steps < t.steps,
+             f"train.warmup_steps={t.warmup_steps} must be in [0, train.steps) so some steps are measured")
+    _require(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
+    _require(t.batch_size % ws == 0,
+             f"train.batch_size={t.batch_size} (global) does not divide by world_size={ws}: use a multiple of {ws}")
+    _require(t.grad_accum_steps >= 1, f"train.grad_accum_steps must be >= 1, got {t.grad_accum_steps}")
+    local = t.batch_size // ws
+    _require(local % t.grad_accum_steps == 0, f"each rank's batch ({local}) does not divide into "
+             f"train.grad_accum_steps={t.grad_accum_steps} micro-batches")
+    _require(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
+    _require(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
+    _require(m.context_length >= 1, f"model.context_length must be >= 1, got {m.context_length}")
+    for key in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads"):
+        _require(m[key] >= 1, f"model.{key} must be >= 1, got {m[key]}")
+    _require(m.d_model % m.num_heads == 0,
+             f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
+    _validate_strategy(cfg.strategy)
+    _validate_memory(cfg)
+
+
+def _validate_strategy(strategy: DictConfig) -> None:
+    """Values in range, and every knob that is set is one the strategy's class takes."""
+    bucket_mb = strategy.get("bucket_mb")
+    _require(bucket_mb is None or bucket_mb > 0, f"strategy.bucket_mb must be > 0 MiB, got {bucket_mb}")
+    try:
+        cls = get_class(strategy._target_)
+    except (ImportError, InstantiationException, ValueError) as exc:
+        raise ConfigError(f"strategy._target_={strategy._target_} is not a class ddp_lab can import: {exc}") from None
+    takes = [name for name in inspect.signature(cls).parameters if name != "module"]
+    for knob in set_knobs(strategy):
+        _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "
+                 f"(its knobs: {', '.join(takes) or 'none'})")
+
+
+def _validate_collective(cfg: DictConfig) -> None:
+    """task=allreduce: the benchmark's knobs, and memory, so a 1 GiB message at 6 ranks that cannot
+    fit is refused here instead of a rank being OOM-killed in the middle of a sweep."""
+    t, ws = cfg.task, cfg.world_size
+    _require(t.size_mb > 0, f"task.size_mb must be > 0 MiB, got {t.size_mb}")
+    _require(t.size_mb * MiB >= 4 * ws,
+             f"task.size_mb={t.size_mb} is less than one float32 per rank at world_size={ws}")
+    _require(t.iters >= 1, f"task.iters must be >= 1, got {t.iters}")
+    _require(t.warmup_iters >= 0, f"task.warmup_iters must be >= 0, got {t.warmup_iters}")
+    _require(t.time_budget_s > 0, f"task.time_budget_s must be > 0 seconds, got {t.time_budget_s}")
+    _require(not cfg.profile, "profile=true traces training steps: use it with task=train")
+    per_rank = bytes_per_rank(t.op, int(t.size_mb * MiB), ws)
+    local_ranks = ws // cfg.launcher.nnodes
+    if _on_gpu(cfg):
+        need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"
+    else:
+        # gloo's scratch space: peak RSS measured at 1.5-1.7x the buffers (torch 2.13), plus each
+        # rank's interpreter and torch (~0.25 GiB).
+        need = local_ranks * (GLOO_SCRATCH * per_rank + RANK_BASELINE_BYTES)
+        have, where = host_available_bytes(), "this machine's free memory"
+    _require(need <= MEMORY_HEADROOM * have,
+             f"task.size_mb={t.size_mb} needs {fmt_bytes(per_rank)} of buffers per rank for {t.op}, about "
+             f"{fmt_bytes(need)} for {local_ranks} ranks on this node, more than {int(MEMORY_HEADROOM * 100)}% "
+             f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
+
+
+def _validate_memory(cfg: DictConfig) -> None:
+    """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
+    per_rank = estimate_rank_bytes(cfg)
+    local_ranks = cfg.world_size // cfg.launcher.nnodes
+    if _on_gpu(cfg):
+        need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"
+    else:
+        need, have, where = per_rank * local_ranks, host_available_bytes(), "this machine's free memory"
+    _require(need <= MEMORY_HEADROOM * have,
+             f"model={cfg.model.name} needs about {fmt_bytes(per_rank)} per rank ({fmt_bytes(need)} in all), "
+             f"more than {int(MEMORY_HEADROOM * 100)}% of {where} ({fmt_bytes(have)}): "
+             "use a smaller model, fewer ranks per node, or a smaller batch/context")

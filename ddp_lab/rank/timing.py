@@ -1,0 +1,64 @@
+"""Per-step timing and the cross-rank reduction that makes a step's figures the job's figures.
+
+A step ends when the last rank ends, so each timing is the slowest rank's; the loss is the mean
+over ranks (each rank's loss is over its own slice), and so are a step's phases (the timer's laps):
+per-phase maxima from different ranks would add up to more than the step, while rank means add up
+to the average rank's step. Counters (collectives, bytes) are the same on
+every rank and reported from rank 0's view as the max.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.rank.process_group import synchronize
+
+MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms")
+
+
+class StepTimer:
+    """Wall time of one iteration with the device synchronized on both ends, and its phases.
+
+    `lap(name)` records the time since the previous lap (or the start) under `name` in `laps`, so
+    the report can split a step into forward+backward, synchronization and optimizer without the
+    loop holding any clocks of its own. Each lap synchronizes the device: queued kernels are billed
+    to the phase that launched them.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._start = self._mark = 0.0
+        self.laps: dict[str, float] = {}
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self._start = self._mark = time.perf_counter()
+        self.laps = {}
+
+    def lap(self, name: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.laps[name] = (now - self._mark) * 1e3
+        self._mark = now
+
+    def stop_ms(self) -> float:
+        synchronize(self.device)
+        return (time.perf_counter() - self._start) * 1e3
+
+
+def reduce_over_ranks(local: dict[str, float], device: torch.device) -> dict[str, float]:
+    """One all_gather of every rank's numbers (outside the timed region); rank 0 uses the result."""
+    keys = sorted(local)
+    mine = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    table = torch.stack(gathered).cpu()
+    out = {}
+    for i, key in enumerate(keys):
+        column = table[:, i]
+        value = float(column.mean() if key in MEAN_KEYS else column.max())
+        out[key] = int(value) if isinstance(local[key], int) else value
+    return out

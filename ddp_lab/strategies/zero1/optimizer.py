@@ -1,0 +1,291 @@
+"""ShardedOptimizer: ZeRO stage 1, optimizer state split over ranks by whole parameters.
+
+Plain data parallelism keeps a full copy of the optimizer state on every rank (AdamW: two floats
+per parameter, twice the weights). Here each parameter has one owner rank; only the owner keeps its
+state and computes its update, and the updated values are then shared so every rank ends the step
+with identical parameters.
+
+Owners are whole parameters balanced by bytes (ownership.py); checkpoints are consolidated into
+the plain optimizer's layout (checkpoint.py).
+
+Communication, `comm=`: payload per step for P parameter bytes and G gradient bytes, and bytes
+over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/analysis/calculator.py's):
+
+- `allreduce_broadcast` (the CS336 simplification; default): the gradient-sync wrapper all-reduces
+  every gradient (payload G, 2(N-1)/N * G on the link), each owner updates its shard and
+  broadcasts its updated parameters, one async broadcast per parameter straight into every
+  rank's copy, all in flight at once (payload P, and P on the link: a broadcast's bus factor
+  is 1). In all 2(N-1)/N * G + P: 1.5x an all-reduce for large N, 2x at N = 2.
+- `reduce_scatter` (ZeRO-1 as the paper describes it): gradients are summed only onto their owner
+  (reduce-scatter, (N-1)/N * G), the owner updates, and everyone gathers the updated parameters
+  (all-gather, (N-1)/N * P): with P = G exactly one all-reduce's bytes. After the reduce-scatter a
+  rank drops (sets to None) the gradients of parameters it does not own: only the owner needs
+  them. On nccl this is `reduce_scatter_single` + `all_gather_single` over per-owner segments
+  padded to the largest shard: payload N x largest shard each way, a few % over P for a
+  Transformer's balanced shards, but up to N x when one tensor dominates. Gloo (torch 2.13)
+  accepts those two calls but emulates reduce-scatter with a full all-reduce (pytorch PR #118911:
+  2x the bytes), and here they measured 2-3x slower than an all-reduce of the same buffer; so on
+  gloo the same pattern is built from what gloo does natively: per parameter, one `reduce` to its
+  owner and one `broadcast` from it, in place, all in flight together, exact sizes, no padding
+  (payload G + P).
+
+Either way the caller need not change: `step()` reduce-scatters the gradients itself unless the
+zero1 wrapper already did it in `finish_gradient_synchronization()` (strategy.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors
+
+from ddp_lab.config import ZeroComm
+from ddp_lab.strategies.collectives import all_gather_single, reduce_scatter_single
+from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict
+from ddp_lab.strategies.zero1.ownership import assign_owners
+from ddp_lab.units import tensor_bytes
+
+
+class ShardedOptimizer(ConsolidatedStateDict, torch.optim.Optimizer):
+    """`optimizer_cls` on this rank's shard of `params`; every rank sees every parameter updated.
+
+    `params`: tensors (a generator is fine) or param groups with their own hyperparameters;
+    `kwargs` go to `optimizer_cls`. `param_groups` lists every parameter with the full set of the
+    inner optimizer's hyperparameters, so LR schedulers work on it; changes made there are copied
+    into the inner optimizer before each step. `state` is this rank's state only (the owner's).
+    `comm` picks the communication pattern (module docstring); `comm_stats`, when set (the zero1
+    strategy sets it to the wrapper's `CommStats`), records this optimizer's collectives.
+    Without an initialized process group it runs as one rank holding everything.
+    """
+
+    force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
+
+    def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
+                 comm: str = ZeroComm.allreduce_broadcast, comm_stats=None, **kwargs: Any):
+        if comm not in set(ZeroComm):
+            raise ValueError(f"unknown comm {comm!r}; options: {', '.join(ZeroComm)}")
+        self.comm_mode = ZeroComm(comm)
+        self.comm_stats = comm_stats
+        self.optim: torch.optim.Optimizer | None = None
+        self._optimizer_cls, self._kwargs = optimizer_cls, kwargs
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.owner: dict[torch.Tensor, int] = {}
+        self.loads = [0] * self.world_size  # parameter bytes owned by each rank
+        self._grads_reduced = False
+        # The inner optimizer's full defaults (betas, eps, ...) so outer groups carry every
+        # hyperparameter a scheduler or a state_dict reader may look for.
+        try:
+            defaults = optimizer_cls([torch.zeros(1, requires_grad=True)], **kwargs).defaults
+        except Exception:  # e.g. fused=True wants CUDA tensors; the real build below will say if it is wrong
+            defaults = dict(kwargs)
+        super().__init__(params, defaults)
+
+    # `state` is the inner optimizer's (this rank's shard); the base constructor assigns it first.
+    @property
+    def state(self):
+        return self.optim.state if self.optim is not None else self._early_state
+
+    @state.setter
+    def state(self, value):
+        if self.optim is None:
+            self._early_state = value
+        else:
+            self.optim.state = value
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group (in the constructor or mid-training): owners for its params, local ones inner."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        owners = assign_owners([tensor_bytes(p) for p in group["params"]], self.world_size, self.loads)
+        self.owner.update(zip(group["params"], owners))
+        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        mine = [i for i, owner in enumerate(owners) if owner == self.rank]
+        local["params"] = [group["params"][i] for i in mine]
+        if "param_names" in group:
+            local["param_names"] = [group["param_names"][i] for i in mine]
+        if self.optim is None:
+            self.optim = self._optimizer_cls([local], **self._kwargs)
+            self.optim.state.update(self._early_state)
+        else:
+            self.optim.add_param_group(local)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self._grads_reduced = False
+
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_hyperparameters()
+        if self.comm_mode == ZeroComm.reduce_scatter and not self._grads_reduced:
+            with self._exposed():
+                self.reduce_scatter_gradients()
+        self.optim.step(**kwargs)
+        with self._exposed():
+            if self.comm_mode == ZeroComm.reduce_scatter:
+                self._all_gather_params()
+            else:
+                self._broadcast_params()
+        self._grads_reduced = False
+        return loss
+
+    def _sync_hyperparameters(self) -> None:
+        """Outer groups are what users and schedulers edit; the inner optimizer follows them."""
+        for outer, inner in zip(self.param_groups, self.optim.param_groups):
+            for key, value in outer.items():
+                if key not in ("params", "param_names"):
+                    inner[key] = value
+
+    def _trainable_by_owner(self) -> dict[tuple, list[list[torch.Tensor]]]:
+        """{(device, dtype): [params of rank 0, params of rank 1, ...]}, in param_groups order.
+
+        Frozen parameters never change, so they are never sent; requires_grad agrees on all ranks.
+        """
+        layout: dict[tuple, list[list[torch.Tensor]]] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    per_owner = layout.setdefault((p.device, p.dtype), [[] for _ in range(self.world_size)])
+                    per_owner[self.owner[p]].append(p)
+        return layout
+
+    def _exposed(self):
+        return self.comm_stats.exposed(in_optimizer=True) if self.comm_stats is not None else nullcontext()
+
+    def _timed(self, nbytes: int, calls: int = 1):
+        """One interval for `calls` collectives launched together (they are in flight together)."""
+        return self.comm_stats.timed(nbytes, calls) if self.comm_stats is not None else nullcontext()
+
+    def _broadcast_params(self) -> None:
+        """Each owner broadcasts its updated params straight into every rank's copy; all at once.
+
+        One async broadcast per parameter, into the parameter itself: no flat buffer to fill on
+        the owner or to copy out of elsewhere (that copy and a fresh buffer per step made this
+        2x slower on gloo; measured in docs/benchmarks.md, "ZeRO-1"). Every rank issues the
+        calls in the same order (by dtype, then owner, then param_groups order).
+        """
+        if self.world_size == 1:
+            return
+        pending = [(p, owner) for per_owner in self._trainable_by_owner().values()
+                   for owner, params in enumerate(per_owner) for p in params]
+        with self._timed(sum(tensor_bytes(p) for p, _ in pending), len(pending)):
+            works = []
+            for p, owner in pending:
+                buffer = p.detach().contiguous()  # the parameter itself unless it is not contiguous
+                works.append((p, buffer, dist.broadcast(buffer, src=owner, async_op=True)))
+            for p, buffer, work in works:
+                work.wait()
+                if buffer.data_ptr() != p.data_ptr():
+                    p.copy_(buffer)
+
+    def _use_tensor_collectives(self) -> bool:
+        """nccl: reduce_scatter/all_gather proper. Gloo emulates them badly (module docstring)."""
+        if self.force_tensor_collectives is not None:
+            return self.force_tensor_collectives
+        return dist.get_backend() == "nccl"
+
+    @torch.no_grad()
+    def reduce_scatter_gradients(self) -> None:
+        """ZeRO-1's gradient half: each owner gets the rank-average of its params' gradients.
+
+        Called by the zero1 wrapper's `finish_gradient_synchronization()` or else by `step()`;
+        once per step (a second call before `step()`/`zero_grad()` does nothing). A parameter
+        with no gradient on this rank contributes zeros; its owner keeps `grad=None` when it has
+        none itself (as NaiveDDP, this assumes all ranks agree on which parameters were used).
+        Other ranks drop their copy (`grad=None`): only the owner needs it.
+        """
+        if self.comm_mode != ZeroComm.reduce_scatter or self._grads_reduced:
+            return
+        self._grads_reduced = True
+        if self.world_size == 1:
+            return
+        for (device, dtype), per_owner in self._trainable_by_owner().items():
+            if self._use_tensor_collectives():
+                self._padded_reduce_scatter(per_owner, dtype, device)
+            else:
+                self._reduce_to_owners(per_owner)
+
+    def _reduce_to_owners(self, per_owner: list[list[torch.Tensor]]) -> None:
+        """Gloo's reduce-scatter: one async `reduce` per parameter, in place, to its owner."""
+        pending = []
+        for owner, params in enumerate(per_owner):
+            for p in params:
+                grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
+                pending.append((p, owner, grad))
+        with self._timed(sum(tensor_bytes(g) for *_, g in pending), len(pending)):
+            works = [dist.reduce(grad, dst=owner, async_op=True) for _, owner, grad in pending]
+            for work in works:
+                work.wait()
+        for p, owner, grad in pending:
+            if owner != self.rank:
+                p.grad = None
+            elif p.grad is not None:
+                if grad.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(grad)
+                p.grad.div_(self.world_size)
+
+    def _padded_reduce_scatter(self, per_owner: list[list[torch.Tensor]], dtype, device) -> None:
+        """nccl: one reduce_scatter over owner segments padded to the largest shard."""
+        flats = [self._flat_grads(params, dtype, device) for params in per_owner]
+        width = max(f.numel() for f in flats)
+        padded = torch.cat([torch.nn.functional.pad(f, (0, width - f.numel())) for f in flats])
+        mine = torch.empty(width, dtype=padded.dtype, device=padded.device)
+        with self._timed(tensor_bytes(padded)):
+            reduce_scatter_single(mine, padded)
+        mine.div_(self.world_size)
+        for owner, params in enumerate(per_owner):
+            if owner != self.rank:
+                for p in params:
+                    p.grad = None
+            else:
+                for p, value in zip(params, _split(mine, params)):
+                    if p.grad is not None:
+                        p.grad.copy_(value)
+
+    @staticmethod
+    def _flat_grads(params, dtype, device) -> torch.Tensor:
+        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
+                 for p in params]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=dtype, device=device)
+
+    @torch.no_grad()
+    def _all_gather_params(self) -> None:
+        """ZeRO-1's parameter half: every rank receives every owner's updated parameters.
+
+        nccl: one all_gather over owner segments padded to the largest shard. Gloo: the
+        per-parameter broadcasts of `_broadcast_params` (exact sizes, no padding).
+        """
+        if self.world_size == 1:
+            return
+        if not self._use_tensor_collectives():
+            self._broadcast_params()
+            return
+        for (device, dtype), per_owner in self._trainable_by_owner().items():
+            width = max(sum(p.numel() for p in params) for params in per_owner)
+            mine = torch.zeros(width, dtype=dtype, device=device)
+            if per_owner[self.rank]:
+                flat = _flatten_dense_tensors([p.detach() for p in per_owner[self.rank]])
+                mine[:flat.numel()] = flat
+            gathered = torch.empty(width * self.world_size, dtype=dtype, device=device)
+            with self._timed(tensor_bytes(gathered)):
+                all_gather_single(gathered, mine)
+            for owner, (params, segment) in enumerate(zip(per_owner, gathered.split(width))):
+                if owner != self.rank:
+                    for p, value in zip(params, _split(segment, params)):
+                        p.copy_(value)
+
+
+def _split(flat: torch.Tensor, params: list[torch.Tensor]):
+    """Views of `flat` shaped like `params`, in order (the inverse of flattening them)."""
+    offset = 0
+    for p in params:
+        yield flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()

@@ -1,0 +1,54 @@
+"""`strategy=zero1_torch`: torch's DistributedDataParallel with torch's ZeroRedundancyOptimizer.
+
+The in-run reference for zero1 (whole parameters, greedy by size; updated parameters are broadcast
+by their owners after each step). Its post-step parameter broadcasts are recorded in the wrapper's
+comm figures as ShardedOptimizer's are, so both columns count the same bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ddp_lab.strategies.torch_ddp import TorchDDP
+from ddp_lab.units import tensor_bytes
+
+
+class TimedZeroRedundancyOptimizer(ZeroRedundancyOptimizer):
+    """torch's ZeroRedundancyOptimizer, its parameter broadcasts timed like ShardedOptimizer's.
+
+    Hooks two private methods that torch 2.4-2.13 all have: `_sync_params` (a step's
+    broadcasts, issued async and waited for) and `_broadcast_params_from_rank` (one rank's
+    handles, counted). Without `comm_stats` it is torch's class unchanged.
+    """
+
+    comm_stats = None  # set by TorchZero1 to the wrapper's CommStats
+    _handles_issued = 0
+
+    def _broadcast_params_from_rank(self, rank: int):
+        handles = super()._broadcast_params_from_rank(rank)
+        self._handles_issued += len(handles)
+        return handles
+
+    def _sync_params(self):
+        if self.comm_stats is None:
+            return super()._sync_params()
+        self._handles_issued = 0
+        nbytes = sum(tensor_bytes(p) for g in self.param_groups for p in g["params"])
+        with self.comm_stats.exposed(in_optimizer=True), self.comm_stats.timed(nbytes):
+            super()._sync_params()
+        self.comm_stats.collectives += self._handles_issued - 1
+
+
+class TorchZero1(TorchDDP):
+    """TorchDDP (`bucket_mb` as DDP's `bucket_cap_mb`) whose optimizer is torch's ZeRO-1."""
+
+    name = "zero1_torch"
+    zero_stage = 1
+
+    def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
+                       **kwargs) -> TimedZeroRedundancyOptimizer:
+        params = self.trainable_parameters() if params is None else params
+        optimizer = TimedZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, **kwargs)
+        optimizer.comm_stats = self.comm
+        return optimizer

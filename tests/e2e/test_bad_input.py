@@ -1,0 +1,72 @@
+"""A user's mistake ends before any rank starts: one clear line, non-zero exit, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers.launching import ROOT, launch
+
+pytestmark = pytest.mark.slow
+
+CASES = {  # overrides -> a phrase the message must contain (it says what to change)
+    "world_size=0": "world_size must be a positive",
+    "world_size=-2": "world_size must be a positive",
+    "world_size=two": "world_size",
+    "strategy=nonexistent": "strategy",
+    "model=huge": "model",
+    "train.batch_size=7": "does not divide by world_size",
+    "train.steps=0": "train.steps must be >= 1",
+    "train.stepz=3": "stepz",
+    "model.context_length=0": "model.context_length must be >= 1",
+    "train.lr=fast": "lr",
+    "logger.mode=sometimes": "mode",
+    "model=xl world_size=4": "needs about",
+    "task=dance": "task",
+    "strategy=flat strategy.bucket_mb=0": "bucket_mb must be > 0",
+    "strategy=bucketed strategy.bucket_mb=-5": "bucket_mb must be > 0",
+    "strategy=bucketed strategy.bucket_mb=big": "bucket_mb",
+    "strategy=zero1 strategy.grad_sync=magic": "Invalid value 'magic', expected one of [naive, flat,",
+    "strategy=zero1 strategy.comm=pigeon": "Invalid value 'pigeon', expected one of [allreduce_broadcast,",
+    "task=allreduce task.op=all_to_all": "Invalid value 'all_to_all', expected one of [all_reduce,",
+    "backend=mpi": "Available options in 'backend': auto, gloo, nccl",
+    "+train.stpes=5": "unknown key train.stpes",
+    "strategy=naive strategy.bucket_mb=10": "strategy.bucket_mb is not a knob of strategy=naive",
+    "strategy=bucketed strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=bucketed",
+}
+
+
+@pytest.mark.parametrize("overrides", list(CASES), ids=list(CASES))
+def test_bad_input_is_refused_before_launch(overrides, tmp_path):
+    proc = launch(*overrides.split(), tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert CASES[overrides] in proc.stderr
+    assert not (tmp_path / "run" / "results.json").exists()  # no rank started
+    assert not (tmp_path / "run" / "steps.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs nccl needs")
+def test_nccl_without_gpus_is_refused(tmp_path):
+    proc = launch("backend=nccl", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert "backend=nccl needs 2 CUDA GPUs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_output_folder_that_cannot_be_made_is_refused(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    for key, rest in (("hydra.run.dir", []), ("hydra.sweep.dir", ["strategy=naive,flat", "-m"])):
+        args = [sys.executable, str(ROOT / "launch.py"), f"{key}={tmp_path / 'a_file' / 'out'}", *rest]
+        proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert f"{key}=" in proc.stderr and "is a file, not a folder" in proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_bad_sweep_point_stops_sweep_before_any_job(tmp_path):
+    proc = launch("model=toy", "world_size=2,3", tmp_path=tmp_path, multirun=True)
+    assert proc.returncode == 2
+    assert "world_size=3" in proc.stderr and "does not divide" in proc.stderr
+    assert not list((tmp_path / "multirun").glob("*/results.json"))  # not even the good point ran

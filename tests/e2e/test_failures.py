@@ -1,0 +1,123 @@
+"""Failures end in a clear, recorded status, through launch.py with real torchrun and gloo ranks.
+
+Each test waits for a state (a file, a process), never for a duration, so a busy machine makes
+them slower but not flaky. `fault.*` (ddp_lab/faults.py) makes the failure happen on purpose.
+"""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers.launching import FAST, ROOT, launch, results
+from tests.helpers.processes import leftovers, rank_pid, wait_for
+from tests.helpers.wandb_records import _payloads
+
+pytestmark = pytest.mark.slow
+QUIET = [*FAST, "logger=none"]
+
+
+def wandb_exit_code(job_dir):
+    """The exit record of the job's offline W&B run: present only if the run was closed."""
+    from wandb.proto import wandb_internal_pb2
+
+    (run_file,) = glob.glob(str(job_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    with open(run_file, "rb") as f:
+        for payload in _payloads(f.read()):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            if record.WhichOneof("record_type") == "exit":
+                return record.exit.exit_code
+    return None
+
+
+def test_crash_fails_its_job_and_the_sweep_goes_on(tmp_path):
+    proc = launch(*QUIET, "fault.rank=1", "fault.step=1", "fault.kind=crash,none", tmp_path=tmp_path, multirun=True)
+    sweep = tmp_path / "multirun"
+    failed, ok = results(sweep / "0"), results(sweep / "1")
+    assert failed["status"] == "failed" and ok["status"] == "ok"
+    assert failed["error"] == "rank 1: InjectedFault: injected crash at step 1"  # the rank and the cause
+    assert [s["step"] for s in failed["steps"]] == [0]  # the step measured before the crash is kept
+    assert proc.returncode == 1  # the sweep says something failed ...
+    assert "1 of 2 jobs did not end ok: 0" in proc.stderr  # ... and its table which
+    table = [line for line in proc.stdout.splitlines() if line.startswith("│ ")]
+    assert "failed" in table[-2] and "ok" in table[-1]
+    assert leftovers(tmp_path) == []
+
+
+def test_hung_rank_is_ended_by_the_collective_timeout(tmp_path):
+    start = time.monotonic()
+    proc = launch(*QUIET, "fault.kind=hang", "fault.rank=1", "fault.step=1", "backend.timeout_s=10",
+                  tmp_path=tmp_path, timeout=120)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 1
+    res = results(tmp_path / "run")
+    assert res["status"] == "failed"
+    assert res["error"].startswith("rank 0: collective timed out after backend.timeout_s=10 s, rank 1 never joined it")
+    assert leftovers(tmp_path) == []
+
+
+def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path):
+    """No collective is waiting, so no timeout fires: the launcher's watchdog is the last resort."""
+    proc = launch(*QUIET, "fault.kind=hang", "fault.rank=-1", "fault.step=1", "launcher.watchdog_s=8",
+                  tmp_path=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    res = results(tmp_path / "run")
+    assert res["status"] == "failed" and res["error"].startswith("launcher.watchdog_s=8:")
+    assert leftovers(tmp_path) == []
+
+
+def test_out_of_memory_is_reported_as_such(tmp_path):
+    proc = launch(*QUIET, "fault.kind=oom", "fault.rank=1", "fault.step=1", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert results(tmp_path / "run")["error"].startswith("rank 1: out of memory: ")
+
+
+def test_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):
+    """What the kernel's OOM killer does (SIGKILL): the rank and the signal, not a bare exit code."""
+    job = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "launch.py"), *QUIET, "fault.kind=hang", "fault.rank=-1", "fault.step=1",
+            f"hydra.run.dir={job}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (job / "steps.jsonl").exists() and (job / "steps.jsonl").read_text(), 120, "step 0")
+    os.kill(wait_for(lambda: rank_pid(job.resolve(), 1), 30, "rank 1"), signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert results(job)["error"].startswith("rank 1: killed by SIGKILL")
+    assert leftovers(tmp_path) == []
+
+
+def test_sigint_mid_sweep_then_resume_runs_the_rest(tmp_path):
+    sweep = tmp_path / "multirun"
+    args = [sys.executable, str(ROOT / "launch.py"), "-m", *FAST, "fault.rank=-1", "fault.step=1",
+            "fault.kind=none,hang,none", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "WANDB_MODE": "offline"})
+    # Job 1 hangs (every rank) at step 1: once step 0 is recorded, it is mid-run, whatever the speed.
+    wait_for(lambda: (sweep / "1" / "steps.jsonl").exists() and (sweep / "1" / "steps.jsonl").read_text(), 180,
+             "job 1 to start")
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert leftovers(tmp_path) == []  # every rank stopped
+    assert results(sweep / "0")["status"] == "ok"  # the finished job keeps its result
+    interrupted = results(sweep / "1")
+    assert interrupted["status"] == "interrupted" and [s["step"] for s in interrupted["steps"]] == [0]
+    assert wandb_exit_code(sweep / "1") is not None  # rank 0 closed its W&B run
+    assert not (sweep / "2").exists()  # the sweep stopped
+    kept = (sweep / "0" / "results.json").read_bytes()
+
+    # resume= re-runs jobs 1 and 2 only, into their own folders, with fault.kind=none (and no W&B,
+    # for speed) on top of their own overrides.
+    resumed = launch(f"resume={sweep}", "fault.kind=none", "logger=none", tmp_path=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [results(sweep / str(i))["status"] for i in range(3)] == ["ok", "ok", "ok"]
+    assert (sweep / "0" / "results.json").read_bytes() == kept
+    assert results(sweep / "1" / "attempts" / "1")["status"] == "interrupted"  # the earlier attempt is kept
+    assert "#0 :" not in resumed.stdout + resumed.stderr  # job 0 was not launched again
+    again = launch(f"resume={sweep}", tmp_path=tmp_path)
+    assert again.returncode == 0 and "nothing to resume" in again.stdout

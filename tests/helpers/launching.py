@@ -1,0 +1,27 @@
+"""Run launch.py as a user would, with its output folders inside a test's tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["model=toy", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4"]
+
+
+def launch(*overrides: str, tmp_path: Path, multirun: bool = False, timeout: float = 240,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    out = tmp_path / ("multirun" if multirun else "run")
+    args = [sys.executable, str(ROOT / "launch.py"), *overrides,
+            f"hydra.sweep.dir={out}" if multirun else f"hydra.run.dir={out}"]
+    if multirun:
+        args.append("-m")
+    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
+    return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def results(job_dir: Path) -> dict:
+    return json.loads((job_dir / "results.json").read_text())

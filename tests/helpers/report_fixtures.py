@@ -1,0 +1,74 @@
+"""Fabricated job folders (results.json as the trainer and the benchmark write them), so the
+report's logic is tested in milliseconds; test_report.py also runs it on a real sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddp_lab.analysis.bandwidth import summarize_collective
+
+MiB = 2**20
+
+
+def _summary(p50: float) -> dict:
+    return {"mean": p50, "std": 0.1 * p50, "p50": p50, "p90": 1.2 * p50, "p95": 1.3 * p50, "min": 0.9 * p50,
+            "max": 1.5 * p50}
+
+
+def write_job(folder: Path, results: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def train_results(strategy: str, bucket_mb=None, step_ms: float = 20.0, exposed_ms: float = 5.0,
+                  status: str = "ok", world_size: int = 2, grad_bytes: int = 64 * MiB) -> dict:
+    cfg = {"task": {"name": "train"}, "model": {"name": "tiny"}, "world_size": world_size,
+           "strategy": {"name": strategy, "bucket_mb": bucket_mb}, "backend": {"name": "gloo"}}
+    if status != "ok":
+        return {"status": status, "error": "rank 1: InjectedFault: injected crash at step 1", "config": cfg,
+                "env": {"world_size": world_size}, "summary": {}, "steps": []}
+    optimizer, compute = 2.0, step_ms - exposed_ms - 2.0
+    summary = {"step_time_ms": _summary(step_ms), "comm_ms": _summary(exposed_ms * 1.5),
+               "exposed_comm_ms": _summary(exposed_ms), "fwd_bwd_ms": _summary(compute),
+               "sync_ms": _summary(exposed_ms), "optimizer_ms": _summary(optimizer), "overlap_pct": 33.3,
+               "measured_steps": 5, "collectives_per_step": 3, "comm_bytes_per_step": grad_bytes,
+               "memory": {"optimizer_state_max_rank": 8 * MiB}}
+    return {"status": "ok", "error": None, "config": cfg, "env": {"backend": "gloo", "world_size": world_size},
+            "summary": summary, "steps": [{"step": i, "step_time_ms": step_ms} for i in range(6)]}
+
+
+def collective_results(size_mb: float, overhead_s: float, bandwidth_Bps: float, world_size: int = 2,
+                       op: str = "all_reduce", status: str = "ok") -> dict:
+    cfg = {"task": {"name": "allreduce", "op": op, "size_mb": size_mb}, "world_size": world_size,
+           "backend": {"name": "gloo"}}
+    if status != "ok":
+        return {"status": status, "error": "rank 0: killed", "config": cfg, "env": {}, "summary": {}, "steps": []}
+    nbytes = int(size_mb * MiB)
+    t = overhead_s + nbytes / bandwidth_Bps
+    summary = summarize_collective(op, nbytes, world_size, [t, t, t])
+    summary.update(backend="gloo", device="cpu", size_mb=size_mb)
+    return {"status": "ok", "error": None, "config": cfg, "env": {"backend": "gloo", "world_size": world_size},
+            "summary": summary, "steps": [{"step": i, "latency_ms": t * 1e3} for i in range(3)]}
+
+
+def bucket_sweep(root: Path, failed: bool = True) -> Path:
+    """Three bucket sizes (the middle one fastest) and, optionally, a crashed fourth job."""
+    for i, (mb, step) in enumerate([(1, 30.0), (25, 20.0), (100, 26.0)]):
+        write_job(root / str(i), train_results("bucketed", bucket_mb=mb, step_ms=step, exposed_ms=step / 4))
+    if failed:
+        write_job(root / "3", train_results("bucketed", bucket_mb=400, status="failed"))
+    return root
+
+
+def collective_sweep(root: Path, overhead_s: float = 2e-3, bandwidth_Bps: float = 2e9,
+                     world_sizes=(2, 4), failed: bool = True) -> Path:
+    i = 0
+    for ws in world_sizes:
+        for mb in (1, 10, 100):
+            write_job(root / str(i), collective_results(mb, overhead_s, bandwidth_Bps, world_size=ws))
+            i += 1
+    if failed:
+        write_job(root / str(i), collective_results(1000, overhead_s, bandwidth_Bps, status="failed"))
+    return root

@@ -1,0 +1,79 @@
+"""The calculator's counts match the built models, and its accounting matches hand-computed examples."""
+
+import json
+
+import pytest
+import torch
+
+from ddp_lab.analysis import calculator as calc
+from ddp_lab.models import build_model
+
+SIZES = ["toy", "tiny", "small", "medium", "large", "xl", "2.7b"]
+
+
+@pytest.mark.parametrize("name", SIZES)
+def test_parameter_count_matches_built_model(name):
+    cfg = calc.load_model_config(name)
+    # The meta device builds the very same modules without allocating or initializing storage.
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert calc.count_parameters(cfg)["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_toy_count_on_a_real_model():
+    cfg = calc.load_model_config("toy")
+    assert calc.count_parameters(cfg)["total"] == sum(p.numel() for p in build_model(cfg).parameters())
+
+
+def test_small_by_hand():
+    # small: V=10000, d=768, d_ff=3072, L=12, context 128.
+    # embedding = lm_head = 10000*768 = 7,680,000
+    # per block: 4*768^2 = 2,359,296 (qkv + proj) + 3*768*3072 = 7,077,888 (SwiGLU) + 2*768 (norms)
+    #          = 9,438,720; x12 = 113,264,640; + final norm 768
+    # total = 15,360,000 + 113,264,640 + 768 = 128,625,408
+    cfg = calc.load_model_config("small")
+    psi = 128_625_408
+    assert calc.count_parameters(cfg)["total"] == psi
+
+    r = calc.calculate(cfg, world_size=8, dtype="bf16", flops=989e12, bandwidth=450e9)
+    ddp, z1, z2, z3 = (r["strategies"][k] for k in ("ddp", "zero1", "zero2", "zero3"))
+    # Mixed-precision Adam: 2 + 2 + 12 = 16 bytes/param unsharded = 2,058,006,528 bytes.
+    assert ddp["memory"]["total"] == 16 * psi == 2_058_006_528
+    # ZeRO-1 over 8: 2 + 2 + 12/8 = 5.5 bytes/param = 707,439,744; ZeRO-2: 2 + 14/8; ZeRO-3: 16/8.
+    assert z1["memory"]["total"] == pytest.approx(707_439_744)
+    assert z2["memory"]["total"] == pytest.approx(3.75 * psi)
+    assert z3["memory"]["total"] == pytest.approx(2 * psi)
+    # All-reduce of bf16 grads at N=8: 2*7/8 * 2 bytes * psi = 3.5 * psi = 450,188,928 bytes,
+    # i.e. 1.0004 ms at 450 GB/s. ZeRO-1 (reduce-scatter + all-gather) moves the same.
+    assert ddp["comm_bytes"] == pytest.approx(450_188_928)
+    assert z1["comm_bytes"] == pytest.approx(ddp["comm_bytes"])
+    assert r["strategies"]["zero1_cs336"]["comm_bytes"] == pytest.approx(3.5 * psi + 2 * psi)
+    assert z3["comm_bytes"] == pytest.approx(1.5 * ddp["comm_bytes"])
+    # FLOPs per token forward: 2 * matmul weights + 4*L*ctx*d.
+    # matmul weights = psi - embedding 7,680,000 - norms 25*768 = 120,926,208
+    # forward = 241,852,416 + 4*12*128*768 (4,718,592) = 246,571,008; backward = 493,142,016.
+    assert r["flops_per_token"]["forward"] == 246_571_008
+    # Compute-bound batch (backward vs all-reduce): 1.0004198e-3 s * 989e12 / 493,142,016 FLOP/token
+    # = 2006.4 tokens = 15.675 sequences of 128 per device.
+    assert ddp["compute_bound_batch"] == pytest.approx(450_188_928 / 450e9 * 989e12 / 493_142_016 / 128)
+    assert ddp["compute_bound_batch"] == pytest.approx(15.675, abs=1e-3)
+
+
+def test_zero_paper_example():
+    # ZeRO paper figure 1: 7.5B params, N=64, K=12: 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
+    expected = {0: 120e9, 1: 31.4e9, 2: 16.6e9, 3: 1.875e9}
+    for stage, total in expected.items():
+        got = calc.model_state_bytes(7.5e9, "bf16", 64, stage)["total"]
+        assert got == pytest.approx(total, rel=0.005)
+    assert calc.model_state_bytes(10, "fp32")["total"] == 160   # 4 + 4 + 8 bytes per param
+
+
+def test_cli(capsys):
+    assert calc.main(["model=tiny", "world_size=4", "dtype=fp32", "model.context_length=32"]) == 0
+    out = capsys.readouterr().out
+    assert "9,316,608 parameters" in out and "zero3" in out and "context 32" in out
+    assert calc.main(["--model", "toy", "--world-size", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["params"]["total"] == 194_176 and report["world_size"] == 2
+    with pytest.raises(SystemExit):
+        calc.main(["model=nope"])

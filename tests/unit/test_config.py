@@ -1,0 +1,73 @@
+"""Every config group option composes against the typed schema; nothing is launched."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ddp_lab.analysis.calculator import count_parameters
+from ddp_lab.analysis.labels import knob_label
+from ddp_lab.config import register_configs
+from ddp_lab.launcher.validate import ConfigError, validate
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+register_configs()
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("strategy", _options("strategy"))
+def test_every_strategy_composes_and_names_itself(strategy):
+    cfg = _compose(f"strategy={strategy}")
+    validate(cfg)
+    assert cfg.strategy.name == strategy  # results and W&B runs say which strategy they measured
+
+
+@pytest.mark.parametrize("overrides, label", [
+    (["strategy=bucketed", "strategy.bucket_mb=10"], "bucketed-bucket_mb=10.0"),
+    (["strategy=zero1"], "zero1-bucket_mb=25.0-grad_sync=bucketed-comm=allreduce_broadcast"),
+    (["strategy=zero1", "strategy.comm=reduce_scatter"], "zero1-comm=reduce_scatter"),  # no wrapper, no buckets
+    (["strategy=flat"], "flat"),
+])
+def test_run_names_carry_the_knobs_in_use(overrides, label):
+    assert knob_label(_compose(*overrides).strategy) == label
+
+
+@pytest.mark.parametrize("model", ["toy", "tiny", "small"])
+def test_small_models_fit_and_validate(model):
+    validate(_compose(f"model={model}"))
+
+
+# CS336 assignment 2, Table 1: d_model, d_ff, layers, heads; vocab 10000.
+TABLE_1 = {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
+           "xl": (1600, 6400, 48, 25), "2.7b": (2560, 10240, 32, 32)}
+
+
+@pytest.mark.parametrize("size", list(TABLE_1))
+def test_table_1_sizes(size):
+    m = _compose(f"model={size}").model
+    assert (m.d_model, m.d_ff, m.num_layers, m.num_heads, m.vocab_size) == (*TABLE_1[size], 10000)
+
+
+def test_parameter_count_of_small_by_hand():
+    # per layer: qkv+proj 4*d^2, SwiGLU 3*d*d_ff, two RMSNorm weights 2*d; plus embed, lm_head, final norm
+    d, ff, layers, vocab = 768, 3072, 12, 10000
+    expected = layers * (4 * d * d + 3 * d * ff + 2 * d) + 2 * vocab * d + d
+    assert count_parameters(_compose("model=small").model)["total"] == expected
+
+
+def test_memory_check_refuses_xl_on_four_cpu_ranks():
+    with pytest.raises(ConfigError, match="needs about"):
+        validate(_compose("model=xl", "world_size=4", "backend=gloo"))
+
+
+def test_default_experiment_is_two_gloo_ranks_on_tiny():
+    cfg = _compose()
+    assert (cfg.world_size, cfg.model.name, cfg.backend.name, cfg.logger.mode) == (2, "tiny", "auto", "offline")
