@@ -224,6 +224,7 @@ def bucket_predictions(records: list[dict], bench: list[dict], asked: bool = Fal
             "best_bucket_mb": curve["best_bucket_mb"], "best_n_buckets": curve["best_n_buckets"],
             "curve_bucket_mb": curve["bucket_mb"], "curve_exposed_ms": curve["exposed_ms"],
             "measured_best_step_mb": min(ok, key=lambda r: r["step_p50_ms"])["bucket_mb"],
-            "measured_best_exposed_mb": min(exposed, key=lambda r: r["exposed_p50_ms"])["bucket_mb"] if exposed else None,
+            "measured_best_exposed_mb": (min(exposed, key=lambda r: r["exposed_p50_ms"])["bucket_mb"]
+                                         if exposed else None),
         })
     return predictions, notes

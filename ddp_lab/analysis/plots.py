@@ -81,7 +81,8 @@ def plot_phases(records: list[dict], path) -> bool:
     xmax = max([r.get("step_mean_ms") or 0.0 for r in train] + list(left) + [1e-9])
     for i, r in enumerate(train):
         if r["status"] != "ok":
-            ax.text(0, i, f"  {r['status'].upper()}: {r.get('error') or ''}"[:90], va="center", color=FAILED, fontsize=8)
+            ax.text(0, i, f"  {r['status'].upper()}: {r.get('error') or ''}"[:90], va="center", color=FAILED,
+                    fontsize=8)
         elif r.get("compute_mean_ms") is None and r.get("step_mean_ms") is not None:
             ax.barh(i, r["step_mean_ms"], color="#DDDDDD", height=0.6, hatch="//")
             ax.text(r["step_mean_ms"], i, "  no phase timings in this run", va="center", fontsize=8)
@@ -128,10 +129,12 @@ def plot_buckets(records: list[dict], predictions: list[dict], path) -> bool:
             for ax in (ax_step, ax_exp):
                 ax.axvline(pred["best_bucket_mb"], color=color, linestyle="--", linewidth=1)
                 ax.axvline(pred["measured_best_step_mb"], color=color, linestyle=":", linewidth=1.5)
+            vertical = {"xycoords": ("data", "axes fraction"), "rotation": 90, "va": "top", "ha": "right",
+                        "fontsize": 8, "color": color}
             ax_exp.annotate(f"predicted best {pred['best_bucket_mb']:.3g} MiB", (pred["best_bucket_mb"], 0.97),
-                            xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color=color)
-            ax_step.annotate(f"measured best {pred['measured_best_step_mb']:g} MiB", (pred["measured_best_step_mb"], 0.97),
-                             xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color=color)
+                            **vertical)
+            ax_step.annotate(f"measured best {pred['measured_best_step_mb']:g} MiB",
+                             (pred["measured_best_step_mb"], 0.97), **vertical)
     for ax, title, ylabel in ((ax_step, "Step time against bucket size", "step time (ms)"),
                               (ax_exp, "Exposed communication: measured and predicted", "exposed comm per step (ms)")):
         ax.set_xscale("log")
@@ -146,8 +149,8 @@ def plot_buckets(records: list[dict], predictions: list[dict], path) -> bool:
     else:
         ax_exp.set_ylim(bottom=0)
     if predictions:
-        fig.text(0.01, 0.005, "dashed vertical: predicted best bucket  ·  dotted vertical: measured best (lowest step p50)",
-                 fontsize=8, color="0.3")
+        fig.text(0.01, 0.005, "dashed vertical: predicted best bucket  ·  "
+                 "dotted vertical: measured best (lowest step p50)", fontsize=8, color="0.3")
     return _save(fig, path)
 
 

@@ -82,7 +82,8 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
         parts += ["## Collectives", "", markdown_table(*collective_rows(collective)), ""]
     failed = [(n, r) for n, r, _ in runs if r.get("status") != "ok"]
     if failed:
-        parts += ["## Jobs that did not end ok", ""] + [f"- `{n}`: {r.get('status')}: {r.get('error')}" for n, r in failed] + [""]
+        parts += ["## Jobs that did not end ok", ""]
+        parts += [f"- `{n}`: {r.get('status')}: {r.get('error')}" for n, r in failed] + [""]
     if predictions:
         parts += ["## Cost model: predicted against measured best bucket size", "",
                   "o and w fitted to the all-reduce benchmark at the same world size and backend "
@@ -131,7 +132,8 @@ def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dir", help="a sweep folder (outputs/multirun/DATE/TIME), a folder of sweeps, or one job folder")
+    parser.add_argument("dir", help="a sweep folder (outputs/multirun/DATE/TIME), a folder of sweeps, "
+                        "or one job folder")
     parser.add_argument("--collectives", help="a task=allreduce sweep to fit the cost model from")
     parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
     args = parser.parse_args(argv)

@@ -99,10 +99,13 @@ def comparison_tables(runs: list[tuple[str, dict]], title: str) -> list[Table]:
     return tables
 
 
+TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend")
+
+
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     table = Table(title=title)
     for name in header:
-        table.add_column(name, justify="left" if name in ("job", "strategy", "model", "status", "op", "backend") else "right")
+        table.add_column(name, justify="left" if name in TEXT_COLUMNS else "right")
     for cells in rows:
         style = None if cells[header.index("status")] == "ok" else "red"
         table.add_row(*cells, style=style)

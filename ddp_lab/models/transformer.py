@@ -99,8 +99,8 @@ class Transformer(nn.Module):
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            fan_in = module.weight.shape[-1]
-            nn.init.trunc_normal_(module.weight, std=1 / math.sqrt(fan_in), a=-3 / math.sqrt(fan_in), b=3 / math.sqrt(fan_in))
+            std = 1 / math.sqrt(module.weight.shape[-1])
+            nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

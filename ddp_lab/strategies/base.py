@@ -61,7 +61,8 @@ class DataParallelBase(nn.Module):
         """Parameters that receive gradients, each once even when tied, in `parameters()` order."""
         return [p for p in self.module.parameters() if p.requires_grad]
 
-    def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None, **kwargs) -> torch.optim.Optimizer:
+    def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
+                       **kwargs) -> torch.optim.Optimizer:
         """`optimizer_cls` over `params` (default: the trainable parameters; param groups welcome);
         sharding strategies return their own optimizer instead."""
         return optimizer_cls(self.trainable_parameters() if params is None else params, **kwargs)

@@ -15,6 +15,7 @@ rank's probe, so all agree), never fewer than MIN_ITERS: a job takes minutes, no
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable
 
 import torch
@@ -109,12 +110,12 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
         src = 0 if group is None else dist.get_global_rank(group, 0)
         candidates = [("broadcast", lambda: dist.broadcast(full, src=src, group=group))]
     elif op == "reduce_scatter":
-        candidates = [(name, (lambda f=getattr(dist, name): f(chunk, full, group=group)))
+        candidates = [(name, partial(getattr(dist, name), chunk, full, group=group))
                       for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]
         candidates.append(("reduce_scatter", lambda: dist.reduce_scatter(chunk, list(full.chunk(n)), group=group)))
         candidates.append(("all_reduce_emulation", lambda: dist.all_reduce(full, group=group)))
     elif op == "all_gather":
-        candidates = [(name, (lambda f=getattr(dist, name): f(full, chunk, group=group)))
+        candidates = [(name, partial(getattr(dist, name), full, chunk, group=group))
                       for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)]
         candidates.append(("all_gather", lambda: dist.all_gather(list(full.chunk(n)), chunk, group=group)))
     else:

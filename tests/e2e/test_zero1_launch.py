@@ -21,7 +21,8 @@ def test_zero1_matches_bucketed_through_launch(tmp_path):
     for name, state in weights.items():
         assert results(jobs[name])["status"] == "ok"
         for key, tensor in weights["bucketed"].items():
-            torch.testing.assert_close(state[key], tensor, atol=1e-5, rtol=1e-4, msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
+            torch.testing.assert_close(state[key], tensor, atol=1e-5, rtol=1e-4,
+                                       msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
     # The sharded ones really hold about half the optimizer state per rank at 2 ranks.
     full = results(jobs["bucketed"])["summary"]["memory"]["optimizer_state_max_rank"]
     for name in ("zero1", "zero1_torch", "zero1 reduce_scatter"):

@@ -208,7 +208,8 @@ def test_unused_parameters_do_not_hang_and_are_averaged(cases):
             for step, (got, expected) in enumerate(steps):
                 for name, grad in expected.items():
                     assert got[name] is not None, (key, rank, step, name)
-                    torch.testing.assert_close(got[name], grad, msg=lambda m: f"{key} rank {rank} step {step} {name}: {m}")
+                    where = f"{key} rank {rank} step {step} {name}"
+                    torch.testing.assert_close(got[name], grad, msg=lambda m, where=where: f"{where}: {m}")
                 # ranks agree bit for bit: they hold the same reduced buffer
                 for name, grad in got.items():
                     assert torch.equal(grad, cases[0]["unused"][key][step][0][name])

@@ -81,7 +81,7 @@ def test_matches_torch_ddp(results, wrapper):
         for rank, ((state, _), (reference, _)) in enumerate(zip(ours, torchs)):
             for name, tensor in reference.items():
                 torch.testing.assert_close(state[name], tensor, atol=ATOL, rtol=RTOL,
-                                           msg=lambda m, n=name, r=rank: f"{wrapper} {case} rank {r}, {n}: {m}")
+                                           msg=lambda m, n=name, r=rank, c=case: f"{wrapper} {c} rank {r}, {n}: {m}")
 
 
 @pytest.mark.parametrize("model", MODEL_NAMES)

@@ -188,7 +188,8 @@ def four():
 def two(four):
     """2 ranks; its `resume` scenario continues from the state_dict the 4-rank run saved."""
     saved = four[0]["checkpoint"][2]
-    return run_ranks(_run_all, 2, _scenarios(2, resume={"weights": saved["weights"], "state_dict": saved["state_dict"]}))
+    resume = {"weights": saved["weights"], "state_dict": saved["state_dict"]}
+    return run_ranks(_run_all, 2, _scenarios(2, resume=resume))
 
 
 def _assert_parity(results, name):
@@ -382,7 +383,7 @@ def test_single_process_is_bit_exact_with_plain_optimizer():
     plain = torch.optim.AdamW(b.named_parameters(), lr=1e-2)
     for step in range(3):
         for model, opt in ((a, sharded), (b, plain)):
-            def closure(model=model, opt=opt):
+            def closure(model=model, opt=opt, step=step):
                 opt.zero_grad()
                 loss = loss_of(model, global_batch(step))
                 loss.backward()
@@ -408,7 +409,10 @@ def test_model_state_bytes_counts_what_is_held():
 def test_expected_zero_bytes_matches_the_paper():
     """ZeRO paper, figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12)."""
     psi, n = 7_500_000_000, 64
-    total = lambda stage: sum(expected_zero_bytes(psi, 2, n, stage).values()) / 1e9
+
+    def total(stage):
+        return sum(expected_zero_bytes(psi, 2, n, stage).values()) / 1e9
+
     assert total(0) == pytest.approx(120)
     assert total(1) == pytest.approx(31.4, abs=0.05)
     assert total(2) == pytest.approx(16.6, abs=0.05)

@@ -7,12 +7,12 @@ import pytest
 
 from ddp_lab.analysis import cost_model as cm
 
-O, W = 80e-6, 5e9   # 80 us per call, 5 GB/s
+OVERHEAD, W = 80e-6, 5e9   # 80 us per call, 5 GB/s
 
 
 def _synthetic(rng, noise=0.05, outlier_frac=0.1):
     sizes = np.repeat(np.logspace(10, 30, 11, base=2), 20)          # 1 KiB .. 1 GiB, 20 samples each
-    t = (O + sizes / W) * rng.lognormal(0.0, noise, sizes.size)
+    t = (OVERHEAD + sizes / W) * rng.lognormal(0.0, noise, sizes.size)
     slow = rng.random(sizes.size) < outlier_frac                      # descheduled iterations: 2-10x slower
     t[slow] *= rng.uniform(2, 10, slow.sum())
     return sizes, t
@@ -21,18 +21,18 @@ def _synthetic(rng, noise=0.05, outlier_frac=0.1):
 def test_fit_recovers_known_overhead_and_bandwidth():
     sizes, t = _synthetic(np.random.default_rng(0))
     fit = cm.fit_link(sizes, t)
-    assert fit.overhead_s == pytest.approx(O, rel=0.05)
+    assert fit.overhead_s == pytest.approx(OVERHEAD, rel=0.05)
     assert fit.bandwidth_Bps == pytest.approx(W, rel=0.05)
     assert fit.n_points == 11 and fit.rel_rms < 0.05
     # Plain least squares on the same data gets o badly wrong: the robust steps are what help.
     ols_o = np.polyfit(sizes, t, 1)[1]
-    assert abs(ols_o - O) > 0.5 * O
+    assert abs(ols_o - OVERHEAD) > 0.5 * OVERHEAD
 
 
 def test_fit_exact_and_clamped():
     sizes = np.array([1e3, 1e6, 1e9])
-    fit = cm.fit_link(sizes, O + sizes / W)
-    assert fit.overhead_s == pytest.approx(O) and fit.bandwidth_Bps == pytest.approx(W)
+    fit = cm.fit_link(sizes, OVERHEAD + sizes / W)
+    assert fit.overhead_s == pytest.approx(OVERHEAD) and fit.bandwidth_Bps == pytest.approx(W)
     # Pure bandwidth (no overhead) data with a little noise: o stays >= 0.
     fit0 = cm.fit_link(sizes, sizes / W * np.array([1.01, 0.99, 1.0]))
     assert fit0.overhead_s >= 0 and fit0.bandwidth_Bps == pytest.approx(W, rel=0.02)
@@ -77,19 +77,19 @@ def test_fit_from_benchmark_summaries():
     from ddp_lab.analysis.bandwidth import summarize_collective
 
     sizes = [2**20, 10 * 2**20, 100 * 2**20, 1000 * 2**20]
-    jobs = [summarize_collective("all_reduce", b, 4, [O + b / W] * 5) for b in sizes]
+    jobs = [summarize_collective("all_reduce", b, 4, [OVERHEAD + b / W] * 5) for b in sizes]
     fit = cm.fit_link_from_summaries(jobs)
-    assert fit.overhead_s == pytest.approx(O, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(W, rel=1e-6)
-    jobs.append(summarize_collective("all_reduce", 2**20, 2, [O] * 5))
+    assert fit.overhead_s == pytest.approx(OVERHEAD, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(W, rel=1e-6)
+    jobs.append(summarize_collective("all_reduce", 2**20, 2, [OVERHEAD] * 5))
     with pytest.raises(ValueError, match="one link per"):
         cm.fit_link_from_summaries(jobs)
 
 
 def test_bucket_curve_minimum_is_the_predicted_best():
-    fit = cm.LinkFit(overhead_s=O, bandwidth_Bps=W, n_points=4, rel_rms=0.0)
+    fit = cm.LinkFit(overhead_s=OVERHEAD, bandwidth_Bps=W, n_points=4, rel_rms=0.0)
     s = 37_266_432                                   # tiny's fp32 gradients
     curve = cm.bucket_curve(s, fit, points=2000)
     i = int(np.argmin(curve["exposed_ms"]))
     assert curve["bucket_mb"][i] == pytest.approx(curve["best_bucket_mb"], rel=0.01)
-    assert curve["best_bucket_mb"] == pytest.approx(math.sqrt(s * O * W) / 2**20)
+    assert curve["best_bucket_mb"] == pytest.approx(math.sqrt(s * OVERHEAD * W) / 2**20)
     assert min(curve["exposed_ms"]) >= curve["best_exposed_ms"] - 1e-12

@@ -103,7 +103,8 @@ class ConsolidatedStateDict:
         """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(saved_groups)} param groups, this optimizer {len(self.param_groups)}")
+            raise ValueError(f"state_dict has {len(saved_groups)} param groups, "
+                             f"this optimizer {len(self.param_groups)}")
         for group, saved in zip(self.param_groups, saved_groups):
             if len(group["params"]) != len(saved["params"]):
                 raise ValueError("a param group's size differs from the one in the state_dict")
