@@ -35,15 +35,16 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = None,
-               before_step=None) -> torch.Tensor:
+def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = None, before_step=None,
+               set_to_none: bool = True) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns their mean loss (a 0-d tensor).
 
     All but the last micro-batch run inside `no_sync()`; `timer.lap` marks the phases;
-    `before_step()`, if given, runs between the gradient sync and the optimizer step.
+    `before_step()`, if given, runs between the gradient sync and the optimizer step;
+    `set_to_none` is `zero_grad`'s (the trainer's default; the tests also run False).
     """
     lap = timer.lap if timer is not None else (lambda phase: None)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=set_to_none)
     losses = []
     for i, (inputs, targets) in enumerate(micro_batches):
         with nullcontext() if i == len(micro_batches) - 1 else model.no_sync():

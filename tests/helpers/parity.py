@@ -1,29 +1,44 @@
 """The parity proof: distributed training on slices == single-process training on the full batch.
 
-Each rank builds its model from a different seed (so the start-up broadcast is what makes them
-agree), rank 0 keeps a copy of the broadcast weights as the single-process reference, and both
-train for a few steps on the same global batches. A rank sees only its slice; the reference sees
-the whole batch. At the end every rank's weights must equal the reference's to float32 rounding.
+Both sides run the trainer's own step (`ddp_lab.tasks.train.train_step`) on the trainer's own data
+(`ddp_lab.rank.data.rank_micro_batches`): each rank builds its model from a different seed (so the
+start-up broadcast is what makes them agree), rank 0 keeps a copy of the broadcast weights as the
+single-process reference, and both train for a few steps on the same global batches. A rank sees
+only its slice (in `grad_accum_steps` micro-batches); the reference sees the whole batch at once.
+At the end every rank's weights must equal the reference's to float32 rounding.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
 
+from ddp_lab.rank.data import global_batch as data_global_batch
+from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.tasks.train import train_step
 from tests.helpers.models import CONTEXT, MODELS, VOCAB
 
 GLOBAL_BATCH = 8
 STEPS = 4
+SEED = 1000
 ATOL = 1e-5
 RTOL = 1e-4
 
 
+def data_cfg(grad_accum_steps: int = 1, batch_size: int = GLOBAL_BATCH):
+    """The keys of a run's config that `rank_micro_batches` reads, for the test models."""
+    return OmegaConf.create({"train": {"batch_size": batch_size, "seed": SEED, "grad_accum_steps": grad_accum_steps},
+                             "model": {"context_length": CONTEXT, "vocab_size": VOCAB}})
+
+
 def global_batch(step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 + step)
-    return torch.randint(0, VOCAB, (GLOBAL_BATCH, CONTEXT + 1), generator=g)
+    """The whole batch of a step, (GLOBAL_BATCH, CONTEXT + 1) tokens: what the trainer's data gives."""
+    return data_global_batch(step, GLOBAL_BATCH, CONTEXT, VOCAB, SEED)
 
 
 def loss_of(model, tokens):
@@ -31,53 +46,49 @@ def loss_of(model, tokens):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
+class SingleProcess(nn.Module):
+    """The reference: the model on the whole batch, with the wrapper contract and nothing to sync."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        yield
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+
 def train_reference(model, optimizer_cls, steps, opt_kwargs):
+    reference = SingleProcess(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
+    cfg = data_cfg()
     for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss_of(model, global_batch(step)).backward()
-        optimizer.step()
+        train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))))
     return model
 
 
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
-                      steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, make_optimizer=None,
-                      set_to_none=True):
+                      steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True):
     """Returns (this rank's final state_dict, the reference's final state_dict or None)."""
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
-    model = MODELS[model_name]()
-    ddp = make_wrapper(model)
+    ddp = make_wrapper(MODELS[model_name]())
     reference = copy.deepcopy(ddp.module) if rank == 0 else None
-    params = [p for p in ddp.parameters() if p.requires_grad]
-    if make_optimizer is None:
-        optimizer = optimizer_cls(params, **opt_kwargs)
-    else:
-        optimizer = make_optimizer(params, optimizer_cls, **opt_kwargs)
-    local = GLOBAL_BATCH // world_size
-    micro = local // grad_accum_steps
+    optimizer = ddp.make_optimizer(optimizer_cls, **opt_kwargs)
+    cfg = data_cfg(grad_accum_steps)
     for step in range(steps):
-        optimizer.zero_grad(set_to_none=set_to_none)
-        mine = global_batch(step)[rank * local:(rank + 1) * local]
-        for k in range(grad_accum_steps):
-            chunk = mine[k * micro:(k + 1) * micro]
-            ctx = ddp.no_sync() if k < grad_accum_steps - 1 else _null()
-            with ctx:
-                (loss_of(ddp, chunk) / grad_accum_steps).backward()
-        ddp.finish_gradient_synchronization()
-        optimizer.step()
+        micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
+        train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs)
     state = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
     return state, (reference.state_dict() if reference is not None else None)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def assert_parity(results) -> None:

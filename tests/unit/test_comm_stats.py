@@ -1,0 +1,50 @@
+"""CommStats: a step's comm figures are the union of in-flight intervals, counts and bytes, and exposed time."""
+
+import time
+
+import pytest
+import torch
+
+from ddp_lab.strategies.comm_stats import CommStats, Stamp, record_intervals
+
+CPU = torch.device("cpu")
+
+
+def test_overlapping_collectives_count_once_and_pop_resets():
+    comm = CommStats(CPU)
+    comm.add(0.0, 1.0, 100)
+    comm.add(0.5, 1.5, 50)    # overlaps the first: the union is 1.5 s, not 2 s
+    comm.add(3.0, 3.25, 10)   # apart: +0.25 s
+    figures = comm.pop()
+    assert figures["comm_ms"] == pytest.approx(1750.0)
+    assert (figures["collectives"], figures["comm_bytes"]) == (3, 160)
+    assert comm.pop() == {"comm_ms": 0.0, "exposed_comm_ms": 0.0, "exposed_optimizer_comm_ms": 0.0,
+                          "collectives": 0, "comm_bytes": 0}
+
+
+def test_timed_counts_calls_launched_together_as_one_interval():
+    comm = CommStats(CPU)
+    with comm.timed(nbytes=64, calls=5):
+        time.sleep(0.01)
+    figures = comm.pop()
+    assert figures["collectives"] == 5 and figures["comm_bytes"] == 64
+    assert figures["comm_ms"] >= 10.0
+
+
+def test_exposed_time_and_the_optimizers_share_of_it():
+    comm = CommStats(CPU)
+    with comm.exposed():
+        time.sleep(0.02)
+    with comm.exposed(in_optimizer=True):
+        time.sleep(0.01)
+    figures = comm.pop()
+    assert figures["exposed_comm_ms"] >= 30.0
+    assert 10.0 <= figures["exposed_optimizer_comm_ms"] < figures["exposed_comm_ms"]
+
+
+def test_host_stamps_become_intervals():
+    comm = CommStats(CPU)
+    stamps = [Stamp(8), Stamp(8)]
+    (stamps[0].start, stamps[0].end), (stamps[1].start, stamps[1].end) = (1.0, 2.0), (1.5, 2.5)
+    record_intervals(stamps, comm)
+    assert comm.pop()["comm_ms"] == pytest.approx(1500.0)

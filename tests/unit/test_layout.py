@@ -1,0 +1,105 @@
+"""The layout rules the folders promise, checked on the source (no process group, nothing runs).
+
+- no import cycle inside ddp_lab (imports inside functions count too);
+- analysis/ is offline: it imports neither torch.distributed nor code from launcher/, rank/,
+  strategies/ or tasks/;
+- rank/ never imports launcher/ (a rank does not run the launcher's code), and the launcher never
+  imports rank/;
+- at most 10 modules directly in ddp_lab/;
+- every conf/strategy/NAME.yaml builds the class the registry lists under NAME, and every
+  registered strategy has a YAML.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from ddp_lab.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "ddp_lab"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an import statement in the file names (absolute names)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+GRAPH = {name: {m for m in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+
+    def visit(name, stack):
+        state[name] = 1
+        for dep in sorted(GRAPH[name]):
+            if dep == name.rsplit(".", 1)[0] or name.startswith(dep + "."):
+                continue  # a package's __init__ and its own submodules are one unit
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep] if dep in stack else [name, dep]
+            if dep not in state:
+                found = visit(dep, stack + [dep])
+                if found:
+                    return found
+        state[name] = 2
+        return None
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    assert _cycle() is None, " -> ".join(_cycle())
+
+
+def _in(folder: str):
+    return {name: path for name, path in MODULES.items() if name.startswith(f"ddp_lab.{folder}.")
+            or name == f"ddp_lab.{folder}"}
+
+
+@pytest.mark.parametrize("folder, forbidden", [
+    ("analysis", ("torch.distributed", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies", "ddp_lab.tasks")),
+    ("rank", ("ddp_lab.launcher",)),
+    ("launcher", ("ddp_lab.rank",)),
+])
+def test_folders_import_only_what_their_process_runs(folder, forbidden):
+    offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden))
+                 for name, path in _in(folder).items()}
+    assert not {k: v for k, v in offending.items() if v}
+
+
+def test_few_modules_directly_in_the_package():
+    flat = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert len(flat) <= 10, flat
+
+
+@pytest.mark.parametrize("yaml", sorted((ROOT / "conf" / "strategy").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_strategy_yaml_builds_its_registered_class(yaml):
+    cfg = OmegaConf.load(yaml)
+    assert cfg.name == yaml.stem
+    assert get_class(cfg._target_) is STRATEGIES[cfg.name]
+
+
+def test_every_registered_strategy_has_a_yaml():
+    assert set(STRATEGIES) == {p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")}
