@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.models import build_model
-from ddp_lab.strategies.sharded_optimizer import assign_owners
+from ddp_lab.strategies.zero1 import assign_owners
 
 SMALL = Path(__file__).resolve().parents[1] / "conf/model/small.yaml"
 

@@ -99,17 +99,21 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
+    """`_target_` is the model class (ddp_lab.models), `name` the group option (a label in results and
+    W&B); the rest are the class's arguments (conf/model/*.yaml: CS336's Table 1 sizes and smaller)."""
+
     _target_: str = MISSING
-    """The model class (ddp_lab.models)."""
     name: str = MISSING
-    """The group option, a label in results and W&B."""
     vocab_size: int = 10000
     context_length: int = 128
     """Tokens per sequence."""
     d_model: int = 768
+    """Width of the residual stream (the toy MLP: of its embeddings)."""
     d_ff: int = 3072
+    """Hidden width of each feed-forward block."""
     num_layers: int = 12
     num_heads: int = 12
+    """Attention heads; d_model must divide by it. The toy MLP takes and ignores it."""
     rope_theta: float = 10000.0
 
 
