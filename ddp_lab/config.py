@@ -74,6 +74,23 @@ class GradSync(Choice):
     torch_ddp = "torch_ddp"
 
 
+class Dtype(Choice):
+    """A floating-point format: of compute (train.precision) or of gradients on the wire (comm_dtype)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class OuterOptimizer(Choice):
+    """local_sgd: what is applied to the averaged change of the parameters at each sync."""
+
+    none = "none"
+    """Plain parameter averaging."""
+    nesterov = "nesterov"
+    """SGD with Nesterov momentum on the averaged change, as DiLoCo does."""
+
+
 class ZeroComm(Choice):
     allreduce_broadcast = "allreduce_broadcast"
     """CS336's ZeRO-1: all-reduce the gradients, each owner broadcasts its updated parameters."""
@@ -136,6 +153,18 @@ class StrategyConfig:
     """zero1: the strategy that averages the gradients."""
     comm: Optional[ZeroComm] = None
     """zero1: the communication pattern of the sharded optimizer."""
+    comm_dtype: Optional[Dtype] = None
+    """Dtype of gradients on the wire; the averaged result lands in the fp32 gradient."""
+    reshard_after_forward: Optional[bool] = None
+    """fsdp, fsdp_torch: free a unit's gathered parameters after its forward, gather again for backward."""
+    rank: Optional[int] = None
+    """powersgd: rank of the low-rank approximation of each gradient matrix."""
+    start_iter: Optional[int] = None
+    """powersgd: plain all-reduce for the first start_iter steps."""
+    sync_every: Optional[int] = None
+    """local_sgd: average the parameters every sync_every steps (no gradient communication)."""
+    outer: Optional[OuterOptimizer] = None
+    """local_sgd: the outer optimizer applied at each sync."""
 
 
 @dataclass
@@ -160,6 +189,19 @@ class TrainConfig:
     """Micro-batches per step; communication only on the last."""
     save_model: bool = False
     """Rank 0 writes the final weights to JOB_DIR/model.pt."""
+    precision: Dtype = Dtype.fp32
+    """Compute dtype of forward and backward (autocast; fp16 adds a gradient scaler); master weights
+    and optimizer state stay fp32. For fsdp and fsdp_torch it is also the dtype parameters are
+    gathered in."""
+
+
+@dataclass
+class MeasureConfig:
+    """Extra measurements that cost time of their own, off by default."""
+
+    grad_error: bool = False
+    """Each step, the relative error of the gradient a strategy delivered against the exact fp32
+    average (one more all-reduce per step)."""
 
 
 @dataclass
@@ -211,6 +253,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     profile: bool = False
     """torch.profiler traces of a few training steps, and the timeline picture."""
     resume: Optional[str] = None

@@ -101,6 +101,8 @@ def _validate_train(cfg: DictConfig) -> None:
         _require(m[key] >= 1, f"model.{key} must be >= 1, got {m[key]}")
     _require(m.d_model % m.num_heads == 0,
              f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
+    _require(t.precision == "fp32", f"train.precision={t.precision} is not wired to the trainer yet: use fp32")
+    _require(not cfg.measure.grad_error, "measure.grad_error is not wired to the trainer yet")
     _validate_strategy(cfg.strategy)
     _validate_memory(cfg)
 
