@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ddp_lab.models import Transformer
+from ddp_lab.models.transformer import RMSNorm
 
 VOCAB = 64
 CONTEXT = 8
@@ -38,8 +39,23 @@ class TiedNet(nn.Module):
         return self.out(torch.tanh(self.hidden(self.embed(tokens))))
 
 
+class NormNet(nn.Module):
+    """Embedding, linear and norm layers (LayerNorm with bias, RMSNorm): the kinds a Transformer has."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.hidden = nn.Linear(16, 24)
+        self.norm = nn.LayerNorm(24)
+        self.rms = RMSNorm(24)
+        self.out = nn.Linear(24, VOCAB)
+
+    def forward(self, tokens):
+        return self.out(self.rms(torch.relu(self.norm(self.hidden(self.embed(tokens))))))
+
+
 def tiny_transformer():
     return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
 
 
-MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "transformer": tiny_transformer}
+MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer}
