@@ -61,7 +61,11 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
         stamp.start_event.record()
     stamp.start = time.perf_counter()
     works = launch()
-    futures = [work.get_future() for work in works]
+    stamp.calls = len(works)
+    try:
+        futures = [work.get_future() for work in works]
+    except RuntimeError:  # gloo's reduce_scatter (built from all-reduce) has no future
+        return _WaitedWorks(works, stamp), stamp
     if on_cuda and len(futures) != 1:
         raise ValueError("launch_stamped on CUDA times exactly one collective")
     combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
@@ -78,6 +82,23 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
         return value[0]
 
     return combined.then(done), stamp
+
+
+class _WaitedWorks:
+    """Stands in for a future where a work offers none: done when every work is, and the stamp ends
+    at the `wait()` that sees them done (an upper bound of the collective's end)."""
+
+    def __init__(self, works, stamp: Stamp):
+        self.works, self.stamp = works, stamp
+
+    def done(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+        if self.stamp.end is None:
+            self.stamp.end = time.perf_counter()
 
 
 def broadcast_module_state(module: torch.nn.Module, src: int = 0) -> None:

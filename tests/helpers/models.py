@@ -59,3 +59,8 @@ def tiny_transformer():
 
 
 MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer}
+
+
+def mid_mb(model) -> float:
+    """A third of the model's gradient bytes: several buckets, some holding several parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 3 / 2**20
