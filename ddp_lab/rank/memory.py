@@ -24,13 +24,10 @@ optimizer state by N, stage 2 also the gradients, stage 3 also the parameters.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
-
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch < 2.5 kept it private
-    from torch.distributed._tensor import DTensor
 
 from ddp_lab.analysis import calculator
 from ddp_lab.units import tensor_bytes
@@ -40,8 +37,14 @@ POINTS = ("after_init", "before_step", "after_step")
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of `tensor` this rank holds: a DTensor's local shard, any other tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    """The part of `tensor` this rank holds: a DTensor's local shard, any other tensor itself.
+
+    No DTensor exists unless its module was imported (by fsdp_torch), so the check does not import
+    it: that would add a second or more to every rank's start.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
 
 
 def _tensor_bytes(obj) -> int:
