@@ -171,8 +171,11 @@ def plot_ladder(records: list[dict], path) -> bool:
     strategies = list(dict.fromkeys(r["strategy"] for r in ok))
     sizes = sorted({r["world_size"] for r in ok}, key=str)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = [f"{r['strategy']} ws{r['world_size']}" for r in ok]
+    if len(set(names)) < len(names):  # several jobs of one strategy and size: their knobs tell them apart
+        names = labels(ok)
     fig, ax = plt.subplots(figsize=(10, 6), layout="constrained")
-    for r, name in zip(ok, labels(ok)):
+    for r, name in zip(ok, names):
         color = colors[strategies.index(r["strategy"]) % len(colors)]
         marker = MARKERS[sizes.index(r["world_size"]) % len(MARKERS)]
         x, y = r["model_state_mib_per_rank"], r["step_p50_ms"]
@@ -195,7 +198,7 @@ def plot_ladder(records: list[dict], path) -> bool:
                 ha="right", va="bottom", fontsize=8, color=FAILED)
     ax.set_xlabel("model state per rank, largest rank (MiB): params + grads + optimizer state")
     ax.set_ylabel("step time p50 (ms); bar up to p90")
-    ax.set_xlim(0, 1.15 * max(r["model_state_mib_per_rank"] for r in ok))  # room for the labels
+    ax.set_xlim(0, 1.25 * max(r["model_state_mib_per_rank"] for r in ok))  # room for the labels
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.set_title("The sharding ladder: memory each rank holds against the time a step takes", loc="left",
