@@ -54,6 +54,23 @@ class NormNet(nn.Module):
         return self.out(self.rms(torch.relu(self.norm(self.hidden(self.embed(tokens))))))
 
 
+class BranchyNet(nn.Module):
+    """`branch` runs only when the caller asks (a per-rank, per-step choice); `never` never runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.branch = nn.Linear(16, 16)
+        self.never = nn.Linear(16, 16)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, tokens, use_branch):
+        x = self.embed(tokens)
+        if use_branch:
+            x = x + torch.tanh(self.branch(x))
+        return self.out(x)
+
+
 def tiny_transformer():
     return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
 

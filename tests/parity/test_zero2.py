@@ -21,12 +21,13 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ddp_lab.rank.memory import model_state_bytes
-from ddp_lab.strategies import Zero2, plan_buckets
+from ddp_lab.strategies import BucketedDDP, Zero2, plan_buckets
 from tests.helpers.distributed import run_ranks
-from tests.helpers.models import mid_mb
-from tests.helpers.parity import STEPS, assert_parity, train_distributed
+from tests.helpers.models import BranchyNet, mid_mb
+from tests.helpers.parity import STEPS, assert_parity, global_batch, train_distributed
 
 TINY_MB = 1e-6   # below every parameter: each parameter is larger than its bucket, and has one of its own
 
@@ -91,12 +92,33 @@ def _dtensor_memory(rank, world_size):
     return model_state_bytes(model, optimizer)
 
 
+def _unused(rank, world_size):
+    """A branch one rank uses and the other not (each way), and a layer no rank uses: zero2 and
+    bucketed (whose averaging of missing gradients as zeros tests/parity/test_overlap_edge_cases.py
+    proves) train to the same weights, through both of zero2's collective paths, without a hang."""
+    out = {}
+    for name, make in (("bucketed", BucketedDDP), ("zero2", Zero2), ("zero2_tensor", Zero2Tensor)):
+        torch.manual_seed(rank)
+        ddp = make(BranchyNet(), bucket_mb=2.0**-9)  # 2 KiB: several buckets
+        optimizer = ddp.make_optimizer(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+        for step, use_branch in enumerate([rank == 0, rank == 1, False]):
+            optimizer.zero_grad()
+            tokens = global_batch(step)[rank::world_size]
+            logits = ddp(tokens[:, :-1], use_branch)
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
+            ddp.finish_gradient_synchronization()
+            optimizer.step()
+        out[name] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+    return out
+
+
 def _run(rank, world_size, scenarios):
     batch = 2 * world_size  # any world size divides it
     out = {name: train_distributed(rank, world_size, make, model, batch_size=batch, inspect=inspect, **kwargs)
            for name, (make, model, kwargs) in scenarios.items()}
     if world_size == 2:
         out["dtensor"] = _dtensor_memory(rank, world_size)
+        out["unused"] = _unused(rank, world_size)
     return out
 
 
@@ -182,3 +204,12 @@ def test_memory_accounting_counts_dtensor_local_shards(two):
     assert sum(m["grads"] for m in per_rank) == 4 * 39
     assert sum(m["optimizer_state"] for m in per_rank) == 8 * 39 + 4 * 3 * 2
     assert all(m["params"] < 4 * 39 for m in per_rank)  # each rank holds a part, not the whole
+
+
+def test_unused_parameters_do_not_hang_and_match_bucketed(two):
+    for rank, per_rank in enumerate(two):
+        states = per_rank["unused"]
+        for name in ("zero2", "zero2_tensor"):
+            for key, tensor in states["bucketed"].items():
+                torch.testing.assert_close(states[name][key], tensor, atol=1e-6, rtol=1e-5,
+                                           msg=lambda m, n=name, k=key, r=rank: f"{n} rank {r} {k}: {m}")
