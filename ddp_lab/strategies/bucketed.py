@@ -76,14 +76,18 @@ class BucketedDDP(OverlapEngine):
     def _bucket(self, index: int) -> torch.Tensor:
         """Bucket `index`'s flat buffer (zeros when new) with a view per parameter in `_view_of`."""
         if self._buffers[index] is None:
-            unit = self._units[index]
-            buffer = torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
+            buffer = self._new_buffer(index)
             offset = 0
-            for p in unit:
+            for p in self._units[index]:
                 self._view_of[id(p)] = buffer[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
             self._buffers[index] = buffer
         return self._buffers[index]
+
+    def _new_buffer(self, index: int) -> torch.Tensor:
+        """A zeroed flat buffer of bucket `index`'s length (zero2 reuses freed ones)."""
+        unit = self._units[index]
+        return torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
 
     def facts(self) -> dict:
         return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
@@ -94,22 +98,26 @@ class BucketedDDP(OverlapEngine):
         return super().forward(*args, **kwargs)
 
     def _point_grads_at_buckets(self) -> None:
+        for index in range(len(self._units)):
+            self._point_grads(index)
+
+    def _point_grads(self, index: int) -> None:
         """Give autograd a zeroed bucket slice to accumulate into wherever `.grad` is None."""
-        for index, unit in enumerate(self._units):
-            empty = [p for p in unit if p.grad is None]
-            if not empty:
-                continue
-            fresh = self._buffers[index] is None  # allocated just now: already zeros
-            buffer = self._bucket(index)
-            if fresh:
-                pass
-            elif len(empty) == len(unit):
-                buffer.zero_()  # the usual case after zero_grad(set_to_none=True): one memset
-            else:
-                for p in empty:
-                    self._view_of[id(p)].zero_()
+        unit = self._units[index]
+        empty = [p for p in unit if p.grad is None]
+        if not empty:
+            return
+        fresh = self._buffers[index] is None  # allocated just now: already zeros
+        buffer = self._bucket(index)
+        if fresh:
+            pass
+        elif len(empty) == len(unit):
+            buffer.zero_()  # the usual case after zero_grad(set_to_none=True): one memset
+        else:
             for p in empty:
-                p.grad = self._view_of[id(p)]
+                self._view_of[id(p)].zero_()
+        for p in empty:
+            p.grad = self._view_of[id(p)]
 
     def _stage(self, param: nn.Parameter) -> None:
         self._bucket(self._unit_of[id(param)])

@@ -8,12 +8,14 @@ a multiple of N so any world size divides it (the padding is never a parameter):
   per-bucket buffer, so rank r's slice of a bucket is one contiguous range that may cut through
   parameters. The parts of parameters inside it are this rank's *shards*: 1-D views into the same
   buffer (`local_shards()`), the tensors the optimizer updates in place.
-- backward: gradients accumulate into a full-size bucket (views, as in BucketedDDP), allocated at
-  the step's first training forward. When a bucket's last gradient is ready it is reduce-scattered
-  while backward goes on: rank r receives the average of slice r into its persistent gradient
-  shard (1/N of the bucket), and the full bucket is freed as soon as its collective is done (on
-  CPU checked at each later launch, else after backward), so the full gradient is not kept
-  between steps, nor, on CPU, all at once when communication keeps up with backward.
+- backward: gradients accumulate into full-size buckets (views, as in BucketedDDP): the first
+  bucket to fill is allocated at the training forward, each next one when the previous one gets
+  its first gradient. When a bucket's last gradient is ready it is reduce-scattered while backward
+  goes on: rank r receives the average of slice r into its persistent gradient shard (1/N of the
+  bucket), and the full bucket is freed as soon as its collective is done (on CPU checked at each
+  later launch, else after backward) for a later bucket to reuse. So the full gradient is not kept
+  between steps (at most `pool_keep` freed buckets are), nor, on CPU, held all at once when
+  communication keeps up with backward.
   After `finish_gradient_synchronization()` the model's parameters have no `.grad`; each shard's
   `.grad` is its slice of the averaged gradient.
 - step (`Zero2Optimizer`, from `make_optimizer`): the inner optimizer updates the shards (this
@@ -61,6 +63,10 @@ class Zero2(BucketedDDP):
     zero_stage = 2
     keeps_buffers = False
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
+    pool_keep = 2
+    """Freed bucket buffers kept between steps for the next step's first buckets (a fresh buffer
+    costs page faults, slower on CPU than zeroing a warm one; DeepSpeed keeps its reduce buckets too):
+    at most this many, so at most about 2 x bucket_mb, never the whole gradient."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         super().__init__(module, bucket_mb)
@@ -71,6 +77,8 @@ class Zero2(BucketedDDP):
         self._params: list[torch.Tensor] = []       # flat, padded parameter buffer per bucket
         self._grad_shards: list[torch.Tensor] = []  # this rank's slice of each averaged gradient bucket
         self._shards: dict[int, tuple[nn.Parameter, int, int, int]] = {}  # id(param) -> (shard, bucket, lo, hi)
+        self._pool: list[torch.Tensor] = []         # freed bucket buffers, reused by later buckets
+        self._bases: dict[int, torch.Tensor] = {}   # bucket -> the pooled buffer its gradient bucket is a prefix of
         with torch.no_grad():
             for index, unit in enumerate(self._units):
                 flat = torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
@@ -108,6 +116,34 @@ class Zero2(BucketedDDP):
 
     # --- backward: reduce-scatter each bucket as it fills ------------------------------------------
 
+    def _point_grads_at_buckets(self) -> None:
+        """A training forward: accumulating (no_sync) needs every bucket; a synchronizing step only
+        the first to fill, the next ones just in time (`_stage`), so freed ones can be reused."""
+        if not self.require_sync:
+            super()._point_grads_at_buckets()
+        elif self._units:
+            self._point_grads(0)
+
+    def _stage(self, param: nn.Parameter) -> None:
+        own = self._unit_of[id(param)]
+        for index in (own, own + 1):  # its own bucket (if its gradient came early) and the one that fills next
+            if self._next_unit <= index < len(self._units) and self._buffers[index] is None:
+                self._point_grads(index)
+        super()._stage(param)
+
+    def _new_buffer(self, index: int) -> torch.Tensor:
+        """A zeroed buffer for bucket `index`: a prefix of the smallest freed one that fits, or a new one."""
+        length, like = self._lengths[index], self._units[index][0]
+        kind = (like.dtype, like.device)
+        fits = [i for i, b in enumerate(self._pool) if b.numel() >= length and (b.dtype, b.device) == kind]
+        if fits:
+            base = self._pool.pop(min(fits, key=lambda i: self._pool[i].numel()))
+            buffer = base[:length].zero_()
+        else:
+            base = buffer = torch.zeros(length, dtype=like.dtype, device=like.device)
+        self._bases[index] = base
+        return buffer
+
     def _start_round(self) -> None:
         super()._start_round()
         self._reaped = 0  # launched units whose full bucket has been freed, in launch order
@@ -140,6 +176,7 @@ class Zero2(BucketedDDP):
             p.grad = None
             del self._view_of[id(p)]
         self._buffers[index] = None
+        self._pool.append(self._bases.pop(index))
         self._reaped += 1
 
     def _synchronize_gradients(self) -> None:
@@ -151,6 +188,7 @@ class Zero2(BucketedDDP):
             self._reap()
         for shard, index, lo, hi in self._shards.values():
             shard.grad = self._grad_shards[index][lo:hi]
+        self._pool = sorted(self._pool, key=lambda b: b.numel(), reverse=True)[:self.pool_keep]
         super()._synchronize_gradients()  # records the intervals, starts the next round
 
     # --- after the update: every rank gets every bucket's updated slices --------------------------
