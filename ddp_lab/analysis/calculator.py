@@ -26,9 +26,10 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 # Bytes per parameter: (params, grads, optimizer state) for Adam.
 # fp32: weights 4, grads 4, Adam m and v 4 + 4.
-# bf16 (mixed precision, ZeRO paper section 3.1): bf16 weights 2, bf16 grads 2, and an fp32
-# master copy of the weights plus m and v, 12 bytes ("K = 12"): 16 bytes per parameter in all.
-DTYPE_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
+# bf16 or fp16 (mixed precision, ZeRO paper section 3.1, which used fp16): 16-bit weights 2,
+# 16-bit grads 2, and an fp32 master copy of the weights plus m and v, 12 bytes ("K = 12"):
+# 16 bytes per parameter in all.
+DTYPE_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
@@ -74,6 +75,8 @@ def model_state_bytes(n_params: int, dtype: str = "bf16", world_size: int = 1, s
     """Bytes of params, grads and optimizer state on one device under ZeRO stage 0-3 over N ranks.
 
     Stage 1 shards optimizer state, 2 also gradients, 3 also parameters (ZeRO paper, figure 1).
+    The one home of these figures: the rows below, the trainer's expected memory
+    (rank/memory.py) and the report's measured-vs-paper table all call it.
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; options: {', '.join(DTYPE_BYTES)}")

@@ -154,6 +154,58 @@ def plot_buckets(records: list[dict], predictions: list[dict], path) -> bool:
     return _save(fig, path)
 
 
+# --- the sharding ladder: memory per rank against step time -----------------------------------------
+
+MARKERS = "osD^vP*X"
+
+
+def plot_ladder(records: list[dict], path) -> bool:
+    """Model state per rank (x) against step time p50 (y, bars p50 to p90): one point per training
+    job, coloured by strategy, shaped by world size; a hollow marker at the ZeRO paper's figure for
+    the same job. Drawn when two or more strategies have memory figures: the trade-off to choose from."""
+    train = _train(records)
+    ok = [r for r in train if r["status"] == "ok" and r.get("model_state_mib_per_rank") is not None
+          and r.get("step_p50_ms") is not None]
+    if len({r["strategy"] for r in ok}) < 2:
+        return False
+    strategies = list(dict.fromkeys(r["strategy"] for r in ok))
+    sizes = sorted({r["world_size"] for r in ok}, key=str)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = [f"{r['strategy']} ws{r['world_size']}" for r in ok]
+    if len(set(names)) < len(names):  # several jobs of one strategy and size: their knobs tell them apart
+        names = labels(ok)
+    fig, ax = plt.subplots(figsize=(10, 6), layout="constrained")
+    for r, name in zip(ok, names):
+        color = colors[strategies.index(r["strategy"]) % len(colors)]
+        marker = MARKERS[sizes.index(r["world_size"]) % len(MARKERS)]
+        x, y = r["model_state_mib_per_rank"], r["step_p50_ms"]
+        high = (r.get("step_p90_ms") or y) - y
+        ax.errorbar([x], [y], yerr=[[0], [high]], marker=marker, color=color, markersize=9, capsize=3)
+        if r.get("paper_model_state_mib") is not None:
+            ax.plot([r["paper_model_state_mib"]], [y], marker=marker, markersize=9, markerfacecolor="none",
+                    color=color, alpha=0.6)
+        ax.annotate(f" {name}", (x, y), fontsize=8, color=color, xytext=(4, 4), textcoords="offset points")
+    handles = [plt.Line2D([], [], color=colors[i % len(colors)], marker="o", linestyle="", label=s)
+               for i, s in enumerate(strategies)]
+    handles += [plt.Line2D([], [], color="0.3", marker=MARKERS[i % len(MARKERS)], linestyle="", label=f"{ws} ranks")
+                for i, ws in enumerate(sizes)]
+    handles.append(plt.Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="",
+                              label="ZeRO paper's figure"))
+    ax.legend(handles=handles, fontsize=8, frameon=False, loc="best")
+    failed = [f"{r['label']} ws{r['world_size']}: {r['status']}" for r in train if r["status"] != "ok"]
+    if failed:
+        ax.text(0.99, 0.01, "not drawn (did not end ok): " + "; ".join(failed)[:200], transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8, color=FAILED)
+    ax.set_xlabel("model state per rank, largest rank (MiB): params + grads + optimizer state")
+    ax.set_ylabel("step time p50 (ms); bar up to p90")
+    ax.set_xlim(0, 1.25 * max(r["model_state_mib_per_rank"] for r in ok))  # room for the labels
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.set_title("The sharding ladder: memory each rank holds against the time a step takes", loc="left",
+                 fontsize=10)
+    return _save(fig, path)
+
+
 # --- collectives: bandwidth and latency against message size --------------------------------------
 
 def plot_bandwidth(records: list[dict], path) -> bool:

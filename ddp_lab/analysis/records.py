@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ddp_lab.analysis.calculator import model_state_bytes
 from ddp_lab.analysis.labels import row_label
 from ddp_lab.analysis.tables import _get, task_of
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
@@ -97,7 +98,40 @@ def train_record(res: dict) -> dict:
         "comm_bytes_per_step": _get(res, "summary", "comm_bytes_per_step"),
         "opt_state_mib_per_rank": (lambda v: None if v is None else v / MiB)(
             _get(res, "summary", "memory", "optimizer_state_max_rank")),
+        **memory_record(res),
     }
+
+
+def _mib(value):
+    return None if value is None else value / MiB
+
+
+def memory_record(res: dict) -> dict:
+    """The largest rank's model state (MiB) beside the ZeRO paper's figure for the job's stage.
+
+    The paper's figure is recomputed here from the recorded parameter count, stage, dtype and world
+    size by calculator.model_state_bytes, the one function the rank's own `expected` and the
+    calculator's rows also come from. Empty values for jobs without memory figures.
+    """
+    memory = _get(res, "summary", "memory") or {}
+    parts = memory.get("model_state_max_rank_parts") or {}
+    out = {"zero_stage": memory.get("zero_stage"), "state_dtype": memory.get("dtype"),
+           "params_mib_per_rank": _mib(parts.get("params")), "grads_mib_per_rank": _mib(parts.get("grads")),
+           "opt_mib_per_rank": _mib(parts.get("optimizer_state")),
+           "model_state_mib_per_rank": _mib(memory.get("model_state_max_rank")),
+           "peak_gathered_mib": _mib(memory.get("peak_gathered_bytes_max_rank")),
+           "max_memory_allocated_mib": _mib(memory.get("max_memory_allocated_max_rank")),
+           "paper_params_mib": None, "paper_grads_mib": None, "paper_opt_mib": None, "paper_model_state_mib": None,
+           "model_state_vs_paper": None}
+    world_size = (res.get("config") or {}).get("world_size")
+    if None in (memory.get("num_params"), memory.get("zero_stage"), world_size):
+        return out
+    paper = model_state_bytes(memory["num_params"], memory.get("dtype") or "fp32", world_size, memory["zero_stage"])
+    out.update(paper_params_mib=paper["params"] / MiB, paper_grads_mib=paper["grads"] / MiB,
+               paper_opt_mib=paper["optimizer"] / MiB, paper_model_state_mib=paper["total"] / MiB)
+    if memory.get("model_state_max_rank") is not None:
+        out["model_state_vs_paper"] = memory["model_state_max_rank"] / paper["total"]
+    return out
 
 
 def collective_record(res: dict) -> dict:

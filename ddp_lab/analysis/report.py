@@ -12,7 +12,11 @@ job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what 
   benchmark at the same world size (`--collectives`, or collective jobs in DIR itself), the cost
   model's predicted curve and best bucket size beside the measured one;
 - report_bandwidth.png: busbw and latency against message size per op, world size and backend;
-- report_timelines.png: the compute/comm lanes of every profiled job (profile=true), stacked.
+- report_timelines.png: the compute/comm lanes of every profiled job (profile=true), stacked;
+- report_ladder.png: model state per rank against step time p50, one point per strategy and world
+  size, when training jobs of two or more strategies have memory figures (the sharding ladder).
+
+report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures.
 """
 
 from __future__ import annotations
@@ -70,7 +74,32 @@ def cost_model_markdown(predictions: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str]) -> Path:
+MEMORY_COLUMNS = [  # (header, record key, digits); MiB of the largest rank
+    ("params", "params_mib_per_rank", 1), ("grads", "grads_mib_per_rank", 1), ("optimizer", "opt_mib_per_rank", 1),
+    ("model state", "model_state_mib_per_rank", 1), ("paper: params", "paper_params_mib", 1),
+    ("paper: grads", "paper_grads_mib", 1), ("paper: optimizer", "paper_opt_mib", 1),
+    ("paper: model state", "paper_model_state_mib", 1), ("× paper", "model_state_vs_paper", 3),
+    ("peak gathered", "peak_gathered_mib", 1), ("max allocated", "max_memory_allocated_mib", 1),
+]
+
+
+def memory_markdown(records: list[dict]) -> str | None:
+    """Measured model state per rank beside the ZeRO paper's figure for each training job's stage."""
+    rows = [r for r in records if r["task"] != "allreduce" and r.get("model_state_mib_per_rank") is not None]
+    if not rows:
+        return None
+    columns = [c for c in MEMORY_COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    header = ["job", "strategy", "ranks", "stage", "dtype"] + [h for h, _, _ in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        cells = [r["job"], r["label"], str(r.get("world_size")), str(r.get("zero_stage")), str(r.get("state_dtype"))]
+        cells += ["-" if r.get(key) is None else f"{r[key]:.{digits}f}" for _, key, digits in columns]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
+                   records: list[dict] | None = None) -> Path:
     train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
     collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
     parts = [f"# Report: {root}", "",
@@ -78,6 +107,15 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
              "Times in ms (training: warm-up steps excluded, slowest rank per step); GB/s = 1e9 bytes/s.", ""]
     if train:
         parts += ["## Training", "", markdown_table(*train_rows(train)), ""]
+    memory = memory_markdown(records or [])
+    if memory:
+        parts += ["## Model state per rank: measured vs ZeRO paper", "",
+                  "MiB (2^20 bytes) on the rank holding the most model state (params + grads + optimizer state, "
+                  "the largest of after init, before and after the last step); the ZeRO paper's figure for the "
+                  "job's stage from calculator.model_state_bytes (fp32 AdamW 4 + 4 + 8 bytes per parameter, mixed "
+                  "precision 2 + 2 + 12), as `python -m ddp_lab.calculator` prints it. × paper = measured / paper: "
+                  "the bar is 1.05. Peak gathered: the most parameter bytes fsdp held gathered at once.", "",
+                  memory, ""]
     if collective:
         parts += ["## Collectives", "", markdown_table(*collective_rows(collective)), ""]
     failed = [(n, r) for n, r, _ in runs if r.get("status") != "ok"]
@@ -121,11 +159,12 @@ def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
         ("Bucket size", "report_buckets.png", lambda p: plots.plot_buckets(records, predictions, p)),
         ("Bandwidth against message size", "report_bandwidth.png", lambda p: plots.plot_bandwidth(records, p)),
         ("Timelines of profiled jobs", "report_timelines.png", lambda p: plots.plot_timelines(runs, p)),
+        ("Memory against step time: the sharding ladder", "report_ladder.png", lambda p: plots.plot_ladder(records, p)),
     ):
         if draw(out / name):
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
-               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes),
+               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 

@@ -36,8 +36,11 @@ TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
     ("overlap %", ("summary", "overlap_pct")),
     ("colls/step", ("summary", "collectives_per_step")),
     ("opt state MiB/rank", ("summary", "memory", "optimizer_state_max_rank")),
+    ("model state MiB/rank", ("summary", "memory", "model_state_max_rank")),
+    ("× ZeRO paper", ("summary", "memory", "model_state_ratio")),
 ]
-MIB_COLUMNS = {"opt state MiB/rank"}
+MIB_COLUMNS = {"opt state MiB/rank", "model state MiB/rank"}
+DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
 
 
 def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
@@ -52,7 +55,7 @@ def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]
             value = _get(res, *path)
             if header_name in MIB_COLUMNS and value is not None:
                 value = value / MiB
-            cells.append(_fmt(value))
+            cells.append(_fmt(value, DIGITS.get(header_name, 1)))
         rows.append(cells)
     return header, rows
 

@@ -9,10 +9,12 @@
 | torch_ddp | TorchDDP (torch's DistributedDataParallel) | torch_ddp.py |
 | zero1 | Zero1 + ShardedOptimizer | zero1/strategy.py, zero1/optimizer.py |
 | zero1_torch | TorchZero1 (torch DDP + ZeroRedundancyOptimizer) | zero1/torch_reference.py |
+| zero2 | Zero2 + Zero2Optimizer | zero2.py (on bucketed.py's buckets) |
 
 Shared parts: base.py (the contract every strategy keeps), overlap_engine.py (launching
 collectives from backward hooks), collectives.py (the collectives themselves), comm_stats.py (what
-a step's communication figures mean and how async collectives are timed).
+a step's communication figures mean and how async collectives are timed), shard_optimizer.py
+(what the sharded optimizers of zero1 and zero2 share).
 
 A new strategy is one file, one `conf/strategy/NAME.yaml` whose `_target_` is its class, and one
 entry below.
@@ -25,8 +27,10 @@ from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
 from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
+from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
-STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1)}
+STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1,
+                                        Zero2)}
 
 __all__ = ["STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP", "ShardedOptimizer",
-           "TorchDDP", "TorchZero1", "Zero1", "plan_buckets"]
+           "TorchDDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer", "plan_buckets"]

@@ -6,8 +6,9 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
 - The plan (`plan_buckets`) walks `parameters()` in reverse, the order gradients roughly become
   ready, and closes a bucket before it would exceed the cap; a parameter larger than the cap gets
   a bucket of its own. Buckets are also split where dtype or device changes.
-- Each bucket is one flat buffer allocated at construction and reused every step. Gradients are
-  views into it (torch DDP's `gradient_as_bucket_view`): `param.grad` *is* a slice of the bucket,
+- Each bucket is one flat buffer allocated at construction and reused every step (zero2, built on
+  this class, allocates them at a step's first training forward and frees them after its sync).
+  Gradients are views into it (torch DDP's `gradient_as_bucket_view`): `param.grad` *is* a slice of the bucket,
   autograd accumulates straight into it, and nothing is copied in or out. `zero_grad()` with
   `set_to_none=False` zeroes the slices in place; with `set_to_none=True` the next training
   forward zeroes the bucket and points `.grad` back at its slice, instead of letting autograd
@@ -51,22 +52,42 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[
 
 class BucketedDDP(OverlapEngine):
     name = "bucketed"
+    keeps_buffers = True
+    """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
         super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan])
         self.bucket_mb = bucket_mb
-        self._buffers: list[torch.Tensor] = []
+        multiple = self._pad_multiple()
+        self._lengths = [-(-sum(p.numel() for p in unit) // multiple) * multiple for unit in self._units]
+        self._buffers: list[torch.Tensor | None] = [None] * len(self._units)
         self._view_of: dict[int, torch.Tensor] = {}
-        for unit in self._units:
-            buffer = torch.zeros(sum(p.numel() for p in unit), dtype=unit[0].dtype, device=unit[0].device)
+        if self.keeps_buffers:
+            for index in range(len(self._units)):
+                self._bucket(index)
+        self.bucket_sizes_mb = [n * unit[0].element_size() / MiB for n, unit in zip(self._lengths, self._units)]
+
+    def _pad_multiple(self) -> int:
+        """Bucket lengths are rounded up to a multiple of this (zero2: the world size, to shard evenly)."""
+        return 1
+
+    def _bucket(self, index: int) -> torch.Tensor:
+        """Bucket `index`'s flat buffer (zeros when new) with a view per parameter in `_view_of`."""
+        if self._buffers[index] is None:
+            buffer = self._new_buffer(index)
             offset = 0
-            for p in unit:
+            for p in self._units[index]:
                 self._view_of[id(p)] = buffer[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
-            self._buffers.append(buffer)
-        self.bucket_sizes_mb = [tensor_bytes(b) / MiB for b in self._buffers]
+            self._buffers[index] = buffer
+        return self._buffers[index]
+
+    def _new_buffer(self, index: int) -> torch.Tensor:
+        """A zeroed flat buffer of bucket `index`'s length (zero2 reuses freed ones)."""
+        unit = self._units[index]
+        return torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
 
     def facts(self) -> dict:
         return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
@@ -77,18 +98,29 @@ class BucketedDDP(OverlapEngine):
         return super().forward(*args, **kwargs)
 
     def _point_grads_at_buckets(self) -> None:
+        for index in range(len(self._units)):
+            self._point_grads(index)
+
+    def _point_grads(self, index: int) -> None:
         """Give autograd a zeroed bucket slice to accumulate into wherever `.grad` is None."""
-        for unit, buffer in zip(self._units, self._buffers):
-            empty = [p for p in unit if p.grad is None]
-            if len(empty) == len(unit):
-                buffer.zero_()  # the usual case after zero_grad(set_to_none=True): one memset
-            else:
-                for p in empty:
-                    self._view_of[id(p)].zero_()
+        unit = self._units[index]
+        empty = [p for p in unit if p.grad is None]
+        if not empty:
+            return
+        fresh = self._buffers[index] is None  # allocated just now: already zeros
+        buffer = self._bucket(index)
+        if fresh:
+            pass
+        elif len(empty) == len(unit):
+            buffer.zero_()  # the usual case after zero_grad(set_to_none=True): one memset
+        else:
             for p in empty:
-                p.grad = self._view_of[id(p)]
+                self._view_of[id(p)].zero_()
+        for p in empty:
+            p.grad = self._view_of[id(p)]
 
     def _stage(self, param: nn.Parameter) -> None:
+        self._bucket(self._unit_of[id(param)])
         view = self._view_of[id(param)]
         grad = param.grad
         if grad is None:
@@ -100,4 +132,4 @@ class BucketedDDP(OverlapEngine):
         param.grad = view
 
     def _unit_tensor(self, index: int) -> torch.Tensor:
-        return self._buffers[index]
+        return self._bucket(index)

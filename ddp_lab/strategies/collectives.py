@@ -44,23 +44,61 @@ def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats) -> None:
 def all_reduce_mean_async(tensor: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
     """Divide by the world size, launch a SUM all-reduce; return (future of the tensor, its stamp)."""
     tensor.div_(dist.get_world_size())
-    stamp = Stamp(tensor_bytes(tensor))
-    on_cuda = tensor.is_cuda
+    return launch_stamped(lambda: [dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)],
+                          tensor_bytes(tensor), tensor.is_cuda)
+
+
+def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Future, Stamp]:
+    """Run `launch()` (it starts async collectives and returns their works) under one `Stamp`.
+
+    The returned future completes when every work has; waiting on it raises if one failed. On
+    CUDA pass a single work: its future's callback runs on the collective's stream, where the
+    end event must be recorded (a combined future of several would lose that stream).
+    """
+    stamp = Stamp(nbytes)
     if on_cuda:
         stamp.start_event = torch.cuda.Event(enable_timing=True)
         stamp.start_event.record()
     stamp.start = time.perf_counter()
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+    works = launch()
+    stamp.calls = len(works)
+    try:
+        futures = [work.get_future() for work in works]
+    except RuntimeError:  # gloo's reduce_scatter (built from all-reduce) has no future
+        return _WaitedWorks(works, stamp), stamp
+    if on_cuda and len(futures) != 1:
+        raise ValueError("launch_stamped on CUDA times exactly one collective")
+    combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
 
-    def done(fut: torch.futures.Future) -> torch.Tensor:
+    def done(fut: torch.futures.Future):
         if on_cuda:
             stamp.end_event = torch.cuda.Event(enable_timing=True)
             stamp.end_event.record()
         else:
             stamp.end = time.perf_counter()
-        return fut.value()[0]  # raises here, and so in wait(), if the collective failed
+        value = fut.value()  # raises here, and so in wait(), if the collective failed
+        if len(futures) > 1:
+            return [f.value() for f in value]
+        return value[0]
 
-    return work.get_future().then(done), stamp
+    return combined.then(done), stamp
+
+
+class _WaitedWorks:
+    """Stands in for a future where a work offers none: done when every work is, and the stamp ends
+    at the `wait()` that sees them done (an upper bound of the collective's end)."""
+
+    def __init__(self, works, stamp: Stamp):
+        self.works, self.stamp = works, stamp
+
+    def done(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+        if self.stamp.end is None:
+            self.stamp.end = time.perf_counter()
 
 
 def broadcast_module_state(module: torch.nn.Module, src: int = 0) -> None:

@@ -51,10 +51,10 @@ class CommStats:
         self.exposed_s = 0.0
         self.exposed_optimizer_s = 0.0
 
-    def add(self, start: float, end: float, nbytes: int) -> None:
-        """Record one collective that was in flight from `start` to `end` (perf_counter seconds)."""
+    def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
+        """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
         self.intervals.append((start, end))
-        self.collectives += 1
+        self.collectives += calls
         self.bytes += nbytes
 
     @contextmanager
@@ -65,8 +65,7 @@ class CommStats:
         start = time.perf_counter()
         yield
         synchronize(self.device)
-        self.add(start, time.perf_counter(), nbytes)
-        self.collectives += calls - 1
+        self.add(start, time.perf_counter(), nbytes, calls)
 
     @contextmanager
     def exposed(self, in_optimizer: bool = False):
@@ -95,12 +94,13 @@ class CommStats:
 
 
 class Stamp:
-    """One collective's in-flight interval: host seconds on CPU, CUDA events on GPU until converted."""
+    """One collective's in-flight interval (or `calls` launched together): host seconds on CPU, CUDA
+    events on GPU until converted."""
 
-    __slots__ = ("nbytes", "start", "end", "start_event", "end_event")
+    __slots__ = ("nbytes", "calls", "start", "end", "start_event", "end_event")
 
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
+    def __init__(self, nbytes: int, calls: int = 1):
+        self.nbytes, self.calls = nbytes, calls
         self.start = self.end = None
         self.start_event = self.end_event = None
 
@@ -114,7 +114,7 @@ def record_intervals(stamps: list[Stamp], comm: CommStats) -> None:
             s.start = now - s.start_event.elapsed_time(reference) / 1e3
             s.end = now - s.end_event.elapsed_time(reference) / 1e3
     for s in stamps:
-        comm.add(s.start, s.end, s.nbytes)
+        comm.add(s.start, s.end, s.nbytes, s.calls)
 
 
 def host_time_of(event: torch.cuda.Event) -> float:

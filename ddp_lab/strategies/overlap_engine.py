@@ -36,7 +36,7 @@ from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.collectives import all_reduce_mean_async
-from ddp_lab.strategies.comm_stats import record_intervals
+from ddp_lab.strategies.comm_stats import Stamp, record_intervals
 
 
 class OverlapEngine(DataParallelBase):
@@ -88,8 +88,7 @@ class OverlapEngine(DataParallelBase):
         for param in unit:
             if id(param) not in self._ready:
                 self._stage(param)
-        tensor = self._unit_tensor(self._next_unit)
-        self._in_flight.append(all_reduce_mean_async(tensor))
+        self._in_flight.append(self._launch_unit(self._next_unit))
         self._next_unit += 1
 
     def _synchronize_gradients(self) -> None:
@@ -101,9 +100,14 @@ class OverlapEngine(DataParallelBase):
         self._armed = False
         self._start_round()
 
-    # What a subclass decides: where a ready gradient goes, and which tensor a unit reduces.
+    # What a subclass decides: where a ready gradient goes, and which tensor a unit reduces (or,
+    # overriding `_launch_unit`, which collectives it launches: zero2 reduce-scatters instead).
     def _stage(self, param: nn.Parameter) -> None:
         raise NotImplementedError
+
+    def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
+        """Start the unit's collective: by default the mean all-reduce of `_unit_tensor(index)`."""
+        return all_reduce_mean_async(self._unit_tensor(index))
 
     def _unit_tensor(self, index: int) -> torch.Tensor:
         raise NotImplementedError

@@ -13,6 +13,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from ddp_lab.analysis.labels import run_name
 from ddp_lab.analysis.stats import summarize as summarize_values
@@ -64,9 +65,11 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
-    model = build(cfg.strategy, build_model(cfg.model).to(device))
+    module = build_model(cfg.model).to(device)
+    num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
+    model = build(cfg.strategy, module)
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    recorder.log_once({"num_params": sum(p.numel() for p in model.parameters()), **model.facts()})
+    recorder.log_once({"num_params": num_params, **model.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
 
@@ -92,7 +95,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     if cfg.train.save_model and rank == 0:
         torch.save(model.module.state_dict(), job_dir / MODEL)
     summary = summarize(steps, cfg)
-    summary["memory"] = memory_report(memory, model, optimizer)
+    summary["memory"] = memory_report(memory, model, num_params, str(OmegaConf.select(cfg, "train.precision",
+                                                                                   default="fp32")))
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     return {"summary": summary, "steps": steps}
 

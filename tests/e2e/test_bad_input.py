@@ -34,6 +34,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "+train.stpes=5": "unknown key train.stpes",
     "strategy=naive strategy.bucket_mb=10": "strategy.bucket_mb is not a knob of strategy=naive",
     "strategy=bucketed strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=bucketed",
+    "strategy=zero2 strategy.bucket_mb=0": "bucket_mb must be > 0",
+    "strategy=zero2 strategy.bucket_mb=-1": "bucket_mb must be > 0",
+    "strategy=zero2 strategy.grad_sync=flat": "strategy.grad_sync is not a knob of strategy=zero2",
+    "strategy=zero2 strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=zero2",
 }
 
 

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ddp_lab.models import Transformer
+from ddp_lab.models.transformer import RMSNorm
 
 VOCAB = 64
 CONTEXT = 8
@@ -38,8 +39,45 @@ class TiedNet(nn.Module):
         return self.out(torch.tanh(self.hidden(self.embed(tokens))))
 
 
+class NormNet(nn.Module):
+    """Embedding, linear and norm layers (LayerNorm with bias, RMSNorm): the kinds a Transformer has."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.hidden = nn.Linear(16, 24)
+        self.norm = nn.LayerNorm(24)
+        self.rms = RMSNorm(24)
+        self.out = nn.Linear(24, VOCAB)
+
+    def forward(self, tokens):
+        return self.out(self.rms(torch.relu(self.norm(self.hidden(self.embed(tokens))))))
+
+
+class BranchyNet(nn.Module):
+    """`branch` runs only when the caller asks (a per-rank, per-step choice); `never` never runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.branch = nn.Linear(16, 16)
+        self.never = nn.Linear(16, 16)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, tokens, use_branch):
+        x = self.embed(tokens)
+        if use_branch:
+            x = x + torch.tanh(self.branch(x))
+        return self.out(x)
+
+
 def tiny_transformer():
     return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
 
 
-MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "transformer": tiny_transformer}
+MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer}
+
+
+def mid_mb(model) -> float:
+    """A third of the model's gradient bytes: several buckets, some holding several parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 3 / 2**20

@@ -64,37 +64,50 @@ class SingleProcess(nn.Module):
         pass
 
 
-def train_reference(model, optimizer_cls, steps, opt_kwargs):
+def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH):
+    """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches."""
     reference = SingleProcess(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
-    cfg = data_cfg()
+    cfg = data_cfg(micro_batches, batch_size)
     for step in range(steps):
         train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))))
     return model
 
 
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
-                      steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True):
-    """Returns (this rank's final state_dict, the reference's final state_dict or None)."""
+                      steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
+                      batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None):
+    """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
+    `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
+
+    `exact_reference`: the reference accumulates the ranks' slices as micro-batches, in rank
+    order, each loss divided by N: at 2 ranks that is the same arithmetic as averaging the two
+    ranks' gradients (halving is exact, and a + b is b + a), so a strategy can match it bit for bit.
+    """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
     ddp = make_wrapper(MODELS[model_name]())
     reference = copy.deepcopy(ddp.module) if rank == 0 else None
     optimizer = ddp.make_optimizer(optimizer_cls, **opt_kwargs)
-    cfg = data_cfg(grad_accum_steps)
+    cfg = data_cfg(grad_accum_steps, batch_size)
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none)
     if reference is not None:
-        train_reference(reference, optimizer_cls, steps, opt_kwargs)
+        train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size)
     state = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
-    return state, (reference.state_dict() if reference is not None else None)
+    out = (state, reference.state_dict() if reference is not None else None)
+    return out if inspect is None else (*out, inspect(ddp, optimizer))
 
 
-def assert_parity(results) -> None:
-    """Every rank equals the reference, and so every rank equals every other."""
+def assert_parity(results, exact: bool = False) -> None:
+    """Every rank equals the reference (bit for bit when `exact`), and so every rank equals every other."""
     reference = results[0][1]
-    for rank, (state, _) in enumerate(results):
+    for rank, (state, *_) in enumerate(results):
         for name, tensor in reference.items():
-            torch.testing.assert_close(state[name], tensor, atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=name, r=rank: f"rank {r}, {n}: {m}")
+            if exact:
+                assert torch.equal(state[name], tensor), \
+                    f"rank {rank}, {name}: max diff {(state[name] - tensor).abs().max().item():.3g}"
+            else:
+                torch.testing.assert_close(state[name], tensor, atol=ATOL, rtol=RTOL,
+                                           msg=lambda m, n=name, r=rank: f"rank {r}, {n}: {m}")

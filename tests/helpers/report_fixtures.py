@@ -22,8 +22,23 @@ def write_job(folder: Path, results: dict) -> Path:
     return folder
 
 
+def memory_summary(num_params: int, world_size: int, stage: int, ratio: float = 1.0) -> dict:
+    """summary.memory as the trainer writes it (fp32 AdamW), the largest rank holding `ratio` x the
+    ZeRO paper's figure for `stage`, each part scaled alike (figures written out by hand, not by
+    the code under test)."""
+    n = world_size
+    paper = {"params": 4 * num_params / (n if stage >= 3 else 1), "grads": 4 * num_params / (n if stage >= 2 else 1),
+             "optimizer_state": 8 * num_params / (n if stage >= 1 else 1)}
+    parts = {k: int(v * ratio) for k, v in paper.items()}
+    return {"zero_stage": stage, "dtype": "fp32", "num_params": num_params, "expected": paper,
+            "model_state_max_rank": sum(parts.values()), "model_state_max_rank_parts": parts,
+            "model_state_ratio": sum(parts.values()) / sum(paper.values()),
+            "optimizer_state_max_rank": parts["optimizer_state"]}
+
+
 def train_results(strategy: str, bucket_mb=None, step_ms: float = 20.0, exposed_ms: float = 5.0,
-                  status: str = "ok", world_size: int = 2, grad_bytes: int = 64 * MiB) -> dict:
+                  status: str = "ok", world_size: int = 2, grad_bytes: int = 64 * MiB,
+                  memory: dict | None = None) -> dict:
     cfg = {"task": {"name": "train"}, "model": {"name": "tiny"}, "world_size": world_size,
            "strategy": {"name": strategy, "bucket_mb": bucket_mb}, "backend": {"name": "gloo"}}
     if status != "ok":
@@ -34,7 +49,7 @@ def train_results(strategy: str, bucket_mb=None, step_ms: float = 20.0, exposed_
                "exposed_comm_ms": _summary(exposed_ms), "fwd_bwd_ms": _summary(compute),
                "sync_ms": _summary(exposed_ms), "optimizer_ms": _summary(optimizer), "overlap_pct": 33.3,
                "measured_steps": 5, "collectives_per_step": 3, "comm_bytes_per_step": grad_bytes,
-               "memory": {"optimizer_state_max_rank": 8 * MiB}}
+               "memory": memory or {"optimizer_state_max_rank": 8 * MiB}}
     return {"status": "ok", "error": None, "config": cfg, "env": {"backend": "gloo", "world_size": world_size},
             "summary": summary, "steps": [{"step": i, "step_time_ms": step_ms} for i in range(6)]}
 
@@ -71,4 +86,21 @@ def collective_sweep(root: Path, overhead_s: float = 2e-3, bandwidth_Bps: float 
             i += 1
     if failed:
         write_job(root / str(i), collective_results(1000, overhead_s, bandwidth_Bps, status="failed"))
+    return root
+
+
+LADDER = {"bucketed": (0, 1.0), "zero1": (1, 1.01), "zero2": (2, 1.02)}  # strategy: (ZeRO stage, x paper)
+LADDER_PARAMS = 2**20  # 1 Mi parameters: fp32 AdamW's full state is 16 MiB
+
+
+def ladder_sweep(root: Path) -> Path:
+    """bucketed, zero1 and zero2 at 2 and 4 ranks with known memory figures, and a crashed zero2 job."""
+    i = 0
+    for ws in (2, 4):
+        for strategy, (stage, ratio) in LADDER.items():
+            memory = memory_summary(LADDER_PARAMS, ws, stage, ratio)
+            write_job(root / str(i), train_results(strategy, step_ms=20.0 + 5 * stage + ws, world_size=ws,
+                                                   memory=memory))
+            i += 1
+    write_job(root / str(i), train_results("zero2", world_size=4, status="failed"))
     return root

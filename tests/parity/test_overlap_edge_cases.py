@@ -23,7 +23,7 @@ from torch import nn
 
 from ddp_lab.strategies import BucketedDDP, OverlapDDP, TorchDDP
 from tests.helpers.distributed import run_ranks
-from tests.helpers.models import VOCAB, tiny_transformer
+from tests.helpers.models import VOCAB, BranchyNet, tiny_transformer
 from tests.helpers.parity import global_batch, loss_of
 
 HOOKED = {
@@ -33,23 +33,6 @@ HOOKED = {
     "bucketed_huge": partial(BucketedDDP, bucket_mb=1000.0),
 }
 ALL = {**HOOKED, "torch_ddp": partial(TorchDDP, bucket_mb=2.0**-9)}
-
-
-class BranchyNet(nn.Module):
-    """`branch` runs only when the caller asks (a per-rank, per-step choice); `never` never runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 16)
-        self.branch = nn.Linear(16, 16)
-        self.never = nn.Linear(16, 16)
-        self.out = nn.Linear(16, VOCAB)
-
-    def forward(self, tokens, use_branch):
-        x = self.embed(tokens)
-        if use_branch:
-            x = x + torch.tanh(self.branch(x))
-        return self.out(x)
 
 
 def _loss(model, tokens, *extra):

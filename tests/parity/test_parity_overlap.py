@@ -14,16 +14,11 @@ import torch
 
 from ddp_lab.strategies import BucketedDDP, OverlapDDP, TorchDDP, plan_buckets
 from tests.helpers.distributed import run_ranks
-from tests.helpers.models import MODELS
+from tests.helpers.models import MODELS, mid_mb
 from tests.helpers.parity import ATOL, RTOL, assert_parity, train_distributed
 
 TINY_MB = 1e-6       # 1 byte: below every parameter, so one bucket per parameter
 HUGE_MB = 1000.0     # above the whole model: one bucket, FlatDDP's single all-reduce
-
-
-def mid_mb(model) -> float:
-    """A third of the model's gradient bytes: several buckets, some holding several parameters."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 3 / 2**20
 
 
 def bucketed_mid(model):

@@ -11,7 +11,17 @@ from ddp_lab.analysis.records import bucket_groups, train_record
 from ddp_lab.analysis.report import main, make_report
 from ddp_lab.launcher.sweep_callback import SweepSummary
 from tests.helpers.launching import launch, results
-from tests.helpers.report_fixtures import MiB, bucket_sweep, collective_sweep
+from tests.helpers.report_fixtures import (
+    LADDER,
+    LADDER_PARAMS,
+    MiB,
+    bucket_sweep,
+    collective_sweep,
+    ladder_sweep,
+    memory_summary,
+    train_results,
+    write_job,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -61,6 +71,44 @@ def test_phases_take_a_sharded_optimizers_wait_out_of_the_update():
     del means["exposed_optimizer_comm_ms"]  # results written before the split: all exposed in sync
     record = train_record({"config": {}, "summary": {k: {"mean": v} for k, v in means.items()}})
     assert (record["compute_mean_ms"], record["optimizer_mean_ms"]) == (600.0, 500.0)
+
+
+def test_ladder_sweep_memory_table_and_picture(tmp_path):
+    """Three rungs at 2 and 4 ranks, each holding a known multiple of the ZeRO paper's figure: the
+    report recomputes the paper's figure (fp32 AdamW, 16 bytes per parameter in full) and the
+    ratio, tables both, and draws the memory-vs-step-time picture (the crashed job only noted)."""
+    sweep = ladder_sweep(tmp_path / "ladder")
+    report = make_report(sweep, quiet=True)
+    assert {p.name for p in report["png"]} == {"report_phases.png", "report_ladder.png"}
+    for png in report["png"]:
+        assert_png(png)
+    full_mib = 16 * LADDER_PARAMS / MiB  # 16 MiB
+    fraction = {  # the ZeRO paper's share of the full state per stage, fp32 AdamW (4 + 4 + 8)
+        (0, 2): 1, (1, 2): (4 + 4 + 4) / 16, (2, 2): (4 + 2 + 4) / 16,
+        (0, 4): 1, (1, 4): (4 + 4 + 2) / 16, (2, 4): (4 + 1 + 2) / 16}
+    records = [r for r in report["records"] if r["status"] == "ok"]
+    assert len(records) == 6
+    for r in records:
+        stage, ratio = LADDER[r["strategy"]]
+        assert r["zero_stage"] == stage
+        assert r["paper_model_state_mib"] == pytest.approx(full_mib * fraction[stage, r["world_size"]])
+        assert r["model_state_vs_paper"] == pytest.approx(ratio, abs=1e-5)
+        assert r["model_state_mib_per_rank"] == pytest.approx(ratio * r["paper_model_state_mib"], rel=1e-5)
+    md = (sweep / "report.md").read_text()
+    assert "## Model state per rank: measured vs ZeRO paper" in md
+    table = md.split("## Model state per rank: measured vs ZeRO paper")[1].split("##")[0]
+    zero2_ws4 = next(line for line in table.splitlines() if line.startswith("| 5 |"))
+    assert "| 2 | fp32 |" in zero2_ws4 and "| 7.0 |" in zero2_ws4 and "| 1.020 |" in zero2_ws4  # (4 + 12/4) MiB
+    assert "× ZeRO paper" in md  # the training table's column
+
+
+def test_no_ladder_picture_for_one_strategy(tmp_path):
+    """One strategy at two world sizes is no ladder: the table, but no picture."""
+    for i, ws in enumerate((2, 4)):
+        write_job(tmp_path / str(i), train_results("zero2", world_size=ws, memory=memory_summary(LADDER_PARAMS, ws, 2)))
+    report = make_report(tmp_path, quiet=True)
+    assert "report_ladder.png" not in {p.name for p in report["png"]}
+    assert "## Model state per rank" in (tmp_path / "report.md").read_text()
 
 
 def test_collective_sweep_bandwidth_plot_and_csv(tmp_path):

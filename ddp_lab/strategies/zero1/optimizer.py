@@ -35,7 +35,6 @@ zero1 wrapper already did it in `finish_gradient_synchronization()` (strategy.py
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, Iterable
 
 import torch
@@ -44,12 +43,13 @@ from torch._utils import _flatten_dense_tensors
 
 from ddp_lab.config import ZeroComm
 from ddp_lab.strategies.collectives import all_gather_single, reduce_scatter_single
+from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict
 from ddp_lab.strategies.zero1.ownership import assign_owners
 from ddp_lab.units import tensor_bytes
 
 
-class ShardedOptimizer(ConsolidatedStateDict, torch.optim.Optimizer):
+class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
     """`optimizer_cls` on this rank's shard of `params`; every rank sees every parameter updated.
 
     `params`: tensors (a generator is fine) or param groups with their own hyperparameters;
@@ -68,81 +68,39 @@ class ShardedOptimizer(ConsolidatedStateDict, torch.optim.Optimizer):
         if comm not in set(ZeroComm):
             raise ValueError(f"unknown comm {comm!r}; options: {', '.join(ZeroComm)}")
         self.comm_mode = ZeroComm(comm)
-        self.comm_stats = comm_stats
-        self.optim: torch.optim.Optimizer | None = None
-        self._optimizer_cls, self._kwargs = optimizer_cls, kwargs
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
         self.owner: dict[torch.Tensor, int] = {}
         self.loads = [0] * self.world_size  # parameter bytes owned by each rank
         self._grads_reduced = False
-        # The inner optimizer's full defaults (betas, eps, ...) so outer groups carry every
-        # hyperparameter a scheduler or a state_dict reader may look for.
-        try:
-            defaults = optimizer_cls([torch.zeros(1, requires_grad=True)], **kwargs).defaults
-        except Exception:  # e.g. fused=True wants CUDA tensors; the real build below will say if it is wrong
-            defaults = dict(kwargs)
-        super().__init__(params, defaults)
+        super().__init__(params, optimizer_cls, comm_stats=comm_stats, **kwargs)
 
-    # `state` is the inner optimizer's (this rank's shard); the base constructor assigns it first.
-    @property
-    def state(self):
-        return self.optim.state if self.optim is not None else self._early_state
-
-    @state.setter
-    def state(self, value):
-        if self.optim is None:
-            self._early_state = value
-        else:
-            self.optim.state = value
-
-    def add_param_group(self, param_group: dict) -> None:
-        """Add a group (in the constructor or mid-training): owners for its params, local ones inner."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
+    def _local_group(self, group: dict) -> dict:
+        """Owners for the group's params (balanced on top of earlier groups); the ones this rank owns."""
         owners = assign_owners([tensor_bytes(p) for p in group["params"]], self.world_size, self.loads)
         self.owner.update(zip(group["params"], owners))
-        local = {k: v for k, v in group.items() if k not in ("params", "param_names")}
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
-        local["params"] = [group["params"][i] for i in mine]
+        local = {"params": [group["params"][i] for i in mine]}
         if "param_names" in group:
             local["param_names"] = [group["param_names"][i] for i in mine]
-        if self.optim is None:
-            self.optim = self._optimizer_cls([local], **self._kwargs)
-            self.optim.state.update(self._early_state)
-        else:
-            self.optim.add_param_group(local)
+        return local
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         self._grads_reduced = False
 
-    @torch.no_grad()
-    def step(self, closure=None, **kwargs):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._sync_hyperparameters()
+    def _before_update(self) -> None:
         if self.comm_mode == ZeroComm.reduce_scatter and not self._grads_reduced:
             with self._exposed():
                 self.reduce_scatter_gradients()
-        self.optim.step(**kwargs)
-        with self._exposed():
-            if self.comm_mode == ZeroComm.reduce_scatter:
-                self._all_gather_params()
-            else:
-                self._broadcast_params()
-        self._grads_reduced = False
-        return loss
 
-    def _sync_hyperparameters(self) -> None:
-        """Outer groups are what users and schedulers edit; the inner optimizer follows them."""
-        for outer, inner in zip(self.param_groups, self.optim.param_groups):
-            for key, value in outer.items():
-                if key not in ("params", "param_names"):
-                    inner[key] = value
+    def _share_updates(self) -> None:
+        if self.comm_mode == ZeroComm.reduce_scatter:
+            self._all_gather_params()
+        else:
+            self._broadcast_params()
+        self._grads_reduced = False
 
     def _trainable_by_owner(self) -> dict[tuple, list[list[torch.Tensor]]]:
         """{(device, dtype): [params of rank 0, params of rank 1, ...]}, in param_groups order.
@@ -156,13 +114,6 @@ class ShardedOptimizer(ConsolidatedStateDict, torch.optim.Optimizer):
                     per_owner = layout.setdefault((p.device, p.dtype), [[] for _ in range(self.world_size)])
                     per_owner[self.owner[p]].append(p)
         return layout
-
-    def _exposed(self):
-        return self.comm_stats.exposed(in_optimizer=True) if self.comm_stats is not None else nullcontext()
-
-    def _timed(self, nbytes: int, calls: int = 1):
-        """One interval for `calls` collectives launched together (they are in flight together)."""
-        return self.comm_stats.timed(nbytes, calls) if self.comm_stats is not None else nullcontext()
 
     def _broadcast_params(self) -> None:
         """Each owner broadcasts its updated params straight into every rank's copy; all at once.

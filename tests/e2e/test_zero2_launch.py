@@ -1,0 +1,54 @@
+"""zero2 through launch.py: bucketed's weights, half the gradients and optimizer state per rank, and
+the report's measured-vs-paper table and ladder picture. One sweep serves every assertion."""
+
+import pytest
+import torch
+
+from ddp_lab.analysis.report import make_report
+from tests.helpers.launching import FAST, launch, results
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("zero2")
+    proc = launch(*FAST, "logger=none", "train.save_model=true", "strategy=bucketed,zero2", tmp_path=tmp,
+                  multirun=True)
+    assert proc.returncode == 0, proc.stderr
+    return {"bucketed": tmp / "multirun/0", "zero2": tmp / "multirun/1"}
+
+
+def test_zero2_trains_to_bucketeds_weights(sweep):
+    weights = {name: torch.load(job / "model.pt") for name, job in sweep.items()}
+    for key, tensor in weights["bucketed"].items():
+        torch.testing.assert_close(weights["zero2"][key], tensor, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_memory_per_rank_against_the_zero_paper(sweep):
+    full, sharded = (results(sweep[name])["summary"]["memory"] for name in ("bucketed", "zero2"))
+    assert (full["zero_stage"], sharded["zero_stage"]) == (0, 2)
+    assert full["num_params"] == sharded["num_params"] > 0
+    # Both within the bar of their stage's figure: 16 and 4 + 12/2 = 10 bytes per parameter.
+    assert full["expected_total"] == 16 * full["num_params"] and sharded["expected_total"] == 10 * full["num_params"]
+    for memory in (full, sharded):
+        assert 1.0 <= memory["model_state_ratio"] <= 1.05
+        assert len(memory["per_rank"]) == 2
+    for rank_full, rank_sharded in zip(full["per_rank"], sharded["per_rank"]):
+        before_full, before_sharded = rank_full["before_step"], rank_sharded["before_step"]
+        assert before_sharded["params"] == before_full["params"]  # stage 2 keeps every parameter
+        # half the gradient and half the AdamW state, give or take the padding and Adam's step counters
+        assert before_sharded["grads"] == pytest.approx(before_full["grads"] / 2, rel=0.01)
+        assert before_sharded["optimizer_state"] == pytest.approx(before_full["optimizer_state"] / 2, rel=0.01)
+
+
+def test_report_shows_measured_beside_paper_and_the_ladder(sweep):
+    report = make_report(sweep["bucketed"].parent, quiet=True)
+    assert "report_ladder.png" in {p.name for p in report["png"]}
+    md = (sweep["bucketed"].parent / "report.md").read_text()
+    assert "## Model state per rank: measured vs ZeRO paper" in md and "× ZeRO paper" in md
+    by_strategy = {r["strategy"]: r for r in report["records"]}
+    assert by_strategy["zero2"]["model_state_vs_paper"] == pytest.approx(
+        results(sweep["zero2"])["summary"]["memory"]["model_state_ratio"])
+    assert by_strategy["zero2"]["model_state_mib_per_rank"] < 0.7 * by_strategy["bucketed"]["model_state_mib_per_rank"]

@@ -1,0 +1,89 @@
+"""The memory accounting on tensors of known sizes (no process group): what a rank holds, and its
+summary beside the ZeRO paper's figures (rank/memory.py)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_lab.rank.memory import memory_snapshot, model_state_bytes, summarize_memory
+
+MiB = 2**20
+
+
+def _slices_optimizer():
+    """A zero2-like rank: a 10x10 weight and a 10-bias whose flat storage is shared with two 1-D
+    slices (30 + 5 elements) that the inner optimizer owns and whose gradients it holds."""
+    flat = torch.zeros(110)
+    model = nn.Linear(10, 10)
+    with torch.no_grad():
+        model.weight.data = flat[:100].view(10, 10)
+        model.bias.data = flat[100:]
+    slices = [nn.Parameter(flat[70:100]), nn.Parameter(flat[100:105])]
+    for s in slices:
+        s.grad = torch.ones_like(s)
+    inner = torch.optim.AdamW(slices, lr=0.1)
+    inner.step()
+    return model, SimpleNamespace(optim=inner), slices
+
+
+def test_a_sharded_optimizers_slices_hold_the_gradients():
+    model, optimizer, _ = _slices_optimizer()
+    # params: the full model (110 floats); grads: only the slices' 35 (the model's are None);
+    # optimizer state: m and v of the 35 elements, plus one 4-byte step per slice.
+    assert model_state_bytes(model, optimizer) == {"params": 440, "grads": 140, "optimizer_state": 280 + 8}
+
+
+def test_a_gradient_held_by_model_and_optimizer_counts_once():
+    model = nn.Linear(10, 10)
+    optimizer = SimpleNamespace(optim=torch.optim.AdamW([model.weight], lr=0.1))  # zero1-like: owns the weight
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    assert model_state_bytes(model, optimizer)["grads"] == 440
+    assert model_state_bytes(model)["grads"] == 440
+
+
+def test_snapshot_records_peak_gathered_when_the_wrapper_has_one():
+    model = nn.Linear(4, 4)
+    assert "peak_gathered_bytes" not in memory_snapshot(model, None, torch.device("cpu"))
+    model.peak_gathered_bytes = 1234
+    snapshot = memory_snapshot(model, None, torch.device("cpu"))
+    assert snapshot["peak_gathered_bytes"] == 1234 and snapshot["params"] == 80
+
+
+def _rank(params, grads, state, **extra):
+    point = {"params": params, "grads": grads, "optimizer_state": state, **extra}
+    return {"after_init": {"params": params, "grads": 0, "optimizer_state": 0},
+            "before_step": point, "after_step": dict(point)}
+
+
+def test_summary_against_the_zero_paper():
+    """Psi = 1 Mi parameters, fp32 AdamW, stage 2 at 4 ranks: the paper says (4 + 12/4) Psi = 7 MiB.
+    Rank 1 holds 2% more (padding, say): it is the largest rank and sets the ratio."""
+    psi = MiB
+    exact = (4 * psi, psi, 2 * psi)
+    ranks = [_rank(*exact), _rank(4 * psi, int(1.02 * psi), int(2.04 * psi), peak_gathered_bytes=99),
+             _rank(*exact), _rank(*exact)]
+    summary = summarize_memory(ranks, psi, 4, 2)
+    assert summary["expected"] == {"params": 4 * psi, "grads": psi, "optimizer_state": 2 * psi}
+    assert summary["expected_total"] == 7 * psi and summary["full_total"] == 16 * psi
+    assert summary["zero_fraction"] == pytest.approx(7 / 16)
+    assert summary["model_state_max_rank"] == 4 * psi + int(1.02 * psi) + int(2.04 * psi)
+    assert summary["model_state_max_rank_parts"] == {"params": 4 * psi, "grads": int(1.02 * psi),
+                                                      "optimizer_state": int(2.04 * psi)}
+    assert summary["model_state_ratio"] == pytest.approx(1 + 0.06 / 7, abs=1e-6)
+    assert [r["model_state_at"] for r in summary["per_rank"]] == ["before_step"] * 4
+    assert summary["per_rank"][0]["model_state_ratio"] == pytest.approx(1.0)
+    assert summary["peak_gathered_bytes_max_rank"] == 99
+    assert "max_memory_allocated_max_rank" not in summary
+
+
+def test_summary_in_mixed_precision_uses_the_papers_2_2_12():
+    """ZeRO paper, figure 1: 7.5B parameters at 64 GPUs, stage 2: (2 + 14/64) Psi = 16.6 GB."""
+    psi = 7_500_000_000
+    ranks = [_rank(2 * psi, 0, 0)]
+    summary = summarize_memory(ranks, psi, 64, 2, "bf16")
+    assert summary["expected_total"] / 1e9 == pytest.approx(16.6, abs=0.05)
+    assert summary["full_total"] == 16 * psi
+    assert summarize_memory(ranks, psi, 64, 2, "fp16")["expected_total"] == summary["expected_total"]
