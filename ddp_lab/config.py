@@ -283,7 +283,7 @@ def used_knobs(strategy) -> dict[str, Any]:
     return {k: v for k, v in knobs.items() if k not in unused}
 
 
-def build(node: DictConfig, *args) -> Any:
-    """Instantiate a model or strategy node: `_target_(*args, **set_knobs(node))`."""
+def build(node: DictConfig, *args, **kwargs) -> Any:
+    """Instantiate a model or strategy node: `_target_(*args, **set_knobs(node), **kwargs)`."""
     args_node = OmegaConf.masked_copy(node, ["_target_", *set_knobs(node)])
-    return instantiate(args_node, *args)
+    return instantiate(args_node, *args, **kwargs)
