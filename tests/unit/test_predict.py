@@ -128,6 +128,8 @@ def test_world_size_scales_compute_by_tokens_and_core_share():
         job_step(_model(), {**_cfg("naive"), "model": {"name": "small"}})
     with pytest.raises(PredictError, match="no replay"):
         job_step(_model(), _cfg("local_sgd"))
+    with pytest.raises(PredictError, match="train.precision"):
+        job_step(_model(), {**_cfg("naive"), "train": {"batch_size": 8, "precision": "bf16"}})
 
 
 # --- scale ------------------------------------------------------------------------------------------

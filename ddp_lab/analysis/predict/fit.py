@@ -173,6 +173,8 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
     base = {"job": str(job), "model": cfg["model"]["name"], "strategy": cfg["strategy"]["name"],
             "world_size": world_size, "backend": backend, "cpus": cpus, "threads_per_rank": threads,
             "tokens_per_rank": tokens_per_rank(cfg), "params": phases["params"],
+            "precision": cfg["train"].get("precision", "fp32"),
+            "grad_accum_steps": cfg["train"].get("grad_accum_steps", 1),
             "optimizer_params": sum(p["numel"] for p in phases["params"])}
     observed = compute_profile(phases, warmup, 1.0)
     best = None

@@ -38,6 +38,10 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         raise PredictError(f"no replay for strategy {name!r} yet (predicted: {', '.join(STRATEGIES)})")
     if cfg["model"]["name"] != prof["model"]:
         raise PredictError(f"the profile is of model {prof['model']!r}, the job trains {cfg['model']['name']!r}")
+    for key, default in (("precision", "fp32"), ("grad_accum_steps", 1)):
+        mine, profiled = cfg.get("train", {}).get(key, default), prof.get(key, default)
+        if mine != profiled:
+            raise PredictError(f"the profile ran train.{key}={profiled}, the job {mine}: profile one like it")
     n = int(cfg["world_size"])
     backend = backend or prof["backend"]
     here = share_speeds(n, prof["cpus"], prof["threads_per_rank"], contention["u"])
