@@ -2,6 +2,7 @@
 
     python -m ddp_lab.report outputs/multirun/DATE/TIME                 # a sweep (or one job folder)
     python -m ddp_lab.report BUCKET_SWEEP --collectives ALLREDUCE_SWEEP   # + the cost model's prediction
+    python -m ddp_lab.report SWEEP --model model.json      # + the step-time model's prediction per job
 
 Reads every job's results.json under DIR (a failed or missing job is a failed row, not a gap) and
 writes next to the runs: report.md (the tables, the failures, the pictures), report.csv (one row per
@@ -17,10 +18,13 @@ job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what 
   size, when training jobs of two or more strategies have memory figures (the sharding ladder);
 - report_loss.png: loss against wall time (one line per job) and loss against step.
 
-report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures,
-and "Accuracy cost" (analysis/accuracy.py): per training job the final loss, its gap to the sweep's
+report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures;
+"Accuracy cost" (analysis/accuracy.py): per training job the final loss, its gap to the sweep's
 exact fp32 run of the same model, bytes on the wire per step and the time to reach a target loss
-(the exact run's final loss + 5%, or `--target-loss X`).
+(the exact run's final loss + 5%, or `--target-loss X`); and with `--model` (a file from
+`python -m ddp_lab.predict fit`) "Predicted vs measured": each training job's predicted p50 step and
+exposed comm beside the measured ones (report.csv gets `predicted_step_ms`, `predicted_exposed_ms`,
+`prediction_error`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 from ddp_lab.analysis import plots
 from ddp_lab.analysis.accuracy import TARGET_MARGIN, accuracy
 from ddp_lab.analysis.cost_model import bucket_predictions
+from ddp_lab.analysis.predict import fit as predict_fit
+from ddp_lab.analysis.predict import validate as predict_validate
 from ddp_lab.analysis.records import load_runs, record
 from ddp_lab.analysis.tables import (
     collective_rows,
@@ -135,7 +141,8 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
 
 
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
-                   records: list[dict] | None = None, target_loss: float | None = None) -> Path:
+                   records: list[dict] | None = None, step_model: str | None = None,
+                   target_loss: float | None = None) -> Path:
     train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
     collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
     parts = [f"# Report: {root}", "",
@@ -161,6 +168,9 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
     if failed:
         parts += ["## Jobs that did not end ok", ""]
         parts += [f"- `{n}`: {r.get('status')}: {r.get('error')}" for n, r in failed] + [""]
+    if step_model:
+        parts += ["## Predicted vs measured", "", "The step-time model (docs/predict.md) replays each job's step; "
+                  "measured = the job's p50 (ms).", "", step_model, ""]
     if predictions:
         parts += ["## Cost model: predicted against measured best bucket size", "",
                   "o and w fitted to the all-reduce benchmark at the same world size and backend "
@@ -176,7 +186,20 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
 
 # --- the whole report -----------------------------------------------------------------------------
 
-def make_report(root, collectives=None, out=None, quiet: bool = False, target_loss: float | None = None) -> dict:
+def step_model_section(model_file, root, records: list[dict]) -> str:
+    """`validate`'s table for this sweep; the predictions go into `records` (report.csv) too."""
+    model = predict_fit.load(model_file)
+    rows, notes = predict_validate.predict_records(model, root)
+    by_job = {r["job"]: r for r in rows}
+    for rec in records:
+        row = by_job.get(rec["job"])
+        rec.update(predicted_step_ms=row and row["predicted_step_ms"],
+                   predicted_exposed_ms=row and row["predicted_exposed_ms"], prediction_error=row and row["error"])
+    return predict_validate.markdown(rows, predict_validate.bucket_checks(model, rows), notes)
+
+
+def make_report(root, collectives=None, out=None, quiet: bool = False, model=None,
+                target_loss: float | None = None) -> dict:
     """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
     root = Path(root)
     out = Path(out) if out else root
@@ -197,6 +220,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, target_lo
     if collectives:
         bench += [r for _, r, _ in load_runs(collectives) if task_of(r) == "allreduce"]
     predictions, notes = bucket_predictions(records, bench, asked=collectives is not None)
+    step_model = step_model_section(model, root, records) if model else None
     pictures = {}
     for title, name, draw in (
         ("Step time by phase", "report_phases.png", lambda p: plots.plot_phases(records, p)),
@@ -209,7 +233,8 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, target_lo
         if draw(out / name):
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
-               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, target_loss),
+               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model,
+                                    target_loss),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 
@@ -220,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                         "or one job folder")
     parser.add_argument("--collectives", help="a task=allreduce sweep to fit the cost model from")
     parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
+    parser.add_argument("--model", help="a step-time model (python -m ddp_lab.predict fit): predicted beside measured")
     parser.add_argument("--target-loss", type=float, help="the loss 'time to target' is measured to "
                         f"(default: the sweep's exact fp32 run's final loss + {TARGET_MARGIN:.0%})")
     args = parser.parse_args(argv)
     try:
-        report = make_report(args.dir, args.collectives, args.out, target_loss=args.target_loss)
-    except FileNotFoundError as exc:
+        report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss)
+    except (FileNotFoundError, predict_fit.PredictError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for note in report["notes"]:

@@ -95,6 +95,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
 
     recorder.start(cfg.train.steps)
     with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
+        profiler.watch(model.module)
         for step in range(cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
             measured = {}  # grad_error, when measured
@@ -102,6 +103,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
             loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision)
             step_ms = timer.stop_ms()
+            profiler.end_step(timer, model.comm.intervals)
             if step == cfg.train.steps - 1:
                 memory["after_step"] = memory_snapshot(model, optimizer, device)
             record = {"step": step, **reduce_over_ranks({"step_time_ms": step_ms, "loss": loss.item(), **timer.laps,
