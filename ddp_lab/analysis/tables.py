@@ -75,7 +75,11 @@ def train_rows(runs: list[tuple[str, dict]], target_loss: float | None = None) -
                 value, form = value / MiB, "{:.2f}"
             cells.append("-" if value is None else form.format(value))
         rows.append(cells)
-    return header, rows
+    # An accuracy column no job has a figure for (no exact run, no grad_error) only takes width.
+    first = len(header) - len(ACCURACY_COLUMNS)
+    empty = [i for i in range(first, len(header)) if all(row[i] == "-" for row in rows)]
+    keep = [i for i in range(len(header)) if i not in empty]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 COLLECTIVE_COLUMNS = [  # (header, path into results.json)

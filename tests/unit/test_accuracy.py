@@ -94,3 +94,9 @@ def test_report_cli_takes_a_target_loss(sweep, capsys):
     assert main([str(sweep), "--target-loss", "2.5"]) == 0
     md = (sweep / "report.md").read_text()
     assert "the target loss is 2.5 (--target-loss)" in md
+
+
+def test_columns_no_job_has_a_figure_for_are_left_out():
+    header, rows = train_rows([("0", job()), ("1", job(model="toy"))])
+    assert "final loss" in header and "grad err" not in header
+    assert all(len(row) == len(header) for row in rows)
