@@ -12,7 +12,6 @@ sync_every=4; DiLoCo's outer Nesterov step and buffer averaging against a hand c
   left alone.
 """
 
-import pytest
 import torch
 from torch import nn
 
@@ -20,7 +19,7 @@ from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.strategies import LocalSGD
 from ddp_lab.strategies.local_sgd import OUTER_LR, OUTER_MOMENTUM
 from ddp_lab.tasks.train import train_step
-from tests.helpers.distributed import run_ranks
+from tests.helpers.distributed import ranks_fixture, run_ranks
 from tests.helpers.models import MODELS
 from tests.helpers.parity import assert_parity, data_cfg, train_distributed
 
@@ -32,17 +31,14 @@ def every_step(module):
 
 
 def _run(rank, world_size, models):
-    out = {name: train_distributed(rank, world_size, every_step, name, batch_size=2 * world_size,
-                                   optimizer_cls=torch.optim.SGD, opt_kwargs=SGD) for name in models}
-    if world_size == 2:
-        out["every_4"] = _every_4(rank, world_size)
-        out["outer"] = _outer(rank, world_size)
-    return out
+    """Every scenario in one set of rank processes: parity per model, and at 2 ranks the others."""
+    parity = {name: train_distributed(rank, world_size, every_step, name, batch_size=2 * world_size,
+                                      optimizer_cls=torch.optim.SGD, opt_kwargs=SGD) for name in models}
+    others = {"every_4": _every_4(rank, world_size), "outer": _outer(rank, world_size)} if world_size == 2 else {}
+    return {**parity, **others}
 
 
-@pytest.fixture(scope="module")
-def two():
-    return run_ranks(_run, 2, ("frozen", "tied", "transformer"))
+two = ranks_fixture(_run, 2, ("frozen", "tied", "transformer"))
 
 
 def test_sync_every_step_with_sgd_is_data_parallelism(two):

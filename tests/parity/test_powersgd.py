@@ -19,7 +19,7 @@ from torch import nn
 
 from ddp_lab.strategies import PowerSGD
 from ddp_lab.strategies.powersgd import Q_SEED
-from tests.helpers.distributed import run_ranks
+from tests.helpers.distributed import ranks_fixture, run_ranks
 from tests.helpers.models import mid_mb
 from tests.helpers.parity import assert_parity, train_distributed
 
@@ -51,9 +51,7 @@ def _run(rank, world_size, models):
     return out
 
 
-@pytest.fixture(scope="module")
-def two():
-    return run_ranks(_run, 2, ("frozen", "tied", "transformer"))
+two = ranks_fixture(_run, 2, ("frozen", "tied", "transformer"))
 
 
 def test_full_rank_reproduces_the_exact_average(two):
