@@ -79,6 +79,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
 
     recorder.start(cfg.train.steps)
     with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
+        profiler.watch(model.module)
         for step in range(cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
             last = step == cfg.train.steps - 1  # optimizer state exists from the first step on
@@ -86,6 +87,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
             loss = train_step(model, optimizer, micro_batches, timer, snapshot_before_step if last else None)
             step_ms = timer.stop_ms()
+            profiler.end_step(timer, model.comm.intervals)
             if last:
                 memory["after_step"] = memory_snapshot(model, optimizer, device)
             record = {"step": step, **reduce_over_ranks(
