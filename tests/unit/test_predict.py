@@ -217,3 +217,28 @@ def test_report_shows_the_prediction_beside_the_measurement(tmp_path):
     assert "## Predicted vs measured" in report["md"].read_text()
     (row,) = report["records"]
     assert row["predicted_step_ms"] == pytest.approx(40.0) and row["prediction_error"] == pytest.approx(-0.2)
+
+
+def test_gradient_clock_records_forward_ready_times_and_comm():
+    import torch
+
+    from ddp_lab.rank.profiler import GradientClock
+    from ddp_lab.rank.timing import StepTimer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model[0].bias.requires_grad_(False)  # frozen: not in the clock's table
+    clock = GradientClock(model)
+    timer = StepTimer(torch.device("cpu"))
+    timer.start()
+    model(torch.randn(3, 4)).sum().backward()
+    timer.lap("fwd_bwd_ms")
+    timer.stop_ms()
+    clock.end_step(5, False, timer, [(timer.started + 0.001, timer.started + 0.002)])
+    (step,) = clock.steps
+    assert [p["name"] for p in clock.params] == ["0.weight", "2.weight", "2.bias"]
+    assert clock.params[0]["bytes"] == 4 * 8 * 4
+    f0, f1 = step["forward_ms"]
+    assert 0 <= f0 <= f1 <= min(step["ready_ms"]) <= max(step["ready_ms"]) <= step["laps_ms"]["fwd_bwd_ms"]
+    assert step["ready_ms"][0] >= step["ready_ms"][1]  # the first layer's gradient is ready last
+    assert step["comm_ms"] == [[pytest.approx(1.0), pytest.approx(2.0)]]
+    assert step["end_ms"] >= step["laps_ms"]["fwd_bwd_ms"]
