@@ -93,10 +93,9 @@ def _model(u=0.0):
                                      for op in ("all_reduce", "broadcast")}},
             "compute": {"model": "tiny", "strategy": "overlap", "world_size": 2, "backend": "gloo", "cpus": 2,
                         "threads_per_rank": 1, "tokens_per_rank": 4 * 64,
-                        "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32"},
-                                   {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32"}],
-                        "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0,
-                        "ready_ms": [20.0, 10.0]},
+                        "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 20.0},
+                                   {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 10.0}],
+                        "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0},
             "contention": {"u": u}, "host": {"copy_GBps": 1.0}}
 
 

@@ -181,7 +181,9 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
     for u in np.linspace(0.0, 3.0, 61):
         speeds = share_speeds(world_size, cpus, threads, u)
         prof = compute_profile(phases, warmup, speeds["compute_slowdown"])
-        compute = {**base, **_compute_fields(prof)}
+        fields = _compute_fields(prof)
+        ready = fields.pop("ready_ms")
+        compute = {**base, **fields, "params": [{**p, "ready_ms": r} for p, r in zip(base["params"], ready)]}
         contention = {"u": float(u)}
         model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
         replayed = job_step(model, cfg, backend)[1]

@@ -52,7 +52,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     dtype = strategy.get("comm_dtype") or "fp32"
     params = prof["params"]
     grad_bytes = [p["bytes"] * wire for p in params]
-    ready = [r * scale for r in prof["ready_ms"]]
+    ready = [p["ready_ms"] * scale for p in params]  # backward work (ms) when each gradient is ready
 
     def coll(op, nbytes, ready_ms=None, label=""):
         return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype), ready_ms, label)
