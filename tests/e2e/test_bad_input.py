@@ -38,6 +38,11 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=zero2 strategy.bucket_mb=-1": "bucket_mb must be > 0",
     "strategy=zero2 strategy.grad_sync=flat": "strategy.grad_sync is not a knob of strategy=zero2",
     "strategy=zero2 strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=zero2",
+    "strategy=powersgd strategy.rank=0": "strategy.rank must be >= 1, got 0",
+    "strategy=powersgd strategy.start_iter=-1": "strategy.start_iter must be >= 0, got -1",
+    "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",
+    "strategy=local_sgd strategy.outer=adam": "Invalid value 'adam', expected one of [none, nesterov]",
+    "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
 }
 
 
