@@ -241,3 +241,12 @@ def test_gradient_clock_records_forward_ready_times_and_comm():
     assert step["ready_ms"][0] >= step["ready_ms"][1]  # the first layer's gradient is ready last
     assert step["comm_ms"] == [[pytest.approx(1.0), pytest.approx(2.0)]]
     assert step["end_ms"] >= step["laps_ms"]["fwd_bwd_ms"]
+
+
+def test_slowdowns_carry_the_fitted_pair_to_other_world_sizes():
+    from ddp_lab.analysis.predict.costs import slowdowns
+
+    fitted = {"u": 0.3, "compute_slowdown": 1.3, "comm_slowdown": 2.0}
+    assert slowdowns(fitted, 2, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(2.0))
+    # 4 ranks on 2 cores, u = 0.3: compute 0.5 alone, 2 / (4 * 1.3) with comm: x1.3; comm 1 alone: x2.6 (x2 of 1.3)
+    assert slowdowns(fitted, 4, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(4.0))
