@@ -16,16 +16,19 @@ buckets=${BUCKETS_MB:-1,4,16,64}
 strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2}
 world_sizes=${WORLD_SIZES:-2,4}
 mkdir -p "$out"
-common="model=tiny backend=gloo logger=none train.steps=$steps train.warmup_steps=3"
+common="model=tiny backend=gloo logger=none train.warmup_steps=3"
 
 python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce,broadcast \
     task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives" -m
-python launch.py $common strategy=overlap world_size=2 profile=true hydra.run.dir="$out/profiled"
+# 4 steps more than the sweep's: the profiler records 4 after warm-up, fit prefers the ones it did not
+python launch.py $common train.steps=$((steps + 4)) strategy=overlap world_size=2 profile=true \
+    hydra.run.dir="$out/profiled"
 python -m ddp_lab.predict fit "$out/collectives" "$out/profiled" -o "$out/model.json"
 
-python launch.py $common strategy="$strategies" world_size="$world_sizes" hydra.sweep.dir="$out/train/strategies" -m
-python launch.py $common strategy=bucketed strategy.bucket_mb="$buckets" world_size="$world_sizes" \
-    hydra.sweep.dir="$out/train/buckets" -m
+python launch.py $common train.steps="$steps" strategy="$strategies" world_size="$world_sizes" \
+    hydra.sweep.dir="$out/train/strategies" -m
+python launch.py $common train.steps="$steps" strategy=bucketed strategy.bucket_mb="$buckets" \
+    world_size="$world_sizes" hydra.sweep.dir="$out/train/buckets" -m
 python -m ddp_lab.predict validate "$out/model.json" "$out/train" --markdown "$out/validate.md" | tee "$out/validate.txt"
 
 {

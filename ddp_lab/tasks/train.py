@@ -83,7 +83,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     precision = Precision(cfg.train.precision, device.type, autocast=not casts_itself,
                           agree_over_ranks=model.zero_stage > 0 or not getattr(model, "reduces_gradients", True))
-    recorder.log_once({"num_params": num_params, **model.facts()})
+    facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
+    recorder.log_once({"num_params": num_params, **facts})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
 
@@ -117,6 +118,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["memory"] = memory_report(memory, model, num_params, str(OmegaConf.select(cfg, "train.precision",
                                                                                    default="fp32")))
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
+    summary["strategy_facts"] = facts
     return {"summary": summary, "steps": steps}
 
 
@@ -129,7 +131,8 @@ def summarize(steps: list[dict], cfg) -> dict:
     summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
     summary["measured_steps"] = len(measured)
     summary["final_loss"] = steps[-1].get("loss") if steps else None
-    if measured:
-        summary["collectives_per_step"] = measured[-1].get("collectives")
-        summary["comm_bytes_per_step"] = measured[-1].get("comm_bytes")
+    if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
+        for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
+            values = [s[key] for s in measured if s.get(key) is not None]
+            summary[out] = sum(values) / len(values) if values else None
     return summary

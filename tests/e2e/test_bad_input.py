@@ -40,6 +40,11 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=zero2 strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=zero2",
     "strategy=torch_ddp strategy.comm_dtype=bf16 backend=gloo": "torch allows only on CUDA with NCCL 2.10+",
     "train.precision=fp8": "Invalid value 'fp8', expected one of [fp32, bf16, fp16]",
+    "strategy=powersgd strategy.rank=0": "strategy.rank must be >= 1, got 0",
+    "strategy=powersgd strategy.start_iter=-1": "strategy.start_iter must be >= 0, got -1",
+    "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",
+    "strategy=local_sgd strategy.outer=adam": "Invalid value 'adam', expected one of [none, nesterov]",
+    "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
 }
 
 

@@ -19,6 +19,7 @@ import tempfile
 import traceback
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -60,3 +61,14 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False) -> list:
             errors = [open(os.path.join(tmp, name)).read() for name in sorted(os.listdir(tmp)) if name.endswith(".err")]
             raise AssertionError("a rank failed:\n" + "\n".join(errors)) from None
         return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def ranks_fixture(fn, world_size: int, *args):
+    """A module-scoped fixture holding `run_ranks(fn, world_size, *args)`: one set of rank processes
+    (the slow part) for every test of a file that reads it."""
+
+    @pytest.fixture(scope="module")
+    def results():
+        return run_ranks(fn, world_size, *args)
+
+    return results

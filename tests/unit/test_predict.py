@@ -93,10 +93,9 @@ def _model(u=0.0):
                                      for op in ("all_reduce", "broadcast")}},
             "compute": {"model": "tiny", "strategy": "overlap", "world_size": 2, "backend": "gloo", "cpus": 2,
                         "threads_per_rank": 1, "tokens_per_rank": 4 * 64,
-                        "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32"},
-                                   {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32"}],
-                        "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0,
-                        "ready_ms": [20.0, 10.0]},
+                        "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 20.0},
+                                   {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 10.0}],
+                        "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0},
             "contention": {"u": u}, "host": {"copy_GBps": 1.0}}
 
 
@@ -217,3 +216,37 @@ def test_report_shows_the_prediction_beside_the_measurement(tmp_path):
     assert "## Predicted vs measured" in report["md"].read_text()
     (row,) = report["records"]
     assert row["predicted_step_ms"] == pytest.approx(40.0) and row["prediction_error"] == pytest.approx(-0.2)
+
+
+def test_gradient_clock_records_forward_ready_times_and_comm():
+    import torch
+
+    from ddp_lab.rank.profiler import GradientClock
+    from ddp_lab.rank.timing import StepTimer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model[0].bias.requires_grad_(False)  # frozen: not in the clock's table
+    clock = GradientClock(model)
+    timer = StepTimer(torch.device("cpu"))
+    timer.start()
+    model(torch.randn(3, 4)).sum().backward()
+    timer.lap("fwd_bwd_ms")
+    timer.stop_ms()
+    clock.end_step(5, False, timer, [(timer.started + 0.001, timer.started + 0.002)])
+    (step,) = clock.steps
+    assert [p["name"] for p in clock.params] == ["0.weight", "2.weight", "2.bias"]
+    assert clock.params[0]["bytes"] == 4 * 8 * 4
+    f0, f1 = step["forward_ms"]
+    assert 0 <= f0 <= f1 <= min(step["ready_ms"]) <= max(step["ready_ms"]) <= step["laps_ms"]["fwd_bwd_ms"]
+    assert step["ready_ms"][0] >= step["ready_ms"][1]  # the first layer's gradient is ready last
+    assert step["comm_ms"] == [[pytest.approx(1.0), pytest.approx(2.0)]]
+    assert step["end_ms"] >= step["laps_ms"]["fwd_bwd_ms"]
+
+
+def test_slowdowns_carry_the_fitted_pair_to_other_world_sizes():
+    from ddp_lab.analysis.predict.costs import slowdowns
+
+    fitted = {"u": 0.3, "compute_slowdown": 1.3, "comm_slowdown": 2.0}
+    assert slowdowns(fitted, 2, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(2.0))
+    # 4 ranks on 2 cores, u = 0.3: compute 0.5 alone, 2 / (4 * 1.3) with comm: x1.3; comm 1 alone: x2.6 (x2 of 1.3)
+    assert slowdowns(fitted, 4, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(4.0))

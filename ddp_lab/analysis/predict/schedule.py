@@ -22,7 +22,7 @@ Strategies not listed raise `PredictError` (validate reports the job as not pred
 from __future__ import annotations
 
 from ddp_lab.analysis.cost_model import plan_bucket_indices
-from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, tokens_per_rank
+from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, slowdowns, tokens_per_rank
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -47,12 +47,14 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     here = share_speeds(n, prof["cpus"], prof["threads_per_rank"], contention["u"])
     there = share_speeds(prof["world_size"], prof["cpus"], prof["threads_per_rank"], contention["u"])
     core = there["compute_alone"] / here["compute_alone"]
+    compute_slowdown, comm_slowdown = slowdowns(contention, n, prof["world_size"], prof["cpus"],
+                                                prof["threads_per_rank"])
     scale = tokens_per_rank(cfg) / prof["tokens_per_rank"] * core
     wire = DTYPE_BYTES[strategy.get("comm_dtype") or "fp32"] / 4
     dtype = strategy.get("comm_dtype") or "fp32"
     params = prof["params"]
     grad_bytes = [p["bytes"] * wire for p in params]
-    ready = [r * scale for r in prof["ready_ms"]]
+    ready = [p["ready_ms"] * scale for p in params]  # backward work (ms) when each gradient is ready
 
     def coll(op, nbytes, ready_ms=None, label=""):
         return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype), ready_ms, label)
@@ -99,7 +101,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                 collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
                 other_ms=prof["other_ms"] * core,
-                compute_slowdown=here["compute_slowdown"], comm_slowdown=here["comm_slowdown"])
+                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown)
     return step, replay(step)
 
 

@@ -2,7 +2,8 @@
 
 One row per job: predicted and measured p50 step time, predicted and measured p50 exposed comm,
 and the step's relative error; jobs the model cannot replay (another model, a strategy without a
-schedule) and failed jobs are listed with the reason, never silently dropped. For each bucket
+schedule), profiled jobs (the profiler slows their steps) and failed jobs are listed with the
+reason, never silently dropped. For each bucket
 sweep (jobs differing only in `strategy.bucket_mb`) the predicted best bucket size among the sizes
 measured is compared with the measured best: how many sweep steps apart they are.
 """
@@ -27,6 +28,9 @@ def predict_records(model: dict, sweep_dir) -> tuple[list[dict], list[str]]:
         rec = record(name, res)
         if res.get("status") != "ok" or rec.get("step_p50_ms") is None:
             notes.append(f"{name} ({rec['label']}): {res.get('status')}, not compared")
+            continue
+        if (res.get("config") or {}).get("profile"):
+            notes.append(f"{name} ({rec['label']}): profile=true, its steps carry the profiler's cost; not compared")
             continue
         backend = (res.get("env") or {}).get("backend")
         try:
