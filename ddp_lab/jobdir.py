@@ -14,6 +14,7 @@ JOB/
   logs/torchrun-node{N}.log
   errors/rank{R}.txt   one line per rank that raised
   traces/rank{R}.json  profile=true: torch.profiler traces;  timeline.png: their picture
+  phases.json          profile=true: every rank's forward, gradient-ready, comm and lap times per step
   wandb/               rank 0's W&B run (offline by default)
   attempts/K/          what an earlier attempt left, moved aside by `resume=`
 ```
@@ -34,6 +35,7 @@ LOGS = "logs"
 ERRORS = "errors"
 TRACES = "traces"
 TIMELINE = "timeline.png"
+PHASES = "phases.json"  # what `python -m ddp_lab.predict fit` reads (rank/profiler.py GradientClock)
 WANDB = "wandb"  # the offline W&B run: `wandb sync JOB/wandb/offline-run-*`
 ATTEMPTS = "attempts"
 MULTIRUN = "multirun.yaml"  # Hydra's record of a sweep's command line, in the sweep folder

@@ -2,6 +2,7 @@
 
     python -m ddp_lab.report outputs/multirun/DATE/TIME                 # a sweep (or one job folder)
     python -m ddp_lab.report BUCKET_SWEEP --collectives ALLREDUCE_SWEEP   # + the cost model's prediction
+    python -m ddp_lab.report SWEEP --model model.json      # + the step-time model's prediction per job
 
 Reads every job's results.json under DIR (a failed or missing job is a failed row, not a gap) and
 writes next to the runs: report.md (the tables, the failures, the pictures), report.csv (one row per
@@ -16,7 +17,10 @@ job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what 
 - report_ladder.png: model state per rank against step time p50, one point per strategy and world
   size, when training jobs of two or more strategies have memory figures (the sharding ladder).
 
-report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures.
+report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures, and
+with `--model` (a file from `python -m ddp_lab.predict fit`) "Predicted vs measured": each training
+job's predicted p50 step and exposed comm beside the measured ones (report.csv gets
+`predicted_step_ms`, `predicted_exposed_ms`, `prediction_error`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from pathlib import Path
 
 from ddp_lab.analysis import plots
 from ddp_lab.analysis.cost_model import bucket_predictions
+from ddp_lab.analysis.predict import fit as predict_fit
+from ddp_lab.analysis.predict import validate as predict_validate
 from ddp_lab.analysis.records import load_runs, record
 from ddp_lab.analysis.tables import (
     collective_rows,
@@ -99,7 +105,7 @@ def memory_markdown(records: list[dict]) -> str | None:
 
 
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
-                   records: list[dict] | None = None) -> Path:
+                   records: list[dict] | None = None, step_model: str | None = None) -> Path:
     train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
     collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
     parts = [f"# Report: {root}", "",
@@ -122,6 +128,9 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
     if failed:
         parts += ["## Jobs that did not end ok", ""]
         parts += [f"- `{n}`: {r.get('status')}: {r.get('error')}" for n, r in failed] + [""]
+    if step_model:
+        parts += ["## Predicted vs measured", "", "The step-time model (docs/predict.md) replays each job's step; "
+                  "measured = the job's p50 (ms).", "", step_model, ""]
     if predictions:
         parts += ["## Cost model: predicted against measured best bucket size", "",
                   "o and w fitted to the all-reduce benchmark at the same world size and backend "
@@ -137,7 +146,19 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
 
 # --- the whole report -----------------------------------------------------------------------------
 
-def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
+def step_model_section(model_file, root, records: list[dict]) -> str:
+    """`validate`'s table for this sweep; the predictions go into `records` (report.csv) too."""
+    model = predict_fit.load(model_file)
+    rows, notes = predict_validate.predict_records(model, root)
+    by_job = {r["job"]: r for r in rows}
+    for rec in records:
+        row = by_job.get(rec["job"])
+        rec.update(predicted_step_ms=row and row["predicted_step_ms"],
+                   predicted_exposed_ms=row and row["predicted_exposed_ms"], prediction_error=row and row["error"])
+    return predict_validate.markdown(rows, predict_validate.bucket_checks(model, rows), notes)
+
+
+def make_report(root, collectives=None, out=None, quiet: bool = False, model=None) -> dict:
     """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
     root = Path(root)
     out = Path(out) if out else root
@@ -153,6 +174,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
     if collectives:
         bench += [r for _, r, _ in load_runs(collectives) if task_of(r) == "allreduce"]
     predictions, notes = bucket_predictions(records, bench, asked=collectives is not None)
+    step_model = step_model_section(model, root, records) if model else None
     pictures = {}
     for title, name, draw in (
         ("Step time by phase", "report_phases.png", lambda p: plots.plot_phases(records, p)),
@@ -164,7 +186,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False) -> dict:
         if draw(out / name):
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
-               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records),
+               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 
@@ -175,10 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                         "or one job folder")
     parser.add_argument("--collectives", help="a task=allreduce sweep to fit the cost model from")
     parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
+    parser.add_argument("--model", help="a step-time model (python -m ddp_lab.predict fit): predicted beside measured")
     args = parser.parse_args(argv)
     try:
-        report = make_report(args.dir, args.collectives, args.out)
-    except FileNotFoundError as exc:
+        report = make_report(args.dir, args.collectives, args.out, model=args.model)
+    except (FileNotFoundError, predict_fit.PredictError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for note in report["notes"]:

@@ -120,6 +120,12 @@ def _validate_strategy(strategy: DictConfig) -> None:
         cls = get_class(strategy._target_)
     except (ImportError, InstantiationException, ValueError) as exc:
         raise ConfigError(f"strategy._target_={strategy._target_} is not a class ddp_lab can import: {exc}") from None
+    for knob, least in (("rank", 1), ("start_iter", 0), ("sync_every", 1)):
+        value = strategy.get(knob)
+        _require(value is None or value >= least, f"strategy.{knob} must be >= {least}, got {value}")
+    _require(strategy.get("comm_dtype") is None or getattr(cls, "reduces_gradients", True),
+             f"strategy.comm_dtype does not apply to strategy={strategy.name}: it sends no gradients "
+             "(it averages parameters, in their own dtype)")
     takes = [name for name in inspect.signature(cls).parameters if name != "module"]
     for knob in set_knobs(strategy):
         _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "

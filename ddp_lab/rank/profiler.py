@@ -10,10 +10,18 @@ draws JOB/timeline.png with a compute and a comm lane per rank.
 Profiled steps are slower (the profiler records every op), so a profiled run's step times are not
 the numbers to compare: profile one run, measure another. On several nodes rank 0 sees only the
 traces on its own file system unless the job folder is shared.
+
+Beside the traces, a `GradientClock` (a forward hook and one post-accumulate-grad hook per
+parameter, cheap enough for every step) records on every step of a profiled run when forward
+started and ended, when each parameter's gradient was accumulated, the step's communication
+intervals and its lap marks; rank 0 writes all ranks' records to JOB/phases.json. The step-time
+predictor (`python -m ddp_lab.predict fit`) reads it, preferring steps the profiler did not record.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -22,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from ddp_lab.analysis.timeline import plot_timeline
 from ddp_lab.analysis.traces import analyze_run, find_traces
-from ddp_lab.jobdir import TIMELINE, TRACES, trace_file
+from ddp_lab.jobdir import PHASES, TIMELINE, TRACES, trace_file, write_json_atomic
 
 PROFILED_STEPS = 3
 
@@ -33,6 +41,39 @@ def profile_schedule(steps: int, warmup_steps: int) -> dict:
     remaining = max(1, steps - warmup_steps)
     warm = 1 if remaining >= 2 else 0
     return {"wait": warmup_steps, "warmup": warm, "active": min(PROFILED_STEPS, remaining - warm), "repeat": 1}
+
+
+class GradientClock:
+    """When each phase of a step happened on this rank (perf_counter seconds, kept relative to the
+    step's start): forward start and end, each trainable parameter's gradient accumulated (its
+    post-accumulate-grad hook, registered after the strategy's, so after any launch it makes), the
+    communication intervals the strategy recorded, and the timer's lap marks."""
+
+    def __init__(self, module: torch.nn.Module):
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.params = [{"name": n, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
+                        "dtype": str(p.dtype).replace("torch.", "")} for n, p in named]
+        self.steps: list[dict] = []
+        self._forward: list[float] = []
+        self._ready: list[float | None] = [None] * len(named)
+        module.register_forward_pre_hook(lambda *_: self._forward.append(time.perf_counter()))
+        module.register_forward_hook(lambda *_: self._forward.append(time.perf_counter()))
+        for index, (_, p) in enumerate(named):
+            p.register_post_accumulate_grad_hook(lambda _, i=index: self._mark_ready(i))
+
+    def _mark_ready(self, index: int) -> None:
+        self._ready[index] = time.perf_counter()
+
+    def end_step(self, step: int, profiled: bool, timer, comm_intervals) -> None:
+        """Call after the timer stopped and before the strategy's comm figures are popped."""
+        t0 = timer.started
+        rel = lambda t: None if t is None else (t - t0) * 1e3  # noqa: E731
+        self.steps.append({"step": step, "profiled": profiled, "end_ms": rel(timer.stopped),
+                           "forward_ms": [rel(t) for t in self._forward[-2:]],
+                           "laps_ms": {k: rel(t) for k, t in timer.marks.items()},
+                           "ready_ms": [rel(t) for t in self._ready],
+                           "comm_ms": [[rel(a), rel(b)] for a, b in comm_intervals]})
+        self._forward, self._ready = [], [None] * len(self.params)
 
 
 class StepProfiler:
@@ -47,6 +88,21 @@ class StepProfiler:
         self._prof = profile(activities=activities, schedule=schedule(**self.plan),
                              on_trace_ready=self._export) if self.enabled else None
         self.overlap: dict | None = None
+        self.clock: GradientClock | None = None
+        self._step = 0
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """Record phase times of `module` (the unwrapped model) on every step; a no-op unless profiling."""
+        if self.enabled:
+            self.clock = GradientClock(module)
+
+    def end_step(self, timer, comm_intervals) -> None:
+        """After the step's timer stopped, before its comm figures are popped (see GradientClock)."""
+        if self.clock is not None:
+            first = self.plan["wait"] + self.plan["warmup"]
+            self.clock.end_step(self._step, first <= self._step < first + self.plan["active"], timer,
+                                comm_intervals)
+        self._step += 1
 
     def __enter__(self) -> "StepProfiler":
         if self._prof is not None:
@@ -70,10 +126,18 @@ class StepProfiler:
         prof.export_chrome_trace(str(path))
 
     def _analyze(self) -> dict | None:
-        """Rank 0, once every rank's trace is on disk: overlap figures and the timeline picture."""
+        """Rank 0, once every rank's trace is on disk: phases.json, overlap figures and the timeline picture."""
         dist.barrier()
+        clocks = [None] * dist.get_world_size()
+        mine = {"params": self.clock.params, "steps": self.clock.steps} if self.clock is not None else None
+        dist.all_gather_object(clocks, mine)
         if dist.get_rank() != 0:
             return None
+        if all(c is not None for c in clocks):
+            write_json_atomic(self.job_dir / PHASES, {
+                "params": clocks[0]["params"], "profiled_steps": self.plan, "cpus": len(os.sched_getaffinity(0)),
+                "threads_per_rank": torch.get_num_threads(),
+                "ranks": [c["steps"] for c in clocks]})
         traces = find_traces(self.job_dir / TRACES)
         if not traces:
             return None

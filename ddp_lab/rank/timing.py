@@ -30,23 +30,25 @@ class StepTimer:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._start = self._mark = 0.0
+        self.started = self.stopped = self._mark = 0.0
         self.laps: dict[str, float] = {}
+        self.marks: dict[str, float] = {}  # perf_counter seconds at which each lap ended (profile=true reads them)
 
     def start(self) -> None:
         synchronize(self.device)
-        self._start = self._mark = time.perf_counter()
-        self.laps = {}
+        self.started = self._mark = time.perf_counter()
+        self.laps, self.marks = {}, {}
 
     def lap(self, name: str) -> None:
         synchronize(self.device)
         now = time.perf_counter()
         self.laps[name] = (now - self._mark) * 1e3
-        self._mark = now
+        self.marks[name] = self._mark = now
 
     def stop_ms(self) -> float:
         synchronize(self.device)
-        return (time.perf_counter() - self._start) * 1e3
+        self.stopped = time.perf_counter()
+        return (self.stopped - self.started) * 1e3
 
 
 def reduce_over_ranks(local: dict[str, float], device: torch.device) -> dict[str, float]:

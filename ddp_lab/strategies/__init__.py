@@ -12,6 +12,8 @@
 | zero2 | Zero2 + Zero2Optimizer | zero2.py (on bucketed.py's buckets) |
 | fsdp | FSDP (hand-written ZeRO-3) | fsdp/ (policy.py, unit.py, wrapper.py) |
 | fsdp_torch | TorchFSDP (torch's fully_shard, FSDP2) | fsdp_torch.py |
+| powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
+| local_sgd | LocalSGD | local_sgd.py |
 
 Shared parts: base.py (the contract every strategy keeps), overlap_engine.py (launching
 collectives from backward hooks), collectives.py (the collectives themselves), comm_stats.py (what
@@ -27,15 +29,17 @@ from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.fsdp import FSDP
 from ddp_lab.strategies.fsdp_torch import TorchFSDP
+from ddp_lab.strategies.local_sgd import LocalSGD
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
+from ddp_lab.strategies.powersgd import PowerSGD
 from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
 STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1,
-                                        Zero2, FSDP, TorchFSDP)}
+                                        Zero2, PowerSGD, LocalSGD, FSDP, TorchFSDP)}
 
-__all__ = ["FSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "NaiveDDP", "OverlapDDP",
-           "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer",
+__all__ = ["FSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP", "OverlapDDP",
+           "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer",
            "plan_buckets"]

@@ -24,30 +24,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ddp_lab.analysis.cost_model import plan_bucket_indices
 from ddp_lab.strategies.overlap_engine import OverlapEngine
 from ddp_lab.units import MiB, tensor_bytes
 
 
 def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[int]]:
     """Indices into `params`, grouped into buckets in reverse order, each at most `bucket_mb` MiB."""
-    if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
-    cap = bucket_mb * MiB
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size, kind = 0, None
-    for i in reversed(range(len(params))):
-        p = params[i]
-        nbytes = tensor_bytes(p)
-        if current and (size + nbytes > cap or (p.dtype, p.device) != kind):
-            buckets.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += nbytes
-        kind = (p.dtype, p.device)
-    if current:
-        buckets.append(current)
-    return buckets
+    return plan_bucket_indices([tensor_bytes(p) for p in params], [(p.dtype, p.device) for p in params], bucket_mb)
 
 
 class BucketedDDP(OverlapEngine):

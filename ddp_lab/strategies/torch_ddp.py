@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -64,8 +65,18 @@ class TorchDDP(DataParallelBase):
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
         self.bucket_mb = bucket_mb
         self._last_grad = None
+        # The hook holds this wrapper weakly: a bound method would close the cycle parameter -> hook ->
+        # wrapper -> DDP -> reducer (C++, unseen by the garbage collector) -> parameter, and keep DDP
+        # and its process group alive past destroy_process_group() into interpreter teardown.
+        this = weakref.ref(self)
+
+        def mark_grad(param: torch.Tensor) -> None:
+            wrapper = this()
+            if wrapper is not None:
+                wrapper._mark_grad(param)
+
         for param in self.trainable_parameters():
-            param.register_post_accumulate_grad_hook(self._mark_grad)
+            param.register_post_accumulate_grad_hook(mark_grad)
 
     def _mark_grad(self, param: torch.Tensor) -> None:
         if param.is_cuda:

@@ -80,7 +80,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     model = build(cfg.strategy, module, **compute_dtype_argument(cfg))
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    recorder.log_once({"num_params": num_params, **model.facts()})
+    facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
+    recorder.log_once({"num_params": num_params, **facts})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
 
@@ -89,6 +90,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
 
     recorder.start(cfg.train.steps)
     with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
+        profiler.watch(model.module)
         for step in range(cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
             last = step == cfg.train.steps - 1  # optimizer state exists from the first step on
@@ -96,6 +98,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
             loss = train_step(model, optimizer, micro_batches, timer, snapshot_before_step if last else None)
             step_ms = timer.stop_ms()
+            profiler.end_step(timer, model.comm.intervals)
             if last:
                 memory["after_step"] = memory_snapshot(model, optimizer, device)
             record = {"step": step, **reduce_over_ranks(
@@ -111,6 +114,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["memory"] = memory_report(memory, model, num_params, str(OmegaConf.select(cfg, "train.precision",
                                                                                    default="fp32")))
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
+    summary["strategy_facts"] = facts
     return {"summary": summary, "steps": steps}
 
 
@@ -122,7 +126,8 @@ def summarize(steps: list[dict], cfg) -> dict:
     exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
     summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
     summary["measured_steps"] = len(measured)
-    if measured:
-        summary["collectives_per_step"] = measured[-1].get("collectives")
-        summary["comm_bytes_per_step"] = measured[-1].get("comm_bytes")
+    if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
+        for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
+            values = [s[key] for s in measured if s.get(key) is not None]
+            summary[out] = sum(values) / len(values) if values else None
     return summary

@@ -43,6 +43,11 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=bucketed strategy.reshard_after_forward=false":
         "strategy.reshard_after_forward is not a knob of strategy=bucketed",
     "strategy=fsdp model._target_=tests.helpers.models.NothingToShard": "has no parameter the policy shards",
+    "strategy=powersgd strategy.rank=0": "strategy.rank must be >= 1, got 0",
+    "strategy=powersgd strategy.start_iter=-1": "strategy.start_iter must be >= 0, got -1",
+    "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",
+    "strategy=local_sgd strategy.outer=adam": "Invalid value 'adam', expected one of [none, nesterov]",
+    "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
 }
 
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# docs/predict.md's tables: calibrate the step-time model on this machine from a collective sweep and ONE
+# profiled run (overlap, tiny, 2 ranks), predict a training sweep it never saw (naive, flat, overlap,
+# bucketed at several bucket sizes, zero1, zero2 at 2 and 4 gloo ranks), and carry it to named GPU systems.
+# Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
+# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 15 minutes on 2 cores.
+#
+#   bash benchmarks/predict.sh [OUT]        # default OUT: outputs/bench/predict
+#   STEPS=6 SIZES_MB=0.001,1,10 BUCKETS_MB=1,16 STRATEGIES=naive,overlap WORLD_SIZES=2 bash benchmarks/predict.sh /tmp/p
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-outputs/bench/predict}
+steps=${STEPS:-12}
+sizes=${SIZES_MB:-0.001,0.01,0.1,1,10,40}
+buckets=${BUCKETS_MB:-1,4,16,64}
+strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2}
+world_sizes=${WORLD_SIZES:-2,4}
+mkdir -p "$out"
+common="model=tiny backend=gloo logger=none train.warmup_steps=3"
+
+python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce,broadcast \
+    task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives" -m
+# 4 steps more than the sweep's: the profiler records 4 after warm-up, fit prefers the ones it did not
+python launch.py $common train.steps=$((steps + 4)) strategy=overlap world_size=2 profile=true \
+    hydra.run.dir="$out/profiled"
+python -m ddp_lab.predict fit "$out/collectives" "$out/profiled" -o "$out/model.json"
+
+python launch.py $common train.steps="$steps" strategy="$strategies" world_size="$world_sizes" \
+    hydra.sweep.dir="$out/train/strategies" -m
+python launch.py $common train.steps="$steps" strategy=bucketed strategy.bucket_mb="$buckets" \
+    world_size="$world_sizes" hydra.sweep.dir="$out/train/buckets" -m
+python -m ddp_lab.predict validate "$out/model.json" "$out/train" --markdown "$out/validate.md" | tee "$out/validate.txt"
+
+{
+    echo "## Validation on this machine"
+    echo
+    echo "Machine: $(nproc) CPU cores ($(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)), \
+torch $(python -c 'import torch; print(torch.__version__)'), gloo; $(date -u +%Y-%m-%d)."
+    echo
+    echo '```'
+    echo "bash benchmarks/predict.sh $out"
+    echo "python -m ddp_lab.predict validate $out/model.json $out/train"
+    echo '```'
+    echo
+    cat "$out/validate.md"
+    echo
+    echo "Fitted: $(python -c "import json; m=json.load(open('$out/model.json')); c, k = m['compute'], m['contention']; \
+print(f\"forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms, \
+comm thread load u={k['u']:.2f} (compute and comm x{k['compute_slowdown_at_profile']:.2f} slower while both run at 2 ranks)\")")"
+    for system in h100-nvlink h100-ib a100-nvlink; do
+        echo
+        echo "## Scale: $system"
+        echo
+        python -m ddp_lab.predict scale --system "$system" --model xl --world-size 8,64,512 \
+            --strategy naive,flat,overlap,bucketed,zero1,zero2,fsdp --plot "$out/scale_$system.png"
+    done
+} > "$out/predict.md"
+echo "wrote $out/predict.md"

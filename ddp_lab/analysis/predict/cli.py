@@ -1,0 +1,129 @@
+"""`python -m ddp_lab.predict`: fit a step-time model, check it against a sweep, carry it to big systems.
+
+    python -m ddp_lab.predict fit COLLECTIVE_SWEEP PROFILED_RUN -o model.json
+    python -m ddp_lab.predict validate model.json SWEEP [--markdown table.md]
+    python -m ddp_lab.predict scale --system h100-nvlink --model xl --world-size 8,64,512 --strategy bucketed,zero1,fsdp
+
+Bad input (no collective benchmark or no profiled run in a folder, an unknown system or model, a
+world size below 1) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ddp_lab.analysis.predict import fit as fitting
+from ddp_lab.analysis.predict import scale as scaling
+from ddp_lab.analysis.predict import validate as validating
+from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.systems import SYSTEMS, get_system
+
+
+def cmd_fit(args) -> int:
+    for path in (args.collective_sweep, args.profiled_run):
+        if not Path(path).exists():
+            raise PredictError(f"no such folder: {path}")
+    model = fitting.fit(args.collective_sweep, args.profiled_run)
+    fitting.save(model, args.output)
+    c, k = model["compute"], model["contention"]
+    print("collectives: " + ", ".join(f"{b}/{op}/{dt} at {sorted(e['by_world_size'], key=int)} ranks"
+                                        for b, ops in model["collectives"].items() for op, dts in ops.items()
+                                        for dt, e in dts.items()))
+    print(f"compute ({c['model']}, {c['strategy']}, {c['world_size']} ranks, {c['samples']} steps): forward "
+          f"{c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms")
+    print(f"cores: {c['cpus']:g} for {c['world_size']} ranks; comm thread load u={k['u']:.2f}: compute x"
+          f"{k['compute_slowdown_at_profile']:.2f} and comm x{k['comm_slowdown_at_profile']:.2f} slower while both run")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    model = fitting.load(args.model)
+    if not Path(args.sweep).exists():
+        raise PredictError(f"no such folder: {args.sweep}")
+    rows, notes = validating.predict_records(model, args.sweep)
+    if not rows:
+        raise PredictError(f"no finished training job under {args.sweep} the model can replay")
+    checks = validating.bucket_checks(model, rows)
+    print(validating.text_table(rows))
+    for c in checks:
+        print(f"best bucket ({c['strategy']}, {c['world_size']} ranks, sizes {c['sizes']} MiB): measured "
+              f"{c['measured_best_mb']:g}, predicted {c['predicted_best_mb']:g} ({c['steps_apart']} sweep steps apart)")
+    for note in notes:
+        print(f"note: {note}")
+    if args.markdown:
+        Path(args.markdown).write_text(validating.markdown(rows, checks, notes) + "\n")
+        print(f"wrote {args.markdown}")
+    print(f"mean |error| {100 * validating.mean_abs_error(rows):.1f}%")
+    return 0
+
+
+def cmd_scale(args) -> int:
+    system = get_system(args.system)
+    cfg = scaling.load_model(args.model, args.context)
+    sizes = scaling.world_sizes_arg(args.world_size)
+    strategies = [s for s in args.strategy.split(",") if s]
+    rows = scaling.scale_rows(system, cfg, sizes, strategies, args.batch)
+    text = scale_markdown(system, cfg, rows, args)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.plot:
+        title = f"{args.model} on {system.name}, {args.batch} x {cfg.context_length} tokens per GPU"
+        scaling.plot(rows, args.plot, title)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def scale_markdown(system, cfg, rows, args) -> str:
+    lines = [f"{args.model} on {system.name} ({system.gpus_per_node} GPUs per node), {args.batch} sequences of "
+             f"{cfg.context_length} tokens per GPU, bf16 mixed precision, MFU {system.mfu:g}", "",
+             "| strategy | GPUs | step ms | exposed comm ms | comm ms | efficiency vs one node | best bucket MiB "
+             "| compute-bound tokens/GPU |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['world_size']} | {r['step_ms']:.1f} | {r['exposed_ms']:.1f} | "
+                     f"{r['comm_ms']:.1f} | {100 * r['efficiency']:.0f}% | "
+                     f"{'-' if r['best_bucket_mb'] is None else format(r['best_bucket_mb'], 'g')} | "
+                     f"{r['compute_bound_tokens']:,.0f} |")
+    anchors = scaling.anchors(system, cfg)
+    if anchors:
+        lines += ["", "| anchor | predicted | published | off | source |", "|---|---|---|---|---|"]
+        lines += [f"| {a['what']} | {a['predicted']} | {a['published']} | {a['off']} | {a['source']} |"
+                  for a in anchors]
+    lines += ["", "Sources: " + "; ".join(system.sources)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_lab.predict", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fit", help="fit collectives and compute from a collective sweep and one profiled run")
+    f.add_argument("collective_sweep", help="a task=allreduce sweep folder")
+    f.add_argument("profiled_run", help="a training job run with profile=true (or a folder holding one)")
+    f.add_argument("-o", "--output", default="model.json", help="model file to write (default: model.json)")
+    v = sub.add_parser("validate", help="predicted vs measured p50 step time for every job of a training sweep")
+    v.add_argument("model", help="a model file written by fit")
+    v.add_argument("sweep", help="a training sweep folder (or one job folder)")
+    v.add_argument("--markdown", help="also write the table as markdown to this file")
+    s = sub.add_parser("scale", help="predicted step time on a named GPU system at several world sizes")
+    s.add_argument("--system", default="h100-nvlink", help=f"one of {', '.join(SYSTEMS)}")
+    s.add_argument("--model", default="xl", help="a conf/model name (small, medium, large, xl, 2.7b, tiny)")
+    s.add_argument("--world-size", default="8,64,512", help="comma-separated GPU counts")
+    s.add_argument("--strategy", default="bucketed,zero1,zero2,fsdp", help=f"comma-separated, of "
+                   f"{', '.join(scaling.STRATEGIES)}")
+    s.add_argument("--batch", type=int, default=4, help="sequences per GPU (default 4, Table 1's batch)")
+    s.add_argument("--context", type=int, help="context length (default: the model's)")
+    s.add_argument("--markdown", help="also write the tables to this file")
+    s.add_argument("--plot", help="draw step time and efficiency against world size to this PNG")
+    args = parser.parse_args(argv)
+    try:
+        return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale}[args.command](args)
+    except PredictError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

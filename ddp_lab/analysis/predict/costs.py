@@ -1,0 +1,56 @@
+"""What the model's pieces cost: one collective from its fit, the core share of compute and communication,
+the tokens a rank computes. fit.py writes the constants these read; schedule.py and scale.py use them."""
+
+from __future__ import annotations
+
+from ddp_lab.analysis.bandwidth import bus_factor
+
+
+class PredictError(ValueError):
+    """Bad input the CLI reports in one line."""
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Latency terms of the ring algorithm (NCCL's tuner: 2(n-1) for all-reduce, n-1 otherwise)."""
+    return 2 * (n - 1) if op == "all_reduce" else (n - 1)
+
+
+def collective_ms(collectives: dict, backend: str, op: str, nbytes: float, world_size: int,
+                  dtype: str = "fp32") -> float:
+    """Predicted time of one collective alone: the fit at this world size, else the ring form."""
+    if world_size == 1:
+        return 0.0
+    try:
+        by_dtype = collectives[backend][op]
+    except KeyError:
+        raise PredictError(f"the model has no {op} fit for backend {backend}; add it to the collective sweep") from None
+    entry = by_dtype.get(dtype) or by_dtype.get("fp32")
+    if entry is None:
+        raise PredictError(f"the model has no {op} fit in {dtype} or fp32 for backend {backend}")
+    fit = entry["by_world_size"].get(str(world_size))
+    if fit is not None:
+        return fit["alpha_ms"] + nbytes / (fit["beta_GBps"] * 1e9) * 1e3
+    ring = entry.get("ring")
+    if ring is None:
+        raise PredictError(f"the model has no {op} fit at world size {world_size} and no ring form")
+    return (ring_steps(op, world_size) * ring["alpha_step_ms"]
+            + bus_factor(op, world_size) * nbytes / (ring["busbw_GBps"] * 1e9) * 1e3)
+
+
+# --- contention: processor sharing on the cores -------------------------------------------------------
+
+def share_speeds(ranks: int, cpus: float, threads_per_rank: int, u: float) -> dict:
+    """Speeds (1 = alone on a core) of compute and comm, alone and together, and the slowdowns."""
+    def speed(demand):
+        return min(1.0, cpus / demand) if demand > 0 else 1.0
+    compute_alone = speed(ranks * threads_per_rank)
+    comm_alone = speed(ranks * u)
+    both = speed(ranks * (threads_per_rank + u))
+    return {"compute_alone": compute_alone, "comm_alone": comm_alone, "both": both,
+            "compute_slowdown": compute_alone / both, "comm_slowdown": comm_alone / both}
+
+
+def tokens_per_rank(cfg: dict) -> float:
+    """Tokens one rank computes per step: its share of the global batch times the context length."""
+    train, model = cfg["train"], cfg["model"]
+    return train["batch_size"] / cfg["world_size"] * model.get("context_length", 1)

@@ -1,0 +1,250 @@
+"""`fit`: a step-time model of this machine from a collective sweep and one profiled training run.
+
+Two halves, written to one JSON file a person can read (`save` / `load`):
+
+- collectives: for each backend, op, dtype and world size of a `task=allreduce` sweep, latency
+  alpha and bandwidth beta of t(b) = alpha + b / beta (cost_model.fit_link: medians, relative
+  residuals, Huber, alpha >= 0), and across world sizes the ring form
+  t = steps(n) * alpha + bus_factor(n) * b / busbw, used for a world size the sweep did not run.
+- compute: from the profiled run's JOB/phases.json (rank/profiler.py's GradientClock), the median
+  forward, backward and optimizer times, the remainder of the step, and when each parameter's
+  gradient became ready, all as *work*: the profiled run overlapped communication with backward,
+  and on shared cores that slowed backward, so the time spent with communication in flight is
+  divided by the fitted slowdown. The slowdown comes from a processor-sharing model of the cores
+  (`contention`): a rank's compute thread needs a core, a rank's communication thread `u` of one;
+  with R ranks of t threads on C cores each runnable thread gets min(1, C / demand). `u` is the
+  value whose replay of the profiled run itself reproduces its measured backward and exposed
+  communication best (a one-dimensional search).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from ddp_lab.analysis.bandwidth import bus_factor
+from ddp_lab.analysis.cost_model import fit_link
+from ddp_lab.analysis.intervals import intersect, merge, total
+from ddp_lab.analysis.predict.costs import PredictError, ring_steps, share_speeds, tokens_per_rank
+from ddp_lab.analysis.predict.schedule import job_step
+from ddp_lab.analysis.records import collective_record, load_runs
+from ddp_lab.analysis.tables import task_of
+from ddp_lab.jobdir import PHASES, read_results
+
+VERSION = 1
+
+
+# --- collectives -----------------------------------------------------------------------------------
+
+def fit_collectives(sweep_dir) -> dict:
+    """{backend: {op: {dtype: {"by_world_size": {n: fit}, "ring": fit}}}} from a task=allreduce sweep."""
+    rows = [collective_record(res) for _, res, _ in load_runs(sweep_dir)
+            if task_of(res) == "allreduce" and res.get("status") == "ok"]
+    rows = [r for r in rows if r.get("bytes") and r.get("latency_p50_ms")]
+    if not rows:
+        raise PredictError(f"no finished collective benchmark (task=allreduce) under {sweep_dir}")
+    groups: dict = {}
+    for r in rows:
+        dtype = r.get("dtype") or "fp32"
+        groups.setdefault((r["backend"], r["op"], dtype), []).append(r)
+    out: dict = {}
+    why = []
+    for (backend, op, dtype), group in sorted(groups.items()):
+        entry = {"by_world_size": {}}
+        for n in sorted({r["world_size"] for r in group}):
+            pts = [r for r in group if r["world_size"] == n]
+            if len({r["bytes"] for r in pts}) < 2:
+                continue
+            try:
+                f = fit_link([r["bytes"] for r in pts], [r["latency_p50_ms"] / 1e3 for r in pts])
+            except ValueError as exc:
+                why.append(f"{op} at {n} ranks: {exc}")  # e.g. time does not grow with size: no bandwidth
+                continue
+            entry["by_world_size"][str(n)] = {"alpha_ms": f.overhead_s * 1e3, "beta_GBps": f.bandwidth_Bps / 1e9,
+                                              "rel_rms": f.rel_rms, "sizes": f.n_points,
+                                              "bytes": sorted({r["bytes"] for r in pts})}
+        multi = [r for r in group if r["world_size"] > 1]
+        if len({r["world_size"] for r in multi}) >= 1 and len({r["bytes"] for r in multi}) >= 2:
+            entry["ring"] = _fit_ring(op, multi)
+        if entry["by_world_size"]:
+            out.setdefault(backend, {}).setdefault(op, {})[dtype] = entry
+    if not out:
+        raise PredictError(f"no collective in {sweep_dir} could be fitted (two or more message sizes at one world "
+                           f"size, time growing with size): {'; '.join(why) or 'one size each'}")
+    return out
+
+
+def _fit_ring(op: str, rows: list[dict]) -> dict:
+    """alpha per latency step and bus bandwidth across world sizes (relative least squares, >= 0)."""
+    x = np.array([[ring_steps(op, r["world_size"]), bus_factor(op, r["world_size"]) * r["bytes"]] for r in rows], float)
+    t = np.array([r["latency_p50_ms"] / 1e3 for r in rows])
+    w = 1 / t
+    (a, b), *_ = np.linalg.lstsq(x * w[:, None], t * w, rcond=None)
+    if a < 0:
+        a, b = 0.0, float(np.sum(w * w * x[:, 1] * t) / np.sum(w * w * x[:, 1] ** 2))
+    b = max(b, 1e-15)
+    rel = (t - x @ np.array([a, b])) / t
+    return {"alpha_step_ms": a * 1e3, "busbw_GBps": 1 / b / 1e9, "rel_rms": float(np.sqrt(np.mean(rel ** 2))),
+            "world_sizes": sorted({r["world_size"] for r in rows})}
+
+
+# --- compute: the profiled run ----------------------------------------------------------------------
+
+def _profiled_job(run_dir) -> Path:
+    run_dir = Path(run_dir)
+    found = sorted({p.parent for p in run_dir.rglob(PHASES)}) if run_dir.is_dir() else []
+    if not found:
+        raise PredictError(f"no profiled training run ({PHASES}; run with profile=true) under {run_dir}")
+    if len(found) > 1:
+        raise PredictError(f"{len(found)} profiled runs under {run_dir}; give one job folder")
+    return found[0]
+
+
+def _steps(phases: dict, warmup: int) -> list[list[dict]]:
+    """Each step after warm-up as its ranks' records, preferring steps the torch profiler did not slow."""
+    by_step: dict = {}
+    for steps in phases["ranks"]:
+        for s in steps:
+            if s["step"] >= warmup:
+                by_step.setdefault(s["step"], []).append(s)
+    complete = [v for _, v in sorted(by_step.items()) if len(v) == len(phases["ranks"])]
+    clean = [v for v in complete if not v[0]["profiled"]]
+    chosen = clean if len(clean) >= 2 else complete
+    if not chosen:
+        raise PredictError("the profiled run has no step after warm-up")
+    return chosen
+
+
+def _work(t: float, start: float, comm: list, slowdown: float) -> float:
+    """Compute work (ms alone) done between `start` and `t` when comm slowed it by `slowdown`."""
+    busy = total(intersect([(start, t)], comm)) if t > start else 0.0
+    return (t - start) - busy * (1 - 1 / slowdown)
+
+
+def compute_profile(phases: dict, warmup: int, compute_slowdown: float) -> dict:
+    """Median over steps of forward, backward (work), optimizer and other ms, and each parameter's
+    ready work (ms). A step is as slow as its slowest rank: forward, backward and the gradient ready
+    times are the rank that ended backward last (its ranks' clocks share an origin: they start each
+    step together, after the previous step's figures were gathered), the optimizer and the rest the
+    slowest rank's."""
+    rows = []
+    for ranks in _steps(phases, warmup):
+        s = max(ranks, key=lambda r: r["laps_ms"]["fwd_bwd_ms"])
+        f0, f1 = s["forward_ms"]
+        laps = s["laps_ms"]
+        bwd_end, sync_end = laps["fwd_bwd_ms"], laps["sync_ms"]
+        comm = merge(s["comm_ms"])
+        rows.append({
+            "forward": f1 - f0, "backward": _work(bwd_end, f1, comm, compute_slowdown),
+            "backward_wall": bwd_end - f1, "exposed": sync_end - bwd_end,
+            "hidden": total(intersect([(f1, bwd_end)], comm)),
+            "optimizer": max(r["laps_ms"]["optimizer_ms"] - r["laps_ms"]["sync_ms"] for r in ranks),
+            "other": max(r["forward_ms"][0] + r["end_ms"] - r["laps_ms"]["optimizer_ms"] for r in ranks),
+            "step": max(r["end_ms"] for r in ranks),
+            "ready": [None if t is None else _work(t, f1, comm, compute_slowdown) for t in s["ready_ms"]]})
+    med = {k: statistics.median(r[k] for r in rows) for k in
+           ("forward", "backward", "backward_wall", "exposed", "hidden", "optimizer", "other", "step")}
+    ready = []
+    for i in range(len(phases["params"])):
+        values = [r["ready"][i] for r in rows if r["ready"][i] is not None]
+        ready.append(min(statistics.median(values), med["backward"]) if values else med["backward"])
+    med["ready"] = ready
+    med["samples"] = len(rows)
+    return med
+
+
+def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
+    """(compute, contention) from the profiled job under `run_dir` (see module docstring)."""
+    job = _profiled_job(run_dir)
+    phases = json.loads((job / PHASES).read_text())
+    results = read_results(job) or {}
+    cfg = results.get("config") or {}
+    if not cfg:
+        raise PredictError(f"{job} has no results.json with its config")
+    backend = (results.get("env") or {}).get("backend") or "gloo"
+    world_size = int(cfg["world_size"])
+    warmup = int(cfg["train"]["warmup_steps"])
+    cpus = float(phases.get("cpus") or os.cpu_count() or 1)
+    threads = int(phases.get("threads_per_rank") or 1)
+    base = {"job": str(job), "model": cfg["model"]["name"], "strategy": cfg["strategy"]["name"],
+            "world_size": world_size, "backend": backend, "cpus": cpus, "threads_per_rank": threads,
+            "tokens_per_rank": tokens_per_rank(cfg), "params": phases["params"],
+            "precision": cfg["train"].get("precision", "fp32"),
+            "grad_accum_steps": cfg["train"].get("grad_accum_steps", 1),
+            "optimizer_params": sum(p["numel"] for p in phases["params"])}
+    observed = compute_profile(phases, warmup, 1.0)
+    best = None
+    for u in np.linspace(0.0, 3.0, 61):
+        speeds = share_speeds(world_size, cpus, threads, u)
+        prof = compute_profile(phases, warmup, speeds["compute_slowdown"])
+        fields = _compute_fields(prof)
+        ready = fields.pop("ready_ms")
+        compute = {**base, **fields, "params": [{**p, "ready_ms": r} for p, r in zip(base["params"], ready)]}
+        contention = {"u": float(u)}
+        model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
+        replayed = job_step(model, cfg, backend)[1]
+        scale = observed["backward_wall"]
+        err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
+                                                       (replayed.exposed_ms, observed["exposed"]),
+                                                       (replayed.hidden_ms, observed["hidden"])))
+        if best is None or err < best[0]:
+            best = (err, compute, u, speeds, replayed)
+    _, compute, u, speeds, replayed = best
+    contention = {"u": float(u), "compute_slowdown_at_profile": float(speeds["compute_slowdown"]),
+                  "comm_slowdown_at_profile": float(speeds["comm_slowdown"]),
+                  "check": {"backward_wall_ms": {"measured": observed["backward_wall"],
+                                                 "replayed": replayed.backward_end_ms},
+                            "exposed_ms": {"measured": observed["exposed"], "replayed": replayed.exposed_ms},
+                            "comm_under_backward_ms": {"measured": observed["hidden"], "replayed": replayed.hidden_ms}}}
+    return compute, contention
+
+
+def _compute_fields(prof: dict) -> dict:
+    return {"forward_ms": prof["forward"], "backward_ms": prof["backward"], "optimizer_ms": prof["optimizer"],
+            "other_ms": prof["other"], "ready_ms": prof["ready"], "samples": prof["samples"],
+            "measured_step_ms": prof["step"]}
+
+
+def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of one memory-to-memory copy on this host (FlatDDP's flatten and unflatten)."""
+    import time
+    a = np.ones(nbytes // 8)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+def fit(collective_sweep, profiled_run) -> dict:
+    collectives = fit_collectives(collective_sweep)
+    compute, contention = fit_profile(profiled_run, collectives)
+    return {"version": VERSION,
+            "what": "ddp-lab step-time model: alpha-beta collectives, a profiled step as compute work, core sharing "
+                    "(docs/predict.md)",
+            "collectives": collectives, "compute": compute, "contention": contention,
+            "host": {"copy_GBps": host_copy_GBps()},
+            "inputs": {"collective_sweep": str(collective_sweep), "profiled_run": str(profiled_run)}}
+
+
+def save(model: dict, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(model, indent=1))
+    return path
+
+
+def load(path) -> dict:
+    path = Path(path)
+    try:
+        model = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PredictError(f"cannot read model file {path}: {exc}") from None
+    if not isinstance(model, dict) or model.get("version") != VERSION or "compute" not in model:
+        raise PredictError(f"{path} is not a model file written by `python -m ddp_lab.predict fit`")
+    return model

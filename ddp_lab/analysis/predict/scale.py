@@ -1,0 +1,249 @@
+"""`scale`: a strategy's step on a named GPU system at any world size, from formulas alone.
+
+Compute: the calculator's FLOPs per token (ddp_lab/analysis/calculator.py) at the system's peak
+times its MFU; backward is twice forward, and each parameter's gradient is ready when backward has
+done the FLOPs of everything after it (output first). Mixed precision (bf16 weights and gradients
+on the wire, fp32 master weights and AdamW: 16 bytes per parameter, ZeRO's accounting); the
+optimizer is memory-bound: 28 bytes per parameter it updates (read fp32 master, m, v and the bf16
+gradient, write master, m, v and the bf16 weight) at the GPU's memory bandwidth. Collectives: the
+system's NCCL model (systems.py). Overlap: the same replay as on this machine (replay.py), with no
+slowdown between compute and communication (NCCL runs on its own SMs; what it takes from compute is
+ignored). Weak scaling: the per-GPU batch is fixed, so efficiency = step at one node / step at N.
+
+Strategies: naive, flat, overlap, bucketed (the best of BUCKET_MB), zero1 (this repo's default:
+bucketed all-reduce, update of 1/N, owners broadcast their parameters), zero2 (reduce-scatter per
+bucket during backward, update of 1/N, all-gather after), fsdp (per block: all-gather before
+forward and before backward, prefetched one block ahead, reduce-scatter after its backward).
+"""
+
+from __future__ import annotations
+
+from ddp_lab.analysis.bandwidth import bus_factor
+from ddp_lab.analysis.calculator import flops_per_token, load_model_config
+from ddp_lab.analysis.cost_model import plan_bucket_indices
+from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.replay import Collective, Step, replay
+from ddp_lab.analysis.predict.systems import System, busbw, collective_s
+
+BUCKET_MB = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+STRATEGIES = ("naive", "flat", "overlap", "bucketed", "zero1", "zero2", "fsdp")
+WIRE_BYTES = 2          # bf16 gradients and parameters on the wire
+OPTIMIZER_BYTES = 28    # per updated parameter, see module docstring
+
+
+def load_model(name: str, context_length: int | None = None):
+    try:
+        cfg = load_model_config(name, {"context_length": context_length} if context_length else None)
+    except ValueError as exc:
+        raise PredictError(str(exc)) from None
+    if not str(cfg._target_).endswith("Transformer"):
+        raise PredictError(f"scale needs a Transformer model; {name!r} is not one")
+    return cfg
+
+
+def parameters(cfg) -> list[dict]:
+    """The Transformer's parameters in `parameters()` order (ddp_lab/models/transformer.py), each
+    with its backward FLOPs per token (a matmul weight: 4 per element; the attention scores' backward,
+    8 * context * d per layer, counted with qkv, whose gradient comes after it)."""
+    V, d, f, L, ctx = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.context_length
+    out = [{"name": "embed", "numel": V * d, "bwd": 0.0, "unit": "embed"}]
+    for i in range(L):
+        unit = f"block{i}"
+        out += [{"name": f"blocks.{i}.ln1", "numel": d, "bwd": 0.0, "unit": unit},
+                {"name": f"blocks.{i}.attn.qkv", "numel": 3 * d * d, "bwd": 4 * 3 * d * d + 8 * ctx * d, "unit": unit},
+                {"name": f"blocks.{i}.attn.proj", "numel": d * d, "bwd": 4 * d * d, "unit": unit},
+                {"name": f"blocks.{i}.ln2", "numel": d, "bwd": 0.0, "unit": unit}]
+        out += [{"name": f"blocks.{i}.ffn.{w}", "numel": d * f, "bwd": 4 * d * f, "unit": unit}
+                for w in ("w1", "w3", "w2")]
+    out += [{"name": "ln_final", "numel": d, "bwd": 0.0, "unit": "head"},
+            {"name": "lm_head", "numel": V * d, "bwd": 4 * V * d, "unit": "head"}]
+    return out
+
+
+def _collective(system: System, op: str, nbytes: float, n: int) -> float:
+    return collective_s(system, op, nbytes, n)[0] * 1e3
+
+
+def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: float = 25.0) -> dict:
+    """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU."""
+    if n < 1:
+        raise PredictError(f"world size must be >= 1, got {n}")
+    if strategy not in STRATEGIES:
+        raise PredictError(f"unknown strategy {strategy!r} for scale; options: {', '.join(STRATEGIES)}")
+    params = parameters(cfg)
+    tokens = batch * cfg.context_length
+    rate = system.peak_flops * system.mfu
+    fpt = flops_per_token(cfg)
+    forward = fpt["forward"] * tokens / rate * 1e3
+    backward = fpt["backward"] * tokens / rate * 1e3
+    ready, done = [0.0] * len(params), 0.0
+    for i in reversed(range(len(params))):
+        done += params[i]["bwd"] * tokens / rate * 1e3
+        ready[i] = min(done, backward)
+    n_params = sum(p["numel"] for p in params)
+    optimizer = OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3
+    grad = [p["numel"] * WIRE_BYTES for p in params]
+    ar = lambda b: _collective(system, "all_reduce", b, n)  # noqa: E731
+    opt_comm, comms, updated = 0.0, [], 1.0
+
+    def buckets(mb):
+        return plan_bucket_indices(grad, [0] * len(grad), mb)
+
+    if strategy == "naive":
+        comms = [Collective(ar(g), None) for g in grad]
+    elif strategy == "flat":
+        copies = 2 * 2 * sum(grad) / system.hbm_Bps * 1e3
+        comms = [Collective(ar(sum(grad)), None), Collective(copies, None)]
+    elif strategy == "overlap":
+        comms = [Collective(ar(grad[i]), ready[i]) for i in reversed(range(len(params)))]
+    elif strategy in ("bucketed", "zero1"):
+        comms = [Collective(ar(sum(grad[i] for i in b)), max(ready[i] for i in b)) for b in buckets(bucket_mb)]
+        if strategy == "zero1":
+            updated = 1 / n
+            opt_comm = _collective(system, "broadcast", sum(grad), n) if n > 1 else 0.0
+    elif strategy == "zero2":
+        updated = 1 / n
+        for b in buckets(bucket_mb):
+            nbytes = sum(grad[i] for i in b)
+            comms.append(Collective(_collective(system, "reduce_scatter", nbytes, n), max(ready[i] for i in b)))
+            opt_comm += _collective(system, "all_gather", nbytes, n)
+    elif strategy == "fsdp":
+        return _fsdp(system, params, n, forward, backward, optimizer / n, tokens / rate * 1e3)
+    step = Step(forward_ms=forward, backward_ms=backward, collectives=comms if n > 1 else [],
+                optimizer_ms=optimizer * updated, optimizer_comm_ms=opt_comm)
+    r = replay(step)
+    comm_total = sum(c.ms for c in step.collectives) + opt_comm
+    return {"step_ms": r.step_ms, "exposed_ms": r.exposed_ms, "comm_ms": comm_total, "compute_ms": forward + backward,
+            "optimizer_ms": step.optimizer_ms}
+
+
+def _fsdp(system: System, params, n, forward, backward, optimizer, ms_per_flop) -> dict:
+    """Units (the embedding, each block, the head) gathered before their forward and again before their
+    backward, one unit ahead, and reduce-scattered after their backward, on one channel in issue
+    order; a unit's compute waits for its gather."""
+    units: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        units.setdefault(p["unit"], []).append(i)
+    order = list(units)
+    size = {u: sum(params[i]["numel"] for i in idx) * WIRE_BYTES for u, idx in units.items()}
+    gather = {u: _collective(system, "all_gather", size[u], n) for u in order}
+    scatter = {u: _collective(system, "reduce_scatter", size[u], n) for u in order}
+    bwd = {u: sum(params[i]["bwd"] for i in idx) * ms_per_flop for u, idx in units.items()}
+    fwd = {u: bwd[u] * forward / backward for u in order}
+
+    def phase(seq, compute, after=None):
+        channel = gather[seq[0]]
+        gathered, t = {seq[0]: channel}, 0.0
+        for k, u in enumerate(seq):
+            start = max(t, gathered[u])
+            if k + 1 < len(seq):
+                channel = max(channel, start) + gather[seq[k + 1]]
+                gathered[seq[k + 1]] = channel
+            t = start + compute[u]
+            if after is not None:
+                channel = max(channel, t) + after[u]
+        return t, max(channel, t)
+
+    f_end, _ = phase(order, fwd)
+    _, b_end = phase(order[::-1], bwd, scatter)
+    step = f_end + b_end + optimizer
+    return {"step_ms": step, "exposed_ms": step - forward - backward - optimizer,
+            "comm_ms": 2 * sum(gather.values()) + sum(scatter.values()), "compute_ms": forward + backward,
+            "optimizer_ms": optimizer}
+
+
+def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: float | None = None) -> float:
+    """Tokens per GPU above which the compute communication can hide behind (backward; fsdp: forward
+    and backward) outlasts the strategy's communication at large-message bandwidth, latency ignored:
+    link bytes / busbw = tokens * FLOPs per token / FLOP/s. Data parallelism in bf16 at large N:
+    4P / W = tokens * 4P / C, tokens = C / W (the Scaling Book's bound)."""
+    if n <= 1:
+        return 0.0
+    P = sum(p["numel"] for p in parameters(cfg)) * WIRE_BYTES
+    ring = bus_factor("all_reduce", n)
+    link = {"zero1": P * ring + P,  # this repo's zero1: all-reduce, then owners broadcast their parameters
+            "fsdp": 1.5 * P * ring}  # all-gather twice and reduce-scatter once
+    seconds = link.get(strategy, P * ring) / busbw(system, n)
+    fpt = flops_per_token(cfg)
+    per_token = fpt["step"] if strategy == "fsdp" else fpt["backward"]  # what the communication can hide behind
+    rate = flops if flops is not None else system.peak_flops * system.mfu
+    return seconds * rate / per_token
+
+
+def scale_rows(system: System, cfg, world_sizes, strategies, batch: int) -> list[dict]:
+    rows = []
+    for strategy in strategies:
+        if strategy not in STRATEGIES:
+            raise PredictError(f"unknown strategy {strategy!r} for scale; options: {', '.join(STRATEGIES)}")
+        for n in world_sizes:
+            if n < 1:
+                raise PredictError(f"world size must be >= 1, got {n}")
+            base_n = min(n, system.gpus_per_node)
+            best_mb = None
+            if strategy in ("bucketed", "zero1", "zero2"):
+                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, n, strategy, batch, mb)["step_ms"])
+                base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, base_n, strategy, batch, mb)["step_ms"])
+            at = step_ms(system, cfg, n, strategy, batch, best_mb or 25.0)
+            base = step_ms(system, cfg, base_n, strategy, batch, base_mb if best_mb else 25.0)
+            rows.append({"strategy": strategy, "world_size": n, "step_ms": at["step_ms"],
+                         "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"],
+                         "efficiency": base["step_ms"] / at["step_ms"],
+                         "best_bucket_mb": best_mb,
+                         "compute_bound_tokens": compute_bound_tokens(system, cfg, n, strategy)})
+    return rows
+
+
+def anchors(system: System, cfg) -> list[dict]:
+    """Published figures the formulas should reproduce, and how close they land."""
+    out = []
+    if system.name == "h100-nvlink":
+        nbytes, n = 8 * 2**30, 8
+        seconds, algo = collective_s(system, "all_reduce", nbytes, n)
+        bus = nbytes / seconds * bus_factor("all_reduce", n) / 1e9
+        out.append({"what": "8 x H100 NVLink all-reduce busbw at 8 GiB (nccl-tests all_reduce_perf)",
+                    "predicted": f"{bus:.0f} GB/s ({algo})", "published": "460-480 GB/s",
+                    "source": "Alaya NeW, 'NCCL-tests in practice' (2026): 8xH100 SXM5 NVLink busbw at large sizes",
+                    "off": f"{100 * (bus / 470 - 1):+.0f}% vs 470"})
+        cb8 = compute_bound_tokens(system, cfg, 8, "bucketed", flops=system.peak_flops)
+        limit = system.peak_flops / system.link_Bps
+        out.append({"what": "compute-bound tokens per GPU, data parallel on H100 in a node (peak FLOP/s, NVLink W)",
+                    "predicted": f"{cb8:,.0f} at 8 GPUs; {limit:,.0f} as N grows",
+                    "published": "about 2,200 (C / W = 989e12 / 450e9)",
+                    "source": "How to Scale Your Model (the Scaling Book), GPU chapter: data parallelism is "
+                              "compute-bound when the per-GPU batch exceeds C / W_NVLink",
+                    "off": f"{100 * (cb8 / 2200 - 1):+.0f}% at 8 GPUs (the (N-1)/N of a ring), "
+                           f"{100 * (limit / 2200 - 1):+.1f}% in the limit"})
+    return out
+
+
+def plot(rows: list[dict], path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        pts = [r for r in rows if r["strategy"] == strategy]
+        xs = [r["world_size"] for r in pts]
+        a.plot(xs, [r["step_ms"] for r in pts], marker="o", label=strategy)
+        b.plot(xs, [100 * r["efficiency"] for r in pts], marker="o", label=strategy)
+    for ax, label in ((a, "predicted step time (ms)"), (b, "scaling efficiency vs one node (%)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("world size (GPUs)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    a.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def world_sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise PredictError(f"world sizes must be integers, got {text!r}") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise PredictError(f"world sizes must be >= 1, got {text!r}")
+    return sizes

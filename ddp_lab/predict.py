@@ -1,0 +1,8 @@
+"""`python -m ddp_lab.predict`: the command; its code is ddp_lab/analysis/predict/cli.py."""
+
+import sys
+
+from ddp_lab.analysis.predict.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

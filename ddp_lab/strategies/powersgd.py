@@ -1,0 +1,228 @@
+"""`strategy=powersgd`: PowerSGD (Vogels, Karimireddy and Jaggi, 2019), low-rank gradient compression.
+
+Each gradient matrix M (n x m; a tensor of 3 or more dimensions is read as shape[0] x the rest) is
+sent as two thin factors instead of itself: one step of power iteration finds an orthonormal
+P (n x r) whose span holds most of M's energy, and every rank receives P Q^T ~ the rank average of
+M, with Q = M^T P (m x r). r = min(`rank`, n, m). Per matrix the ranks move (n + m) r numbers
+instead of n m: for the tiny Transformer at rank 4 about 2% of its gradient bytes.
+
+Per bucket (BucketedDDP's plan, `bucket_mb`), launched from backward as the bucket fills, like
+bucketed, and in three phases, every rank issuing the same collectives in the same order:
+
+1. add this rank's error (below) to each matrix, P = M Q with last step's Q (warm start, the
+   paper's "reuse": one power-iteration step per training step keeps refining the same subspace;
+   Q is orthonormalized first, as torch's hook does, so a matrix whose gradient was zero for a
+   step recovers instead of keeping a zero Q); one all-reduce of [the bucket's uncompressed
+   tensors / N, every P] (a P's scale does not matter: it is orthonormalized next);
+2. started when the *next* bucket's phase 1 has been launched (so its P's all-reduce was in flight
+   meanwhile) or, for the last bucket, by `finish_gradient_synchronization()`: orthonormalize
+   each summed P (QR), Q = M^T P / N, one all-reduce of every Q;
+3. in `finish_gradient_synchronization()`: M's average is P Q^T, written into the gradient, and
+   the error M - P Q^T (M including last step's error) is kept for the next step (error feedback:
+   what compression dropped is sent later instead of lost; torch's hook and the paper's code keep
+   the same quantity).
+
+Not compressed, sent exactly in the phase-1 all-reduce: 1-D tensors (biases, norm weights: small,
+and a rank-r vector is no saving) and matrices where (n + m) r >= n m, where the factors would be
+as big as the matrix. A bucket with nothing to compress is one plain all-reduce, as in bucketed.
+The first `start_iter` synchronizations are plain all-reduces of every bucket: early gradients
+change fast and a warm-started Q has nothing to refine yet; torch's hook defers compression the
+same way (`start_powerSGD_iter`).
+
+The initial Q (at the first compressed step) is drawn from a generator seeded the same on every
+rank, so ranks agree; after that Q is an all-reduce result, identical everywhere, and so is the
+delivered gradient. Waiting for a bucket's P inside backward (phase 2) counts as backward time, not
+exposed comm. `facts()["powersgd"]` records the plan and the compression ratio; `comm_bytes`
+counts what is really sent each step (plain steps: the whole gradient; compressed: P's, Q's and
+the uncompressed tensors).
+
+Why our own: torch's powerSGD_hook waits on a second collective inside the first one's future
+callback, which on gloo runs on the thread that completes collectives, so it hangs until the
+timeout (design.md). Here every wait is on the main thread.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.strategies.bucketed import BucketedDDP
+from ddp_lab.strategies.collectives import launch_stamped
+from ddp_lab.strategies.comm_stats import Stamp, record_intervals
+from ddp_lab.units import tensor_bytes
+
+Q_SEED = 20190531  # the initial Q's seed: any number, the same on every rank
+
+
+def orthonormalize_(matrix: torch.Tensor) -> torch.Tensor:
+    """Replace the columns of `matrix` (n x r, r <= n) by an orthonormal basis of their span (reduced
+    QR; a rank-deficient or zero matrix still gets r orthonormal columns)."""
+    q, _ = torch.linalg.qr(matrix)
+    return matrix.copy_(q)
+
+
+class _Matrix:
+    """One compressed gradient: its n x m view into the bucket and its rank."""
+
+    __slots__ = ("param", "n", "m", "r")
+
+    def __init__(self, param: nn.Parameter, rank: int):
+        self.param = param
+        self.n = param.shape[0]
+        self.m = param.numel() // self.n
+        self.r = min(rank, self.n, self.m)
+
+
+class PowerSGD(BucketedDDP):
+    """PowerSGD behind the strategy contract (module docstring): `PowerSGD(module, bucket_mb=25, rank=1,
+    start_iter=10)`."""
+
+    name = "powersgd"
+    min_compression_rate = 1.0
+    """A matrix is compressed when n m > min_compression_rate (n + m) r: 1 whenever that sends fewer
+    numbers (torch's hook defaults to 2); 0 compresses every matrix (the exactness tests)."""
+
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, rank: int = 1, start_iter: int = 10):
+        if not (isinstance(rank, int) and rank >= 1):
+            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
+        if not (isinstance(start_iter, int) and start_iter >= 0):
+            raise ValueError(f"start_iter must be an integer >= 0, got {start_iter!r}")
+        super().__init__(module, bucket_mb)
+        self.rank, self.start_iter = rank, start_iter
+        self.syncs = 0  # finished synchronizations: compression starts at start_iter
+        self._matrices: list[list[_Matrix]] = []
+        self._plain: list[list[nn.Parameter]] = []
+        for unit in self._units:
+            matrices = [_Matrix(p, rank) for p in unit if p.dim() >= 2]
+            matrices = [x for x in matrices if x.n * x.m > self.min_compression_rate * (x.n + x.m) * x.r]
+            compressed = {id(x.param) for x in matrices}
+            self._matrices.append(matrices)
+            self._plain.append([p for p in unit if id(p) not in compressed] if matrices else [])
+        self._q: list[torch.Tensor | None] = [None] * len(self._units)       # warm-start Qs, flat per bucket
+        self._errors: list[torch.Tensor | None] = [None] * len(self._units)  # error feedback, flat per bucket
+        self._send: list[torch.Tensor | None] = [None] * len(self._units)    # [plain / N, P's] per bucket
+
+    # --- the plan and what it sends ------------------------------------------------------------
+
+    def _plain_numel(self, index: int) -> int:
+        return sum(p.numel() for p in self._plain[index])
+
+    def compressed_bytes(self, index: int) -> int:
+        """Bytes bucket `index` sends per compressed step (the bucket itself when nothing in it compresses)."""
+        if not self._matrices[index]:
+            return self._lengths[index] * self._units[index][0].element_size()
+        numbers = self._plain_numel(index) + sum((x.n + x.m) * x.r for x in self._matrices[index])
+        return numbers * self._units[index][0].element_size()
+
+    def facts(self) -> dict:
+        full = sum(n * unit[0].element_size() for n, unit in zip(self._lengths, self._units))
+        compressed = sum(self.compressed_bytes(i) for i in range(len(self._units)))
+        matrices = [x for unit in self._matrices for x in unit]
+        return {**super().facts(), "powersgd": {
+            "rank": self.rank, "start_iter": self.start_iter,
+            "matrices_compressed": len(matrices),
+            "tensors_plain": sum(len(unit) for unit in self._units) - len(matrices),
+            "bytes_plain_step": full, "bytes_compressed_step": compressed,
+            "compression_ratio": full / compressed if compressed else None}}
+
+    # --- phase 1: error feedback, P = M Q, all-reduce [plain / N, P] ---------------------------------
+
+    @property
+    def compressing(self) -> bool:
+        return self.syncs >= self.start_iter
+
+    def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
+        if self.compressing and self._matrices[index]:
+            launched = self._launch_p(index)
+        else:
+            launched = super()._launch_unit(index)  # bucketed's plain mean all-reduce
+        self._launch_qs(upto=index)  # earlier buckets' P's were in flight while this one filled
+        return launched
+
+    def _views(self, index: int):
+        """(M, P, Q, error): views of each compressed matrix of bucket `index` and its factors and error."""
+        send, q, errors = self._send[index], self._q[index], self._errors[index]
+        p_at, q_at, e_at = self._plain_numel(index), 0, 0
+        for x in self._matrices[index]:
+            yield (self._view_of[id(x.param)].view(x.n, x.m), send[p_at:p_at + x.n * x.r].view(x.n, x.r),
+                   q[q_at:q_at + x.m * x.r].view(x.m, x.r), errors[e_at:e_at + x.n * x.m].view(x.n, x.m))
+            p_at, q_at, e_at = p_at + x.n * x.r, q_at + x.m * x.r, e_at + x.n * x.m
+
+    def _allocate(self, index: int) -> None:
+        """A bucket's first compressed step: zero errors, a send buffer, and the same random Q on every rank."""
+        like = self._units[index][0]
+        matrices = self._matrices[index]
+
+        def zeros(n):
+            return torch.zeros(n, dtype=like.dtype, device=like.device)
+
+        self._errors[index] = zeros(sum(x.n * x.m for x in matrices))
+        self._send[index] = zeros(self._plain_numel(index) + sum(x.n * x.r for x in matrices))
+        generator = torch.Generator().manual_seed(Q_SEED + index)
+        q = torch.randn(sum(x.m * x.r for x in matrices), generator=generator, dtype=like.dtype)
+        self._q[index] = q.to(like.device)
+
+    @torch.no_grad()
+    def _launch_p(self, index: int) -> tuple[torch.futures.Future, Stamp]:
+        if self._q[index] is None:
+            self._allocate(index)
+        send, at = self._send[index], 0
+        for param in self._plain[index]:
+            send[at:at + param.numel()].copy_(self._view_of[id(param)].reshape(-1))
+            at += param.numel()
+        send[:at].div_(self.world_size)
+        for matrix, p, q, error in self._views(index):
+            matrix.add_(error)
+            torch.mm(matrix, orthonormalize_(q), out=p)
+        self._pending_q.append(index)
+        return self._all_reduce(send)
+
+    def _all_reduce(self, tensor: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
+        return launch_stamped(lambda: [dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)],
+                              tensor_bytes(tensor), tensor.is_cuda)
+
+    # --- phase 2: P's summed: orthonormalize, Q = M^T P / N, all-reduce the Q's -------------------------
+
+    @torch.no_grad()
+    def _launch_qs(self, upto: int) -> None:
+        """Phase 2 for every bucket before `upto` whose P's were launched, in bucket order."""
+        while self._pending_q and self._pending_q[0] < upto:
+            index = self._pending_q.pop(0)
+            self._p_future[index].wait()
+            send, at = self._send[index], 0
+            for param in self._plain[index]:
+                self._view_of[id(param)].copy_(send[at:at + param.numel()].view_as(param))
+                at += param.numel()
+            for matrix, p, q, _ in self._views(index):
+                torch.mm(matrix.t(), orthonormalize_(p), out=q)
+            q = self._q[index].div_(self.world_size)
+            self._q_in_flight.append((index, *self._all_reduce(q)))
+
+    def _launch_next(self) -> None:
+        index = self._next_unit
+        super()._launch_next()
+        self._p_future[index] = self._in_flight[-1][0]
+
+    # --- phase 3: the average P Q^T into the gradient, the error kept ----------------------------------
+
+    @torch.no_grad()
+    def _synchronize_gradients(self) -> None:
+        while self._next_unit < len(self._units):
+            self._launch_next()
+        self._launch_qs(upto=len(self._units))
+        for index, future, _ in self._q_in_flight:
+            future.wait()
+            for matrix, p, q, error in self._views(index):
+                error.copy_(matrix)
+                torch.mm(p, q.t(), out=matrix)
+                error.sub_(matrix)
+        record_intervals([stamp for *_, stamp in self._q_in_flight], self.comm)
+        super()._synchronize_gradients()  # waits and records the phase-1 / plain all-reduces, starts a round
+        self.syncs += 1
+
+    def _start_round(self) -> None:
+        super()._start_round()
+        self._pending_q: list[int] = []  # buckets whose P's are launched and Q's not yet
+        self._p_future: dict[int, torch.futures.Future] = {}
+        self._q_in_flight: list[tuple[int, torch.futures.Future, Stamp]] = []

@@ -1,0 +1,40 @@
+"""The predictor on real runs through launch.py: a small collective sweep and one profiled run make a
+model file, and `validate` on those runs plus a naive one prints a row per training job and its error line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.launching import FAST, ROOT, launch
+
+
+@pytest.mark.slow
+def test_fit_then_validate_on_real_runs(tmp_path):
+    coll, prof, train = tmp_path / "coll", tmp_path / "prof", tmp_path / "naive"
+    for folder in (coll, prof, train):
+        folder.mkdir()
+    proc = launch("task=allreduce", "backend=gloo", "world_size=2", "task.size_mb=0.01,8", "task.iters=5",
+                  "task.warmup_iters=1", "task.time_budget_s=5", "logger=none", tmp_path=coll, multirun=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = launch(*FAST, "train.steps=6", "strategy=overlap", "profile=true", "logger=none", tmp_path=prof)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    phases = json.loads((prof / "run" / "phases.json").read_text())
+    assert len(phases["ranks"]) == 2 and len(phases["ranks"][0]) == 6
+    assert all(t is not None for t in phases["ranks"][0][-1]["ready_ms"])  # every gradient's ready time
+    proc = launch(*FAST, "strategy=naive", "logger=none", tmp_path=train)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    model = tmp_path / "model.json"
+    run = [sys.executable, "-m", "ddp_lab.predict"]
+    fit = subprocess.run(run + ["fit", str(coll / "multirun"), str(prof / "run"), "-o", str(model)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stderr
+    assert json.loads(model.read_text())["compute"]["strategy"] == "overlap"
+    out = subprocess.run(run + ["validate", str(model), str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert any("naive" in line for line in lines) and any("overlap" in line for line in lines)
+    assert lines[-1].startswith("mean |error| ") and lines[-1].endswith("%")

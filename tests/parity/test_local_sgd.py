@@ -1,0 +1,134 @@
+"""local_sgd: data parallelism's weights at sync_every=1 with SGD; drift and exact agreement at
+sync_every=4; DiLoCo's outer Nesterov step and buffer averaging against a hand computation.
+
+- sync_every=1, SGD with momentum: the mean of the ranks' updates is the update of the mean
+  gradient (SGD is linear in it), so every rank ends with the single-process weights (frozen, tied,
+  Transformer; 2 and 3 ranks).
+- sync_every=4, AdamW, the Transformer: after steps 1-3 and 5-7 the ranks' weights differ; after
+  steps 4 and 8 they are bit-identical; comm_bytes is the model's bytes on those steps, 0 elsewhere.
+- outer=nesterov: known gradients G_k (SGD lr 1, so a rank's weights are w - sum of its G_k), two
+  syncs of two steps each, checked against Δ = θ - mean, b = μ b + Δ, θ -= lr (Δ + μ b) by hand;
+  a persistent buffer set differently per rank is averaged at each sync, a non-persistent one is
+  left alone.
+"""
+
+import torch
+from torch import nn
+
+from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.strategies import LocalSGD
+from ddp_lab.strategies.local_sgd import OUTER_LR, OUTER_MOMENTUM
+from ddp_lab.tasks.train import train_step
+from tests.helpers.distributed import ranks_fixture, run_ranks
+from tests.helpers.models import MODELS
+from tests.helpers.parity import assert_parity, data_cfg, train_distributed
+
+SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
+
+
+def every_step(module):
+    return LocalSGD(module, sync_every=1)
+
+
+def _run(rank, world_size, models):
+    """Every scenario in one set of rank processes: parity per model, and at 2 ranks the others."""
+    parity = {name: train_distributed(rank, world_size, every_step, name, batch_size=2 * world_size,
+                                      optimizer_cls=torch.optim.SGD, opt_kwargs=SGD) for name in models}
+    others = {"every_4": _every_4(rank, world_size), "outer": _outer(rank, world_size)} if world_size == 2 else {}
+    return {**parity, **others}
+
+
+two = ranks_fixture(_run, 2, ("frozen", "tied", "transformer"))
+
+
+def test_sync_every_step_with_sgd_is_data_parallelism(two):
+    for name in ("frozen", "tied", "transformer"):
+        assert_parity([r[name] for r in two])
+
+
+def test_sync_every_step_at_an_odd_world_size():
+    results = run_ranks(_run, 3, ("tied",))
+    assert_parity([r["tied"] for r in results])
+
+
+def _every_4(rank, world_size):
+    torch.manual_seed(rank)
+    wrapper = LocalSGD(MODELS["transformer"](), sync_every=4)
+    optimizer = wrapper.make_optimizer(torch.optim.AdamW, lr=1e-2)
+    cfg = data_cfg(batch_size=2 * world_size)
+    weights, comm = [], []
+    for step in range(8):
+        train_step(wrapper, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))
+        weights.append(torch.cat([p.detach().reshape(-1) for p in wrapper.parameters()]).clone())
+        comm.append(wrapper.comm.pop())
+    return weights, comm, wrapper.facts()
+
+
+def test_ranks_drift_between_syncs_and_agree_exactly_after_each(two):
+    (weights0, comm, facts), (weights1, *_) = two[0]["every_4"], two[1]["every_4"]
+    model_bytes = sum(p.numel() * 4 for p in MODELS["transformer"]().parameters())
+    assert facts["local_sgd"]["bytes_per_sync"] == model_bytes
+    for step, (a, b) in enumerate(zip(weights0, weights1)):
+        if step in (3, 7):
+            assert torch.equal(a, b), f"step {step}: ranks differ after a sync"
+            assert comm[step]["comm_bytes"] == model_bytes and comm[step]["collectives"] == 1
+        else:
+            assert not torch.allclose(a, b), f"step {step}: ranks agree between syncs"
+            assert comm[step]["comm_bytes"] == 0 and comm[step]["collectives"] == 0
+    assert not torch.equal(weights0[3], weights0[7])  # it trains
+
+
+class Tracked(nn.Module):
+    """A weight trained by hand-made gradients, a running statistic, and a computed table."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.arange(6, dtype=torch.float32).view(2, 3))
+        self.register_buffer("running", torch.zeros(3))
+        self.register_buffer("table", torch.zeros(3), persistent=False)
+
+
+def hand_grad(step: int, rank: int) -> torch.Tensor:
+    return torch.randn(2, 3, generator=torch.Generator().manual_seed(10 * step + rank))
+
+
+def _outer(rank, world_size):
+    model = Tracked()
+    wrapper = LocalSGD(model, sync_every=2, outer="nesterov")
+    optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
+    seen = []
+    for step in range(4):
+        model.running.fill_(float(rank + step))
+        model.table.fill_(float(rank))
+        model.weight.grad = hand_grad(step, rank)
+        optimizer.step()
+        seen.append({"weight": model.weight.detach().clone(), "running": model.running.clone(),
+                     "table": model.table.clone()})
+    return seen
+
+
+def test_outer_nesterov_matches_a_hand_computation(two):
+    world_size, mu, lr = 2, OUTER_MOMENTUM, OUTER_LR
+    assert (lr, mu) == (0.7, 0.9)  # DiLoCo's
+    theta = torch.arange(6, dtype=torch.float64).view(2, 3)
+    local = [theta.clone() for _ in range(world_size)]
+    momentum = None
+    for step in range(4):
+        local = [w - hand_grad(step, k).double() for k, w in enumerate(local)]
+        if step % 2 == 1:
+            delta = theta - sum(local) / world_size
+            momentum = delta if momentum is None else mu * momentum + delta
+            theta = theta - lr * (delta + mu * momentum)
+            local = [theta.clone() for _ in range(world_size)]
+            running = sum(float(k + step) for k in range(world_size)) / world_size
+        for k in range(world_size):
+            got = two[k]["outer"][step]
+            torch.testing.assert_close(got["weight"].double(), local[k], atol=1e-5, rtol=1e-5,
+                                       msg=lambda m, s=step, r=k: f"step {s}, rank {r}: {m}")
+            assert torch.equal(got["table"], torch.full((3,), float(k)))  # not persistent: not averaged
+            expected_running = running if step % 2 == 1 else float(k + step)
+            assert torch.equal(got["running"], torch.full((3,), expected_running))
+    # the outer step is not plain averaging
+    plain = sum(torch.arange(6, dtype=torch.float64).view(2, 3) - hand_grad(0, k).double() - hand_grad(1, k).double()
+                for k in range(world_size)) / world_size
+    assert not torch.allclose(two[0]["outer"][1]["weight"].double(), plain, atol=1e-3)

@@ -1,0 +1,37 @@
+"""No strategy keeps the process group alive once its wrapper is gone.
+
+A process group that outlives `destroy_process_group()` keeps gloo's threads running into
+interpreter teardown, where freeing a tensor from one of them aborts the rank (see
+benchmarks/teardown_repro.py). torch_ddp and zero1_torch used to: their gradient-time hook was a
+bound method, closing a cycle through DDP's C++ reducer that the garbage collector cannot see.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import sys
+
+import torch.distributed as dist
+
+from ddp_lab.strategies import STRATEGIES
+from tests.helpers.distributed import run_ranks
+from tests.helpers.parity import train_distributed
+
+
+def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
+    group = dist.group.WORLD
+    before = sys.getrefcount(group)
+    extra = {}
+    for name, cls in STRATEGIES.items():
+        knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters else {}
+        train_distributed(rank, world_size, functools.partial(cls, **knobs), "tied", steps=2)
+        gc.collect()
+        extra[name] = sys.getrefcount(group) - before
+    return extra
+
+
+def test_no_strategy_keeps_the_process_group_alive():
+    for extra in run_ranks(_extra_group_references, 2):
+        assert extra == dict.fromkeys(STRATEGIES, 0)

@@ -1,0 +1,243 @@
+"""The step-time predictor: fits recover known constants, replays of hand-made schedules give the
+hand-computed step, strategy schedules and `scale` figures match hand arithmetic, bad input is refused."""
+
+import json
+
+import pytest
+
+from ddp_lab.analysis.predict import fit as fitting
+from ddp_lab.analysis.predict.cli import main
+from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds
+from ddp_lab.analysis.predict.replay import Collective, Step, replay
+from ddp_lab.analysis.predict.scale import load_model, step_ms
+from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
+from ddp_lab.analysis.predict.systems import SYSTEMS, collective_s, ring_s
+from tests.helpers.report_fixtures import collective_results, write_job
+
+# --- fits -------------------------------------------------------------------------------------------
+
+
+def test_collective_fit_recovers_known_alpha_beta_per_world_size_and_the_ring_form(tmp_path):
+    i = 0
+    alpha_step, busbw = 0.3e-3, 1.2e9  # ring form: 2(n-1) * alpha_step + 2(n-1)/n * bytes / busbw
+    for n in (2, 4, 6):
+        for mb in (0.001, 0.1, 1, 10, 40):  # per world size: alpha = 2(n-1) alpha_step, beta = busbw n / 2(n-1)
+            write_job(tmp_path / str(i), collective_results(mb, 2 * (n - 1) * alpha_step, busbw * n / (2 * (n - 1)),
+                                                            world_size=n))
+            i += 1
+    fits = fitting.fit_collectives(tmp_path)["gloo"]["all_reduce"]["fp32"]
+    for n in (2, 4, 6):
+        f = fits["by_world_size"][str(n)]
+        assert f["alpha_ms"] == pytest.approx(2 * (n - 1) * alpha_step * 1e3, rel=0.02)
+        assert f["beta_GBps"] == pytest.approx(busbw * n / (2 * (n - 1)) / 1e9, rel=0.02)
+    assert fits["ring"]["alpha_step_ms"] == pytest.approx(alpha_step * 1e3, rel=0.02)
+    assert fits["ring"]["busbw_GBps"] == pytest.approx(busbw / 1e9, rel=0.02)
+    # a world size the sweep never ran comes from the ring form
+    ms = collective_ms(fitting.fit_collectives(tmp_path), "gloo", "all_reduce", 8e6, 8)
+    assert ms == pytest.approx((14 * alpha_step + 14 / 8 * 8e6 / busbw) * 1e3, rel=0.02)
+
+
+def test_profile_work_removes_the_slowdown_of_comm_in_flight():
+    # backward from 11 to 41 ms; comm in flight 21-41: with compute 2x slower then, 20 ms of work
+    step = {"step": 3, "profiled": False, "end_ms": 50.0, "forward_ms": [1.0, 11.0],
+            "laps_ms": {"fwd_bwd_ms": 41.0, "sync_ms": 44.0, "optimizer_ms": 49.0},
+            "ready_ms": [41.0, 31.0], "comm_ms": [[21.0, 44.0]]}
+    phases = {"params": [{"name": "a", "numel": 1, "bytes": 4, "dtype": "float32"}] * 2,
+              "ranks": [[step, {**step, "step": 4}], [step, {**step, "step": 4}]]}
+    prof = fitting.compute_profile(phases, warmup=3, compute_slowdown=2.0)
+    assert prof["forward"] == 10.0 and prof["backward"] == 20.0 and prof["backward_wall"] == 30.0
+    assert prof["ready"] == [20.0, 15.0]
+    assert prof["exposed"] == 3.0 and prof["optimizer"] == 5.0 and prof["other"] == 2.0
+    assert prof["hidden"] == 20.0
+
+
+def test_share_speeds_processor_sharing():
+    two = share_speeds(ranks=2, cpus=2, threads_per_rank=1, u=0.5)
+    assert two["compute_slowdown"] == pytest.approx(1.5) and two["comm_slowdown"] == pytest.approx(1.5)
+    four = share_speeds(ranks=4, cpus=2, threads_per_rank=1, u=0.5)
+    assert four["compute_alone"] == 0.5 and four["compute_slowdown"] == pytest.approx(1.5)
+    assert four["comm_slowdown"] == pytest.approx(3.0)  # comm alone at 4 ranks: 2 cores for 2 threads' worth
+    assert share_speeds(1, 2, 1, 0.5)["compute_slowdown"] == 1.0  # spare cores: nobody waits
+
+
+# --- replay -----------------------------------------------------------------------------------------
+
+def test_replay_serial_fully_hidden_partly_hidden():
+    serial = replay(Step(10, 100, [Collective(20, None)], optimizer_ms=5, other_ms=1))
+    assert (serial.step_ms, serial.exposed_ms, serial.hidden_ms) == (136, 20, 0)
+    hidden = replay(Step(10, 100, [Collective(20, 30)], optimizer_ms=5, other_ms=1))
+    assert (hidden.step_ms, hidden.exposed_ms, hidden.hidden_ms) == (116, 0, 20)
+    partly = replay(Step(10, 100, [Collective(20, 90)], optimizer_ms=5, other_ms=1))
+    assert (partly.step_ms, partly.exposed_ms, partly.hidden_ms) == (126, 10, 10)
+
+
+def test_replay_queue_order_and_slowdown():
+    # second waits for the first: 10-40, 40-70; backward ends at 50: 20 exposed
+    q = replay(Step(0, 50, [Collective(30, 10), Collective(30, 20)]))
+    assert q.exposed_ms == pytest.approx(20) and q.step_ms == pytest.approx(70)
+    # launch order is kept even if a later unit is ready first: it cannot start before the first
+    o = replay(Step(0, 50, [Collective(10, 40), Collective(10, 5)]))
+    assert o.exposed_ms == pytest.approx(10)  # 40-50, 50-60
+    # both 2x slower while overlapping: comm from 90: 10 work left takes 20 ms, comm does 10 of 20
+    s = replay(Step(10, 100, [Collective(20, 90)], optimizer_ms=5, other_ms=1, compute_slowdown=2, comm_slowdown=2))
+    assert (s.backward_end_ms, s.exposed_ms, s.step_ms) == (pytest.approx(110), pytest.approx(10), pytest.approx(136))
+    with pytest.raises(ValueError):
+        replay(Step(0, 10, [Collective(1, 11)]))
+
+
+# --- strategy schedules on a hand-made model --------------------------------------------------------
+
+def _model(u=0.0):
+    fit = {"alpha_ms": 1.0, "beta_GBps": 1.0}  # 1 MB: 1 + 1 ms
+    return {"collectives": {"gloo": {op: {"fp32": {"by_world_size": {"2": fit, "4": fit}}}
+                                     for op in ("all_reduce", "broadcast")}},
+            "compute": {"model": "tiny", "strategy": "overlap", "world_size": 2, "backend": "gloo", "cpus": 2,
+                        "threads_per_rank": 1, "tokens_per_rank": 4 * 64,
+                        "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 20.0},
+                                   {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 10.0}],
+                        "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0},
+            "contention": {"u": u}, "host": {"copy_GBps": 1.0}}
+
+
+def _cfg(strategy, world_size=2, **knobs):
+    return {"model": {"name": "tiny", "context_length": 64}, "train": {"batch_size": 8}, "world_size": world_size,
+            "strategy": {"name": strategy, **knobs}}
+
+
+@pytest.mark.parametrize("strategy, knobs, step, exposed", [
+    ("naive", {}, 40.0, 4.0),                        # two 2 ms all-reduces after backward
+    ("overlap", {}, 38.0, 2.0),                      # b at 10-12 hidden, a at 20-22 exposed
+    ("bucketed", {"bucket_mb": 25}, 39.0, 3.0),      # one 2 MB bucket: 1 + 2 ms after backward
+    ("bucketed", {"bucket_mb": 1}, 38.0, 2.0),       # one parameter per bucket, as overlap
+    ("flat", {}, 43.0, 7.0),                         # 3 ms all-reduce + 2 x 2 MB copies at 1 GB/s
+    ("zero1", {"bucket_mb": 25}, 40.5, 7.0),         # bucketed, optimizer on half, then 2 broadcasts of 2 ms
+])
+def test_strategy_schedules_hand_computed(strategy, knobs, step, exposed):
+    _, r = job_step(_model(), _cfg(strategy, **knobs))
+    assert r.step_ms == pytest.approx(step) and r.exposed_ms == pytest.approx(exposed)
+
+
+def test_world_size_scales_compute_by_tokens_and_core_share():
+    # 4 ranks on 2 cores: half the tokens per rank, half a core each: the same compute
+    _, r = job_step(_model(), _cfg("naive", world_size=4))
+    assert r.step_ms == pytest.approx(10 + 20 + 4 + 5 * 2 + 1 * 2)  # optimizer and the rest: whole model, half a core
+    best, steps = best_bucket_mb(_model(), _cfg("bucketed", bucket_mb=25), [1, 25])
+    assert best == 1 and steps == {1.0: pytest.approx(38.0), 25.0: pytest.approx(39.0)}
+    with pytest.raises(PredictError, match="model"):
+        job_step(_model(), {**_cfg("naive"), "model": {"name": "small"}})
+    with pytest.raises(PredictError, match="no replay"):
+        job_step(_model(), _cfg("local_sgd"))
+    with pytest.raises(PredictError, match="train.precision"):
+        job_step(_model(), {**_cfg("naive"), "train": {"batch_size": 8, "precision": "bf16"}})
+
+
+# --- scale ------------------------------------------------------------------------------------------
+
+def test_nccl_ring_and_tree_by_hand():
+    h100 = SYSTEMS["h100-nvlink"]
+    gib = 2**30
+    assert ring_s(h100, "all_reduce", gib, 8) == pytest.approx((8.4 + 14 * 3.4) * 1e-6 + gib * 1.75 / 450e9)
+    # two nodes: 2 of the 30 steps cross the network, and the multi-node plateau factor
+    assert ring_s(h100, "all_reduce", gib, 16) == pytest.approx(
+        (8.4 + 28 * 3.4 + 2 * 9.6) * 1.9e-6 + gib * 30 / 16 / 400e9)
+    seconds, algo = collective_s(h100, "all_reduce", gib, 8)
+    assert algo == "ring"  # the tree's bandwidth (55 GB/s here) loses at 1 GiB
+    small, algo_small = collective_s(h100, "all_reduce", 1024, 512)
+    assert algo_small == "tree" and small < ring_s(h100, "all_reduce", 1024, 512)
+
+
+def test_scale_step_by_hand_on_one_gpu_and_eight():
+    h100 = SYSTEMS["h100-nvlink"]
+    cfg = load_model("tiny")
+    # tiny: V 10000, d 256, d_ff 1024, 4 layers, context 64; forward FLOPs/token = 2 * matmul weights
+    # + 4 * layers * context * d = 2 * (4 * (4 * 256^2 + 3 * 256 * 1024) + 10000 * 256) + 4 * 4 * 64 * 256
+    fwd_per_token = 2 * (4 * (4 * 256**2 + 3 * 256 * 1024) + 10000 * 256) + 4 * 4 * 64 * 256
+    rate = 989.4e12 * 0.5
+    n_params = 2 * 10000 * 256 + 4 * (4 * 256**2 + 3 * 256 * 1024 + 2 * 256) + 256
+    tokens = 4 * 64
+    one = step_ms(h100, cfg, 1, "bucketed", batch=4)
+    assert one["step_ms"] == pytest.approx((3 * fwd_per_token * tokens / rate + 28 * n_params / 3.35e12) * 1e3)
+    assert one["exposed_ms"] == 0
+    flat = step_ms(h100, cfg, 8, "flat", batch=4)
+    grads = 2 * n_params
+    comm = ring_s(h100, "all_reduce", grads, 8) + 4 * grads / 3.35e12
+    assert flat["exposed_ms"] == pytest.approx(comm * 1e3)
+    assert flat["step_ms"] == pytest.approx(one["step_ms"] + comm * 1e3)
+
+
+def test_scale_anchors_land_close(capsys):
+    assert main(["scale", "--system", "h100-nvlink", "--model", "xl", "--world-size", "8,64",
+                 "--strategy", "bucketed,fsdp"]) == 0
+    out = capsys.readouterr().out
+    assert "| bucketed | 64 |" in out and "| fsdp | 8 |" in out
+    assert "449 GB/s" in out and "2,199 as N grows" in out
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["scale", "--system", "tpu-v9"], "unknown system"),
+    (["scale", "--model", "gpt5"], "unknown model"),
+    (["scale", "--world-size", "0,8"], "world sizes must be >= 1"),
+    (["scale", "--model", "toy"], "Transformer"),
+])
+def test_scale_bad_input(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_fit_and_validate_bad_input(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["fit", str(empty), str(empty), "-o", str(tmp_path / "m.json")]) == 2
+    assert "no finished collective benchmark" in capsys.readouterr().err
+    coll = tmp_path / "coll"
+    for i, mb in enumerate((1, 10)):
+        write_job(coll / str(i), collective_results(mb, 1e-3, 1e9))
+    assert main(["fit", str(coll), str(empty), "-o", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no profiled training run" in err[0]
+    (tmp_path / "bad.json").write_text(json.dumps({"hello": 1}))
+    assert main(["validate", str(tmp_path / "bad.json"), str(coll)]) == 2
+    assert "not a model file" in capsys.readouterr().err
+
+
+def test_report_shows_the_prediction_beside_the_measurement(tmp_path):
+    from ddp_lab.analysis.report import make_report
+    from tests.helpers.report_fixtures import train_results
+
+    res = train_results("naive", step_ms=50.0, exposed_ms=5.0)
+    res["config"]["train"] = {"batch_size": 8}
+    res["config"]["model"]["context_length"] = 64
+    write_job(tmp_path / "sweep" / "0", res)
+    model = fitting.save({**_model(), "version": fitting.VERSION}, tmp_path / "model.json")
+    report = make_report(tmp_path / "sweep", model=model, quiet=True)
+    assert "## Predicted vs measured" in report["md"].read_text()
+    (row,) = report["records"]
+    assert row["predicted_step_ms"] == pytest.approx(40.0) and row["prediction_error"] == pytest.approx(-0.2)
+
+
+def test_gradient_clock_records_forward_ready_times_and_comm():
+    import torch
+
+    from ddp_lab.rank.profiler import GradientClock
+    from ddp_lab.rank.timing import StepTimer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model[0].bias.requires_grad_(False)  # frozen: not in the clock's table
+    clock = GradientClock(model)
+    timer = StepTimer(torch.device("cpu"))
+    timer.start()
+    model(torch.randn(3, 4)).sum().backward()
+    timer.lap("fwd_bwd_ms")
+    timer.stop_ms()
+    clock.end_step(5, False, timer, [(timer.started + 0.001, timer.started + 0.002)])
+    (step,) = clock.steps
+    assert [p["name"] for p in clock.params] == ["0.weight", "2.weight", "2.bias"]
+    assert clock.params[0]["bytes"] == 4 * 8 * 4
+    f0, f1 = step["forward_ms"]
+    assert 0 <= f0 <= f1 <= min(step["ready_ms"]) <= max(step["ready_ms"]) <= step["laps_ms"]["fwd_bwd_ms"]
+    assert step["ready_ms"][0] >= step["ready_ms"][1]  # the first layer's gradient is ready last
+    assert step["comm_ms"] == [[pytest.approx(1.0), pytest.approx(2.0)]]
+    assert step["end_ms"] >= step["laps_ms"]["fwd_bwd_ms"]
