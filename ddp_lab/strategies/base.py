@@ -7,7 +7,7 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
 - `forward(*args, **kwargs)` runs the wrapped model (`.module`);
 - `make_optimizer(optimizer_cls, params=None, **kwargs)` builds the optimizer: a plain one over
   the trainable parameters (or the given params / param groups), or a strategy's own (a sharded one
-  keeps only this rank's state);
+  keeps only this rank's state; local_sgd's plain one averages parameters from a step post-hook);
 - `finish_gradient_synchronization()` is called after the last `backward()` of a step and before
   `optimizer.step()`, and leaves the rank-averaged gradient in every `.grad` the optimizer reads;
 - `no_sync()` is a context in which backward must not communicate (gradient accumulation), as in

@@ -29,6 +29,10 @@ The first `start_iter` synchronizations are plain all-reduces of every bucket: e
 change fast and a warm-started Q has nothing to refine yet; torch's hook defers compression the
 same way (`start_powerSGD_iter`).
 
+A step whose gradient overflowed (inf or NaN, which fp16 loss scaling produces and then skips)
+leaves a non-finite Q, the same on every rank: that bucket's error and Q are dropped and the next
+step starts from a fresh Q and zero error, instead of carrying NaN forever.
+
 The initial Q (at the first compressed step) is drawn from a generator seeded the same on every
 rank, so ranks agree; after that Q is an all-reduce result, identical everywhere, and so is the
 delivered gradient. Waiting for a bucket's P inside backward (phase 2) counts as backward time, not
@@ -217,6 +221,8 @@ class PowerSGD(BucketedDDP):
                 error.copy_(matrix)
                 torch.mm(p, q.t(), out=matrix)
                 error.sub_(matrix)
+            if not torch.isfinite(self._q[index]).all():
+                self._q[index] = None  # an overflowing step (fp16 loss scaling skips it): start afresh next step
         record_intervals([stamp for *_, stamp in self._q_in_flight], self.comm)
         super()._synchronize_gradients()  # waits and records the phase-1 / plain all-reduces, starts a round
         self.syncs += 1

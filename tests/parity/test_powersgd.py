@@ -47,6 +47,9 @@ def _run(rank, world_size, models):
             rank, world_size, partial(PowerSGD, rank=10**6, start_iter=0), "transformer",
             optimizer_cls=torch.optim.SGD, opt_kwargs=SGD, inspect=lambda w, o: w.facts())
         out["two_steps"] = _two_steps(rank, world_size)
+        out["overflow"] = _two_steps(rank, world_size, overflow_first=True)
+        out["accumulated"] = train_distributed(rank, world_size, full_rank, "tied", grad_accum_steps=2,
+                                               optimizer_cls=torch.optim.SGD, opt_kwargs=SGD)
         out["plain_then_compressed"] = _plain_then_compressed(rank, world_size)
     return out
 
@@ -89,11 +92,13 @@ def grads(step: int, rank: int):
                                                                                    dtype=torch.float64)
 
 
-def _two_steps(rank, world_size):
+def _two_steps(rank, world_size, overflow_first=False):
     wrapper = PowerSGD(Weighted(), rank=1, start_iter=0)
     out = []
     for step in range(2):
         g, h = grads(step, rank)
+        if overflow_first and step == 0 and rank == 0:
+            g[1, 2] = float("inf")
         wrapper.module.weight.grad = wrapper.module.bias.grad = None
         wrapper(g.float(), h.float()).backward()
         wrapper.finish_gradient_synchronization()
@@ -103,13 +108,13 @@ def _two_steps(rank, world_size):
     return out, wrapper.facts()
 
 
-def _by_hand(world_size):
-    """Rank-1 PowerSGD in float64 with explicit normalizations: per step, the delivered matrix and every
-    rank's error."""
+def _by_hand(world_size, steps=(0, 1)):
+    """Rank-1 PowerSGD in float64 with explicit normalizations, from the initial Q and zero error on the
+    gradients of `steps`: per step, the delivered matrix and every rank's error."""
     q = torch.randn(3, generator=torch.Generator().manual_seed(Q_SEED), dtype=torch.float32).double()
     errors = [torch.zeros(5, 3, dtype=torch.float64) for _ in range(world_size)]
-    steps = []
-    for step in range(2):
+    out = []
+    for step in steps:
         m = [grads(step, k)[0] + errors[k] for k in range(world_size)]  # error feedback
         q = q / q.norm()
         p = sum(mk @ q for mk in m)
@@ -117,9 +122,9 @@ def _by_hand(world_size):
         q = sum(mk.t() @ p for mk in m) / world_size
         delivered = torch.outer(p, q)
         errors = [mk - delivered for mk in m]
-        steps.append({"weight": delivered, "errors": errors,
-                      "bias": sum(grads(step, k)[1] for k in range(world_size)) / world_size})
-    return steps
+        out.append({"weight": delivered, "errors": errors,
+                    "bias": sum(grads(step, k)[1] for k in range(world_size)) / world_size})
+    return out
 
 
 def test_error_feedback_carries_the_residual_by_hand(two):
@@ -131,6 +136,8 @@ def test_error_feedback_carries_the_residual_by_hand(two):
             torch.testing.assert_close(got["bias"].double(), want["bias"], atol=1e-6, rtol=1e-6)
             torch.testing.assert_close(got["error"].double(), want["errors"][rank], atol=1e-5, rtol=1e-5,
                                        msg=lambda m, s=step, r=rank: f"step {s}, rank {r}: {m}")
+    for step in range(2):  # every rank receives the same gradient, bit for bit
+        assert torch.equal(two[0]["two_steps"][0][step]["weight"], two[1]["two_steps"][0][step]["weight"])
     # rank 1 drops most of the matrix: the residual is large, and it changes what the next step delivers
     first_error = expected[0]["errors"][0]
     assert first_error.norm() > 0.3 * grads(0, 0)[0].norm()
@@ -180,3 +187,16 @@ def test_plain_all_reduce_until_start_iter_then_the_planned_bytes(two):
     assert plan["bytes_compressed_step"] == (2 * 96 * 2 + 64) * 4
     assert plan["bytes_plain_step"] == (2 * 64 * 32 + 64) * 4
     assert bytes_per_step == [plan["bytes_plain_step"]] * 2 + [plan["bytes_compressed_step"]] * 2
+
+
+def test_an_overflowing_step_does_not_poison_the_next(two):
+    fresh = _by_hand(2, steps=(1,))[0]  # step 1's gradients from the initial Q and zero error
+    for rank in range(2):
+        overflowed, after = two[rank]["overflow"][0]
+        assert not torch.isfinite(overflowed["weight"]).all()
+        torch.testing.assert_close(after["weight"].double(), fresh["weight"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(after["error"].double(), fresh["errors"][rank], atol=1e-5, rtol=1e-5)
+
+
+def test_full_rank_with_gradient_accumulation(two):
+    assert_parity([r["accumulated"] for r in two])

@@ -33,8 +33,8 @@ def cmd_fit(args) -> int:
                                         for dt, e in dts.items()))
     print(f"compute ({c['model']}, {c['strategy']}, {c['world_size']} ranks, {c['samples']} steps): forward "
           f"{c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms")
-    print(f"cores: {c['cpus']:g} for {c['world_size']} ranks; comm thread load u={k['u']:.2f}: compute x"
-          f"{k['compute_slowdown_at_profile']:.2f} and comm x{k['comm_slowdown_at_profile']:.2f} slower while both run")
+    print(f"cores: {c['cpus']:g} for {c['world_size']} ranks: compute x{k['compute_slowdown']:.2f} and comm "
+          f"x{k['comm_slowdown']:.2f} slower while both run")
     print(f"wrote {args.output}")
     return 0
 

@@ -54,3 +54,16 @@ def tokens_per_rank(cfg: dict) -> float:
     """Tokens one rank computes per step: its share of the global batch times the context length."""
     train, model = cfg["train"], cfg["model"]
     return train["batch_size"] / cfg["world_size"] * model.get("context_length", 1)
+
+
+def slowdowns(contention: dict, ranks: int, profiled_ranks: int, cpus: float, threads_per_rank: int) -> tuple:
+    """(compute, comm) slowdown while both run at `ranks`: the fitted pair at the profiled world size,
+    scaled by the processor-sharing model's ratio between the two world sizes, with a communication
+    thread's load u = compute slowdown - 1 (what that model says at a world size that fills the cores)."""
+    u = contention["u"]
+    here = share_speeds(ranks, cpus, threads_per_rank, u)
+    there = share_speeds(profiled_ranks, cpus, threads_per_rank, u)
+    compute = contention.get("compute_slowdown", there["compute_slowdown"])
+    comm = contention.get("comm_slowdown", there["comm_slowdown"])
+    return (max(1.0, compute * here["compute_slowdown"] / there["compute_slowdown"]),
+            max(1.0, comm * here["comm_slowdown"] / there["comm_slowdown"]))

@@ -10,11 +10,11 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   forward, backward and optimizer times, the remainder of the step, and when each parameter's
   gradient became ready, all as *work*: the profiled run overlapped communication with backward,
   and on shared cores that slowed backward, so the time spent with communication in flight is
-  divided by the fitted slowdown. The slowdown comes from a processor-sharing model of the cores
-  (`contention`): a rank's compute thread needs a core, a rank's communication thread `u` of one;
-  with R ranks of t threads on C cores each runnable thread gets min(1, C / demand). `u` is the
-  value whose replay of the profiled run itself reproduces its measured backward and exposed
-  communication best (a one-dimensional search).
+  divided by the fitted slowdown. `contention`: how much slower compute runs while a collective is
+  in flight, and a collective while compute runs, at the profiled world size: the pair (a grid
+  search) whose replay of the profiled run itself reproduces its measured backward, exposed comm
+  and comm under backward best. Other world sizes scale them with a processor-sharing model of
+  the cores (costs.slowdowns).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from ddp_lab.analysis.bandwidth import bus_factor
 from ddp_lab.analysis.cost_model import fit_link
 from ddp_lab.analysis.intervals import intersect, merge, total
-from ddp_lab.analysis.predict.costs import PredictError, ring_steps, share_speeds, tokens_per_rank
+from ddp_lab.analysis.predict.costs import PredictError, ring_steps, tokens_per_rank
 from ddp_lab.analysis.predict.schedule import job_step
 from ddp_lab.analysis.records import collective_record, load_runs
 from ddp_lab.analysis.tables import task_of
@@ -177,29 +177,28 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
             "grad_accum_steps": cfg["train"].get("grad_accum_steps", 1),
             "optimizer_params": sum(p["numel"] for p in phases["params"])}
     observed = compute_profile(phases, warmup, 1.0)
+    scale = observed["backward_wall"]
     best = None
-    for u in np.linspace(0.0, 3.0, 61):
-        speeds = share_speeds(world_size, cpus, threads, u)
-        prof = compute_profile(phases, warmup, speeds["compute_slowdown"])
+    for compute_slowdown in np.arange(1.0, 3.001, 0.05):
+        prof = compute_profile(phases, warmup, float(compute_slowdown))
         fields = _compute_fields(prof)
         ready = fields.pop("ready_ms")
         compute = {**base, **fields, "params": [{**p, "ready_ms": r} for p, r in zip(base["params"], ready)]}
-        contention = {"u": float(u)}
-        model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
-        replayed = job_step(model, cfg, backend)[1]
-        scale = observed["backward_wall"]
-        err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
-                                                       (replayed.exposed_ms, observed["exposed"]),
-                                                       (replayed.hidden_ms, observed["hidden"])))
-        if best is None or err < best[0]:
-            best = (err, compute, u, speeds, replayed)
-    _, compute, u, speeds, replayed = best
-    contention = {"u": float(u), "compute_slowdown_at_profile": float(speeds["compute_slowdown"]),
-                  "comm_slowdown_at_profile": float(speeds["comm_slowdown"]),
-                  "check": {"backward_wall_ms": {"measured": observed["backward_wall"],
-                                                 "replayed": replayed.backward_end_ms},
-                            "exposed_ms": {"measured": observed["exposed"], "replayed": replayed.exposed_ms},
-                            "comm_under_backward_ms": {"measured": observed["hidden"], "replayed": replayed.hidden_ms}}}
+        for comm_slowdown in np.arange(1.0, 6.001, 0.1):
+            contention = {"u": float(compute_slowdown) - 1, "compute_slowdown": float(compute_slowdown),
+                          "comm_slowdown": float(comm_slowdown)}
+            model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
+            replayed = job_step(model, cfg, backend)[1]
+            err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
+                                                           (replayed.exposed_ms, observed["exposed"]),
+                                                           (replayed.hidden_ms, observed["hidden"])))
+            if best is None or err < best[0]:
+                best = (err, compute, contention, replayed)
+    _, compute, contention, replayed = best
+    contention["check"] = {
+        "backward_wall_ms": {"measured": observed["backward_wall"], "replayed": replayed.backward_end_ms},
+        "exposed_ms": {"measured": observed["exposed"], "replayed": replayed.exposed_ms},
+        "comm_under_backward_ms": {"measured": observed["hidden"], "replayed": replayed.hidden_ms}}
     return compute, contention
 
 
