@@ -19,6 +19,7 @@ from ddp_lab.analysis.bandwidth import bytes_per_rank
 from ddp_lab.config import Config, set_knobs
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, resolve_backend
+from ddp_lab.models import build_model
 from ddp_lab.units import MiB
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
@@ -101,9 +102,13 @@ def _validate_train(cfg: DictConfig) -> None:
         _require(m[key] >= 1, f"model.{key} must be >= 1, got {m[key]}")
     _require(m.d_model % m.num_heads == 0,
              f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
-    _require(t.precision == "fp32", f"train.precision={t.precision} is not wired to the trainer yet: use fp32")
     _require(not cfg.measure.grad_error, "measure.grad_error is not wired to the trainer yet")
     _validate_strategy(cfg.strategy)
+    takes_compute_dtype = "compute_dtype" in inspect.signature(get_class(cfg.strategy._target_)).parameters
+    _require(t.precision == "fp32" or takes_compute_dtype,
+             f"train.precision={t.precision} is not wired to the trainer yet for strategy={cfg.strategy.name}: "
+             "use fp32, or strategy=fsdp / fsdp_torch")
+    _validate_model_for_strategy(cfg)
     _validate_memory(cfg)
 
 
@@ -125,6 +130,20 @@ def _validate_strategy(strategy: DictConfig) -> None:
     for knob in set_knobs(strategy):
         _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "
                  f"(its knobs: {', '.join(takes) or 'none'})")
+
+
+def _validate_model_for_strategy(cfg: DictConfig) -> None:
+    """A strategy class with a `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
+    model, built on the meta device: no memory, no time, whatever its size."""
+    check = getattr(get_class(cfg.strategy._target_), "check_model", None)
+    if check is None:
+        return
+    with torch.device("meta"):
+        module = build_model(cfg.model)
+    try:
+        check(module, **set_knobs(cfg.strategy))
+    except ValueError as exc:
+        raise ConfigError(f"strategy={cfg.strategy.name} with model={cfg.model.name}: {exc}") from None
 
 
 def _validate_collective(cfg: DictConfig) -> None:
