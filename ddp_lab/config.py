@@ -82,6 +82,15 @@ class Dtype(Choice):
     fp16 = "fp16"
 
 
+class ShardPolicy(Choice):
+    """fsdp: which parameters are sharded (ddp_lab/strategies/fsdp/policy.py)."""
+
+    linear_embedding = "linear_embedding"
+    """Weight matrices of Linear and Embedding layers; norms and biases replicated (CS336's split)."""
+    all_params = "all_params"
+    """Every parameter of one dimension or more (torch FSDP2's default)."""
+
+
 class OuterOptimizer(Choice):
     """local_sgd: what is applied to the averaged change of the parameters at each sync."""
 
@@ -157,6 +166,8 @@ class StrategyConfig:
     """Dtype of gradients on the wire; the averaged result lands in the fp32 gradient."""
     reshard_after_forward: Optional[bool] = None
     """fsdp, fsdp_torch: free a unit's gathered parameters after its forward, gather again for backward."""
+    policy: Optional[ShardPolicy] = None
+    """fsdp: which parameters are sharded (the rest are replicated, their gradients all-reduced)."""
     rank: Optional[int] = None
     """powersgd: rank of the low-rank approximation of each gradient matrix."""
     start_iter: Optional[int] = None

@@ -19,6 +19,7 @@ from ddp_lab.analysis.bandwidth import bytes_per_rank
 from ddp_lab.config import Config, set_knobs
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
+from ddp_lab.models import build_model
 from ddp_lab.units import MiB
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
@@ -105,6 +106,10 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     cls = _validate_strategy(cfg.strategy)
     _validate_comm_dtype(cfg, cls)
+    _require(not (cfg.measure.grad_error and getattr(cls, "zero_stage", 0) >= 3),
+             f"measure.grad_error: strategy={cfg.strategy.name} shards the parameters themselves (ZeRO-3), so the "
+             "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
+    _validate_model_for_strategy(cfg)
     _validate_memory(cfg)
 
 
@@ -140,6 +145,20 @@ def _validate_comm_dtype(cfg: DictConfig, cls: type) -> None:
              f"strategy.comm_dtype=bf16: strategy={strategy.name} reduces through torch DDP's bf16_compress_hook, "
              "which torch allows only on CUDA with NCCL 2.10+, not on gloo: use comm_dtype=fp16, or a hand-written "
              "strategy (strategy=bucketed) for bf16 on the wire")
+
+
+def _validate_model_for_strategy(cfg: DictConfig) -> None:
+    """A strategy class with a `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
+    model, built on the meta device: no memory, no time, whatever its size."""
+    check = getattr(get_class(cfg.strategy._target_), "check_model", None)
+    if check is None:
+        return
+    with torch.device("meta"):
+        module = build_model(cfg.model)
+    try:
+        check(module, **set_knobs(cfg.strategy))
+    except ValueError as exc:
+        raise ConfigError(f"strategy={cfg.strategy.name} with model={cfg.model.name}: {exc}") from None
 
 
 def _validate_collective(cfg: DictConfig) -> None:

@@ -35,7 +35,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (batch, heads, seq, head_dim); rotate interleaved pairs.
         seq = x.shape[-2]
-        cos, sin = self.cos[:seq], self.sin[:seq]
+        cos, sin = self.cos[:seq].to(x.dtype), self.sin[:seq].to(x.dtype)  # rotate in x's dtype (bf16 under fsdp)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return out.flatten(-2)

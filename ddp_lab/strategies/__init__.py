@@ -10,6 +10,8 @@
 | zero1 | Zero1 + ShardedOptimizer | zero1/strategy.py, zero1/optimizer.py |
 | zero1_torch | TorchZero1 (torch DDP + ZeroRedundancyOptimizer) | zero1/torch_reference.py |
 | zero2 | Zero2 + Zero2Optimizer | zero2.py (on bucketed.py's buckets) |
+| fsdp | FSDP (hand-written ZeRO-3) | fsdp/ (policy.py, unit.py, wrapper.py) |
+| fsdp_torch | TorchFSDP (torch's fully_shard, FSDP2) | fsdp_torch.py |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |
 
@@ -25,6 +27,8 @@ entry below.
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
+from ddp_lab.strategies.fsdp import FSDP
+from ddp_lab.strategies.fsdp_torch import TorchFSDP
 from ddp_lab.strategies.local_sgd import LocalSGD
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
@@ -34,7 +38,8 @@ from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
 STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1,
-                                        Zero2, PowerSGD, LocalSGD)}
+                                        Zero2, PowerSGD, LocalSGD, FSDP, TorchFSDP)}
 
-__all__ = ["STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP", "OverlapDDP",
-           "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer", "plan_buckets"]
+__all__ = ["FSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP", "OverlapDDP",
+           "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer",
+           "plan_buckets"]

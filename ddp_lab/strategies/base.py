@@ -14,6 +14,9 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
   torch's DistributedDataParallel;
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
 - `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
+- `full_state_dict()`: the wrapped model's state dict with every parameter whole (what
+  `train.save_model` writes; a plain model loads it); collective for strategies that shard
+  parameters, so every rank calls it;
 - `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
   gradients, 3 also parameters), for the memory accounting and the pre-launch memory check;
 - `reduces_gradients`: False for a strategy with no gradient collective (local_sgd averages
@@ -77,6 +80,9 @@ class DataParallelBase(nn.Module):
 
     def facts(self) -> dict:
         return {}
+
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():

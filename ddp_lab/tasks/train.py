@@ -72,14 +72,23 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     return torch.stack(losses).sum()
 
 
+def compute_dtype_argument(cfg) -> dict:
+    """`train.precision` as the `compute_dtype` of a strategy that takes one (fsdp, fsdp_torch: the dtype
+    parameters are gathered and used in); {} for the others and for fp32."""
+    precision = str(OmegaConf.select(cfg, "train.precision", default="fp32"))
+    if precision == "fp32" or "compute_dtype" not in inspect.signature(get_class(cfg.strategy._target_)).parameters:
+        return {}
+    return {"compute_dtype": precision}
+
+
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     module = build_model(cfg.model).to(device)
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
-    casts_itself = "compute_dtype" in inspect.signature(get_class(cfg.strategy._target_)).parameters
-    model = build(cfg.strategy, module, **({"compute_dtype": str(cfg.train.precision)} if casts_itself else {}))
+    casts_itself = compute_dtype_argument(cfg)  # fsdp: the compute dtype instead of autocast
+    model = build(cfg.strategy, module, **casts_itself)
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     precision = Precision(cfg.train.precision, device.type, autocast=not casts_itself,
                           agree_over_ranks=model.zero_stage > 0 or not getattr(model, "reduces_gradients", True))
@@ -112,8 +121,10 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             steps.append(record)
             recorder.step(record)
             profiler.step()
-    if cfg.train.save_model and rank == 0:
-        torch.save(model.module.state_dict(), job_dir / MODEL)
+    if cfg.train.save_model:
+        state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
+        if rank == 0:
+            torch.save(state, job_dir / MODEL)
     summary = summarize(steps, cfg)
     summary["memory"] = memory_report(memory, model, num_params, str(OmegaConf.select(cfg, "train.precision",
                                                                                    default="fp32")))

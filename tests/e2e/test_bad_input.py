@@ -39,7 +39,11 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=zero2 strategy.grad_sync=flat": "strategy.grad_sync is not a knob of strategy=zero2",
     "strategy=zero2 strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=zero2",
     "strategy=torch_ddp strategy.comm_dtype=bf16 backend=gloo": "torch allows only on CUDA with NCCL 2.10+",
-    "train.precision=fp8": "Invalid value 'fp8', expected one of [fp32, bf16, fp16]",
+    "strategy=fsdp strategy.policy=rows": "Invalid value 'rows', expected one of [linear_embedding, all_params]",
+    "strategy=fsdp train.precision=fp8": "Invalid value 'fp8', expected one of [fp32, bf16, fp16]",
+    "strategy=bucketed strategy.reshard_after_forward=false":
+        "strategy.reshard_after_forward is not a knob of strategy=bucketed",
+    "strategy=fsdp model._target_=tests.helpers.models.NothingToShard": "has no parameter the policy shards",
     "strategy=powersgd strategy.rank=0": "strategy.rank must be >= 1, got 0",
     "strategy=powersgd strategy.start_iter=-1": "strategy.start_iter must be >= 0, got -1",
     "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",

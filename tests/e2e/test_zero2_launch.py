@@ -5,18 +5,14 @@ import pytest
 import torch
 
 from ddp_lab.analysis.report import make_report
-from tests.helpers.launching import FAST, launch, results
+from tests.helpers.launching import results, strategy_sweep
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("zero2")
-    proc = launch(*FAST, "logger=none", "train.save_model=true", "strategy=bucketed,zero2", tmp_path=tmp,
-                  multirun=True)
-    assert proc.returncode == 0, proc.stderr
-    return {"bucketed": tmp / "multirun/0", "zero2": tmp / "multirun/1"}
+    return strategy_sweep(tmp_path_factory.mktemp("zero2"), ["bucketed", "zero2"])
 
 
 def test_zero2_trains_to_bucketeds_weights(sweep):

@@ -23,5 +23,13 @@ def launch(*overrides: str, tmp_path: Path, multirun: bool = False, timeout: flo
     return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def strategy_sweep(tmp_path: Path, strategies: list[str], *overrides: str) -> dict[str, Path]:
+    """One FAST sweep over `strategies` with the final weights saved: {strategy: its job folder}."""
+    proc = launch(*FAST, "logger=none", "train.save_model=true", f"strategy={','.join(strategies)}", *overrides,
+                  tmp_path=tmp_path, multirun=True)
+    assert proc.returncode == 0, proc.stderr
+    return {name: tmp_path / "multirun" / str(i) for i, name in enumerate(strategies)}
+
+
 def results(job_dir: Path) -> dict:
     return json.loads((job_dir / "results.json").read_text())

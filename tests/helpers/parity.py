@@ -10,7 +10,6 @@ At the end every rank's weights must equal the reference's to float32 rounding.
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 
 import torch
@@ -66,10 +65,10 @@ class SingleProcess(nn.Module):
 
 
 def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH,
-                    precision: str = "fp32"):
+                    precision: str = "fp32", reference_wrapper=SingleProcess):
     """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches,
     autocast (and loss-scaled) as `precision` says."""
-    reference = SingleProcess(model)
+    reference = reference_wrapper(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
     cfg = data_cfg(micro_batches, batch_size)
     mixed = Precision(precision)
@@ -81,20 +80,25 @@ def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int 
 
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
-                      batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, precision="fp32"):
+                      batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
+                      precision="fp32"):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
     `exact_reference`: the reference accumulates the ranks' slices as micro-batches, in rank
     order, each loss divided by N: at 2 ranks that is the same arithmetic as averaging the two
     ranks' gradients (halving is exact, and a + b is b + a), so a strategy can match it bit for bit.
+    `reference_wrapper`: what runs the reference model (SingleProcess; a compute-dtype test casts).
     `precision`: train.precision on both sides (sharded optimizers' loss scalers agree over ranks,
     as the trainer sets them).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
     ddp = make_wrapper(MODELS[model_name]())
-    reference = copy.deepcopy(ddp.module) if rank == 0 else None
+    start = ddp.full_state_dict()  # the broadcast weights, whole (collective: fsdp's parameters are shards)
+    reference = MODELS[model_name]() if rank == 0 else None
+    if reference is not None:
+        reference.load_state_dict(start)
     optimizer = ddp.make_optimizer(optimizer_cls, **opt_kwargs)
     cfg = data_cfg(grad_accum_steps, batch_size)
     mixed = Precision(precision, agree_over_ranks=ddp.zero_stage > 0)
@@ -103,8 +107,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
-                        precision)
-    state = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+                        precision=precision, reference_wrapper=reference_wrapper)
+    state = ddp.full_state_dict()
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))
 
@@ -120,3 +124,19 @@ def assert_parity(results, exact: bool = False) -> None:
             else:
                 torch.testing.assert_close(state[name], tensor, atol=ATOL, rtol=RTOL,
                                            msg=lambda m, n=name, r=rank: f"rank {r}, {n}: {m}")
+
+
+def per_scenario(results, names):
+    """(name, [each rank's result]) for each of `names` the ranks ran."""
+    for name in names:
+        if name in results[0]:
+            yield name, [r[name] for r in results]
+
+
+def assert_parity_each(results, names) -> None:
+    """`assert_parity` for every scenario, naming the one and the world size that failed."""
+    for name, per_rank in per_scenario(results, names):
+        try:
+            assert_parity(per_rank)
+        except AssertionError as error:
+            raise AssertionError(f"{name} at {len(results)} ranks: {error}") from None

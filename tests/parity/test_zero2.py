@@ -27,7 +27,7 @@ from ddp_lab.rank.memory import model_state_bytes
 from ddp_lab.strategies import BucketedDDP, Zero2, plan_buckets
 from tests.helpers.distributed import run_ranks
 from tests.helpers.models import BranchyNet, mid_mb
-from tests.helpers.parity import STEPS, assert_parity, global_batch, train_distributed
+from tests.helpers.parity import STEPS, assert_parity, assert_parity_each, global_batch, per_scenario, train_distributed
 
 TINY_MB = 1e-6   # below every parameter: each parameter is larger than its bucket, and has one of its own
 
@@ -133,22 +133,13 @@ def many(request):
     return run_ranks(_run, request.param, MANY)
 
 
-def _scenarios(results, names):
-    for name in names:
-        yield name, [r[name] for r in results]
-
-
 @pytest.mark.parametrize("name", list(TWO))
 def test_same_weights_as_single_process_at_2_ranks(two, name):
     assert_parity([r[name] for r in two], exact=name in EXACT)
 
 
 def test_transformer_at_3_4_5_ranks(many):
-    for name, per_rank in _scenarios(many, MANY):
-        try:
-            assert_parity(per_rank)
-        except AssertionError as error:
-            raise AssertionError(f"{name} at {len(many)} ranks: {error}") from None
+    assert_parity_each(many, MANY)
 
 
 def _assert_sharded(name, per_rank):
@@ -188,13 +179,13 @@ def _assert_comm(name, per_rank):
 
 def test_state_is_sharded(two, many):
     for results, names in ((two, TWO), (many, MANY)):
-        for name, per_rank in _scenarios(results, names):
+        for name, per_rank in per_scenario(results, names):
             _assert_sharded(name, per_rank)
 
 
 def test_comm_bytes(two, many):
     for results, names in ((two, TWO), (many, MANY)):
-        for name, per_rank in _scenarios(results, names):
+        for name, per_rank in per_scenario(results, names):
             _assert_comm(name, per_rank)
 
 

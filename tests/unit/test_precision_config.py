@@ -71,3 +71,8 @@ def test_precision_the_device_cannot_do_is_refused(monkeypatch):
                         lambda precision, device_type: f"autocast to {precision} does not run on {device_type}")
     with pytest.raises(ConfigError, match="train.precision=fp16: autocast to fp16 does not run on cpu"):
         validate(_compose("train.precision=fp16"))
+
+
+def test_grad_error_on_a_strategy_that_shards_parameters_is_refused():
+    with pytest.raises(ConfigError, match="measure.grad_error: strategy=fsdp shards the parameters themselves"):
+        validate(_compose("strategy=fsdp", "measure.grad_error=true"))

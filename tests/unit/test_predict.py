@@ -126,7 +126,7 @@ def test_world_size_scales_compute_by_tokens_and_core_share():
     with pytest.raises(PredictError, match="model"):
         job_step(_model(), {**_cfg("naive"), "model": {"name": "small"}})
     with pytest.raises(PredictError, match="no replay"):
-        job_step(_model(), _cfg("local_sgd"))
+        job_step(_model(), _cfg("fsdp"))
     with pytest.raises(PredictError, match="train.precision"):
         job_step(_model(), {**_cfg("naive"), "train": {"batch_size": 8, "precision": "bf16"}})
 
@@ -250,3 +250,15 @@ def test_slowdowns_carry_the_fitted_pair_to_other_world_sizes():
     assert slowdowns(fitted, 2, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(2.0))
     # 4 ranks on 2 cores, u = 0.3: compute 0.5 alone, 2 / (4 * 1.3) with comm: x1.3; comm 1 alone: x2.6 (x2 of 1.3)
     assert slowdowns(fitted, 4, 2, 2, 1) == (pytest.approx(1.3), pytest.approx(4.0))
+
+
+def test_local_sgd_and_uncompressed_powersgd():
+    # sync every 4: the median step has no communication; every step: one 2 MB all-reduce (3 ms) after the update
+    assert job_step(_model(), _cfg("local_sgd", sync_every=4))[1].step_ms == pytest.approx(36.0)
+    assert job_step(_model(), _cfg("local_sgd", sync_every=1))[1].step_ms == pytest.approx(39.0)
+    early = {**_cfg("powersgd", bucket_mb=25, start_iter=10),
+             "train": {"batch_size": 8, "steps": 12, "warmup_steps": 3}}
+    assert job_step(_model(), early)[1].step_ms == pytest.approx(39.0)  # as bucketed: 7 of 9 steps uncompressed
+    late = {**early, "strategy": {**early["strategy"], "start_iter": 0}}
+    with pytest.raises(PredictError, match="compressed"):
+        job_step(_model(), late)

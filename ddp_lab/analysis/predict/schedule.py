@@ -15,6 +15,11 @@ alpha-beta of its op at the job's world size:
 | zero1 | its grad_sync's collectives, the update of 1/N of the parameters, one broadcast per parameter |
 | zero1 comm=reduce_scatter | on gloo a reduce per parameter instead of the all-reduces |
 | zero2 | per bucket N reduces of 1/N of it during backward (gloo), the update of 1/N, N broadcasts per bucket |
+| local_sgd | every `sync_every` steps one all-reduce of the parameters after the update (see below) |
+| powersgd | bucketed's all-reduces, while most measured steps come before `start_iter` |
+
+local_sgd's p50 step is the step without the averaging when sync_every > 2, with it at 1, their mean
+at 2. PowerSGD's compressed step (factor matmuls, two all-reduces per bucket) is not modelled yet.
 
 Strategies not listed raise `PredictError` (validate reports the job as not predicted).
 """
@@ -26,7 +31,7 @@ from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_sp
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2")
+STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2", "local_sgd", "powersgd")
 
 
 def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, Replayed]:
@@ -81,6 +86,18 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
     elif name in ("bucketed", "torch_ddp"):
         comms = bucketed(strategy.get("bucket_mb") or 25.0)
+    elif name == "powersgd":
+        train = cfg.get("train", {})
+        measured = max(1, train.get("steps", 20) - train.get("warmup_steps", 3))
+        plain = max(0, min(strategy.get("start_iter", 10), train.get("steps", 20)) - train.get("warmup_steps", 3))
+        if plain <= measured / 2:
+            raise PredictError("no replay for powersgd's compressed steps yet (most measured steps come after "
+                               "start_iter)")
+        comms = bucketed(strategy.get("bucket_mb") or 25.0)
+    elif name == "local_sgd":
+        every = int(strategy.get("sync_every") or 1)
+        share = 1.0 if every == 1 else 0.5 if every == 2 else 0.0  # of the averaging, in the p50 step
+        opt_comm = share * coll("all_reduce", sum(p["bytes"] for p in params)).ms if n > 1 else 0.0
     elif name == "zero1":
         updated = 1 / n
         if (strategy.get("comm") or "allreduce_broadcast") == "reduce_scatter":

@@ -99,6 +99,9 @@ class Zero1(nn.Module):
     def facts(self) -> dict:
         return self.sync.facts()
 
+    def full_state_dict(self) -> dict:
+        return self.sync.full_state_dict()
+
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None, **kwargs) -> ShardedOptimizer:
         params = self.sync.trainable_parameters() if params is None else params
         optimizer = ShardedOptimizer(params, optimizer_cls, comm=self.comm_mode, comm_stats=self.comm,

@@ -1,0 +1,158 @@
+"""Which parameters fsdp shards and which submodules are its units: a `Policy`, and the plan it makes.
+
+A policy answers two questions, each a function:
+
+- `shards(module, attr, param)`: is this parameter sharded (over dim 0, padded so any world size
+  divides it), or replicated on every rank with its gradient all-reduced?
+- `is_unit(parent, module)`: is this submodule a unit, gathered together before its forward and
+  reduced together after its backward? The outermost match wins (a unit is never nested in another).
+
+Named policies (`strategy.policy`):
+
+- `linear_embedding` (default): shard the weight matrices of `nn.Linear` and `nn.Embedding` (2-D
+  and larger); replicate the rest (norm weights, biases): the CS336 2026 handout's split. Units:
+  every direct child of the wrapped model and every item of an `nn.ModuleList` / `nn.Sequential`,
+  when it holds a parameter to shard: for the Transformer, the embedding, each block and the
+  output head (the final norm holds nothing to shard and is replicated).
+- `all_params`: shard every parameter of one dimension or more (torch FSDP2's default); the
+  same units.
+
+A parameter lies in a unit when every module that holds it does (a weight tied across two units
+belongs to neither); parameters in no unit form the *root* unit, gathered for the whole forward
+and backward. `plan_units` is shared by fsdp and fsdp_torch, so both run on the same units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+
+@dataclass(frozen=True)
+class Policy:
+    shards: Callable[[nn.Module, str, nn.Parameter], bool]
+    is_unit: Callable[[nn.Module, nn.Module], bool]
+
+
+def linear_embedding_weights(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
+    return isinstance(module, (nn.Linear, nn.Embedding)) and attr == "weight" and param.dim() >= 2
+
+
+def every_parameter(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
+    return param.dim() >= 1
+
+
+def children_and_list_items(parent: nn.Module | None, module: nn.Module) -> bool:
+    """Direct children of the wrapped model (given as parent=None) and items of a container; a
+    container itself is never a unit (its items are)."""
+    return not isinstance(module, CONTAINERS) and (parent is None or isinstance(parent, CONTAINERS))
+
+
+POLICIES = {
+    "linear_embedding": Policy(linear_embedding_weights, children_and_list_items),
+    "all_params": Policy(every_parameter, children_and_list_items),
+}
+
+
+def resolve_policy(policy: str | Policy) -> Policy:
+    if isinstance(policy, Policy):
+        return policy
+    if str(policy) not in POLICIES:
+        raise ValueError(f"unknown fsdp policy {policy!r}: use one of {', '.join(POLICIES)} or a Policy")
+    return POLICIES[str(policy)]
+
+
+@dataclass
+class Slot:
+    """One place a parameter is registered: `module._parameters[attr]` (a tied one has several)."""
+
+    module: nn.Module
+    attr: str
+    qualname: str
+
+
+@dataclass
+class ParamPlan:
+    param: nn.Parameter
+    name: str           # as module.named_parameters() names it
+    slots: list[Slot]
+    sharded: bool
+
+
+@dataclass
+class UnitPlan:
+    name: str                   # the unit module's qualified name; "" for the root
+    module: nn.Module | None    # None for the root
+    params: list[ParamPlan]
+
+    @property
+    def sharded(self) -> list[ParamPlan]:
+        return [p for p in self.params if p.sharded]
+
+
+def parameter_slots(module: nn.Module) -> dict[int, ParamPlan]:
+    """Every parameter once (named as `named_parameters()` names it) with every slot that holds it."""
+    plans: dict[int, ParamPlan] = {}
+    names = {id(p): name for name, p in module.named_parameters()}
+    seen = set()
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is None or (id(m), attr) in seen:
+                continue
+            seen.add((id(m), attr))
+            plan = plans.setdefault(id(p), ParamPlan(p, names[id(p)], [], False))
+            plan.slots.append(Slot(m, attr, f"{mname}.{attr}" if mname else attr))
+    return plans
+
+
+def candidate_units(module: nn.Module, policy: Policy) -> list[tuple[str, nn.Module]]:
+    """Submodules the policy calls units, outermost first, in registration order, none nested."""
+    out = []
+
+    def visit(parent: nn.Module, prefix: str, is_root: bool) -> None:
+        for name, child in parent.named_children():
+            qualname = f"{prefix}.{name}" if prefix else name
+            if policy.is_unit(None if is_root else parent, child):
+                out.append((qualname, child))
+            else:
+                visit(child, qualname, False)
+
+    visit(module, "", True)
+    return out
+
+
+def plan_units(module: nn.Module, policy: str | Policy = "linear_embedding") -> list[UnitPlan]:
+    """The units (those holding a parameter to shard, in registration order) and, last, the root with
+    every parameter in no unit (only when it has one). Raises ValueError when nothing is sharded."""
+    policy = resolve_policy(policy)
+    params = parameter_slots(module)
+    for plan in params.values():
+        plan.sharded = any(policy.shards(s.module, s.attr, plan.param) for s in plan.slots)
+    if not any(p.sharded for p in params.values()):
+        raise ValueError(f"fsdp: {type(module).__name__} has no parameter the policy shards, so no unit to "
+                         "shard: use policy=all_params, or a strategy that does not shard parameters")
+    owner: dict[int, int] = {}
+    candidates = candidate_units(module, policy)
+    members = [{id(m) for m in unit.modules()} for _, unit in candidates]
+    for pid, plan in params.items():
+        holders = {id(s.module) for s in plan.slots}
+        for index, inside in enumerate(members):
+            if holders <= inside:
+                owner[pid] = index
+                break
+    units = []
+    for index, (name, unit) in enumerate(candidates):
+        mine = [plan for pid, plan in params.items() if owner.get(pid) == index]
+        if any(p.sharded for p in mine):
+            units.append(UnitPlan(name, unit, mine))
+        else:
+            for plan in mine:
+                owner.pop(id(plan.param))
+    rest = [plan for pid, plan in params.items() if pid not in owner]
+    if rest:
+        units.append(UnitPlan("", None, rest))
+    return units

@@ -1,0 +1,40 @@
+"""fsdp and fsdp_torch through launch.py: the same weights (the consolidated checkpoint of
+train.save_model), about 1/N of the model state per rank, the peak gathered for fsdp, and both on the
+report's ladder. One sweep serves every assertion."""
+
+import pytest
+import torch
+
+from ddp_lab.analysis.report import make_report
+from tests.helpers.launching import results, strategy_sweep
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return strategy_sweep(tmp_path_factory.mktemp("fsdp"), ["fsdp", "fsdp_torch"])
+
+
+def test_fsdp_trains_to_fsdp_torchs_weights(sweep):
+    weights = {name: torch.load(job / "model.pt") for name, job in sweep.items()}
+    assert set(weights["fsdp"]) == set(weights["fsdp_torch"])
+    for key, tensor in weights["fsdp_torch"].items():
+        assert weights["fsdp"][key].shape == tensor.shape  # whole, not a shard
+        torch.testing.assert_close(weights["fsdp"][key], tensor, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_model_state_is_sharded_and_the_peak_gathered_reported(sweep):
+    for name, job in sweep.items():
+        memory = results(job)["summary"]["memory"]
+        assert memory["zero_stage"] == 3 and memory["expected_total"] == 16 * memory["num_params"] / 2
+        assert 1.0 <= memory["model_state_ratio"] <= 1.05, name
+    fsdp = results(sweep["fsdp"])["summary"]["memory"]
+    assert 0 < fsdp["peak_gathered_bytes_max_rank"] < 4 * fsdp["num_params"]  # not the whole model
+
+
+def test_report_has_both_on_the_ladder(sweep):
+    report = make_report(sweep["fsdp"].parent, quiet=True)
+    assert "report_ladder.png" in {p.name for p in report["png"]}
+    assert {r["strategy"] for r in report["records"]} >= {"fsdp", "fsdp_torch"}
