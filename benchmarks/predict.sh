@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # docs/predict.md's tables: calibrate the step-time model on this machine from a collective sweep and ONE
 # profiled run (overlap, tiny, 2 ranks), predict a training sweep it never saw (naive, flat, overlap,
-# bucketed at several bucket sizes, zero1, zero2 at 2 and 4 gloo ranks), and carry it to named GPU systems.
+# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd at 2 and 4 gloo ranks), and carry it
+# to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
 # the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 15 minutes on 2 cores.
 #
@@ -13,7 +14,7 @@ out=${1:-outputs/bench/predict}
 steps=${STEPS:-12}
 sizes=${SIZES_MB:-0.001,0.01,0.1,1,10,40}
 buckets=${BUCKETS_MB:-1,4,16,64}
-strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2}
+strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2,local_sgd,powersgd}
 world_sizes=${WORLD_SIZES:-2,4}
 mkdir -p "$out"
 common="model=tiny backend=gloo logger=none train.warmup_steps=3"
@@ -45,8 +46,8 @@ torch $(python -c 'import torch; print(torch.__version__)'), gloo; $(date -u +%Y
     cat "$out/validate.md"
     echo
     echo "Fitted: $(python -c "import json; m=json.load(open('$out/model.json')); c, k = m['compute'], m['contention']; \
-print(f\"forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms, \
-comm thread load u={k['u']:.2f} (compute and comm x{k['compute_slowdown_at_profile']:.2f} slower while both run at 2 ranks)\")")"
+print(f\"forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms; \
+while both run at 2 ranks compute x{k['compute_slowdown']:.2f} and comm x{k['comm_slowdown']:.2f} slower\")")"
     for system in h100-nvlink h100-ib a100-nvlink; do
         echo
         echo "## Scale: $system"
