@@ -11,7 +11,9 @@ and `module.named_parameters()` lists at rest) are views into that buffer with t
 S_grad elements: only that prefix is reduced.
 
 Gather (`launch_gather`, `wait_gathered`): the flat shard (cast to the compute dtype first when one
-is set) is all-gathered into a fresh N x S buffer, and each parameter's rows are copied out into
+is set) is all-gathered into a fresh N x S buffer (nccl: `all_gather_single`; gloo: one async
+`broadcast` per rank row, each rank's own row written first, as zero2 does: gloo's all-gather
+measured about 2x slower than that on this machine), and each parameter's rows are copied out into
 its *full* parameter, a persistent `nn.Parameter` whose storage is freed (resized to 0) at rest and
 re-allocated at each gather. Autograd saves the full parameter in forward; freeing and
 re-allocating the same storage (the trick FSDP1 and FSDP2 use) lets a unit reshard after its
@@ -30,7 +32,10 @@ buffer. Then the full gradients are dropped. `launch_reduce` sums row r onto ran
 `reduce_scatter_single`; gloo, whose reduce-scatter is an all-reduce underneath: N async
 `reduce`s, one per row, as zero2 does) and all-reduces the replicated buffer;
 `assign_grads` points each local parameter's `.grad` at its part of the averaged shard (added
-to a `.grad` already there, as autograd would accumulate).
+to a `.grad` already there, as autograd would accumulate). With a wire dtype (`comm_dtype`
+bf16/fp16) the fp32 buffers are cast just before their collective (so `no_sync` accumulation
+stays fp32), summed in that dtype, and the result widened back into the fp32 gradients: half the
+reduction's bytes.
 """
 
 from __future__ import annotations
@@ -127,8 +132,10 @@ class ReplicatedParam:
 class Unit:
     """A unit's shards, its gathered state and its gradient reduction (module docstring)."""
 
-    def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None, tensor_collectives: bool):
+    def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None, tensor_collectives: bool,
+                 wire_dtype: torch.dtype | None = None):
         self.name, self.module = plan.name, plan.module
+        self.wire_dtype = wire_dtype
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.tensor_collectives = tensor_collectives
         first = plan.params[0].param
@@ -182,10 +189,19 @@ class Unit:
         """Start the all-gather; returns its stamp (None when nothing to gather or already under way)."""
         if self.gathered or self.pending is not None or not self.sharded:
             return None
-        source = self.flat if self.compute_dtype == self.dtype else self.flat.to(self.compute_dtype)
-        out = torch.empty(self.world_size * source.numel(), dtype=self.compute_dtype, device=self.device)
-        future, stamp = launch_stamped(lambda: [all_gather_single(out, source, async_op=True)],
-                                       tensor_bytes(out), on_cuda)
+        out = torch.empty(self.world_size * self.flat.numel(), dtype=self.compute_dtype, device=self.device)
+        if self.tensor_collectives:
+            source = self.flat if self.compute_dtype == self.dtype else self.flat.to(self.compute_dtype)
+
+            def launch():
+                return [all_gather_single(out, source, async_op=True)]
+        else:  # gloo: its all-gather is slower than one broadcast per rank row (2x at 16 MB, 2 ranks)
+            rows = out.view(self.world_size, -1)
+            rows[self.rank].copy_(self.flat)  # the cast to the compute dtype, when one is set
+
+            def launch():
+                return [dist.broadcast(row, src=r, async_op=True) for r, row in enumerate(rows)]
+        future, stamp = launch_stamped(launch, tensor_bytes(out), on_cuda)
         self.pending = (future, stamp, out)
         return stamp
 
@@ -253,14 +269,16 @@ class Unit:
 
     def launch_reduce(self, on_cuda: bool) -> list:
         """Sum every rank's folded gradients: row r of the sharded buffer onto rank r, the replicated
-        buffer onto every rank. Returns the stamps."""
+        buffer onto every rank, in the wire dtype when one is set (a cast copy of the fp32 buffers).
+        Returns the stamps."""
         if self.packed is None:
             return []
-        packed, flat, self.packed, self.replicated_acc = self.packed, self.replicated_acc, None, None
+        packed, flat = (self._to_wire(t) for t in (self.packed, self.replicated_acc))
+        self.packed = self.replicated_acc = None
         stamps, sharded = [], (None, None, None)
         if self.grad_numel:
             if self.tensor_collectives:
-                shard = torch.empty(self.grad_numel, dtype=self.dtype, device=self.device)
+                shard = torch.empty(self.grad_numel, dtype=packed.dtype, device=self.device)
 
                 def launch():
                     return [reduce_scatter_single(shard, packed.view(-1), async_op=True)]
@@ -281,6 +299,9 @@ class Unit:
         self.reducing = (*sharded, *replicated, flat)
         return stamps
 
+    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.wire_dtype in (None, tensor.dtype) else tensor.to(self.wire_dtype)
+
     @torch.no_grad()
     def assign_grads(self) -> None:
         """Wait for the reduction; each local parameter's `.grad` gets its averaged part (its own shape,
@@ -291,13 +312,15 @@ class Unit:
         self.reducing = None
         if future is not None:
             future.wait()
-            shard = result if self.tensor_collectives else result[self.rank].clone()  # frees the N x S buffer
+            mine = result if self.tensor_collectives else result[self.rank]
+            shard = mine.to(self.dtype, copy=not self.tensor_collectives)  # a copy frees the N x S buffer
             for entry in self.sharded:
                 if entry.requires_grad:
                     grad = shard[entry.offset:entry.offset + entry.local.numel()].view_as(entry.local)
                     _accumulate(entry.local, grad)
         if rep_future is not None:
             rep_future.wait()
+            flat = flat.to(self.dtype)
             for entry in self.replicated:
                 if entry.param.requires_grad:
                     p = entry.param

@@ -1,6 +1,7 @@
 """`strategy=fsdp`: FSDP (ZeRO stage 3) written by hand: parameters, gradients and optimizer state sharded.
 
-`FSDP(module, compute_dtype=None, reshard_after_forward=True, policy="linear_embedding")`. The
+`FSDP(module, compute_dtype=None, reshard_after_forward=True, policy="linear_embedding",
+comm_dtype=None)`. The
 model is split into units (policy.py) and each unit's parameters are held as local shards
 (unit.py). One step:
 
@@ -24,7 +25,8 @@ model is split into units (policy.py) and each unit's parameters are held as loc
 Each rank must run the same units in the same order (the all-gathers are collectives), as with
 torch's FSDP. `compute_dtype` (torch.bfloat16 / torch.float16): the shards are cast before the
 all-gather, forward and backward run in it, and gradients are reduced and kept in fp32 with fp32
-master weights and optimizer state. `no_sync()`: micro-batches add their gradients into the fp32
+master weights and optimizer state. `comm_dtype` (bf16, fp16): gradients are reduced in it (half
+the reduction's bytes) and land in the fp32 gradients. `no_sync()`: micro-batches add their gradients into the fp32
 reduction buffers (a full gradient's worth per rank, as zero2 keeps) and only the last reduces.
 
 Communication per step: an all-gather of each unit in forward and again in backward
@@ -52,7 +54,7 @@ from ddp_lab.strategies.fsdp.unit import Unit
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def resolve_compute_dtype(compute_dtype) -> torch.dtype | None:
+def resolve_compute_dtype(compute_dtype, what: str = "compute_dtype") -> torch.dtype | None:
     """None (compute in the parameters' dtype), torch.float16 or torch.bfloat16 (or their names)."""
     names = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16}
@@ -62,7 +64,7 @@ def resolve_compute_dtype(compute_dtype) -> torch.dtype | None:
         return compute_dtype
     if compute_dtype == torch.float32:
         return None
-    raise ValueError(f"fsdp compute_dtype must be None, torch.float16 or torch.bfloat16, got {compute_dtype!r}")
+    raise ValueError(f"fsdp {what} must be None, torch.float16 or torch.bfloat16, got {compute_dtype!r}")
 
 
 class _AfterBackward(torch.autograd.Function):
@@ -87,15 +89,17 @@ class FSDP(DataParallelBase):
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
-                 policy: str | Policy = "linear_embedding"):
+                 policy: str | Policy = "linear_embedding", comm_dtype=None):
         compute_dtype = resolve_compute_dtype(compute_dtype)
+        wire = resolve_compute_dtype(comm_dtype, "comm_dtype")  # the same names: fp32 (as is), bf16, fp16
         plans = plan_units(module, policy)  # raises before any collective when there is nothing to shard
         super().__init__(module)            # every rank starts from rank 0's weights
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self._on_cuda = any(p.is_cuda for p in module.parameters())
         tensor = (self.force_tensor_collectives if self.force_tensor_collectives is not None
                   else dist.get_backend() == "nccl")
-        self.units = [Unit(plan, compute_dtype, tensor) for plan in plans]
+        self.units = [Unit(plan, compute_dtype, tensor, wire) for plan in plans]
+        self.comm_dtype = wire
         self.root = self.units[-1] if self.units[-1].module is None else None
         self._hooked = [u for u in self.units if u.module is not None]
         for unit in self._hooked:
@@ -151,6 +155,7 @@ class FSDP(DataParallelBase):
                          "replicated_parameters": sum(len(u.replicated) for u in self.units),
                          "unit_gathered_mb": [u.gathered_bytes / 2**20 for u in self.units],
                          "compute_dtype": str(self.compute_dtype or "parameters'").replace("torch.", ""),
+                         "comm_dtype": str(self.comm_dtype or "fp32").replace("torch.", ""),
                          "reshard_after_forward": self.reshard_after_forward}}
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
