@@ -43,3 +43,19 @@ def test_bytes_on_the_wire_are_the_planned_fraction(run):
         # the summary's mean over the measured steps (2-15): syncs after steps 3, 7, 11 and 15
         assert summary["comm_bytes_per_step"] == pytest.approx(per_sync * 4 / 14)
         assert summary["comm_bytes_per_step"] <= 0.30 * per_sync
+
+
+@pytest.mark.parametrize("strategy", [["strategy=powersgd", "strategy.start_iter=2", "strategy.rank=2"],
+                                      ["strategy=local_sgd", "strategy.sync_every=2"]], ids=["powersgd", "local_sgd"])
+def test_fp16_with_grad_error(strategy, tmp_path):
+    """fp16 compute (loss scaling) runs ok and learns; grad_error shows what each strategy delivers: powersgd
+    the exact average on its plain steps and an approximation after, local_sgd each rank's own gradient."""
+    proc = launch("model=toy", "train.steps=6", "train.warmup_steps=1", "train.batch_size=4", "train.lr=1e-2",
+                  "logger=none", "measure.grad_error=true", "train.precision=fp16", *strategy, tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = results(tmp_path / "run")
+    losses, errors = [s["loss"] for s in out["steps"]], [s["grad_error"] for s in out["steps"]]
+    assert out["status"] == "ok" and losses[-1] < losses[0], losses
+    if strategy[0] == "strategy=powersgd":
+        assert max(errors[:2]) < 1e-6, errors
+    assert all(e > 1e-3 for e in errors[2:]), errors
