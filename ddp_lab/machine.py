@@ -7,6 +7,7 @@ Asked by the launcher before anything starts (memory checks, nccl's one GPU per 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -32,3 +33,32 @@ def resolve_backend(name: str, local_world_size: int) -> str:
     if name != "auto":
         return str(name)
     return "nccl" if cuda_devices() >= local_world_size else "gloo"
+
+
+def precision_problem(precision: str, device_type: str) -> str | None:
+    """Why `train.precision` cannot run on `device_type` ("cpu" or "cuda"), None when it can.
+
+    CPU: probed with one tiny autocast matmul, as a rank would run it (older torch releases warn and
+    fall back to fp32 for a dtype their CPU autocast lacks). CUDA: asked without touching a GPU (the
+    launcher must not create a CUDA context): fp16 runs on every CUDA GPU, bf16 needs one that
+    supports it (Ampere or newer).
+    """
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if str(precision) not in dtypes:
+        return None if str(precision) == "fp32" else f"unknown precision {precision!r}: fp32, bf16 or fp16"
+    dtype = dtypes[str(precision)]
+    if device_type == "cuda":
+        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            return "this GPU does not support bf16 (Ampere or newer does): use fp16"
+        return None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autocast(device_type, dtype=dtype):
+                out = torch.ones(2, 2) @ torch.ones(2, 2)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return f"torch {torch.__version__} cannot autocast to {precision} on {device_type}: {exc}"
+    if out.dtype != dtype:
+        why = f" ({caught[0].message})" if caught else ""
+        return f"torch {torch.__version__} does not autocast to {precision} on {device_type}{why}"
+    return None

@@ -11,12 +11,20 @@ def knob_label(strategy_cfg) -> str:
     return "-".join([str(strategy_cfg["name"])] + knobs)
 
 
+def precision_label(cfg) -> str:
+    """`-precision=bf16` when train.precision is not fp32 (the default), else nothing."""
+    train = cfg.get("train") if hasattr(cfg, "get") else None
+    precision = str((train or {}).get("precision") or "fp32")
+    return "" if precision == "fp32" else f"-precision={precision}"
+
+
 def run_name(cfg) -> str:
-    """`bucketed-bucket_mb=25-tiny-ws2`: what the run measured, readable in a W&B table."""
+    """`bucketed-bucket_mb=25-tiny-ws2` (`...-precision=bf16-tiny-ws2`): what the run measured, readable
+    in a W&B table."""
     if cfg["task"]["name"] == "allreduce":
         task = cfg["task"]
         return f"{task['op']}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
-    return f"{knob_label(cfg['strategy'])}-{cfg['model']['name']}-ws{cfg['world_size']}"
+    return f"{knob_label(cfg['strategy'])}{precision_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}"
 
 
 def row_label(results: dict) -> str:
@@ -26,4 +34,4 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{task.get('op')} {task.get('size_mb')} MiB"
     strategy = cfg.get("strategy")
-    return knob_label(strategy) if strategy else "?"
+    return knob_label(strategy) + precision_label(cfg) if strategy else "?"

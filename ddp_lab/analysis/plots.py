@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from ddp_lab.analysis.accuracy import elapsed_s, is_exact, losses  # noqa: E402
 from ddp_lab.analysis.records import bucket_groups, record  # noqa: E402
 from ddp_lab.analysis.timeline import plot_timeline  # noqa: E402
 from ddp_lab.jobdir import TRACES  # noqa: E402
@@ -255,3 +256,34 @@ def plot_timelines(runs, path) -> bool:
     names = labels([record(name, res) for name, res, _ in profiled])
     plot_timeline({label: job / TRACES for label, (_, _, job) in zip(names, profiled)}, path)
     return True
+
+
+# --- accuracy: loss against wall time and against step ---------------------------------------------
+
+def plot_loss(runs, records: list[dict], path) -> bool:
+    """Loss against wall time (the sum of step times) and against step, one line per training job
+    with losses; the exact reference's lines are solid, every other job's dashed. Drawn for any
+    training job with two or more steps."""
+    jobs = [(rec, res) for rec, (_, res, _) in zip(records, runs)
+            if rec["task"] != "allreduce" and len(losses(res)) >= 2]
+    if not jobs:
+        return False
+    names = labels([rec for rec, _ in jobs])
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    for (rec, res), name in zip(jobs, names):
+        style = "-" if is_exact(res) else "--"
+        if rec["status"] != "ok":
+            name += f" ({rec['status']})"
+        seconds = elapsed_s(res)
+        line, = by_time.plot([t for t, _ in seconds], [v for _, v in seconds], style, label=name, linewidth=1.2)
+        steps = losses(res)
+        by_step.plot([s for s, _ in steps], [v for _, v in steps], style, color=line.get_color(), linewidth=1.2)
+    by_time.set_xlabel("wall time (s): sum of step times, warm-up included")
+    by_step.set_xlabel("step")
+    for ax in (by_time, by_step):
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8, frameon=False)
+    by_time.set_title("Loss against wall time (solid: exact fp32 runs)", loc="left", fontsize=10)
+    by_step.set_title("Loss against step", loc="left", fontsize=10)
+    return _save(fig, path)

@@ -15,12 +15,16 @@ job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what 
 - report_bandwidth.png: busbw and latency against message size per op, world size and backend;
 - report_timelines.png: the compute/comm lanes of every profiled job (profile=true), stacked;
 - report_ladder.png: model state per rank against step time p50, one point per strategy and world
-  size, when training jobs of two or more strategies have memory figures (the sharding ladder).
+  size, when training jobs of two or more strategies have memory figures (the sharding ladder);
+- report_loss.png: loss against wall time (one line per job) and loss against step.
 
-report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures, and
-with `--model` (a file from `python -m ddp_lab.predict fit`) "Predicted vs measured": each training
-job's predicted p50 step and exposed comm beside the measured ones (report.csv gets
-`predicted_step_ms`, `predicted_exposed_ms`, `prediction_error`).
+report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures;
+"Accuracy cost" (analysis/accuracy.py): per training job the final loss, its gap to the sweep's
+exact fp32 run of the same model, bytes on the wire per step and the time to reach a target loss
+(the exact run's final loss + 5%, or `--target-loss X`); and with `--model` (a file from
+`python -m ddp_lab.predict fit`) "Predicted vs measured": each training job's predicted p50 step and
+exposed comm beside the measured ones (report.csv gets `predicted_step_ms`, `predicted_exposed_ms`,
+`prediction_error`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis import plots
+from ddp_lab.analysis.accuracy import TARGET_MARGIN, accuracy
 from ddp_lab.analysis.cost_model import bucket_predictions
 from ddp_lab.analysis.predict import fit as predict_fit
 from ddp_lab.analysis.predict import validate as predict_validate
@@ -104,15 +109,50 @@ def memory_markdown(records: list[dict]) -> str | None:
     return "\n".join(lines)
 
 
+ACCURACY_MD = [  # (header, record key, format)
+    ("final loss", "final_loss", "{:.4f}"), ("exact run", "reference_job", "{}"),
+    ("exact final loss", "reference_loss", "{:.4f}"), ("Δ loss", "loss_gap", "{:+.4f}"),
+    ("Δ loss %", "loss_gap_pct", "{:+.2f}"), ("wire MiB/step", "comm_mib_per_step", "{:.3f}"),
+    ("× exact bytes", "bytes_vs_reference", "{:.2f}"), ("step p50 ms", "step_p50_ms", "{:.1f}"),
+    ("target loss", "target_loss", "{:.4f}"), ("s to target", "time_to_target_s", "{:.2f}"),
+    ("step at target", "steps_to_target", "{}"), ("grad error (mean)", "grad_error_mean", "{:.2e}"),
+]
+
+
+def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | None:
+    """The accuracy cost of every training job with losses: what it saved beside what it lost."""
+    rows = [r for r in records if r["task"] != "allreduce" and r.get("final_loss") is not None]
+    if not rows:
+        return None
+    header = ["job", "strategy", "ranks", "status"] + [h for h, _, _ in ACCURACY_MD]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        cells = [r["job"], r["label"], str(r.get("world_size")), r["status"]]
+        cells += ["-" if r.get(key) is None else form.format(r[key]) for _, key, form in ACCURACY_MD]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    target = (f"the target loss is {target_loss:g} (--target-loss)" if target_loss is not None else
+              f"the target loss is the exact run's final loss + {TARGET_MARGIN:.0%}")
+    intro = ("The exact run: the sweep's first job of the same model with fp32 compute, fp32 on the wire and an "
+             "exact average (no powersgd rank or local_sgd sync_every); Δ = final loss − its final loss. "
+             f"Time to target: the sum of step times until the first step at or below the target; {target}. "
+             "Loss is the per-step training loss (raw, not smoothed); grad error: measure.grad_error's "
+             "||delivered − exact|| / ||exact|| per step, averaged.")
+    return intro + "\n\n" + "\n".join(lines)
+
+
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
-                   records: list[dict] | None = None, step_model: str | None = None) -> Path:
+                   records: list[dict] | None = None, step_model: str | None = None,
+                   target_loss: float | None = None) -> Path:
     train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
     collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
     parts = [f"# Report: {root}", "",
              f"{len(runs)} jobs, {sum(r.get('status') == 'ok' for _, r, _ in runs)} ok. "
              "Times in ms (training: warm-up steps excluded, slowest rank per step); GB/s = 1e9 bytes/s.", ""]
     if train:
-        parts += ["## Training", "", markdown_table(*train_rows(train)), ""]
+        parts += ["## Training", "", markdown_table(*train_rows(train, target_loss)), ""]
+    cost = accuracy_markdown(records or [], target_loss)
+    if cost:
+        parts += ["## Accuracy cost", "", cost, ""]
     memory = memory_markdown(records or [])
     if memory:
         parts += ["## Model state per rank: measured vs ZeRO paper", "",
@@ -158,7 +198,8 @@ def step_model_section(model_file, root, records: list[dict]) -> str:
     return predict_validate.markdown(rows, predict_validate.bucket_checks(model, rows), notes)
 
 
-def make_report(root, collectives=None, out=None, quiet: bool = False, model=None) -> dict:
+def make_report(root, collectives=None, out=None, quiet: bool = False, model=None,
+                target_loss: float | None = None) -> dict:
     """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
     root = Path(root)
     out = Path(out) if out else root
@@ -167,9 +208,14 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
     if not runs:
         raise FileNotFoundError(f"no job folders (with {RESULTS} or {CONFIG}) under {root}")
     if not quiet:
-        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}"):
+        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss):
             print_table(table)
     records = [record(n, r) for n, r, _ in runs]
+    figures = accuracy([(n, r) for n, r, _ in runs], target_loss)
+    for rec in records:
+        rec.update(figures.get(rec["job"], {}))
+        if rec.get("comm_bytes_per_step") is not None:
+            rec["comm_mib_per_step"] = rec["comm_bytes_per_step"] / MiB
     bench = [r for _, r, _ in runs if task_of(r) == "allreduce"]
     if collectives:
         bench += [r for _, r, _ in load_runs(collectives) if task_of(r) == "allreduce"]
@@ -182,11 +228,13 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
         ("Bandwidth against message size", "report_bandwidth.png", lambda p: plots.plot_bandwidth(records, p)),
         ("Timelines of profiled jobs", "report_timelines.png", lambda p: plots.plot_timelines(runs, p)),
         ("Memory against step time: the sharding ladder", "report_ladder.png", lambda p: plots.plot_ladder(records, p)),
+        ("Loss against wall time and step", "report_loss.png", lambda p: plots.plot_loss(runs, records, p)),
     ):
         if draw(out / name):
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
-               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model),
+               "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model,
+                                    target_loss),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 
@@ -198,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collectives", help="a task=allreduce sweep to fit the cost model from")
     parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
     parser.add_argument("--model", help="a step-time model (python -m ddp_lab.predict fit): predicted beside measured")
+    parser.add_argument("--target-loss", type=float, help="the loss 'time to target' is measured to "
+                        f"(default: the sweep's exact fp32 run's final loss + {TARGET_MARGIN:.0%})")
     args = parser.parse_args(argv)
     try:
-        report = make_report(args.dir, args.collectives, args.out, model=args.model)
+        report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss)
     except (FileNotFoundError, predict_fit.PredictError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

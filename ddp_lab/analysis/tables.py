@@ -8,8 +8,18 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ddp_lab.analysis.accuracy import accuracy
 from ddp_lab.analysis.labels import row_label
 from ddp_lab.units import MiB
+
+# The accuracy columns (analysis/accuracy.py), after TRAIN_COLUMNS: (header, key, format).
+ACCURACY_COLUMNS = [
+    ("final loss", "final_loss", "{:.3f}"),
+    ("Δ loss vs exact", "loss_gap", "{:+.3f}"),
+    ("wire MiB/step", "comm_bytes_per_step", None),
+    ("s to target", "time_to_target_s", "{:.1f}"),
+    ("grad err", "grad_error_mean", "{:.1e}"),
+]
 
 
 def _get(d: dict | None, *path, default=None):
@@ -43,9 +53,12 @@ MIB_COLUMNS = {"opt state MiB/rank", "model state MiB/rank"}
 DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
 
 
-def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
-    """Header and string cells for training runs: (job name, results) pairs in sweep order."""
+def train_rows(runs: list[tuple[str, dict]], target_loss: float | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells for training runs: (job name, results) pairs in sweep order; the
+    accuracy columns against the sweep's exact run (and `target_loss` if given) at the end."""
+    figures = accuracy(runs, target_loss)
     header = ["job", "strategy", "model", "ranks", "status"] + [h for h, _ in TRAIN_COLUMNS]
+    header += [h for h, _, _ in ACCURACY_COLUMNS]
     rows = []
     for job, res in runs:
         cfg = res.get("config") or {}
@@ -56,8 +69,17 @@ def train_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]
             if header_name in MIB_COLUMNS and value is not None:
                 value = value / MiB
             cells.append(_fmt(value, DIGITS.get(header_name, 1)))
+        for _, key, form in ACCURACY_COLUMNS:
+            value = figures.get(job, {}).get(key)
+            if key == "comm_bytes_per_step" and value is not None:
+                value, form = value / MiB, "{:.2f}"
+            cells.append("-" if value is None else form.format(value))
         rows.append(cells)
-    return header, rows
+    # An accuracy column no job has a figure for (no exact run, no grad_error) only takes width.
+    first = len(header) - len(ACCURACY_COLUMNS)
+    empty = [i for i in range(first, len(header)) if all(row[i] == "-" for row in rows)]
+    keep = [i for i in range(len(header)) if i not in empty]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 COLLECTIVE_COLUMNS = [  # (header, path into results.json)
@@ -90,13 +112,13 @@ def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[
     return header, rows
 
 
-def comparison_tables(runs: list[tuple[str, dict]], title: str) -> list[Table]:
+def comparison_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None) -> list[Table]:
     """One table per task present (training and collective jobs have different columns)."""
     tables = []
     train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
     collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
     if train:
-        tables.append(rich_table(title, *train_rows(train)))
+        tables.append(rich_table(title, *train_rows(train, target_loss)))
     if collective:
         tables.append(rich_table(title if not train else f"{title} (collectives)", *collective_rows(collective)))
     return tables

@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError
 from ddp_lab.analysis.bandwidth import bytes_per_rank
 from ddp_lab.config import Config, set_knobs
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
-from ddp_lab.machine import cuda_devices, host_available_bytes, resolve_backend
+from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models import build_model
 from ddp_lab.units import MiB
 
@@ -102,17 +102,18 @@ def _validate_train(cfg: DictConfig) -> None:
         _require(m[key] >= 1, f"model.{key} must be >= 1, got {m[key]}")
     _require(m.d_model % m.num_heads == 0,
              f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
-    _require(not cfg.measure.grad_error, "measure.grad_error is not wired to the trainer yet")
-    _validate_strategy(cfg.strategy)
-    takes_compute_dtype = "compute_dtype" in inspect.signature(get_class(cfg.strategy._target_)).parameters
-    _require(t.precision == "fp32" or takes_compute_dtype,
-             f"train.precision={t.precision} is not wired to the trainer yet for strategy={cfg.strategy.name}: "
-             "use fp32, or strategy=fsdp / fsdp_torch")
+    problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
+    _require(problem is None, f"train.precision={t.precision}: {problem}")
+    cls = _validate_strategy(cfg.strategy)
+    _validate_comm_dtype(cfg, cls)
+    _require(not (cfg.measure.grad_error and getattr(cls, "zero_stage", 0) >= 3),
+             f"measure.grad_error: strategy={cfg.strategy.name} shards the parameters themselves (ZeRO-3), so the "
+             "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     _validate_model_for_strategy(cfg)
     _validate_memory(cfg)
 
 
-def _validate_strategy(strategy: DictConfig) -> None:
+def _validate_strategy(strategy: DictConfig) -> type:
     """Values in range, and every knob that is set is one the strategy's class takes."""
     bucket_mb = strategy.get("bucket_mb")
     _require(bucket_mb is None or bucket_mb > 0, f"strategy.bucket_mb must be > 0 MiB, got {bucket_mb}")
@@ -130,6 +131,20 @@ def _validate_strategy(strategy: DictConfig) -> None:
     for knob in set_knobs(strategy):
         _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "
                  f"(its knobs: {', '.join(takes) or 'none'})")
+    return cls
+
+
+def _validate_comm_dtype(cfg: DictConfig, cls: type) -> None:
+    """Gradients through torch's comm hooks (torch_ddp, zero1_torch, zero1 with grad_sync=torch_ddp):
+    torch's bf16_compress_hook wants CUDA 11+ and NCCL 2.10+ (a name check in DDP's
+    register_comm_hook, tests/parity/test_comm_dtype.py), so bf16 on gloo would fail in every rank."""
+    strategy = cfg.strategy
+    sync = cls.sync_class(strategy) if hasattr(cls, "sync_class") else cls
+    uses_torch_hooks = getattr(sync, "torch_comm_hooks", False)
+    _require(not (uses_torch_hooks and strategy.get("comm_dtype") == "bf16" and not _on_gpu(cfg)),
+             f"strategy.comm_dtype=bf16: strategy={strategy.name} reduces through torch DDP's bf16_compress_hook, "
+             "which torch allows only on CUDA with NCCL 2.10+, not on gloo: use comm_dtype=fp16, or a hand-written "
+             "strategy (strategy=bucketed) for bf16 on the wire")
 
 
 def _validate_model_for_strategy(cfg: DictConfig) -> None:

@@ -18,7 +18,12 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
   `train.save_model` writes; a plain model loads it); collective for strategies that shard
   parameters, so every rank calls it;
 - `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
-  gradients, 3 also parameters), for the memory accounting and the pre-launch memory check.
+  gradients, 3 also parameters), for the memory accounting and the pre-launch memory check;
+- `reduces_gradients`: False for a strategy with no gradient collective (local_sgd averages
+  parameters instead), so `strategy.comm_dtype` is refused for it before launch.
+
+`comm_dtype` (`strategy.comm_dtype`: fp32, bf16, fp16) is the dtype gradients travel in; the
+average lands in the fp32 `.grad` (strategies/collectives.py's `to_wire` / `from_wire`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ddp_lab.strategies.collectives import broadcast_module_state
+from ddp_lab.strategies.collectives import broadcast_module_state, wire_dtype
 from ddp_lab.strategies.comm_stats import CommStats
 
 
@@ -40,10 +45,13 @@ def module_device(module: nn.Module) -> torch.device:
 
 class DataParallelBase(nn.Module):
     zero_stage = 0
+    reduces_gradients = True
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32"):
         super().__init__()
         self.module = module
+        self.comm_dtype = str(comm_dtype)
+        self.wire_dtype = wire_dtype(comm_dtype)
         self.comm = CommStats(module_device(module))
         self.require_sync = True
         broadcast_module_state(module)

@@ -39,10 +39,10 @@ class BucketedDDP(OverlapEngine):
     keeps_buffers = True
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32"):
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
-        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan])
+        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype)
         self.bucket_mb = bucket_mb
         multiple = self._pad_multiple()
         self._lengths = [-(-sum(p.numel() for p in unit) // multiple) * multiple for unit in self._units]

@@ -5,6 +5,14 @@ Gloo has no AVG op, so every mean divides by the world size and sums (as torch D
 does: divide first, so the sum cannot overflow in a narrow dtype). Async launches return a
 `Stamp` (strategies/comm_stats.py) whose end a callback on the collective's future sets, because a
 host timer around an async launch measures only the launch.
+
+`strategy.comm_dtype` (the one home of the cast-reduce-uncast, for every strategy that reduces
+gradients): `to_wire` makes the tensor that is sent, the fp32 gradient divided by the world size
+and rounded once to bf16 or fp16 (dividing *before* the sum, as torch's fp16_compress_hook does,
+so N gradients near fp16's maximum of 65504 cannot overflow their sum); the collective sums it in
+that dtype, and `from_wire` copies the result back into the fp32 gradient. Half the bytes on the
+wire, and `comm_bytes` counts the wire tensor's. With comm_dtype fp32 (the default) nothing is
+cast and the collectives run in place exactly as before.
 """
 
 from __future__ import annotations
@@ -24,32 +32,90 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def all_reduce_mean_(tensor: torch.Tensor, group=None) -> None:
-    """Sum then divide in place: gloo has no ReduceOp.AVG, and one code path serves both backends."""
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    tensor.div_(dist.get_world_size(group))
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats) -> None:
+def wire_dtype(comm_dtype) -> torch.dtype | None:
+    """torch's dtype for a `strategy.comm_dtype` name (None, fp32, bf16, fp16); None means "as is"."""
+    if comm_dtype is None:
+        return None
+    name = str(comm_dtype)
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"comm_dtype must be one of {', '.join(WIRE_DTYPES)}, got {comm_dtype!r}")
+    return WIRE_DTYPES[name]
+
+
+def casts(tensor: torch.Tensor, dtype: torch.dtype | None) -> bool:
+    """True when sending `tensor` in `dtype` means a cast (a copy in a narrower dtype)."""
+    return dtype is not None and dtype != tensor.dtype
+
+
+def to_wire(tensor: torch.Tensor, dtype: torch.dtype | None, world_size: int) -> torch.Tensor:
+    """What to send for a mean of `tensor`: `tensor / world_size`, in place when no cast is asked,
+    else a new tensor in `dtype` (one rounding: divided in fp32, written in `dtype`)."""
+    if not casts(tensor, dtype):
+        return tensor.div_(world_size)
+    wire = torch.empty(tensor.shape, dtype=dtype, device=tensor.device)
+    return torch.div(tensor, world_size, out=wire)
+
+
+def from_wire(wire: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """Land the reduced wire tensor in `tensor` (fp32); nothing to do when it was sent in place."""
+    if wire.data_ptr() != tensor.data_ptr():
+        tensor.copy_(wire)
+    return tensor
+
+
+def all_reduce_mean_(tensor: torch.Tensor, group=None, dtype: torch.dtype | None = None) -> None:
+    """Average in place over ranks. Gloo has no ReduceOp.AVG: uncast, sum then divide (one code path
+    for both backends); in a narrower `dtype`: divide, cast, sum, uncast."""
+    if not casts(tensor, dtype):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        tensor.div_(dist.get_world_size(group))
+        return
+    wire = to_wire(tensor, dtype, dist.get_world_size(group))
+    dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group)
+    from_wire(wire, tensor)
+
+
+def wire_bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """Bytes `tensor` takes on the wire in `dtype` (its own dtype when None)."""
+    element = torch.empty((), dtype=dtype).element_size() if casts(tensor, dtype) else tensor.element_size()
+    return tensor.numel() * element
+
+
+def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats, dtype: torch.dtype | None = None) -> None:
     """Average `grads` in place with one all-reduce of a flattened copy: one call's latency for all."""
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
-    with comm.timed(tensor_bytes(flat)):
-        all_reduce_mean_(flat)
+    with comm.timed(wire_bytes(flat, dtype)):
+        all_reduce_mean_(flat, dtype=dtype)
     for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(synced)
 
 
-def all_reduce_mean_async(tensor: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
-    """Divide by the world size, launch a SUM all-reduce; return (future of the tensor, its stamp)."""
-    tensor.div_(dist.get_world_size())
-    return launch_stamped(lambda: [dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)],
-                          tensor_bytes(tensor), tensor.is_cuda)
+def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
+                          ) -> tuple[torch.futures.Future, Stamp]:
+    """Divide by the world size, launch a SUM all-reduce (of a `dtype` copy when that casts); return
+    (future of `tensor` holding the mean, its stamp). The copy back into `tensor` runs in the
+    future's callback, as torch's fp16_compress_hook's decompress does (on CUDA: on the
+    collective's stream, after it)."""
+    wire = to_wire(tensor, dtype, dist.get_world_size())
+    future, stamp = launch_stamped(lambda: [dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True)],
+                                   tensor_bytes(wire), tensor.is_cuda)
+    if wire is tensor:
+        return future, stamp
+
+    def land(fut: torch.futures.Future) -> torch.Tensor:
+        fut.value()  # raises if the collective failed
+        return from_wire(wire, tensor)
+
+    return future.then(land), stamp
 
 
 def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Future, Stamp]:
-    """Run `launch()` (it starts async collectives and returns their works) under one `Stamp`.
+    """Run `launch()` (it starts async collectives and returns their works or futures) under one `Stamp`.
 
     The returned future completes when every work has; waiting on it raises if one failed. On
     CUDA pass a single work: its future's callback runs on the collective's stream, where the
@@ -62,8 +128,8 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
     stamp.start = time.perf_counter()
     works = launch()
     stamp.calls = len(works)
-    try:
-        futures = [work.get_future() for work in works]
+    try:  # works of collectives, or futures (a comm hook of torch's returns one)
+        futures = [w.get_future() if hasattr(w, "get_future") else w for w in works]
     except RuntimeError:  # gloo's reduce_scatter (built from all-reduce) has no future
         return _WaitedWorks(works, stamp), stamp
     if on_cuda and len(futures) != 1:
@@ -79,7 +145,7 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
         value = fut.value()  # raises here, and so in wait(), if the collective failed
         if len(futures) > 1:
             return [f.value() for f in value]
-        return value[0]
+        return value[0] if isinstance(value, list) else value  # a work's future holds a list
 
     return combined.then(done), stamp
 

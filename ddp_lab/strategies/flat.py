@@ -14,4 +14,5 @@ class FlatDDP(DataParallelBase):
     name = "flat"
 
     def _synchronize_gradients(self) -> None:
-        flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm)
+        flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm,
+                              self.wire_dtype)

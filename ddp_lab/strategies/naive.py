@@ -7,8 +7,7 @@ collective's fixed latency.
 from __future__ import annotations
 
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.collectives import all_reduce_mean_
-from ddp_lab.units import tensor_bytes
+from ddp_lab.strategies.collectives import all_reduce_mean_, wire_bytes
 
 
 class NaiveDDP(DataParallelBase):
@@ -20,5 +19,5 @@ class NaiveDDP(DataParallelBase):
                 # A parameter unused this step: every rank agrees (same model, same graph), so
                 # skipping keeps ranks in step; its optimizer update is skipped everywhere.
                 continue
-            with self.comm.timed(tensor_bytes(param.grad)):
-                all_reduce_mean_(param.grad)
+            with self.comm.timed(wire_bytes(param.grad, self.wire_dtype)):
+                all_reduce_mean_(param.grad, dtype=self.wire_dtype)

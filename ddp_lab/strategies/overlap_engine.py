@@ -40,8 +40,8 @@ from ddp_lab.strategies.comm_stats import Stamp, record_intervals
 
 
 class OverlapEngine(DataParallelBase):
-    def __init__(self, module: nn.Module, units: list[list[nn.Parameter]]):
-        super().__init__(module)
+    def __init__(self, module: nn.Module, units: list[list[nn.Parameter]], comm_dtype: str = "fp32"):
+        super().__init__(module, comm_dtype)
         self.world_size = dist.get_world_size()
         self._units = units
         self._unit_of = {id(p): i for i, unit in enumerate(units) for p in unit}
@@ -106,8 +106,9 @@ class OverlapEngine(DataParallelBase):
         raise NotImplementedError
 
     def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
-        """Start the unit's collective: by default the mean all-reduce of `_unit_tensor(index)`."""
-        return all_reduce_mean_async(self._unit_tensor(index))
+        """Start the unit's collective: by default the mean all-reduce of `_unit_tensor(index)`, sent in
+        `comm_dtype`."""
+        return all_reduce_mean_async(self._unit_tensor(index), self.wire_dtype)
 
     def _unit_tensor(self, index: int) -> torch.Tensor:
         raise NotImplementedError

@@ -15,6 +15,11 @@ So every sweep can include the production implementation next to ours, measured 
   no bucket was sent) and all-reduces them itself, so the contract holds either way.
 - Comm accounting: an all-reduce comm hook (the same divide-then-sum as DDP's default) stamps each
   bucket's in-flight interval as for our strategies (collectives.py), so `comm_ms` is comparable.
+- `comm_dtype`: fp16 runs torch's own `fp16_compress_hook` (cast, divide, all-reduce, copy back)
+  inside the stamping hook; bf16 runs torch's `bf16_compress_hook`, which torch allows only with
+  CUDA and NCCL 2.10+ (a name check in `register_comm_hook`), so launcher/validate.py refuses bf16
+  on gloo before any rank starts. torch's hooks cast *before* dividing: an fp32 gradient above
+  fp16's maximum (65504) becomes inf there, where ours (collectives.py) divide first.
 - Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in
   `finish_gradient_synchronization()`. Exposed is instead measured from the last gradient
   accumulated (a post-accumulate-grad hook on every trainable parameter; a CUDA event on GPU) to
@@ -31,11 +36,17 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_lab.rank.process_group import synchronize
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.collectives import all_reduce_mean_async, flat_all_reduce_mean_
+from ddp_lab.strategies.collectives import (
+    WIRE_DTYPES,
+    all_reduce_mean_async,
+    flat_all_reduce_mean_,
+    launch_stamped,
+)
 from ddp_lab.strategies.comm_stats import host_time_of, record_intervals
 from ddp_lab.units import MiB, tensor_bytes
 
@@ -49,19 +60,37 @@ def _timed_all_reduce_hook(stamps, bucket):
     return future
 
 
+# comm_dtype -> torch's own compression hook.
+TORCH_COMPRESS_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+
+
+def _timed_compress_hook(state, bucket):
+    """torch's compression hook for the bucket, its in-flight interval stamped; bytes in the wire dtype."""
+    stamps, comm_dtype = state
+    buffer = bucket.buffer()
+    nbytes = buffer.numel() * torch.empty((), dtype=WIRE_DTYPES[comm_dtype]).element_size()
+    future, stamp = launch_stamped(lambda: [TORCH_COMPRESS_HOOKS[comm_dtype](None, bucket)], nbytes, buffer.is_cuda)
+    stamps.append(stamp)
+    return future
+
+
 class TorchDDP(DataParallelBase):
     name = "torch_ddp"
+    torch_comm_hooks = True  # comm_dtype through torch's own hooks: bf16 only on CUDA + NCCL (validate.py)
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, **ddp_kwargs):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32", **ddp_kwargs):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
-        super().__init__(module)  # broadcasts parameters and buffers from rank 0, frozen ones too
+        super().__init__(module, comm_dtype)  # broadcasts parameters and buffers from rank 0, frozen ones too
         # Newer torch renamed `broadcast_buffers` (and warns on the old name); same meaning here.
         buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
         ddp_kwargs.setdefault(buffers_key, False)
         ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False, **ddp_kwargs)
         self._stamps: list = []
-        ddp.register_comm_hook(self._stamps, _timed_all_reduce_hook)
+        if self.comm_dtype in TORCH_COMPRESS_HOOKS:
+            ddp.register_comm_hook((self._stamps, self.comm_dtype), _timed_compress_hook)
+        else:
+            ddp.register_comm_hook(self._stamps, _timed_all_reduce_hook)
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
         self.bucket_mb = bucket_mb
         self._last_grad = None
@@ -120,7 +149,8 @@ class TorchDDP(DataParallelBase):
             self._last_grad = None
             with self.comm.exposed():
                 # Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does.
-                flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm)
+                flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm,
+                                      self.wire_dtype)
             return
         if stamps and self._last_grad is not None:
             synchronize(self.comm.device)

@@ -50,14 +50,20 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.bucketed import BucketedDDP
-from ddp_lab.strategies.collectives import all_gather_single, launch_stamped, reduce_scatter_single
+from ddp_lab.strategies.collectives import (
+    all_gather_single,
+    from_wire,
+    launch_stamped,
+    reduce_scatter_single,
+    to_wire,
+)
 from ddp_lab.strategies.comm_stats import Stamp
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.units import tensor_bytes
 
 
 class Zero2(BucketedDDP):
-    """ZeRO-2 behind the strategy contract (module docstring): `Zero2(module, bucket_mb=25)`."""
+    """ZeRO-2 behind the strategy contract (module docstring): `Zero2(module, bucket_mb=25, comm_dtype="fp32")`."""
 
     name = "zero2"
     zero_stage = 2
@@ -68,8 +74,8 @@ class Zero2(BucketedDDP):
     costs page faults, slower on CPU than zeroing a warm one; DeepSpeed keeps its reduce buckets too):
     at most this many, so at most about 2 x bucket_mb, never the whole gradient."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
-        super().__init__(module, bucket_mb)
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32"):
+        super().__init__(module, bucket_mb, comm_dtype)
         self.rank = dist.get_rank()
         self._on_cuda = any(unit[0].is_cuda for unit in self._units)
         self._tensor_collectives = (self.force_tensor_collectives if self.force_tensor_collectives is not None
@@ -79,6 +85,7 @@ class Zero2(BucketedDDP):
         self._shards: dict[int, tuple[nn.Parameter, int, int, int]] = {}  # id(param) -> (shard, bucket, lo, hi)
         self._pool: list[torch.Tensor] = []         # freed bucket buffers, reused by later buckets
         self._bases: dict[int, torch.Tensor] = {}   # bucket -> the pooled buffer its gradient bucket is a prefix of
+        self._received: dict[int, torch.Tensor] = {}  # bucket in flight -> where this rank's averaged slice arrives
         with torch.no_grad():
             for index, unit in enumerate(self._units):
                 flat = torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
@@ -150,14 +157,21 @@ class Zero2(BucketedDDP):
 
     def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
         bucket, n = self._bucket(index), self.world_size
-        bucket.div_(n)  # gloo has no AVG: divide first, then sum (as the all-reduces do)
+        # gloo has no AVG: divide first, then sum (as the all-reduces do); in comm_dtype (a copy) if it casts
+        wire = to_wire(bucket, self.wire_dtype, n)
         if self._tensor_collectives:
+            shard = self._grad_shards[index]
+            received = shard if wire is bucket else torch.empty(shard.shape, dtype=wire.dtype, device=wire.device)
+
             def launch():
-                return [reduce_scatter_single(self._grad_shards[index], bucket, async_op=True)]
+                return [reduce_scatter_single(received, wire, async_op=True)]
         else:
+            received = wire.view(n, -1)[self.rank]
+
             def launch():
-                return [dist.reduce(part, dst=r, async_op=True) for r, part in enumerate(bucket.view(n, -1))]
-        return launch_stamped(launch, tensor_bytes(bucket), self._on_cuda)
+                return [dist.reduce(part, dst=r, async_op=True) for r, part in enumerate(wire.view(n, -1))]
+        self._received[index] = received
+        return launch_stamped(launch, tensor_bytes(wire), self._on_cuda)
 
     def _launch_next(self) -> None:
         super()._launch_next()
@@ -169,9 +183,7 @@ class Zero2(BucketedDDP):
         """The next launched bucket's collective is done: keep this rank's slice, free the bucket."""
         index = self._reaped
         self._in_flight[index][0].wait()  # raises if the collective failed
-        bucket = self._buffers[index]
-        if not self._tensor_collectives:
-            self._grad_shards[index].copy_(bucket.view(self.world_size, -1)[self.rank])
+        from_wire(self._received.pop(index), self._grad_shards[index])
         for p in self._units[index]:
             p.grad = None
             del self._view_of[id(p)]

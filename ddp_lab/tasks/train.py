@@ -3,7 +3,10 @@
 `run` reads top to bottom and never names a strategy: the strategy class named in the YAML wraps
 the model and builds the optimizer, and `train_step` knows only the wrapper contract
 (strategies/base.py): `no_sync()`, `finish_gradient_synchronization()`. The parity tests and the
-benchmarks call the same `train_step`.
+benchmarks call the same `train_step`. `train.precision` is a `Precision` (rank/precision.py):
+autocast around the forward, fp16's loss scaling around backward and the optimizer step; a
+strategy whose class takes `compute_dtype` (fsdp) gets the dtype instead of autocast.
+`measure.grad_error` adds a `GradErrorProbe` (rank/grad_error.py) between the sync and the step.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.faults import maybe_inject_fault
+from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.memory import memory_report, memory_snapshot
+from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
 SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms",
-              "optimizer_ms")
+              "optimizer_ms", "grad_error")
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -39,27 +44,30 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = None, before_step=None,
-               set_to_none: bool = True) -> torch.Tensor:
+               set_to_none: bool = True, precision: Precision = FP32) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns their mean loss (a 0-d tensor).
 
     All but the last micro-batch run inside `no_sync()`; `timer.lap` marks the phases;
     `before_step()`, if given, runs between the gradient sync and the optimizer step;
-    `set_to_none` is `zero_grad`'s (the trainer's default; the tests also run False).
+    `set_to_none` is `zero_grad`'s (the trainer's default; the tests also run False);
+    `precision`: autocast, loss scaling (rank/precision.py; fp32 changes nothing).
     """
     lap = timer.lap if timer is not None else (lambda phase: None)
     optimizer.zero_grad(set_to_none=set_to_none)
     losses = []
     for i, (inputs, targets) in enumerate(micro_batches):
         with nullcontext() if i == len(micro_batches) - 1 else model.no_sync():
-            loss = loss_fn(model(inputs), targets) / len(micro_batches)
-            loss.backward()
+            with precision.autocast():
+                logits = model(inputs)
+            loss = loss_fn(logits.float(), targets) / len(micro_batches)
+            precision.backward(loss)
         losses.append(loss.detach())
     lap("fwd_bwd_ms")
     model.finish_gradient_synchronization()
     lap("sync_ms")
     if before_step is not None:
         before_step()
-    optimizer.step()
+    precision.step(optimizer)
     lap("optimizer_ms")
     return torch.stack(losses).sum()
 
@@ -78,31 +86,38 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     module = build_model(cfg.model).to(device)
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
-    model = build(cfg.strategy, module, **compute_dtype_argument(cfg))
+    probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
+    casts_itself = compute_dtype_argument(cfg)  # fsdp: the compute dtype instead of autocast
+    model = build(cfg.strategy, module, **casts_itself)
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    precision = Precision(cfg.train.precision, device.type, autocast=not casts_itself,
+                          agree_over_ranks=model.zero_stage > 0 or not getattr(model, "reduces_gradients", True))
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     recorder.log_once({"num_params": num_params, **facts})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
 
-    def snapshot_before_step():
-        memory["before_step"] = memory_snapshot(model, optimizer, device)
+    def before_step():
+        if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
+            memory["before_step"] = memory_snapshot(model, optimizer, device)
+        if probe is not None:
+            measured.update(probe.measure(optimizer))
 
     recorder.start(cfg.train.steps)
     with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
         profiler.watch(model.module)
         for step in range(cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
-            last = step == cfg.train.steps - 1  # optimizer state exists from the first step on
+            measured = {}  # grad_error, when measured
             timer.start()
             micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
-            loss = train_step(model, optimizer, micro_batches, timer, snapshot_before_step if last else None)
+            loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision)
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
-            if last:
+            if step == cfg.train.steps - 1:
                 memory["after_step"] = memory_snapshot(model, optimizer, device)
-            record = {"step": step, **reduce_over_ranks(
-                {"step_time_ms": step_ms, "loss": loss.item(), **timer.laps, **model.comm.pop()}, device)}
+            record = {"step": step, **reduce_over_ranks({"step_time_ms": step_ms, "loss": loss.item(), **timer.laps,
+                                                         **model.comm.pop(), **precision.record(), **measured}, device)}
             steps.append(record)
             recorder.step(record)
             profiler.step()
@@ -126,6 +141,7 @@ def summarize(steps: list[dict], cfg) -> dict:
     exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
     summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
     summary["measured_steps"] = len(measured)
+    summary["final_loss"] = steps[-1].get("loss") if steps else None
     if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
         for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
             values = [s[key] for s in measured if s.get(key) is not None]

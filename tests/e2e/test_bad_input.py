@@ -38,6 +38,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=zero2 strategy.bucket_mb=-1": "bucket_mb must be > 0",
     "strategy=zero2 strategy.grad_sync=flat": "strategy.grad_sync is not a knob of strategy=zero2",
     "strategy=zero2 strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=zero2",
+    "strategy=torch_ddp strategy.comm_dtype=bf16 backend=gloo": "torch allows only on CUDA with NCCL 2.10+",
     "strategy=fsdp strategy.policy=rows": "Invalid value 'rows', expected one of [linear_embedding, all_params]",
     "strategy=fsdp train.precision=fp8": "Invalid value 'fp8', expected one of [fp32, bf16, fp16]",
     "strategy=bucketed strategy.reshard_after_forward=false":

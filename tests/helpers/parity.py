@@ -19,6 +19,7 @@ from torch import nn
 
 from ddp_lab.rank.data import global_batch as data_global_batch
 from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.rank.precision import Precision
 from ddp_lab.tasks.train import train_step
 from tests.helpers.models import CONTEXT, MODELS, VOCAB
 
@@ -64,19 +65,23 @@ class SingleProcess(nn.Module):
 
 
 def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH,
-                    reference_wrapper=SingleProcess):
-    """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches."""
+                    precision: str = "fp32", reference_wrapper=SingleProcess):
+    """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches,
+    autocast (and loss-scaled) as `precision` says."""
     reference = reference_wrapper(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
     cfg = data_cfg(micro_batches, batch_size)
+    mixed = Precision(precision)
     for step in range(steps):
-        train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))))
+        train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))),
+                   precision=mixed)
     return model
 
 
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
-                      batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess):
+                      batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
+                      precision="fp32"):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -84,6 +89,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     order, each loss divided by N: at 2 ranks that is the same arithmetic as averaging the two
     ranks' gradients (halving is exact, and a + b is b + a), so a strategy can match it bit for bit.
     `reference_wrapper`: what runs the reference model (SingleProcess; a compute-dtype test casts).
+    `precision`: train.precision on both sides (sharded optimizers' loss scalers agree over ranks,
+    as the trainer sets them).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
@@ -94,12 +101,13 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
         reference.load_state_dict(start)
     optimizer = ddp.make_optimizer(optimizer_cls, **opt_kwargs)
     cfg = data_cfg(grad_accum_steps, batch_size)
+    mixed = Precision(precision, agree_over_ranks=ddp.zero_stage > 0)
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
-        train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none)
+        train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
-                        reference_wrapper)
+                        precision=precision, reference_wrapper=reference_wrapper)
     state = ddp.full_state_dict()
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))

@@ -198,6 +198,6 @@ def test_real_sweep_report(real_sweep):
     assert md.count("**failed**") == 2 and "injected crash at step 2" in md
     assert len(bucket_groups(report["records"])) == 1  # the crashed jobs belong to their bucket sweep
     names = {p.name for p in report["png"]}
-    assert names == {"report_phases.png", "report_buckets.png", "report_timelines.png"}
+    assert names == {"report_phases.png", "report_buckets.png", "report_timelines.png", "report_loss.png"}
     for png in report["png"]:
         assert_png(png)

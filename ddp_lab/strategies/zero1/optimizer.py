@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors
 
 from ddp_lab.config import ZeroComm
-from ddp_lab.strategies.collectives import all_gather_single, reduce_scatter_single
+from ddp_lab.strategies.collectives import all_gather_single, casts, reduce_scatter_single, to_wire
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict
 from ddp_lab.strategies.zero1.ownership import assign_owners
@@ -58,16 +58,21 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
     into the inner optimizer before each step. `state` is this rank's state only (the owner's).
     `comm` picks the communication pattern (module docstring); `comm_stats`, when set (the zero1
     strategy sets it to the wrapper's `CommStats`), records this optimizer's collectives.
+    `grad_dtype` (the zero1 strategy passes its comm_dtype's): the dtype gradients are
+    reduce-scattered in (None: their own); the averaged result lands in the fp32 `.grad`. The
+    updated parameters travel in their own dtype.
     Without an initialized process group it runs as one rank holding everything.
     """
 
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
 
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
-                 comm: str = ZeroComm.allreduce_broadcast, comm_stats=None, **kwargs: Any):
+                 comm: str = ZeroComm.allreduce_broadcast, comm_stats=None, grad_dtype: torch.dtype | None = None,
+                 **kwargs: Any):
         if comm not in set(ZeroComm):
             raise ValueError(f"unknown comm {comm!r}; options: {', '.join(ZeroComm)}")
         self.comm_mode = ZeroComm(comm)
+        self.grad_dtype = grad_dtype
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
@@ -170,14 +175,18 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
         for owner, params in enumerate(per_owner):
             for p in params:
                 grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
-                pending.append((p, owner, grad))
-        with self._timed(sum(tensor_bytes(g) for *_, g in pending), len(pending)):
-            works = [dist.reduce(grad, dst=owner, async_op=True) for _, owner, grad in pending]
+                # comm_dtype: sent divided and cast (collectives.py); fp32: in place, divided after the sum
+                wire = to_wire(grad, self.grad_dtype, self.world_size) if casts(grad, self.grad_dtype) else grad
+                pending.append((p, owner, grad, wire))
+        with self._timed(sum(tensor_bytes(w) for *_, w in pending), len(pending)):
+            works = [dist.reduce(wire, dst=owner, async_op=True) for _, owner, _, wire in pending]
             for work in works:
                 work.wait()
-        for p, owner, grad in pending:
+        for p, owner, grad, wire in pending:
             if owner != self.rank:
                 p.grad = None
+            elif p.grad is not None and wire is not grad:
+                p.grad.copy_(wire)  # the mean already
             elif p.grad is not None:
                 if grad.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(grad)
@@ -188,10 +197,13 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
         flats = [self._flat_grads(params, dtype, device) for params in per_owner]
         width = max(f.numel() for f in flats)
         padded = torch.cat([torch.nn.functional.pad(f, (0, width - f.numel())) for f in flats])
+        if casts(padded, self.grad_dtype):  # comm_dtype: divided and cast first, the mean arrives
+            padded = to_wire(padded, self.grad_dtype, self.world_size)
         mine = torch.empty(width, dtype=padded.dtype, device=padded.device)
         with self._timed(tensor_bytes(padded)):
             reduce_scatter_single(mine, padded)
-        mine.div_(self.world_size)
+        if mine.dtype == dtype:
+            mine.div_(self.world_size)
         for owner, params in enumerate(per_owner):
             if owner != self.rank:
                 for p in params:

@@ -59,15 +59,23 @@ class Zero1(nn.Module):
     zero_stage = 1
 
     def __init__(self, module: nn.Module, grad_sync: str = GradSync.bucketed, bucket_mb: float = 25.0,
-                 comm: str = ZeroComm.allreduce_broadcast):
+                 comm: str = ZeroComm.allreduce_broadcast, comm_dtype: str = "fp32"):
         super().__init__()
         self.comm_mode = ZeroComm(comm)
         if self.comm_mode == ZeroComm.reduce_scatter:
-            self.sync = ShardedGradSync(module)
+            self.sync = ShardedGradSync(module, comm_dtype)
         else:
             cls = GRAD_SYNC[GradSync(grad_sync).value]
             takes_buckets = "bucket_mb" in inspect.signature(cls).parameters
-            self.sync = cls(module, bucket_mb=bucket_mb) if takes_buckets else cls(module)
+            knobs = {"bucket_mb": bucket_mb} if takes_buckets else {}
+            self.sync = cls(module, comm_dtype=comm_dtype, **knobs)
+
+    @staticmethod
+    def sync_class(knobs) -> type:
+        """The class that reduces the gradients for these knobs (for checks before launch)."""
+        if str(knobs.get("comm") or ZeroComm.allreduce_broadcast) == ZeroComm.reduce_scatter:
+            return ShardedGradSync
+        return GRAD_SYNC[str(knobs.get("grad_sync") or GradSync.bucketed)]
 
     @property
     def module(self) -> nn.Module:
@@ -96,7 +104,8 @@ class Zero1(nn.Module):
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None, **kwargs) -> ShardedOptimizer:
         params = self.sync.trainable_parameters() if params is None else params
-        optimizer = ShardedOptimizer(params, optimizer_cls, comm=self.comm_mode, comm_stats=self.comm, **kwargs)
+        optimizer = ShardedOptimizer(params, optimizer_cls, comm=self.comm_mode, comm_stats=self.comm,
+                                     grad_dtype=self.sync.wire_dtype, **kwargs)
         if isinstance(self.sync, ShardedGradSync):
             self.sync.optimizer = optimizer
         return optimizer

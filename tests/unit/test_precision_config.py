@@ -1,0 +1,78 @@
+"""Precision and comm_dtype knobs before launch: what composes, and each refusal's one line."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from ddp_lab.config import register_configs
+from ddp_lab.launcher import validate as validate_module
+from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.strategies.base import DataParallelBase
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+register_configs()
+REDUCING = ["naive", "flat", "overlap", "bucketed", "zero1", "zero2", "torch_ddp", "zero1_torch"]
+
+
+class ParameterAveraging(DataParallelBase):
+    """A strategy with no gradient collective (as local_sgd): comm_dtype means nothing for it."""
+
+    name = "parameter_averaging"
+    reduces_gradients = False
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=["backend=gloo", *overrides])
+
+
+@pytest.mark.parametrize("strategy", REDUCING)
+def test_comm_dtype_is_a_knob_of_every_reducing_strategy(strategy):
+    validate(_compose(f"strategy={strategy}", "strategy.comm_dtype=fp16"))
+
+
+@pytest.mark.parametrize("strategy", ["bucketed", "zero2"])
+def test_bf16_on_the_wire_for_hand_written_strategies_on_gloo(strategy):
+    validate(_compose(f"strategy={strategy}", "strategy.comm_dtype=bf16"))
+
+
+@pytest.mark.parametrize("overrides", [["strategy=torch_ddp"], ["strategy=zero1_torch"],
+                                       ["strategy=zero1", "strategy.grad_sync=torch_ddp"]])
+def test_bf16_through_torch_hooks_on_gloo_is_refused(overrides):
+    with pytest.raises(ConfigError, match="bf16_compress_hook, which torch allows only on CUDA with NCCL"):
+        validate(_compose(*overrides, "strategy.comm_dtype=bf16"))
+
+
+def test_comm_dtype_on_a_strategy_without_gradient_collective_is_refused():
+    cfg = _compose("strategy=naive", f"strategy._target_={__name__}.ParameterAveraging",
+                   "strategy.name=parameter_averaging", "strategy.comm_dtype=bf16")
+    with pytest.raises(ConfigError, match="strategy.comm_dtype does not apply to strategy=parameter_averaging"):
+        validate(cfg)
+    cfg.strategy.comm_dtype = None
+    validate(cfg)
+
+
+@pytest.mark.parametrize("key", ["strategy.comm_dtype", "train.precision"])
+def test_unknown_dtypes_are_refused_by_the_schema(key):
+    with pytest.raises(ConfigCompositionException):
+        _compose("strategy=bucketed", f"{key}=fp8")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_precision_runs_for_every_strategy(precision):
+    for strategy in REDUCING:
+        validate(_compose(f"strategy={strategy}", f"train.precision={precision}", "measure.grad_error=true"))
+
+
+def test_precision_the_device_cannot_do_is_refused(monkeypatch):
+    monkeypatch.setattr(validate_module, "precision_problem",
+                        lambda precision, device_type: f"autocast to {precision} does not run on {device_type}")
+    with pytest.raises(ConfigError, match="train.precision=fp16: autocast to fp16 does not run on cpu"):
+        validate(_compose("train.precision=fp16"))
+
+
+def test_grad_error_on_a_strategy_that_shards_parameters_is_refused():
+    with pytest.raises(ConfigError, match="measure.grad_error: strategy=fsdp shards the parameters themselves"):
+        validate(_compose("strategy=fsdp", "measure.grad_error=true"))
