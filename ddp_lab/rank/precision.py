@@ -33,7 +33,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from ddp_lab.rank.memory import local_optimizer
+from ddp_lab.rank.memory import local, local_optimizer
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -57,8 +57,8 @@ class LossScaler:
     def unscale(self, optimizer: torch.optim.Optimizer) -> bool:
         """Divide this rank's gradients by the scale; True when any is inf or NaN (on any rank, with
         `agree_over_ranks`)."""
-        grads = [p.grad for group in local_optimizer(optimizer).param_groups for p in group["params"]
-                 if p.grad is not None]
+        grads = [local(p.grad) for group in local_optimizer(optimizer).param_groups for p in group["params"]
+                 if p.grad is not None]  # a DTensor's (fsdp_torch) local shard, unscaled in place
         inv_scale = torch.tensor(1.0 / self.scale, dtype=torch.float32)  # a power of two: exact
         found = torch.zeros(1)
         if grads:

@@ -288,3 +288,7 @@ class FSDP(DataParallelBase):
             if unit.pending is not None:  # a prefetch nobody used: finish it so no collective is left
                 unit.wait_gathered()
             unit.reshard()
+            late = [e.name for e in unit.sharded if e.full.grad is not None]
+            if late:  # a gradient that reached a unit after its backward was finished would be lost
+                raise RuntimeError(f"fsdp: {', '.join(late)} got a gradient after unit {unit.name or '(root)'} "
+                                   "finished its backward: its inputs' gradients were computed before its own")
