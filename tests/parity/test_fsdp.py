@@ -218,6 +218,8 @@ def _assert_sharded(name, per_rank):
         sizes = sorted((u["gathered_bytes"] for u in e["units"]), reverse=True)
         if name != "keep_gathered":  # reshard_after_forward=False holds every unit until the backward
             assert 0 < e["peak_gathered"] <= sum(sizes[:3]), (name, rank)
+        if name.startswith("transformer"):  # prefetch: the next unit's gather is in flight beside this one
+            assert e["peak_gathered"] > sizes[0], (name, rank, e["peak_gathered"], sizes)
         assert e["peak_gathered"] <= sum(sizes), (name, rank)
         for pname, (shape, grad_shape, dtype) in e["grads"].items():
             assert grad_shape == shape and dtype == torch.float32, (name, rank, pname)

@@ -195,6 +195,7 @@ class FSDP(DataParallelBase):
         stamp = unit.launch_gather(self._on_cuda)
         if stamp is not None:
             self._stamps.append(stamp)
+            self._note_peak()  # the prefetched unit's buffer exists beside the one computing
 
     def _wait(self, unit: Unit) -> None:
         if unit.gathered:
@@ -202,6 +203,10 @@ class FSDP(DataParallelBase):
         self._launch(unit)
         with self.comm.exposed() if not self._on_cuda else nullcontext():
             unit.wait_gathered()
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        """The high-water mark of gathered parameters: units gathered or with an all-gather in flight."""
         self.peak_gathered_bytes = max(self.peak_gathered_bytes,
                                        sum(u.gathered_bytes for u in self.units if u.gathered or u.pending))
 
