@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from ddp_lab.analysis.timeline import plot_timeline
 from ddp_lab.analysis.traces import analyze_run, find_traces
 from ddp_lab.jobdir import PHASES, TIMELINE, TRACES, trace_file, write_json_atomic
 
@@ -146,6 +145,8 @@ class StepProfiler:
         stats["profiled_steps"] = list(range(first, first + self.plan["active"]))
         stats["traces"] = [str(Path(p).relative_to(self.job_dir)) for p in traces]
         steps = stats["profiled_steps"]
+        from ddp_lab.analysis.timeline import plot_timeline  # matplotlib: ~0.4 s, only for profiled runs
+
         plot_timeline({self.label: traces}, self.job_dir / TIMELINE,
                       title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}")
         return stats

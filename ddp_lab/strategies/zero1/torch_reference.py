@@ -7,37 +7,46 @@ comm figures as ShardedOptimizer's are, so both columns count the same bytes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.units import tensor_bytes
 
 
-class TimedZeroRedundancyOptimizer(ZeroRedundancyOptimizer):
-    """torch's ZeroRedundancyOptimizer, its parameter broadcasts timed like ShardedOptimizer's.
+@functools.cache
+def timed_zero_redundancy_optimizer() -> type:
+    """The class below, defined on first use: importing torch.distributed.optim pulls in FSDP and
+    DTensor, about a second of every rank's start whatever strategy it runs."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    Hooks two private methods that torch 2.4-2.13 all have: `_sync_params` (a step's
-    broadcasts, issued async and waited for) and `_broadcast_params_from_rank` (one rank's
-    handles, counted). Without `comm_stats` it is torch's class unchanged.
-    """
+    class TimedZeroRedundancyOptimizer(ZeroRedundancyOptimizer):
+        """torch's ZeroRedundancyOptimizer, its parameter broadcasts timed like ShardedOptimizer's.
 
-    comm_stats = None  # set by TorchZero1 to the wrapper's CommStats
-    _handles_issued = 0
+        Hooks two private methods that torch 2.4-2.13 all have: `_sync_params` (a step's
+        broadcasts, issued async and waited for) and `_broadcast_params_from_rank` (one rank's
+        handles, counted). Without `comm_stats` it is torch's class unchanged.
+        """
 
-    def _broadcast_params_from_rank(self, rank: int):
-        handles = super()._broadcast_params_from_rank(rank)
-        self._handles_issued += len(handles)
-        return handles
+        comm_stats = None  # set by TorchZero1 to the wrapper's CommStats
+        _handles_issued = 0
 
-    def _sync_params(self):
-        if self.comm_stats is None:
-            return super()._sync_params()
-        self._handles_issued = 0
-        nbytes = sum(tensor_bytes(p) for g in self.param_groups for p in g["params"])
-        with self.comm_stats.exposed(in_optimizer=True), self.comm_stats.timed(nbytes):
-            super()._sync_params()
-        self.comm_stats.collectives += self._handles_issued - 1
+        def _broadcast_params_from_rank(self, rank: int):
+            handles = super()._broadcast_params_from_rank(rank)
+            self._handles_issued += len(handles)
+            return handles
+
+        def _sync_params(self):
+            if self.comm_stats is None:
+                return super()._sync_params()
+            self._handles_issued = 0
+            nbytes = sum(tensor_bytes(p) for g in self.param_groups for p in g["params"])
+            with self.comm_stats.exposed(in_optimizer=True), self.comm_stats.timed(nbytes):
+                super()._sync_params()
+            self.comm_stats.collectives += self._handles_issued - 1
+
+    return TimedZeroRedundancyOptimizer
 
 
 class TorchZero1(TorchDDP):
@@ -47,8 +56,8 @@ class TorchZero1(TorchDDP):
     zero_stage = 1
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
-                       **kwargs) -> TimedZeroRedundancyOptimizer:
+                       **kwargs) -> torch.optim.Optimizer:
         params = self.trainable_parameters() if params is None else params
-        optimizer = TimedZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, **kwargs)
+        optimizer = timed_zero_redundancy_optimizer()(params, optimizer_class=optimizer_cls, **kwargs)
         optimizer.comm_stats = self.comm
         return optimizer
