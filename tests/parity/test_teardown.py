@@ -5,9 +5,12 @@ interpreter teardown, where freeing a tensor from one of them aborts the rank (s
 benchmarks/teardown_repro.py). torch_ddp and zero1_torch used to: their gradient-time hook was a
 bound method, closing a cycle through DDP's C++ reducer that the garbage collector cannot see.
 
-torch's DTensor (under fsdp_torch's FSDP2) takes references to the group once per process, at its
-first use, and keeps them even past `destroy_process_group()`: torch's own state, not a wrapper's
-(a second fsdp_torch adds none). One fsdp_torch run before the count takes that state out of it.
+torch itself takes references to the group once per process, the first time a strategy uses a
+part of it (DTensor under fsdp_torch's FSDP2; a torch module imported after the group exists keeps
+it in its functions' default arguments), and keeps them even past `destroy_process_group()`:
+torch's own state, not a wrapper's (a second run of the same strategy adds none). So every strategy
+runs once before the count, and the count is of a second run: what a wrapper leaves behind shows
+there as it would in the first.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from tests.helpers.parity import train_distributed
 
 def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
     group = dist.group.WORLD
-    train_distributed(rank, world_size, STRATEGIES["fsdp_torch"], "tied", steps=1)  # torch's one-time state
-    gc.collect()
-    before = sys.getrefcount(group)
+    makers = {name: functools.partial(cls, **({"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters
+                                              else {})) for name, cls in STRATEGIES.items()}
+    for make in makers.values():  # torch's one-time state (module docstring)
+        train_distributed(rank, world_size, make, "tied", steps=1)
     extra = {}
-    for name, cls in STRATEGIES.items():
-        knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters else {}
-        train_distributed(rank, world_size, functools.partial(cls, **knobs), "tied", steps=2)
+    for name, make in makers.items():
+        gc.collect()
+        before = sys.getrefcount(group)
+        train_distributed(rank, world_size, make, "tied", steps=2)
         gc.collect()
         extra[name] = sys.getrefcount(group) - before
     return extra
