@@ -1,4 +1,8 @@
-"""A user's mistake ends before any rank starts: one clear line, non-zero exit, no traceback."""
+"""A user's mistake ends before any rank starts: one clear line, non-zero exit, no traceback.
+
+Every case runs through `check_command_line`, the check launch.py makes before Hydra's app starts,
+in this process (a fraction of a second each); a handful, one per kind of mistake, also run as a
+user types them, through launch.py (seconds each)."""
 
 import subprocess
 import sys
@@ -6,9 +10,11 @@ import sys
 import pytest
 import torch
 
+from ddp_lab.config import register_configs
+from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
 from tests.helpers.launching import ROOT, launch
 
-pytestmark = pytest.mark.slow
+register_configs()
 
 CASES = {  # overrides -> a phrase the message must contain (it says what to change)
     "world_size=0": "world_size must be a positive",
@@ -52,7 +58,25 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
 }
 
 
+# One per kind: Hydra's types, options and keys; a validation rule; the memory check; a knob rule.
+THROUGH_LAUNCH = ["world_size=two", "strategy=nonexistent", "+train.stpes=5", "train.batch_size=7",
+                  "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16"]
+
+
 @pytest.mark.parametrize("overrides", list(CASES), ids=list(CASES))
+def test_bad_input_is_refused_by_the_pre_launch_check(overrides, tmp_path, capsys):
+    args = [*overrides.split(), f"hydra.run.dir={tmp_path / 'run'}"]
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(ROOT / "conf", "config", args)
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert CASES[overrides] in err
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", THROUGH_LAUNCH)
 def test_bad_input_is_refused_before_launch(overrides, tmp_path):
     proc = launch(*overrides.split(), tmp_path=tmp_path)
     assert proc.returncode != 0
@@ -62,6 +86,7 @@ def test_bad_input_is_refused_before_launch(overrides, tmp_path):
     assert not (tmp_path / "run" / "steps.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs nccl needs")
 def test_nccl_without_gpus_is_refused(tmp_path):
     proc = launch("backend=nccl", tmp_path=tmp_path)
@@ -70,6 +95,7 @@ def test_nccl_without_gpus_is_refused(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_output_folder_that_cannot_be_made_is_refused(tmp_path):
     (tmp_path / "a_file").write_text("")
     for key, rest in (("hydra.run.dir", []), ("hydra.sweep.dir", ["strategy=naive,flat", "-m"])):
@@ -80,6 +106,7 @@ def test_output_folder_that_cannot_be_made_is_refused(tmp_path):
         assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_bad_sweep_point_stops_sweep_before_any_job(tmp_path):
     proc = launch("model=toy", "world_size=2,3", tmp_path=tmp_path, multirun=True)
     assert proc.returncode == 2
