@@ -280,9 +280,12 @@ def plot_loss(runs, records: list[dict], path) -> bool:
         by_step.plot([s for s, _ in steps], [v for _, v in steps], style, color=line.get_color(), linewidth=1.2)
     by_time.set_xlabel("wall time (s): sum of step times, warm-up included")
     by_step.set_xlabel("step")
+    positive = all(v > 0 for _, res in jobs for _, v in losses(res))
     for ax in (by_time, by_step):
-        ax.set_ylabel("training loss")
-        ax.grid(alpha=0.3)
+        ax.set_ylabel("training loss" + (" (log scale)" if positive else ""))
+        if positive:  # the gaps that matter are near the end, where the loss is small
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
     by_time.legend(fontsize=8, frameon=False)
     by_time.set_title("Loss against wall time (solid: exact fp32 runs)", loc="left", fontsize=10)
     by_step.set_title("Loss against step", loc="left", fontsize=10)
