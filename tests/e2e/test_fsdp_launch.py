@@ -3,10 +3,9 @@ train.save_model), about 1/N of the model state per rank, the peak gathered for 
 report's ladder. One sweep serves every assertion."""
 
 import pytest
-import torch
 
 from ddp_lab.analysis.report import make_report
-from tests.helpers.launching import results, strategy_sweep
+from tests.helpers.launching import assert_same_saved_weights, results, strategy_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -17,12 +16,7 @@ def sweep(tmp_path_factory):
 
 
 def test_fsdp_trains_to_fsdp_torchs_weights(sweep):
-    weights = {name: torch.load(job / "model.pt") for name, job in sweep.items()}
-    assert set(weights["fsdp"]) == set(weights["fsdp_torch"])
-    for key, tensor in weights["fsdp_torch"].items():
-        assert weights["fsdp"][key].shape == tensor.shape  # whole, not a shard
-        torch.testing.assert_close(weights["fsdp"][key], tensor, atol=1e-5, rtol=1e-4,
-                                   msg=lambda m, k=key: f"{k}: {m}")
+    assert_same_saved_weights(sweep["fsdp"], sweep["fsdp_torch"])
 
 
 def test_model_state_is_sharded_and_the_peak_gathered_reported(sweep):

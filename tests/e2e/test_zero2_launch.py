@@ -2,10 +2,9 @@
 the report's measured-vs-paper table and ladder picture. One sweep serves every assertion."""
 
 import pytest
-import torch
 
 from ddp_lab.analysis.report import make_report
-from tests.helpers.launching import results, strategy_sweep
+from tests.helpers.launching import assert_same_saved_weights, results, strategy_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -16,10 +15,7 @@ def sweep(tmp_path_factory):
 
 
 def test_zero2_trains_to_bucketeds_weights(sweep):
-    weights = {name: torch.load(job / "model.pt") for name, job in sweep.items()}
-    for key, tensor in weights["bucketed"].items():
-        torch.testing.assert_close(weights["zero2"][key], tensor, atol=1e-5, rtol=1e-4,
-                                   msg=lambda m, k=key: f"{k}: {m}")
+    assert_same_saved_weights(sweep["zero2"], sweep["bucketed"])
 
 
 def test_memory_per_rank_against_the_zero_paper(sweep):

@@ -31,5 +31,16 @@ def strategy_sweep(tmp_path: Path, strategies: list[str], *overrides: str) -> di
     return {name: tmp_path / "multirun" / str(i) for i, name in enumerate(strategies)}
 
 
+def assert_same_saved_weights(job: Path, reference: Path) -> None:
+    """The model.pt of two jobs (train.save_model=true): same names, whole shapes, equal to float32 rounding."""
+    import torch
+
+    weights, expected = torch.load(job / "model.pt"), torch.load(reference / "model.pt")
+    assert set(weights) == set(expected)
+    for key, tensor in expected.items():
+        assert weights[key].shape == tensor.shape, key  # whole, not a shard
+        torch.testing.assert_close(weights[key], tensor, atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
 def results(job_dir: Path) -> dict:
     return json.loads((job_dir / "results.json").read_text())
