@@ -27,10 +27,15 @@ from tests.helpers.distributed import run_ranks
 from tests.helpers.parity import train_distributed
 
 
+def _maker(cls):
+    """The strategy with a bucket smaller than every parameter, where it has buckets."""
+    knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters else {}
+    return functools.partial(cls, **knobs)
+
+
 def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
     group = dist.group.WORLD
-    makers = {name: functools.partial(cls, **({"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters
-                                              else {})) for name, cls in STRATEGIES.items()}
+    makers = {name: _maker(cls) for name, cls in STRATEGIES.items()}
     for make in makers.values():  # torch's one-time state (module docstring)
         train_distributed(rank, world_size, make, "tied", steps=1)
     extra = {}
