@@ -16,6 +16,12 @@ parameter, cheap enough for every step) records on every step of a profiled run 
 started and ended, when each parameter's gradient was accumulated, the step's communication
 intervals and its lap marks; rank 0 writes all ranks' records to JOB/phases.json. The step-time
 predictor (`python -m ddp_lab.predict fit`) reads it, preferring steps the profiler did not record.
+
+After the last step, `time_compute_alone` runs forward and backward of a fresh copy of the model with
+no strategy on every rank at once: compute with no communication in flight. On shared cores a
+collective in flight slows backward, and from the training steps alone that slowdown cannot be told
+apart from backward's own length (a longer backward with no slowdown replays the same); phases.json's
+`compute_alone` pins it.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from ddp_lab.analysis.traces import analyze_run, find_traces
 from ddp_lab.jobdir import PHASES, TIMELINE, TRACES, trace_file, write_json_atomic
+from ddp_lab.rank.process_group import synchronize
 
 PROFILED_STEPS = 3
+COMPUTE_ALONE_REPEATS = 5
 
 
 def profile_schedule(steps: int, warmup_steps: int) -> dict:
@@ -88,6 +96,8 @@ class StepProfiler:
                              on_trace_ready=self._export) if self.enabled else None
         self.overlap: dict | None = None
         self.clock: GradientClock | None = None
+        self.compute_alone: list[dict] | None = None
+        self.device = device
         self._step = 0
 
     def watch(self, module: torch.nn.Module) -> None:
@@ -102,6 +112,30 @@ class StepProfiler:
             self.clock.end_step(self._step, first <= self._step < first + self.plan["active"], timer,
                                 comm_intervals)
         self._step += 1
+
+    def time_compute_alone(self, make_model, batch, loss_fn, autocast) -> None:
+        """Forward and backward of `make_model()` (a fresh, unwrapped copy) on `batch` (inputs,
+        targets) under `autocast()`, every rank together, COMPUTE_ALONE_REPEATS times after one
+        untimed pass; a no-op unless profiling."""
+        if not self.enabled:
+            return
+        model, times = make_model(), []
+        dist.barrier()
+        for _ in range(COMPUTE_ALONE_REPEATS + 1):
+            model.zero_grad(set_to_none=True)
+            synchronize(self.device)
+            start = time.perf_counter()
+            with autocast():
+                logits = model(batch[0])
+            loss = loss_fn(logits.float(), batch[1])
+            synchronize(self.device)
+            forward_end = time.perf_counter()
+            loss.backward()
+            synchronize(self.device)
+            end = time.perf_counter()
+            times.append({"forward_ms": (forward_end - start) * 1e3, "backward_ms": (end - forward_end) * 1e3})
+        self.compute_alone = times[1:]
+        del model
 
     def __enter__(self) -> "StepProfiler":
         if self._prof is not None:
@@ -128,7 +162,8 @@ class StepProfiler:
         """Rank 0, once every rank's trace is on disk: phases.json, overlap figures and the timeline picture."""
         dist.barrier()
         clocks = [None] * dist.get_world_size()
-        mine = {"params": self.clock.params, "steps": self.clock.steps} if self.clock is not None else None
+        mine = ({"params": self.clock.params, "steps": self.clock.steps, "compute_alone": self.compute_alone}
+                if self.clock is not None else None)
         dist.all_gather_object(clocks, mine)
         if dist.get_rank() != 0:
             return None
@@ -136,7 +171,8 @@ class StepProfiler:
             write_json_atomic(self.job_dir / PHASES, {
                 "params": clocks[0]["params"], "profiled_steps": self.plan, "cpus": len(os.sched_getaffinity(0)),
                 "threads_per_rank": torch.get_num_threads(),
-                "ranks": [c["steps"] for c in clocks]})
+                "ranks": [c["steps"] for c in clocks],
+                "compute_alone": [c["compute_alone"] for c in clocks] if clocks[0]["compute_alone"] else None})
         traces = find_traces(self.job_dir / TRACES)
         if not traces:
             return None

@@ -121,6 +121,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             steps.append(record)
             recorder.step(record)
             profiler.step()
+        profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
+                                    precision.autocast)
     if cfg.train.save_model:
         state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
         if rank == 0:
