@@ -51,6 +51,51 @@ def test_profile_work_removes_the_slowdown_of_comm_in_flight():
     assert prof["hidden"] == 20.0
 
 
+def test_profile_work_less_launches_and_the_fit_pinned_by_compute_alone():
+    # backward 11-71 ms (wall 60), comm in flight 31-50: at compute x2 that is 60 - 9.5 = 50.5 ms of work,
+    # less 1.5 ms for the one launch made during backward (at 31, before b's ready mark was read)
+    step = {"step": 3, "profiled": False, "end_ms": 90.0, "forward_ms": [1.0, 11.0],
+            "laps_ms": {"fwd_bwd_ms": 71.0, "sync_ms": 74.0, "optimizer_ms": 89.0},
+            "ready_ms": [71.0, 31.0], "comm_ms": [[31.0, 50.0], [72.0, 74.0]]}
+    phases = {"params": [{"name": "a", "numel": 1, "bytes": 4, "dtype": "float32"}] * 2,
+              "ranks": [[step, {**step, "step": 4}]] * 2}
+    prof = fitting.compute_profile(phases, warmup=3, compute_slowdown=2.0, launch_ms=1.5)
+    assert prof["launches"] == 1 and prof["backward"] == pytest.approx(49.0)
+    assert prof["ready"] == [pytest.approx(49.0), pytest.approx(18.5)]  # b: 20 ms of wall, less its launch
+    phases["compute_alone"] = [[{"forward_ms": 10.0, "backward_ms": 45.0}, {"forward_ms": 9.0, "backward_ms": 44.0}],
+                               [{"forward_ms": 10.0, "backward_ms": 47.0}]]
+    assert fitting.backward_alone_ms(phases) == 47.0  # each rank's least disturbed pass, the slowest rank
+    assert fitting.backward_alone_ms({"ranks": []}) is None
+
+
+def test_fit_recovers_slowdown_and_launch_cost_from_a_synthetic_profile(tmp_path):
+    # a profile made by the replay itself from known constants: the fit must find them again
+    truth = _model()
+    truth["contention"] = {"u": 1.0, "compute_slowdown": 2.0, "comm_slowdown": 2.0, "launch_ms": 3.0}
+    cfg = {**_cfg("overlap"), "train": {"batch_size": 8, "warmup_steps": 0, "steps": 2, "precision": "fp32"}}
+    step, r = job_step(truth, cfg)
+    # overlap launches b (ready at 10 ms of work) then a (20, the end): backward is 20 + 2 x 3 of work.
+    # b launches at 13 of work (wall 13), runs 4 (2 alone, x2) while backward does 2: work 15 at wall 17;
+    # the rest alone: 11 more. a launches at the end and runs its 2 ms exposed.
+    assert r.backward_end_ms == pytest.approx(28.0) and r.hidden_ms == pytest.approx(4.0)
+    assert r.exposed_ms == pytest.approx(2.0)
+    end = 10 + r.backward_end_ms  # what the profiler would record: ready times after each hook's launch
+    rec = {"step": 0, "profiled": False, "forward_ms": [0.0, 10.0],
+           "laps_ms": {"fwd_bwd_ms": end, "sync_ms": end + 2, "optimizer_ms": end + 7}, "end_ms": end + 8,
+           "ready_ms": [end, 23.0], "comm_ms": [[23.0, 27.0], [end, end + 2]]}
+    phases = {"params": [{k: v for k, v in p.items() if k != "ready_ms"} for p in truth["compute"]["params"]],
+              "cpus": 2, "threads_per_rank": 1, "ranks": [[rec, {**rec, "step": 1}]] * 2,
+              "compute_alone": [[{"forward_ms": 10.0, "backward_ms": 20.0}]] * 2}
+    job = tmp_path / "prof"
+    job.mkdir()
+    (job / "phases.json").write_text(json.dumps(phases))
+    write_job(job, {"status": "ok", "config": {**cfg, "profile": True}, "env": {"backend": "gloo"}})
+    compute, contention = fitting.fit_profile(job, truth["collectives"])
+    assert contention["compute_slowdown"] == pytest.approx(2.0) and contention["launch_ms"] == pytest.approx(3.0)
+    assert compute["backward_ms"] == pytest.approx(20.0)
+    assert "compute_alone" in contention["identified_by"]
+
+
 def test_share_speeds_processor_sharing():
     two = share_speeds(ranks=2, cpus=2, threads_per_rank=1, u=0.5)
     assert two["compute_slowdown"] == pytest.approx(1.5) and two["comm_slowdown"] == pytest.approx(1.5)
@@ -69,6 +114,15 @@ def test_replay_serial_fully_hidden_partly_hidden():
     assert (hidden.step_ms, hidden.exposed_ms, hidden.hidden_ms) == (116, 0, 20)
     partly = replay(Step(10, 100, [Collective(20, 90)], optimizer_ms=5, other_ms=1))
     assert (partly.step_ms, partly.exposed_ms, partly.hidden_ms) == (126, 10, 10)
+
+
+def test_replay_charges_each_launch_from_backward_to_compute():
+    # two launches of 1 ms each: backward 100 -> 102 of work; the second collective (ready at 60)
+    # launches at 62 and runs 20 alone: ends at 82, hidden
+    r = replay(Step(0, 100, [Collective(5, 10), Collective(20, 60)], launch_ms=1.0))
+    assert r.backward_end_ms == pytest.approx(102) and r.exposed_ms == 0 and r.hidden_ms == pytest.approx(25)
+    late = replay(Step(0, 100, [Collective(20, 100)], launch_ms=1.0))  # launched at 101, after 101 of work
+    assert late.backward_end_ms == pytest.approx(101) and late.exposed_ms == pytest.approx(20)
 
 
 def test_replay_queue_order_and_slowdown():
@@ -96,7 +150,7 @@ def _model(u=0.0):
                         "params": [{"name": "a", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 20.0},
                                    {"name": "b", "numel": 250000, "bytes": 1e6, "dtype": "float32", "ready_ms": 10.0}],
                         "forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 5.0, "other_ms": 1.0},
-            "contention": {"u": u}, "host": {"copy_GBps": 1.0}}
+            "contention": {"u": u}, "host": {"copy_GBps": 1.0, "fresh_copy_GBps": 0.5}}
 
 
 def _cfg(strategy, world_size=2, **knobs):
@@ -109,7 +163,7 @@ def _cfg(strategy, world_size=2, **knobs):
     ("overlap", {}, 38.0, 2.0),                      # b at 10-12 hidden, a at 20-22 exposed
     ("bucketed", {"bucket_mb": 25}, 39.0, 3.0),      # one 2 MB bucket: 1 + 2 ms after backward
     ("bucketed", {"bucket_mb": 1}, 38.0, 2.0),       # one parameter per bucket, as overlap
-    ("flat", {}, 43.0, 7.0),                         # 3 ms all-reduce + 2 x 2 MB copies at 1 GB/s
+    ("flat", {}, 45.0, 9.0),                         # 3 ms all-reduce + 2 MB into a new buffer at 0.5 GB/s, back at 1
     ("zero1", {"bucket_mb": 25}, 40.5, 7.0),         # bucketed, optimizer on half, then 2 broadcasts of 2 ms
 ])
 def test_strategy_schedules_hand_computed(strategy, knobs, step, exposed):

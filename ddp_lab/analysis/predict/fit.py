@@ -11,10 +11,14 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   gradient became ready, all as *work*: the profiled run overlapped communication with backward,
   and on shared cores that slowed backward, so the time spent with communication in flight is
   divided by the fitted slowdown. `contention`: how much slower compute runs while a collective is
-  in flight, and a collective while compute runs, at the profiled world size: the pair (a grid
-  search) whose replay of the profiled run itself reproduces its measured backward, exposed comm
-  and comm under backward best. Other world sizes scale them with a processor-sharing model of
-  the cores (costs.slowdowns).
+  in flight (s_c), and a collective while compute runs (s_m), at the profiled world size. The
+  training steps alone cannot tell s_c apart from backward's own length (a longer backward slowed
+  less replays the same), so s_c is the slowdown that makes backward's work equal the backward the
+  profiled run timed with no communication in flight (phases.json `compute_alone`, rank/profiler.py);
+  s_m is then the one whose replay of the profiled run reproduces its measured backward, exposed
+  comm and comm under backward best. A profile without `compute_alone` (older runs) gets both from
+  that replay, a pair the data cannot pin (`identified_by` says which). Other world sizes scale
+  them with a processor-sharing model of the cores (costs.slowdowns).
 """
 
 from __future__ import annotations
@@ -125,12 +129,13 @@ def _work(t: float, start: float, comm: list, slowdown: float) -> float:
     return (t - start) - busy * (1 - 1 / slowdown)
 
 
-def compute_profile(phases: dict, warmup: int, compute_slowdown: float) -> dict:
+def compute_profile(phases: dict, warmup: int, compute_slowdown: float, launch_ms: float = 0.0) -> dict:
     """Median over steps of forward, backward (work), optimizer and other ms, and each parameter's
-    ready work (ms). A step is as slow as its slowest rank: forward, backward and the gradient ready
-    times are the rank that ended backward last (its ranks' clocks share an origin: they start each
-    step together, after the previous step's figures were gathered), the optimizer and the rest the
-    slowest rank's."""
+    ready work (ms), less `launch_ms` per collective launched before it (`launches`: how many
+    backward launched). A step is as slow as its slowest rank: forward, backward and the gradient
+    ready times are the rank that ended backward last (its ranks' clocks share an origin: they start
+    each step together, after the previous step's figures were gathered), the optimizer and the rest
+    the slowest rank's."""
     rows = []
     for ranks in _steps(phases, warmup):
         s = max(ranks, key=lambda r: r["laps_ms"]["fwd_bwd_ms"])
@@ -138,16 +143,21 @@ def compute_profile(phases: dict, warmup: int, compute_slowdown: float) -> dict:
         laps = s["laps_ms"]
         bwd_end, sync_end = laps["fwd_bwd_ms"], laps["sync_ms"]
         comm = merge(s["comm_ms"])
+        starts = [a for a, _ in s["comm_ms"] if f1 <= a <= bwd_end]  # launched from backward's hooks
+
+        def work(t, f1=f1, comm=comm, starts=starts):  # a ready time is read after that hook's launch
+            return max(0.0, _work(t, f1, comm, compute_slowdown) - launch_ms * sum(a <= t for a in starts))
+
         rows.append({
-            "forward": f1 - f0, "backward": _work(bwd_end, f1, comm, compute_slowdown),
+            "forward": f1 - f0, "backward": work(bwd_end), "launches": len(starts),
             "backward_wall": bwd_end - f1, "exposed": sync_end - bwd_end,
             "hidden": total(intersect([(f1, bwd_end)], comm)),
             "optimizer": max(r["laps_ms"]["optimizer_ms"] - r["laps_ms"]["sync_ms"] for r in ranks),
             "other": max(r["forward_ms"][0] + r["end_ms"] - r["laps_ms"]["optimizer_ms"] for r in ranks),
             "step": max(r["end_ms"] for r in ranks),
-            "ready": [None if t is None else _work(t, f1, comm, compute_slowdown) for t in s["ready_ms"]]})
+            "ready": [None if t is None else work(t) for t in s["ready_ms"]]})
     med = {k: statistics.median(r[k] for r in rows) for k in
-           ("forward", "backward", "backward_wall", "exposed", "hidden", "optimizer", "other", "step")}
+           ("forward", "backward", "launches", "backward_wall", "exposed", "hidden", "optimizer", "other", "step")}
     ready = []
     for i in range(len(phases["params"])):
         values = [r["ready"][i] for r in rows if r["ready"][i] is not None]
@@ -178,28 +188,55 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
             "optimizer_params": sum(p["numel"] for p in phases["params"])}
     observed = compute_profile(phases, warmup, 1.0)
     scale = observed["backward_wall"]
+    alone = backward_alone_ms(phases)
+
+    def candidates():
+        """(compute_slowdown, comm_slowdown, launch_ms) to try (module docstring)."""
+        for compute_slowdown in np.arange(1.0, 3.001, 0.05):
+            if alone is None:
+                yield from ((compute_slowdown, comm, 0.0) for comm in np.arange(1.0, 6.001, 0.1))
+                continue
+            launches = observed["launches"]
+            extra = compute_profile(phases, warmup, float(compute_slowdown))["backward"] - alone
+            yield compute_slowdown, compute_slowdown, max(0.0, extra / launches) if launches else 0.0
+
     best = None
-    for compute_slowdown in np.arange(1.0, 3.001, 0.05):
-        prof = compute_profile(phases, warmup, float(compute_slowdown))
+    for compute_slowdown, comm_slowdown, launch_ms in candidates():
+        prof = compute_profile(phases, warmup, float(compute_slowdown), launch_ms)
         fields = _compute_fields(prof)
         ready = fields.pop("ready_ms")
         compute = {**base, **fields, "params": [{**p, "ready_ms": r} for p, r in zip(base["params"], ready)]}
-        for comm_slowdown in np.arange(1.0, 6.001, 0.1):
-            contention = {"u": float(compute_slowdown) - 1, "compute_slowdown": float(compute_slowdown),
-                          "comm_slowdown": float(comm_slowdown)}
-            model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
-            replayed = job_step(model, cfg, backend)[1]
-            err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
-                                                           (replayed.exposed_ms, observed["exposed"]),
-                                                           (replayed.hidden_ms, observed["hidden"])))
-            if best is None or err < best[0]:
-                best = (err, compute, contention, replayed)
+        contention = {"u": float(compute_slowdown) - 1, "compute_slowdown": float(compute_slowdown),
+                      "comm_slowdown": float(comm_slowdown), "launch_ms": launch_ms}
+        model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
+        replayed = job_step(model, cfg, backend)[1]
+        err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
+                                                       (replayed.exposed_ms, observed["exposed"]),
+                                                       (replayed.hidden_ms, observed["hidden"])))
+        if best is None or err < best[0]:
+            best = (err, compute, contention, replayed)
     _, compute, contention, replayed = best
+    contention["identified_by"] = (
+        "compute_alone: backward's work pinned to the backward timed alone, the rest of its length split between "
+        "launch_ms per collective and the slowdown (one factor for compute and comm: fair share of the cores)"
+        if alone is not None else
+        "replay only: no compute_alone in phases.json, compute and comm slowdowns trade off, launch_ms 0")
     contention["check"] = {
         "backward_wall_ms": {"measured": observed["backward_wall"], "replayed": replayed.backward_end_ms},
         "exposed_ms": {"measured": observed["exposed"], "replayed": replayed.exposed_ms},
         "comm_under_backward_ms": {"measured": observed["hidden"], "replayed": replayed.hidden_ms}}
+    if alone is not None:
+        contention["check"]["backward_work_ms"] = {"timed_alone": alone, "fitted": compute["backward_ms"]}
     return compute, contention
+
+
+def backward_alone_ms(phases: dict) -> float | None:
+    """Backward with no communication in flight (phases.json `compute_alone`): each rank's least
+    disturbed pass (the box's own hiccups are not the model's), the slowest rank's. None if absent."""
+    ranks = phases.get("compute_alone")
+    if not ranks or not all(ranks):
+        return None
+    return max(min(r["backward_ms"] for r in passes) for passes in ranks)
 
 
 def _compute_fields(prof: dict) -> dict:
@@ -208,27 +245,39 @@ def _compute_fields(prof: dict) -> dict:
             "measured_step_ms": prof["step"]}
 
 
-def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second of one memory-to-memory copy on this host (FlatDDP's flatten and unflatten)."""
+def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5, fresh: bool = False, threads: int = 1) -> float:
+    """Bytes per second of torch.cat on this host with a rank's threads: into a buffer used before
+    (FlatDDP's copy back into the gradients) or, `fresh`, into one allocated for it (FlatDDP's flatten,
+    a new buffer every step: the first touch of each page costs a fault, several times the copy)."""
     import time
-    a = np.ones(nbytes // 8)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - start)
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = list(torch.ones(nbytes // 4).chunk(8))
+        out = torch.cat(parts)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.cat(parts) if fresh else torch.cat(parts, out=out)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
     return nbytes / best / 1e9
 
 
 def fit(collective_sweep, profiled_run) -> dict:
     collectives = fit_collectives(collective_sweep)
     compute, contention = fit_profile(profiled_run, collectives)
+    threads = compute["threads_per_rank"]
     return {"version": VERSION,
             "what": "ddp-lab step-time model: alpha-beta collectives, a profiled step as compute work, core sharing "
                     "(docs/predict.md)",
             "collectives": collectives, "compute": compute, "contention": contention,
-            "host": {"copy_GBps": host_copy_GBps()},
+            "host": {"copy_GBps": host_copy_GBps(threads=threads),
+                     "fresh_copy_GBps": host_copy_GBps(fresh=True, threads=threads)},
             "inputs": {"collective_sweep": str(collective_sweep), "profiled_run": str(profiled_run)}}
 
 

@@ -10,6 +10,9 @@ collectives run one after another on one channel (a gloo work queue, an NCCL str
 Where ranks share cores, compute and communication slow each other: while both are running,
 compute advances at 1/`compute_slowdown` of its speed and a collective at 1/`comm_slowdown`
 (fit.py fits them from the profiled run; 1 and 1 on hardware where they do not share anything).
+Launching a collective from backward (the hook, the call, its bookkeeping) costs the compute thread
+`launch_ms` of work, so backward grows by `launch_ms` per collective it launches: what makes many
+small buckets slower than a few large ones where per-call latency alone would not.
 
 Exposed communication = end of the last collective launched during backward (or queued behind it)
 minus the end of backward: what `finish_gradient_synchronization()` waits for. Collectives with
@@ -43,6 +46,7 @@ class Step:
     other_ms: float = 0.0
     compute_slowdown: float = 1.0
     comm_slowdown: float = 1.0
+    launch_ms: float = 0.0           # compute work per collective launched during backward
 
 
 @dataclass(frozen=True)
@@ -64,17 +68,20 @@ def replay(step: Step) -> Replayed:
             raise ValueError(f"collective {c.label!r} ready at {c.ready_ms} ms, "
                              f"outside backward (0-{step.backward_ms})")
     after = [c for c in step.collectives if c.ready_ms is None]
+    # each launch is work on the compute thread, done before the collective starts
+    pending = [Collective(c.ms, c.ready_ms + step.launch_ms * (k + 1), c.label) for k, c in enumerate(pending)]
+    backward_ms = step.backward_ms + step.launch_ms * len(pending)
     t = work = hidden = 0.0      # wall time since backward began, backward work done, comm under backward
     queue: list[float] = []      # remaining alone-ms of launched collectives, in order
     nxt = 0
-    while work < step.backward_ms:
+    while work < backward_ms:
         while nxt < len(pending) and pending[nxt].ready_ms <= work:
             queue.append(pending[nxt].ms)  # launch every collective whose gradients are ready, in order
             nxt += 1
         busy = bool(queue)
         compute_rate = 1 / step.compute_slowdown if busy else 1.0
         comm_rate = 1 / step.comm_slowdown
-        target = min(pending[nxt].ready_ms, step.backward_ms) if nxt < len(pending) else step.backward_ms
+        target = min(pending[nxt].ready_ms, backward_ms) if nxt < len(pending) else backward_ms
         dt = (target - work) / compute_rate
         if busy and queue[0] / comm_rate < dt:
             dt = queue.pop(0) / comm_rate

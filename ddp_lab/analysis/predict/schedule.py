@@ -9,7 +9,7 @@ alpha-beta of its op at the job's world size:
 | strategy | collectives |
 |---|---|
 | naive | one all-reduce per gradient, blocking, after backward |
-| flat | copy into one buffer, one all-reduce, copy out, after backward |
+| flat | copy into a new buffer, one all-reduce, copy out, after backward |
 | overlap | one all-reduce per gradient, launched when it is ready, in reverse parameter order |
 | bucketed, torch_ddp | one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is full |
 | zero1 | its grad_sync's collectives, the update of 1/N of the parameters, one broadcast per parameter |
@@ -80,7 +80,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"]) for i in range(len(params))]
     elif name == "flat":
         total = sum(grad_bytes)
-        copy = 2 * total / (model["host"].get("copy_GBps", 5.0) * 1e9) * 1e3 * core
+        host = model["host"]  # flatten into a new buffer, copy back into the gradients
+        copy = total * (1 / host.get("fresh_copy_GBps", host["copy_GBps"]) + 1 / host["copy_GBps"]) / 1e6 * core
         comms = [coll("all_reduce", total, None, "flat"), Collective(copy, None, "flatten + unflatten copies")]
     elif name == "overlap":
         comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
@@ -118,7 +119,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                 collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
                 other_ms=prof["other_ms"] * core,
-                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown)
+                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown,
+                launch_ms=contention.get("launch_ms", 0.0) * core)
     return step, replay(step)
 
 
