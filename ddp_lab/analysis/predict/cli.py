@@ -34,7 +34,8 @@ def cmd_fit(args) -> int:
     print(f"compute ({c['model']}, {c['strategy']}, {c['world_size']} ranks, {c['samples']} steps): forward "
           f"{c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms")
     print(f"cores: {c['cpus']:g} for {c['world_size']} ranks: compute x{k['compute_slowdown']:.2f} and comm "
-          f"x{k['comm_slowdown']:.2f} slower while both run")
+          f"x{k['comm_slowdown']:.2f} slower while both run, {k.get('launch_ms', 0.0):.2f} ms of compute per "
+          f"collective launched from backward ({k['identified_by'].split(':')[0]})")
     print(f"wrote {args.output}")
     return 0
 
