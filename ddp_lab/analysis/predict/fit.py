@@ -11,14 +11,16 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   gradient became ready, all as *work*: the profiled run overlapped communication with backward,
   and on shared cores that slowed backward, so the time spent with communication in flight is
   divided by the fitted slowdown. `contention`: how much slower compute runs while a collective is
-  in flight (s_c), and a collective while compute runs (s_m), at the profiled world size. The
-  training steps alone cannot tell s_c apart from backward's own length (a longer backward slowed
-  less replays the same), so s_c is the slowdown that makes backward's work equal the backward the
-  profiled run timed with no communication in flight (phases.json `compute_alone`, rank/profiler.py);
-  s_m is then the one whose replay of the profiled run reproduces its measured backward, exposed
-  comm and comm under backward best. A profile without `compute_alone` (older runs) gets both from
-  that replay, a pair the data cannot pin (`identified_by` says which). Other world sizes scale
-  them with a processor-sharing model of the cores (costs.slowdowns).
+  in flight (s_c), a collective while compute runs (s_m), and what launching a collective from
+  backward costs the compute thread (`launch_ms`), at the profiled world size. The training steps
+  alone cannot tell these apart from backward's own length (a longer backward slowed less replays
+  the same), so backward's work is pinned to the backward the profiled run timed with nothing in
+  flight (phases.json `compute_alone`, rank/profiler.py); for each s = s_c = s_m (fair share of the
+  cores) the rest of the profiled backward is `launch_ms` per collective launched, and the s whose
+  replay of the profiled run reproduces its measured backward, exposed comm and comm under backward
+  best is kept. A profile without `compute_alone` (older runs) gets s_c and s_m from that replay
+  alone, a pair the data cannot pin, and no launch cost (`identified_by` says which). Other world
+  sizes scale them with a processor-sharing model of the cores (costs.slowdowns).
 """
 
 from __future__ import annotations
