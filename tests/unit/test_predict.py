@@ -125,6 +125,31 @@ def test_replay_charges_each_launch_from_backward_to_compute():
     assert late.backward_end_ms == pytest.approx(101) and late.exposed_ms == pytest.approx(20)
 
 
+def test_replay_gate_makes_compute_wait():
+    # needed at 10 of work, 30 long: 10 of it runs under compute, then backward waits 20
+    r = replay(Step(0, 100, [Collective(30, 0, "gather", needed_ms=10)]))
+    assert (r.backward_end_ms, r.stalled_ms, r.hidden_ms, r.exposed_ms) == (120, 20, 10, 20)
+
+
+def test_fsdp_schedule_hand_computed():
+    model = _model()
+    one = {"numel": 250000, "bytes": 1e6, "dtype": "float32"}
+    model["compute"].update(forward_ms=30.0, params=[{**one, "name": "embed.weight", "ready_ms": 20.0},
+                                                     {**one, "name": "blocks.0.w", "ready_ms": 20.0},
+                                                     {**one, "name": "blocks.1.w", "ready_ms": 10.0}])
+    # gathers and reduce-scatters of 1 MB at 2 ranks: 2 broadcasts of 0.5 MB, 1.5 ms each = 3 ms.
+    # forward (10 ms per block, the root's head last): root and block 0 waited for at 0 (6 ms),
+    # block 1's gather (launched at 0) hidden under block 0: 36 ms. backward: 0-10 block 1, then
+    # block 0's gather waited for (3), block 0 10-20 with block 1's reduce-scatter under it: 23 ms;
+    # block 0's and the root's reductions after it: 6. optimizer on half: 2.5, rest 1.
+    step, r = job_step(model, _cfg("fsdp"))
+    assert step.forward_ms == pytest.approx(36.0)
+    assert r.step_ms == pytest.approx(36 + 23 + 6 + 2.5 + 1)
+    assert r.exposed_ms == pytest.approx(6 + 3 + 6) and r.stalled_ms == pytest.approx(9.0)
+    kept = job_step(model, _cfg("fsdp", reshard_after_forward=False))[1]  # no gathers in backward: 3 ms less
+    assert kept.step_ms == pytest.approx(r.step_ms - 3)
+
+
 def test_replay_queue_order_and_slowdown():
     # second waits for the first: 10-40, 40-70; backward ends at 50: 20 exposed
     q = replay(Step(0, 50, [Collective(30, 10), Collective(30, 20)]))
@@ -180,6 +205,8 @@ def test_world_size_scales_compute_by_tokens_and_core_share():
     with pytest.raises(PredictError, match="model"):
         job_step(_model(), {**_cfg("naive"), "model": {"name": "small"}})
     with pytest.raises(PredictError, match="no replay"):
+        job_step(_model(), _cfg("fsdp_torch"))
+    with pytest.raises(PredictError, match="blocks"):
         job_step(_model(), _cfg("fsdp"))
     with pytest.raises(PredictError, match="train.precision"):
         job_step(_model(), {**_cfg("naive"), "train": {"batch_size": 8, "precision": "bf16"}})

@@ -17,6 +17,9 @@ small buckets slower than a few large ones where per-call latency alone would no
 Exposed communication = end of the last collective launched during backward (or queued behind it)
 minus the end of backward: what `finish_gradient_synchronization()` waits for. Collectives with
 `ready_ms=None` are blocking ones issued after backward (naive, flat): all of their time is exposed.
+A collective with `needed_ms` gates compute: backward's work cannot pass that point until it is
+done (fsdp's all-gathers); compute then waits (`stalled_ms`, exposed too) and the channel runs alone.
+The same stretch of work with gates replays fsdp's forward (schedule.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Collective:
     ms: float
     ready_ms: float | None = None
     label: str = ""
+    needed_ms: float | None = None   # compute waits here for it to be done (None: never)
 
 
 @dataclass
@@ -55,7 +59,8 @@ class Replayed:
     backward_end_ms: float   # from the start of backward, slowed by communication in flight
     exposed_ms: float        # gradient sync wait after backward, plus optimizer comm
     comm_ms: float           # time some collective was in flight (the design's "total")
-    hidden_ms: float         # comm_ms spent under backward
+    hidden_ms: float         # comm_ms spent under backward while it computed
+    stalled_ms: float = 0.0  # backward waiting for a gating collective (part of exposed_ms)
 
 
 def replay(step: Step) -> Replayed:
@@ -67,35 +72,52 @@ def replay(step: Step) -> Replayed:
         if c.ready_ms < 0 or c.ready_ms > step.backward_ms + 1e-9:
             raise ValueError(f"collective {c.label!r} ready at {c.ready_ms} ms, "
                              f"outside backward (0-{step.backward_ms})")
+        if c.needed_ms is not None and c.needed_ms < c.ready_ms:
+            raise ValueError(f"collective {c.label!r} needed at {c.needed_ms} ms, before it is ready")
     after = [c for c in step.collectives if c.ready_ms is None]
     # each launch is work on the compute thread, done before the collective starts
-    pending = [Collective(c.ms, c.ready_ms + step.launch_ms * (k + 1), c.label) for k, c in enumerate(pending)]
+    shift = [step.launch_ms * (k + 1) for k in range(len(pending))]
+    ready = [c.ready_ms + d for c, d in zip(pending, shift)]
+    needed = [None if c.needed_ms is None else c.needed_ms + d for c, d in zip(pending, shift)]
     backward_ms = step.backward_ms + step.launch_ms * len(pending)
-    t = work = hidden = 0.0      # wall time since backward began, backward work done, comm under backward
-    queue: list[float] = []      # remaining alone-ms of launched collectives, in order
+    t = work = hidden = stalled = 0.0  # wall since backward began, work done, comm under compute, waiting
+    queue: list[list] = []       # [index, remaining alone-ms] of launched collectives, in order
+    done: set[int] = set()
     nxt = 0
-    while work < backward_ms:
-        while nxt < len(pending) and pending[nxt].ready_ms <= work:
-            queue.append(pending[nxt].ms)  # launch every collective whose gradients are ready, in order
+    while work < backward_ms - 1e-12:
+        while nxt < len(pending) and ready[nxt] <= work + 1e-12:
+            queue.append([nxt, pending[nxt].ms])  # launch every collective whose gradients are ready, in order
             nxt += 1
+        gate = min((n for i, n in enumerate(needed) if n is not None and i not in done and n >= work - 1e-12),
+                   default=backward_ms)
+        if gate <= work + 1e-12:  # compute waits for the gating collective; the channel runs alone
+            if not queue:
+                raise ValueError("a collective is needed before it is launched")
+            dt = queue[0][1]
+            done.add(queue.pop(0)[0])
+            t += dt
+            stalled += dt
+            continue
         busy = bool(queue)
         compute_rate = 1 / step.compute_slowdown if busy else 1.0
         comm_rate = 1 / step.comm_slowdown
-        target = min(pending[nxt].ready_ms, backward_ms) if nxt < len(pending) else backward_ms
+        target = min(ready[nxt], gate) if nxt < len(pending) else gate
         dt = (target - work) / compute_rate
-        if busy and queue[0] / comm_rate < dt:
-            dt = queue.pop(0) / comm_rate
+        if busy and queue[0][1] / comm_rate < dt:
+            dt = queue[0][1] / comm_rate
+            done.add(queue.pop(0)[0])
             work = min(work + dt * compute_rate, target)
         else:
             work = target
             if busy:
-                queue[0] -= dt * comm_rate
+                queue[0][1] -= dt * comm_rate
         t += dt
         hidden += dt if busy else 0.0
     backward_end = t
     # after backward: whatever is queued (and anything not yet launched) runs alone, then blocking calls
-    tail = sum(queue) + sum(c.ms for c in pending[nxt:]) + sum(c.ms for c in after)
-    exposed = tail + step.optimizer_comm_ms
+    tail = sum(r for _, r in queue) + sum(c.ms for c in pending[nxt:]) + sum(c.ms for c in after)
+    exposed = tail + step.optimizer_comm_ms + stalled
     comm = hidden + exposed
     total = step.forward_ms + backward_end + tail + step.optimizer_ms + step.optimizer_comm_ms + step.other_ms
-    return Replayed(step_ms=total, backward_end_ms=backward_end, exposed_ms=exposed, comm_ms=comm, hidden_ms=hidden)
+    return Replayed(step_ms=total, backward_end_ms=backward_end, exposed_ms=exposed, comm_ms=comm, hidden_ms=hidden,
+                    stalled_ms=stalled)

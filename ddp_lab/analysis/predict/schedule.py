@@ -17,21 +17,30 @@ alpha-beta of its op at the job's world size:
 | zero2 | per bucket N reduces of 1/N of it during backward (gloo), the update of 1/N, N broadcasts per bucket |
 | local_sgd | every `sync_every` steps one all-reduce of the parameters after the update (see below) |
 | powersgd | bucketed's all-reduces, while most measured steps come before `start_iter` |
+| fsdp | per block: all-gathered before its forward and its backward (one ahead, compute waits for |
+| | it), reduce-scattered after its backward; the root (tied head, norms) gathered first, reduced last |
 
 local_sgd's p50 step is the step without the averaging when sync_every > 2, with it at 1, their mean
 at 2. PowerSGD's compressed step (factor matmuls, two all-reduces per bucket) is not modelled yet.
+fsdp's forward is replayed as a stretch of work like backward, each block's share of it the block's
+share of the parameters (a linear layer's FLOPs grow with its weight), the root's (the tied output
+head) last; on gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N,
+timed as broadcasts where the sweep has no fit of their own.
 
 Strategies not listed raise `PredictError` (validate reports the job as not predicted).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 from ddp_lab.analysis.cost_model import plan_bucket_indices
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, slowdowns, tokens_per_rank
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2", "local_sgd", "powersgd")
+STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2", "local_sgd", "powersgd", "fsdp")
 
 
 def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, Replayed]:
@@ -75,7 +84,16 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             out.append(coll("all_reduce", nbytes, max(ready[i] for i in b), f"bucket {b[0]}-{b[-1]}"))
         return out
 
-    updated, opt_comm, comms = 1.0, 0.0, []
+    def sharded_ms(op, nbytes):
+        """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts of 1/N."""
+        if n == 1:
+            return 0.0
+        try:
+            return collective_ms(model["collectives"], backend, op, nbytes, n, dtype)
+        except PredictError:
+            return n * collective_ms(model["collectives"], backend, "broadcast", nbytes / n, n, dtype)
+
+    updated, opt_comm, comms, forward = 1.0, 0.0, [], None
     if name == "naive":
         comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"]) for i in range(len(params))]
     elif name == "flat":
@@ -115,13 +133,62 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             part = coll("broadcast", nbytes / n).ms * n if n > 1 else 0.0
             comms.append(Collective(part, max(ready[i] for i in b), f"reduce-scatter {b[0]}-{b[-1]}"))
             opt_comm += part
-    step = Step(forward_ms=prof["forward_ms"] * scale, backward_ms=prof["backward_ms"] * scale,
+    elif name == "fsdp":
+        updated = 1 / n
+        forward, comms = _fsdp(params, prof["forward_ms"] * scale, prof["backward_ms"] * scale, ready, grad_bytes,
+                               sharded_ms, bool(strategy.get("reshard_after_forward", True)))
+        forward = replay(Step(0.0, prof["forward_ms"] * scale, forward if n > 1 else [],
+                              compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown,
+                              launch_ms=contention.get("launch_ms", 0.0) * core))
+    step = Step(forward_ms=prof["forward_ms"] * scale if forward is None else forward.backward_end_ms,
+                backward_ms=prof["backward_ms"] * scale,
                 collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
                 other_ms=prof["other_ms"] * core,
                 compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown,
                 launch_ms=contention.get("launch_ms", 0.0) * core)
-    return step, replay(step)
+    replayed = replay(step)
+    if forward is not None:  # fsdp: the forward's waits for its gathers are exposed too
+        replayed = dataclasses.replace(replayed, exposed_ms=replayed.exposed_ms + forward.stalled_ms,
+                                       comm_ms=replayed.comm_ms + forward.comm_ms,
+                                       hidden_ms=replayed.hidden_ms + forward.hidden_ms,
+                                       stalled_ms=replayed.stalled_ms + forward.stalled_ms)
+    return step, replayed
+
+
+def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshard):
+    """(forward's gathers, backward's collectives) of fsdp on a Transformer (see the module docstring)."""
+    blocks: dict[int, list[int]] = {}
+    root = []
+    for i, p in enumerate(params):
+        m = re.match(r"blocks\.(\d+)\.", p["name"])
+        (blocks.setdefault(int(m.group(1)), []) if m else root).append(i)
+    if not blocks:
+        raise PredictError("the fsdp replay knows a Transformer's blocks (parameters named blocks.N.*) only")
+    units = [blocks[k] for k in sorted(blocks)]
+    numel = [sum(params[i]["numel"] for i in u) for u in units]
+    total = sum(numel) + sum(params[i]["numel"] for i in root)
+    unit_bytes = [sum(grad_bytes[i] for i in u) for u in units]
+    root_bytes = sum(grad_bytes[i] for i in root)
+    starts = [0.0]
+    for w in numel:
+        starts.append(starts[-1] + forward_ms * w / total)
+    gathers = [Collective(sharded_ms("all_gather", root_bytes), 0.0, "gather root", 0.0),
+               Collective(sharded_ms("all_gather", unit_bytes[0]), 0.0, "gather block 0", 0.0)]
+    gathers += [Collective(sharded_ms("all_gather", unit_bytes[i + 1]), starts[i], f"gather block {i + 1}",
+                           starts[i + 1]) for i in range(len(units) - 1)]
+    last = len(units) - 1
+    ends = [max(ready[i] for i in u) for u in units]  # a block's backward is done when its last gradient is
+    begins = [ends[i + 1] if i < last else min(ready[j] for j in units[last]) for i in range(len(units))]
+    comms = []
+    for i in range(last, -1, -1):
+        if reshard and i >= 1 and i - 1 < last:
+            comms.append(Collective(sharded_ms("all_gather", unit_bytes[i - 1]), begins[i], f"gather block {i - 1}",
+                                    begins[i - 1]))
+        comms.append(Collective(sharded_ms("reduce_scatter", unit_bytes[i]), ends[i], f"reduce-scatter block {i}"))
+    comms.append(Collective(sharded_ms("reduce_scatter", root_bytes), backward_ms, "reduce root"))
+    comms.sort(key=lambda c: c.ready_ms)  # launch order: as backward reaches them (stable: a block's gather first)
+    return gathers, comms
 
 
 def best_bucket_mb(model: dict, cfg: dict, candidates) -> tuple[float, dict]:
