@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/predict.md's tables: calibrate the step-time model on this machine from a collective sweep and ONE
 # profiled run (overlap, tiny, 2 ranks), predict a training sweep it never saw (naive, flat, overlap,
-# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd at 2 and 4 gloo ranks), and carry it
+# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd, fsdp at 2 and 4 gloo ranks), and carry it
 # to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
 # the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 6 minutes on 2 cores.
@@ -14,7 +14,7 @@ out=${1:-outputs/bench/predict}
 steps=${STEPS:-12}
 sizes=${SIZES_MB:-0.001,0.01,0.1,1,10,40}
 buckets=${BUCKETS_MB:-1,4,16,64}
-strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2,local_sgd,powersgd}
+strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2,local_sgd,powersgd,fsdp}
 world_sizes=${WORLD_SIZES:-2,4}
 mkdir -p "$out"
 common="model=tiny backend=gloo logger=none train.warmup_steps=3"
