@@ -21,8 +21,9 @@ common="model=tiny backend=gloo logger=none train.warmup_steps=3"
 
 python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce,broadcast \
     task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives" -m
-# 4 steps more than the sweep's: the profiler records 4 after warm-up, fit prefers the ones it did not
-python launch.py $common train.steps=$((steps + 4)) strategy=overlap world_size=2 profile=true \
+# twice the sweep's steps: one profile is the whole calibration, its medians should be steady (the
+# profiler records 4 after warm-up, fit prefers the ones it did not)
+python launch.py $common train.steps=$((2 * steps)) strategy=overlap world_size=2 profile=true \
     hydra.run.dir="$out/profiled"
 python -m ddp_lab.predict fit "$out/collectives" "$out/profiled" -o "$out/model.json"
 

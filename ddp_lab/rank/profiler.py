@@ -39,7 +39,7 @@ from ddp_lab.jobdir import PHASES, TIMELINE, TRACES, trace_file, write_json_atom
 from ddp_lab.rank.process_group import synchronize
 
 PROFILED_STEPS = 3
-COMPUTE_ALONE_REPEATS = 5
+COMPUTE_ALONE_WARMUP, COMPUTE_ALONE_REPEATS = 2, 10
 
 
 def profile_schedule(steps: int, warmup_steps: int) -> dict:
@@ -115,14 +115,15 @@ class StepProfiler:
 
     def time_compute_alone(self, make_model, batch, loss_fn, autocast) -> None:
         """Forward and backward of `make_model()` (a fresh, unwrapped copy) on `batch` (inputs,
-        targets) under `autocast()`, every rank together, COMPUTE_ALONE_REPEATS times after one
-        untimed pass; a no-op unless profiling."""
+        targets) under `autocast()`, COMPUTE_ALONE_REPEATS passes after COMPUTE_ALONE_WARMUP untimed
+        ones, every rank starting each pass together (a barrier, outside the timing) as a training
+        step starts; a no-op unless profiling."""
         if not self.enabled:
             return
         model, times = make_model(), []
-        dist.barrier()
-        for _ in range(COMPUTE_ALONE_REPEATS + 1):
+        for _ in range(COMPUTE_ALONE_WARMUP + COMPUTE_ALONE_REPEATS):
             model.zero_grad(set_to_none=True)
+            dist.barrier()
             synchronize(self.device)
             start = time.perf_counter()
             with autocast():
@@ -134,7 +135,7 @@ class StepProfiler:
             synchronize(self.device)
             end = time.perf_counter()
             times.append({"forward_ms": (forward_end - start) * 1e3, "backward_ms": (end - forward_end) * 1e3})
-        self.compute_alone = times[1:]
+        self.compute_alone = times[COMPUTE_ALONE_WARMUP:]
         del model
 
     def __enter__(self) -> "StepProfiler":

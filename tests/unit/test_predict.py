@@ -62,9 +62,9 @@ def test_profile_work_less_launches_and_the_fit_pinned_by_compute_alone():
     prof = fitting.compute_profile(phases, warmup=3, compute_slowdown=2.0, launch_ms=1.5)
     assert prof["launches"] == 1 and prof["backward"] == pytest.approx(49.0)
     assert prof["ready"] == [pytest.approx(49.0), pytest.approx(18.5)]  # b: 20 ms of wall, less its launch
-    phases["compute_alone"] = [[{"forward_ms": 10.0, "backward_ms": 45.0}, {"forward_ms": 9.0, "backward_ms": 44.0}],
-                               [{"forward_ms": 10.0, "backward_ms": 47.0}]]
-    assert fitting.backward_alone_ms(phases) == 47.0  # each rank's least disturbed pass, the slowest rank
+    phases["compute_alone"] = [[{"forward_ms": 10.0, "backward_ms": b} for b in (45.0, 44.0, 60.0)],
+                               [{"forward_ms": 10.0, "backward_ms": b} for b in (47.0, 40.0, 41.0)]]
+    assert fitting.backward_alone_ms(phases) == 47.0  # passes as long as their slowest rank: 47, 44, 60
     assert fitting.backward_alone_ms({"ranks": []}) is None
 
 

@@ -218,6 +218,10 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
         if best is None or err < best[0]:
             best = (err, compute, contention, replayed)
     _, compute, contention, replayed = best
+    # what the phases do not explain: a step waits for its slowest rank, and the ranks' hiccups differ
+    residual = max(0.0, observed["step"] - replayed.step_ms)
+    compute["phases_other_ms"], compute["unexplained_ms"] = compute["other_ms"], residual
+    compute["other_ms"] += residual
     contention["identified_by"] = (
         "compute_alone: backward's work pinned to the backward timed alone, the rest of its length split between "
         "launch_ms per collective and the slowdown (one factor for compute and comm: fair share of the cores)"
@@ -233,12 +237,13 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
 
 
 def backward_alone_ms(phases: dict) -> float | None:
-    """Backward with no communication in flight (phases.json `compute_alone`): each rank's least
-    disturbed pass (the box's own hiccups are not the model's), the slowest rank's. None if absent."""
+    """Backward with no communication in flight (phases.json `compute_alone`), the statistic a step
+    is measured by: each pass (every rank starts it together) as long as its slowest rank, then the
+    median over passes. None if absent."""
     ranks = phases.get("compute_alone")
     if not ranks or not all(ranks):
         return None
-    return max(min(r["backward_ms"] for r in passes) for passes in ranks)
+    return statistics.median(max(r[i]["backward_ms"] for r in ranks) for i in range(min(len(r) for r in ranks)))
 
 
 def _compute_fields(prof: dict) -> dict:
