@@ -96,6 +96,27 @@ def test_fit_recovers_slowdown_and_launch_cost_from_a_synthetic_profile(tmp_path
     assert "compute_alone" in contention["identified_by"]
 
 
+def test_fit_carries_what_the_phases_leave_unexplained(tmp_path):
+    # three steps: backward 20, 20, 30 ms and optimizer 5, 15, 5: steps of 36, 46, 46 (forward 10,
+    # rest 1): median 46, while the medians of the phases add up to 36. The 10 ms are carried as other.
+    def rec(step, backward, optimizer):
+        end = 10 + backward
+        return {"step": step, "profiled": False, "forward_ms": [0.0, 10.0], "ready_ms": [end, end],
+                "laps_ms": {"fwd_bwd_ms": end, "sync_ms": end, "optimizer_ms": end + optimizer},
+                "end_ms": end + optimizer + 1, "comm_ms": []}
+    steps = [rec(0, 20, 5), rec(1, 20, 15), rec(2, 30, 5)]
+    phases = {"params": [{"name": "w", "numel": 1, "bytes": 4, "dtype": "float32"}] * 2, "cpus": 2,
+              "threads_per_rank": 1, "ranks": [steps, steps],
+              "compute_alone": [[{"forward_ms": 10.0, "backward_ms": 20.0}]] * 2}
+    cfg = {**_cfg("naive", world_size=1), "train": {"batch_size": 8, "warmup_steps": 0, "steps": 3}}
+    job = tmp_path / "prof"
+    job.mkdir()
+    (job / "phases.json").write_text(json.dumps(phases))
+    write_job(job, {"status": "ok", "config": {**cfg, "profile": True}, "env": {"backend": "gloo"}})
+    compute, _ = fitting.fit_profile(job, _model()["collectives"])
+    assert compute["unexplained_ms"] == pytest.approx(10.0) and compute["other_ms"] == pytest.approx(11.0)
+
+
 def test_share_speeds_processor_sharing():
     two = share_speeds(ranks=2, cpus=2, threads_per_rank=1, u=0.5)
     assert two["compute_slowdown"] == pytest.approx(1.5) and two["comm_slowdown"] == pytest.approx(1.5)
