@@ -182,12 +182,14 @@ def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshar
     begins = [ends[i + 1] if i < last else min(ready[j] for j in units[last]) for i in range(len(units))]
     comms = []
     for i in range(last, -1, -1):
-        if reshard and i >= 1 and i - 1 < last:
+        if reshard and i >= 1:
             comms.append(Collective(sharded_ms("all_gather", unit_bytes[i - 1]), begins[i], f"gather block {i - 1}",
                                     begins[i - 1]))
         comms.append(Collective(sharded_ms("reduce_scatter", unit_bytes[i]), ends[i], f"reduce-scatter block {i}"))
     comms.append(Collective(sharded_ms("reduce_scatter", root_bytes), backward_ms, "reduce root"))
-    comms.sort(key=lambda c: c.ready_ms)  # launch order: as backward reaches them (stable: a block's gather first)
+    # launch order: as backward reaches them; at a block boundary (stable sort) the reduce-scatter of the
+    # block just done, then the gather of the block after next
+    comms.sort(key=lambda c: c.ready_ms)
     return gathers, comms
 
 
