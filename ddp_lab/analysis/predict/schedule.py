@@ -69,6 +69,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     params = prof["params"]
     grad_bytes = [p["bytes"] * wire for p in params]
     ready = [p["ready_ms"] * scale for p in params]  # backward work (ms) when each gradient is ready
+    forward_ms, backward_ms = prof["forward_ms"] * scale, prof["backward_ms"] * scale
+    launch_ms = contention.get("launch_ms", 0.0) * core
 
     def coll(op, nbytes, ready_ms=None, label=""):
         return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype), ready_ms, label)
@@ -84,14 +86,16 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             out.append(coll("all_reduce", nbytes, max(ready[i] for i in b), f"bucket {b[0]}-{b[-1]}"))
         return out
 
+    def per_rank_calls_ms(op, nbytes):
+        """N calls of `op` on 1/N of `nbytes` each, one per rank: gloo's stand-in for a sharded collective."""
+        return n * coll(op, nbytes / n).ms
+
     def sharded_ms(op, nbytes):
         """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts of 1/N."""
-        if n == 1:
-            return 0.0
         try:
             return collective_ms(model["collectives"], backend, op, nbytes, n, dtype)
         except PredictError:
-            return n * collective_ms(model["collectives"], backend, "broadcast", nbytes / n, n, dtype)
+            return per_rank_calls_ms("broadcast", nbytes)
 
     updated, opt_comm, comms, forward = 1.0, 0.0, [], None
     if name == "naive":
@@ -130,23 +134,20 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         updated = 1 / n
         for b in bucket_plan(strategy.get("bucket_mb") or 25.0):
             nbytes = -(-sum(grad_bytes[i] for i in b) // (n * 4)) * n * 4
-            part = coll("broadcast", nbytes / n).ms * n if n > 1 else 0.0
+            part = per_rank_calls_ms("broadcast", nbytes)
             comms.append(Collective(part, max(ready[i] for i in b), f"reduce-scatter {b[0]}-{b[-1]}"))
             opt_comm += part
     elif name == "fsdp":
         updated = 1 / n
-        forward, comms = _fsdp(params, prof["forward_ms"] * scale, prof["backward_ms"] * scale, ready, grad_bytes,
-                               sharded_ms, bool(strategy.get("reshard_after_forward", True)))
-        forward = replay(Step(0.0, prof["forward_ms"] * scale, forward if n > 1 else [],
-                              compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown,
-                              launch_ms=contention.get("launch_ms", 0.0) * core))
-    step = Step(forward_ms=prof["forward_ms"] * scale if forward is None else forward.backward_end_ms,
-                backward_ms=prof["backward_ms"] * scale,
+        gathers, comms = _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
+                               bool(strategy.get("reshard_after_forward", True)))
+        forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
+                              comm_slowdown=comm_slowdown, launch_ms=launch_ms))
+    step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
                 collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
                 other_ms=prof["other_ms"] * core,
-                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown,
-                launch_ms=contention.get("launch_ms", 0.0) * core)
+                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown, launch_ms=launch_ms)
     replayed = replay(step)
     if forward is not None:  # fsdp: the forward's waits for its gathers are exposed too
         replayed = dataclasses.replace(replayed, exposed_ms=replayed.exposed_ms + forward.stalled_ms,
