@@ -38,6 +38,7 @@ class CollectiveOp(Choice):
     reduce_scatter = "reduce_scatter"
     all_gather = "all_gather"
     broadcast = "broadcast"
+    reduce = "reduce"
 
 
 class BackendName(Choice):
@@ -121,6 +122,9 @@ class TaskConfig:
     """task=allreduce: untimed iterations first."""
     time_budget_s: float = 120.0
     """task=allreduce: caps `iters` (never below 3) so a huge message still ends in minutes."""
+    barrier: bool = True
+    """task=allreduce: a barrier before each timed call (one collective alone); false times calls
+    back to back, as a strategy issuing blocking collectives one after another does."""
 
 
 @dataclass

@@ -3,11 +3,11 @@ is tasks/allreduce.py's).
 
 Conventions (nccl-tests, doc/PERFORMANCE.md), so numbers compare with what people already know:
 
-- `nbytes` is the size of the whole message: the buffer that is all-reduced or broadcast, the
+- `nbytes` is the size of the whole message: the buffer that is all-reduced, broadcast or reduced, the
   *input* of a reduce-scatter (n chunks), the *output* of an all-gather (n chunks).
 - algbw = nbytes / time. It answers "how fast did this call move my tensor".
 - busbw = algbw x factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and
-  all-gather, 1 for broadcast. It is what each rank's link carried under the optimal (ring)
+  all-gather, 1 for broadcast and reduce. It is what each rank's link carried under the optimal (ring)
   algorithm, so it is comparable across world sizes and ops and against the hardware's peak.
 - GB/s means 1e9 bytes per second (nccl-tests), while sizes are given in MiB (2^20 bytes).
 
@@ -34,7 +34,7 @@ def bus_factor(op: str, world_size: int) -> float:
         return 2 * (n - 1) / n
     if op in ("reduce_scatter", "all_gather"):
         return (n - 1) / n
-    if op == "broadcast":
+    if op in ("broadcast", "reduce"):
         return 1.0
     raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
 
@@ -103,5 +103,5 @@ def message_bytes(nbytes: int, world_size: int, element_size: int = 4) -> int:
 def bytes_per_rank(op: str, nbytes: int, world_size: int) -> int:
     """Buffer memory one rank allocates for the benchmark (not counting backend scratch space)."""
     chunk = nbytes // world_size
-    return {"all_reduce": nbytes, "broadcast": nbytes,
+    return {"all_reduce": nbytes, "broadcast": nbytes, "reduce": nbytes,
             "reduce_scatter": nbytes + chunk, "all_gather": chunk + nbytes}[op]

@@ -217,6 +217,7 @@ def bucket_predictions(records: list[dict], bench: list[dict], asked: bool = Fal
     for (strategy, model, ws, backend), group in groups.items():
         summaries = [b["summary"] for b in bench if b.get("status") == "ok"
                      and (b.get("summary") or {}).get("op") == "all_reduce"
+                     and b["summary"].get("barrier", True)  # one call alone, as a bucket is
                      and b["summary"].get("world_size") == ws and b["summary"].get("backend") == backend]
         ok = [r for r in group if r["status"] == "ok" and r.get("step_p50_ms") is not None]
         total = [r["comm_bytes_per_step"] for r in ok if r.get("comm_bytes_per_step")]

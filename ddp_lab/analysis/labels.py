@@ -18,12 +18,20 @@ def precision_label(cfg) -> str:
     return "" if precision == "fp32" else f"-precision={precision}"
 
 
+def collective_label(task) -> str:
+    """`all_reduce`, or `all_reduce back-to-back` when the calls were timed without a barrier between
+    them (task.barrier=false): a different measurement of the same op, kept apart in tables and fits."""
+    back_to_back = task.get("barrier", True) is False
+    return f"{task.get('op')}{' back-to-back' if back_to_back else ''}"
+
+
 def run_name(cfg) -> str:
     """`bucketed-bucket_mb=25-tiny-ws2` (`...-precision=bf16-tiny-ws2`): what the run measured, readable
     in a W&B table."""
     if cfg["task"]["name"] == "allreduce":
         task = cfg["task"]
-        return f"{task['op']}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
+        op = collective_label(task).replace(" ", "-")
+        return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
     return f"{knob_label(cfg['strategy'])}{precision_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}"
 
 
@@ -32,6 +40,6 @@ def row_label(results: dict) -> str:
     cfg = results.get("config") or {}
     task = cfg.get("task") or {}
     if task.get("name") == "allreduce":
-        return f"{task.get('op')} {task.get('size_mb')} MiB"
+        return f"{collective_label(task)} {task.get('size_mb')} MiB"
     strategy = cfg.get("strategy")
     return knob_label(strategy) + precision_label(cfg) if strategy else "?"

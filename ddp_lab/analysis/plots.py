@@ -216,7 +216,7 @@ def plot_bandwidth(records: list[dict], path) -> bool:
         return False
     series = defaultdict(list)
     for r in coll:
-        series[(r.get("op"), r.get("backend"), r.get("world_size"))].append(r)
+        series[(r.get("op_label"), r.get("backend"), r.get("world_size"))].append(r)
     fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(13, 4.8))
     for (op, backend, ws), rows in sorted(series.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
         ok = sorted((r for r in rows if r["status"] == "ok" and r.get("busbw_GBps") is not None),

@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ddp_lab.analysis.calculator import model_state_bytes
-from ddp_lab.analysis.labels import row_label
+from ddp_lab.analysis.labels import collective_label, row_label
 from ddp_lab.analysis.tables import _get, task_of
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
 from ddp_lab.units import MiB
@@ -138,6 +138,7 @@ def collective_record(res: dict) -> dict:
     cfg, s = res.get("config") or {}, res.get("summary") or {}
     return {
         "op": _get(cfg, "task", "op"), "size_mb": _get(cfg, "task", "size_mb"), "bytes": s.get("bytes"),
+        "barrier": _get(cfg, "task", "barrier", default=True), "op_label": collective_label(cfg.get("task") or {}),
         "world_size": cfg.get("world_size"),
         "backend": s.get("backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "device": s.get("device"), "iters": s.get("iters"),

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddp_lab.analysis.accuracy import accuracy
-from ddp_lab.analysis.labels import row_label
+from ddp_lab.analysis.labels import collective_label, row_label
 from ddp_lab.units import MiB
 
 # The accuracy columns (analysis/accuracy.py), after TRAIN_COLUMNS: (header, key, format).
@@ -105,7 +105,7 @@ def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[
         cfg = res.get("config") or {}
         backend = _get(res, "summary", "backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name")
         size = _get(cfg, "task", "size_mb")
-        cells = [job, _fmt(_get(cfg, "task", "op")), "-" if size is None else f"{size:g}",
+        cells = [job, collective_label(cfg.get("task") or {}), "-" if size is None else f"{size:g}",
                  _fmt(cfg.get("world_size")), _fmt(backend), res.get("status", "missing")]
         cells += [_fmt(_get(res, *path), 3) for _, path in COLLECTIVE_COLUMNS]
         rows.append(cells)

@@ -3,9 +3,11 @@
 Every rank runs the same loop (`benchmark_collective`: warm-up, a barrier before each iteration,
 outside the timed region, so one rank's late arrival is not billed as the others' collective time,
 and the device synchronized around each call, since a host timer around an async launch measures
-only the launch). The per-rank times are gathered and each iteration is billed at its slowest
-rank, because a collective is done only when its last rank is (analysis/bandwidth.py does the
-arithmetic).
+only the launch). `task.barrier=false` drops the barrier: calls then run back to back, each timed
+from the end of the one before, which is what a strategy issuing blocking collectives one after
+another (naive) pays, the ranks' drift and the backend's wake-up included. The per-rank times are
+gathered and each iteration is billed at its slowest rank, because a collective is done only when
+its last rank is (analysis/bandwidth.py does the arithmetic).
 
 A 1 GiB message on a loaded CPU box can take seconds per call, so after the warm-up one probe
 call decides how many timed iterations fit in `task.time_budget_s` (every rank uses the slowest
@@ -51,10 +53,11 @@ def slowest(seconds: float, device: torch.device) -> float:
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     task, world_size = cfg.task, dist.get_world_size()
     nbytes = int(task.size_mb * MiB)
+    barrier = bool(task.barrier)
     probe = benchmark_collective(task.op, nbytes, iters=1, warmup=task.warmup_iters, device=device)
     iters = planned_iters(task.iters, slowest(probe[0], device), task.time_budget_s)
     info: dict = {}
-    mine = benchmark_collective(task.op, nbytes, iters=iters, warmup=0, device=device, info=info)
+    mine = benchmark_collective(task.op, nbytes, iters=iters, warmup=0, device=device, barrier=barrier, info=info)
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, mine)
     times = combine_rank_times(per_rank)
@@ -62,7 +65,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary = summarize_collective(task.op, info["bytes"], world_size, times)
     summary.update(backend=dist.get_backend(), device=device_name(device), size_mb=task.size_mb,
                    api=info["api"], iters_requested=task.iters, warmup_iters=task.warmup_iters,
-                   time_budget_s=task.time_budget_s)
+                   time_budget_s=task.time_budget_s, barrier=barrier)
     steps = []
     for i, seconds in enumerate(times):
         ranks = [r[i] for r in per_rank]
@@ -109,6 +112,9 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
     elif op == "broadcast":
         src = 0 if group is None else dist.get_global_rank(group, 0)
         candidates = [("broadcast", lambda: dist.broadcast(full, src=src, group=group))]
+    elif op == "reduce":  # what zero2 and fsdp issue on gloo, N of them, one to each rank
+        dst = 0 if group is None else dist.get_global_rank(group, 0)
+        candidates = [("reduce", lambda: dist.reduce(full, dst=dst, group=group))]
     elif op == "reduce_scatter":
         candidates = [(name, partial(getattr(dist, name), chunk, full, group=group))
                       for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]

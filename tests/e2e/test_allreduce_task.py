@@ -60,7 +60,7 @@ def test_iterations_are_capped_by_the_time_budget():
 @pytest.mark.slow
 def test_real_benchmark_sweep_at_two_ranks(tmp_path):
     proc = launch("task=allreduce", "task.op=all_reduce,all_gather", "task.size_mb=1", "task.iters=4",
-                  "task.warmup_iters=1", "logger=none", tmp_path=tmp_path, multirun=True)
+                  "task.warmup_iters=1", "task.barrier=false", "logger=none", tmp_path=tmp_path, multirun=True)
     assert proc.returncode == 0, proc.stderr
     runs = [results(tmp_path / "multirun" / str(i)) for i in range(2)]
     for run, op, factor in zip(runs, ("all_reduce", "all_gather"), (1.0, 0.5)):  # 2(n-1)/n and (n-1)/n at n=2
@@ -73,6 +73,6 @@ def test_real_benchmark_sweep_at_two_ranks(tmp_path):
         assert s["algbw_GBps"] == pytest.approx(2**20 / (s["latency_ms"]["p50"] / 1e3) / 1e9)
         assert s["busbw_GBps"] == pytest.approx(s["algbw_GBps"] * factor)
         assert all(step["latency_ms"] > 0 and step["busbw_GBps"] > 0 for step in run["steps"])
-        assert run["env"]["world_size"] == 2
-    # The end-of-sweep table has a collective table with both ops.
-    assert "busbw GB/s" in proc.stdout and "all_gather" in proc.stdout
+        assert run["env"]["world_size"] == 2 and s["barrier"] is False  # timed back to back
+    # The end-of-sweep table has a collective table with both ops, timed back to back.
+    assert "busbw GB/s" in proc.stdout and "all_gather back-to-back" in proc.stdout

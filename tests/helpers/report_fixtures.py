@@ -55,15 +55,15 @@ def train_results(strategy: str, bucket_mb=None, step_ms: float = 20.0, exposed_
 
 
 def collective_results(size_mb: float, overhead_s: float, bandwidth_Bps: float, world_size: int = 2,
-                       op: str = "all_reduce", status: str = "ok") -> dict:
-    cfg = {"task": {"name": "allreduce", "op": op, "size_mb": size_mb}, "world_size": world_size,
-           "backend": {"name": "gloo"}}
+                       op: str = "all_reduce", status: str = "ok", barrier: bool = True) -> dict:
+    cfg = {"task": {"name": "allreduce", "op": op, "size_mb": size_mb, "barrier": barrier},
+           "world_size": world_size, "backend": {"name": "gloo"}}
     if status != "ok":
         return {"status": status, "error": "rank 0: killed", "config": cfg, "env": {}, "summary": {}, "steps": []}
     nbytes = int(size_mb * MiB)
     t = overhead_s + nbytes / bandwidth_Bps
     summary = summarize_collective(op, nbytes, world_size, [t, t, t])
-    summary.update(backend="gloo", device="cpu", size_mb=size_mb)
+    summary.update(backend="gloo", device="cpu", size_mb=size_mb, barrier=barrier)
     return {"status": "ok", "error": None, "config": cfg, "env": {"backend": "gloo", "world_size": world_size},
             "summary": summary, "steps": [{"step": i, "latency_ms": t * 1e3} for i in range(3)]}
 

@@ -11,13 +11,14 @@ from tests.helpers.distributed import run_ranks
 
 
 def test_bus_factors_by_hand():
-    # nccl-tests PERFORMANCE.md: all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, broadcast 1.
+    # nccl-tests PERFORMANCE.md: all-reduce 2(n-1)/n, reduce-scatter/all-gather (n-1)/n, broadcast and reduce 1.
     assert C.bus_factor("all_reduce", 2) == 1.0
     assert C.bus_factor("all_reduce", 4) == 1.5
     assert math.isclose(C.bus_factor("all_reduce", 6), 10 / 6)
     assert C.bus_factor("reduce_scatter", 4) == 0.75
     assert C.bus_factor("all_gather", 2) == 0.5
     assert C.bus_factor("broadcast", 8) == 1.0
+    assert C.bus_factor("reduce", 8) == 1.0
     assert C.bus_factor("all_reduce", 1) == 0.0   # one rank moves nothing over a link
     with pytest.raises(ValueError, match="unknown collective"):
         C.bus_factor("all_to_all", 2)
@@ -71,8 +72,9 @@ def _bench_all_ops(rank, world_size):
         run()
         info = {}
         times = benchmark_collective(op, 64 * 1024 + 4, iters=3, warmup=2, device=torch.device("cpu"), info=info)
+        back_to_back = benchmark_collective(op, 1024, iters=3, warmup=0, device=torch.device("cpu"), barrier=False)
         out[op] = {"api": api, "full": bufs["full"].clone(), "chunk": bufs["chunk"].clone(), "times": times,
-                   "info": info}
+                   "info": info, "back_to_back": back_to_back}
     dist.barrier()
     return out
 
@@ -86,6 +88,8 @@ def test_real_two_rank_gloo_run():
         assert res["all_reduce"]["api"] == "all_reduce"
         assert torch.equal(res["all_reduce"]["full"], 2 * ar + 10)                 # sum over ranks
         assert torch.equal(res["broadcast"]["full"], ar)                           # rank 0's data
+        if rank == 0:
+            assert torch.equal(res["reduce"]["full"], 2 * ar + 10)                 # the sum, on rank 0
         # reduce-scatter: rank r gets the sum of chunk r; torch 2.13 gloo supports the tensor API.
         assert res["reduce_scatter"]["api"] in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")
         assert torch.equal(res["reduce_scatter"]["chunk"], (2 * ar + 10)[4 * rank:4 * rank + 4])
@@ -93,8 +97,19 @@ def test_real_two_rank_gloo_run():
         assert torch.equal(res["all_gather"]["full"], torch.tensor([1.0] * 4 + [2.0] * 4))
         for op in C.OPS:
             assert res[op]["info"] == {"api": res[op]["api"], "bytes": 64 * 1024}   # 16385 floats -> 16384
-            times = res[op]["times"]
-            assert len(times) == 3 and all(0 < t < 5 for t in times)
+            for times in (res[op]["times"], res[op]["back_to_back"]):
+                assert len(times) == 3 and all(0 < t < 5 for t in times)
     combined = C.combine_rank_times([r["all_reduce"]["times"] for r in results])
     summary = C.summarize_collective("all_reduce", C.message_bytes(64 * 1024, 2), 2, combined)
     assert summary["busbw_GBps"] > 0
+
+
+def test_back_to_back_jobs_are_named_apart():
+    from ddp_lab.analysis.labels import row_label, run_name
+
+    cfg = {"task": {"name": "allreduce", "op": "all_reduce", "size_mb": 10, "barrier": False},
+           "backend": {"name": "gloo"}, "world_size": 2}
+    assert run_name(cfg) == "all_reduce-back-to-back-10MiB-gloo-ws2"
+    assert row_label({"config": cfg}) == "all_reduce back-to-back 10 MiB"
+    cfg["task"]["barrier"] = True
+    assert run_name(cfg) == "all_reduce-10MiB-gloo-ws2"
