@@ -37,6 +37,25 @@ def test_collective_fit_recovers_known_alpha_beta_per_world_size_and_the_ring_fo
     assert ms == pytest.approx((14 * alpha_step + 14 / 8 * 8e6 / busbw) * 1e3, rel=0.02)
 
 
+def test_back_to_back_calls_fit_apart_and_time_naive(tmp_path):
+    # the same op timed with a barrier before each call (alpha 1 ms) and back to back (alpha 3 ms)
+    for i, mb in enumerate((0.001, 1, 10)):
+        write_job(tmp_path / f"a{i}", collective_results(mb, 1e-3, 1e9))
+        write_job(tmp_path / f"b{i}", collective_results(mb, 3e-3, 1e9, barrier=False))
+    fits = fitting.fit_collectives(tmp_path)
+    entry = fits["gloo"]["all_reduce"]["fp32"]
+    assert entry["by_world_size"]["2"]["alpha_ms"] == pytest.approx(1.0, rel=0.02)
+    assert entry["back_to_back"]["by_world_size"]["2"]["alpha_ms"] == pytest.approx(3.0, rel=0.02)
+    alone, chained = (collective_ms(fits, "gloo", "all_reduce", 1e6, 2, back_to_back=b) for b in (False, True))
+    assert chained - alone == pytest.approx(2.0, rel=0.02)
+    # naive's blocking calls follow each other: two 1 MB all-reduces at 3 + 1 ms each, not 1 + 1
+    model = _model()
+    model["collectives"]["gloo"]["all_reduce"]["fp32"]["back_to_back"] = {
+        "by_world_size": {"2": {"alpha_ms": 3.0, "beta_GBps": 1.0}}}
+    assert job_step(model, _cfg("naive"))[1].exposed_ms == pytest.approx(8.0)
+    assert job_step(model, _cfg("overlap"))[1].exposed_ms == pytest.approx(2.0)  # async: alone, as before
+
+
 def test_profile_work_removes_the_slowdown_of_comm_in_flight():
     # backward from 11 to 41 ms; comm in flight 21-41: with compute 2x slower then, 20 ms of work
     step = {"step": 3, "profiled": False, "end_ms": 50.0, "forward_ms": [1.0, 11.0],
@@ -163,12 +182,19 @@ def test_fsdp_schedule_hand_computed():
     # block 1's gather (launched at 0) hidden under block 0: 36 ms. backward: 0-10 block 1, then
     # block 0's gather waited for (3), block 0 10-20 with block 1's reduce-scatter under it: 23 ms;
     # block 0's and the root's reductions after it: 6. optimizer on half: 2.5, rest 1.
+    model["host"]["fresh_copy_GBps"] = float("inf")  # the strategy's host copies cost nothing here (below)
     step, r = job_step(model, _cfg("fsdp"))
     assert step.forward_ms == pytest.approx(36.0)
     assert r.step_ms == pytest.approx(36 + 23 + 6 + 2.5 + 1)
     assert r.exposed_ms == pytest.approx(6 + 3 + 6) and r.stalled_ms == pytest.approx(9.0)
     kept = job_step(model, _cfg("fsdp", reshard_after_forward=False))[1]  # no gathers in backward: 3 ms less
     assert kept.step_ms == pytest.approx(r.step_ms - 3)
+    # host copies into new storage at 0.5 GB/s (2 ms a MB): forward copies out 3 MB (6 ms of work, the
+    # gathers still waited for at 0 then hidden: 6 + 36); backward copies out block 0 again and folds
+    # 3 MB of gradients (8 ms), its work stretched to 28
+    model["host"]["fresh_copy_GBps"] = 0.5
+    step = job_step(model, _cfg("fsdp"))[0]
+    assert (step.forward_ms, step.backward_ms) == (pytest.approx(42.0), pytest.approx(28.0))
 
 
 def test_replay_queue_order_and_slowdown():
@@ -215,6 +241,17 @@ def _cfg(strategy, world_size=2, **knobs):
 def test_strategy_schedules_hand_computed(strategy, knobs, step, exposed):
     _, r = job_step(_model(), _cfg(strategy, **knobs))
     assert r.step_ms == pytest.approx(step) and r.exposed_ms == pytest.approx(exposed)
+
+
+def test_zero2_times_its_reductions_as_reduces_where_swept():
+    # one 2 MB bucket, ready at 20: 2 reduces of 1 MB after backward, the update of half, 2 broadcasts
+    # of 1 MB. Without a reduce fit a reduce is timed as a broadcast (1 + 1 ms): 20 + 4 exposed.
+    model = _model()
+    _, r = job_step(model, _cfg("zero2", bucket_mb=25))
+    assert (r.exposed_ms, r.step_ms) == (pytest.approx(8.0), pytest.approx(10 + 20 + 4 + 2.5 + 4 + 1))
+    model["collectives"]["gloo"]["reduce"] = {"fp32": {"by_world_size": {"2": {"alpha_ms": 2.0, "beta_GBps": 1.0}}}}
+    _, r = job_step(model, _cfg("zero2", bucket_mb=25))  # reduces at 2 + 1 ms each
+    assert (r.exposed_ms, r.step_ms) == (pytest.approx(10.0), pytest.approx(10 + 20 + 6 + 2.5 + 4 + 1))
 
 
 def test_world_size_scales_compute_by_tokens_and_core_share():

@@ -16,8 +16,10 @@ def ring_steps(op: str, n: int) -> int:
 
 
 def collective_ms(collectives: dict, backend: str, op: str, nbytes: float, world_size: int,
-                  dtype: str = "fp32") -> float:
-    """Predicted time of one collective alone: the fit at this world size, else the ring form."""
+                  dtype: str = "fp32", back_to_back: bool = False) -> float:
+    """Predicted time of one collective alone: the fit at this world size, else the ring form. With
+    `back_to_back`, of one blocking call right after another: the fit of calls timed that way
+    (task.barrier=false) where the sweep has one, else the same as alone."""
     if world_size == 1:
         return 0.0
     try:
@@ -27,6 +29,8 @@ def collective_ms(collectives: dict, backend: str, op: str, nbytes: float, world
     entry = by_dtype.get(dtype) or by_dtype.get("fp32")
     if entry is None:
         raise PredictError(f"the model has no {op} fit in {dtype} or fp32 for backend {backend}")
+    if back_to_back and entry.get("back_to_back"):
+        entry = entry["back_to_back"]
     fit = entry["by_world_size"].get(str(world_size))
     if fit is not None:
         return fit["alpha_ms"] + nbytes / (fit["beta_GBps"] * 1e9) * 1e3

@@ -47,7 +47,9 @@ VERSION = 1
 # --- collectives -----------------------------------------------------------------------------------
 
 def fit_collectives(sweep_dir) -> dict:
-    """{backend: {op: {dtype: {"by_world_size": {n: fit}, "ring": fit}}}} from a task=allreduce sweep."""
+    """{backend: {op: {dtype: {"by_world_size": {n: fit}, "ring": fit, "back_to_back": {...}}}}} from a
+    task=allreduce sweep; `back_to_back` (the same two keys) fits the jobs timed without a barrier
+    between calls (task.barrier=false), what blocking calls one after another cost."""
     rows = [collective_record(res) for _, res, _ in load_runs(sweep_dir)
             if task_of(res) == "allreduce" and res.get("status") == "ok"]
     rows = [r for r in rows if r.get("bytes") and r.get("latency_p50_ms")]
@@ -55,33 +57,44 @@ def fit_collectives(sweep_dir) -> dict:
         raise PredictError(f"no finished collective benchmark (task=allreduce) under {sweep_dir}")
     groups: dict = {}
     for r in rows:
-        dtype = r.get("dtype") or "fp32"
-        groups.setdefault((r["backend"], r["op"], dtype), []).append(r)
+        key = (r["backend"], r["op"], r.get("dtype") or "fp32", r.get("barrier", True) is not False)
+        groups.setdefault(key, []).append(r)
     out: dict = {}
     why = []
-    for (backend, op, dtype), group in sorted(groups.items()):
-        entry = {"by_world_size": {}}
-        for n in sorted({r["world_size"] for r in group}):
-            pts = [r for r in group if r["world_size"] == n]
-            if len({r["bytes"] for r in pts}) < 2:
-                continue
-            try:
-                f = fit_link([r["bytes"] for r in pts], [r["latency_p50_ms"] / 1e3 for r in pts])
-            except ValueError as exc:
-                why.append(f"{op} at {n} ranks: {exc}")  # e.g. time does not grow with size: no bandwidth
-                continue
-            entry["by_world_size"][str(n)] = {"alpha_ms": f.overhead_s * 1e3, "beta_GBps": f.bandwidth_Bps / 1e9,
-                                              "rel_rms": f.rel_rms, "sizes": f.n_points,
-                                              "bytes": sorted({r["bytes"] for r in pts})}
-        multi = [r for r in group if r["world_size"] > 1]
-        if len({r["world_size"] for r in multi}) >= 1 and len({r["bytes"] for r in multi}) >= 2:
-            entry["ring"] = _fit_ring(op, multi)
-        if entry["by_world_size"]:
-            out.setdefault(backend, {}).setdefault(op, {})[dtype] = entry
+    for (backend, op, dtype, barrier), group in sorted(groups.items()):
+        fitted = _fit_group(op, group, why)
+        if not fitted["by_world_size"]:
+            continue
+        entry = out.setdefault(backend, {}).setdefault(op, {}).setdefault(dtype, {"by_world_size": {}})
+        if barrier:
+            entry.update(fitted)
+        else:
+            entry["back_to_back"] = fitted
     if not out:
         raise PredictError(f"no collective in {sweep_dir} could be fitted (two or more message sizes at one world "
                            f"size, time growing with size): {'; '.join(why) or 'one size each'}")
     return out
+
+
+def _fit_group(op: str, group: list[dict], why: list[str]) -> dict:
+    """alpha-beta per world size and the ring form across them, for one op's jobs timed one way."""
+    entry: dict = {"by_world_size": {}}
+    for n in sorted({r["world_size"] for r in group}):
+        pts = [r for r in group if r["world_size"] == n]
+        if len({r["bytes"] for r in pts}) < 2:
+            continue
+        try:
+            f = fit_link([r["bytes"] for r in pts], [r["latency_p50_ms"] / 1e3 for r in pts])
+        except ValueError as exc:
+            why.append(f"{op} at {n} ranks: {exc}")  # e.g. time does not grow with size: no bandwidth
+            continue
+        entry["by_world_size"][str(n)] = {"alpha_ms": f.overhead_s * 1e3, "beta_GBps": f.bandwidth_Bps / 1e9,
+                                          "rel_rms": f.rel_rms, "sizes": f.n_points,
+                                          "bytes": sorted({r["bytes"] for r in pts})}
+    multi = [r for r in group if r["world_size"] > 1]
+    if len({r["bytes"] for r in multi}) >= 2:
+        entry["ring"] = _fit_ring(op, multi)
+    return entry
 
 
 def _fit_ring(op: str, rows: list[dict]) -> dict:

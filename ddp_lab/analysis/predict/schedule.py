@@ -8,7 +8,7 @@ alpha-beta of its op at the job's world size:
 
 | strategy | collectives |
 |---|---|
-| naive | one all-reduce per gradient, blocking, after backward |
+| naive | one all-reduce per gradient, blocking, after backward (timed back to back where swept so) |
 | flat | copy into a new buffer, one all-reduce, copy out, after backward |
 | overlap | one all-reduce per gradient, launched when it is ready, in reverse parameter order |
 | bucketed, torch_ddp | one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is full |
@@ -25,7 +25,10 @@ at 2. PowerSGD's compressed step (factor matmuls, two all-reduces per bucket) is
 fsdp's forward is replayed as a stretch of work like backward, each block's share of it the block's
 share of the parameters (a linear layer's FLOPs grow with its weight), the root's (the tied output
 head) last; on gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N,
-timed as broadcasts where the sweep has no fit of their own.
+each timed by its op's fit (a reduce as a broadcast where the sweep has no reduce). fsdp's host
+copies (each gathered unit into its re-allocated full parameters, each gradient into a new
+reduction buffer) are compute work at the host's copy bandwidth into new memory, as flat's flatten
+is: on this machine's glibc a freed buffer's pages go back to the OS and come back with a fault each.
 
 Strategies not listed raise `PredictError` (validate reports the job as not predicted).
 """
@@ -72,8 +75,9 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     forward_ms, backward_ms = prof["forward_ms"] * scale, prof["backward_ms"] * scale
     launch_ms = contention.get("launch_ms", 0.0) * core
 
-    def coll(op, nbytes, ready_ms=None, label=""):
-        return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype), ready_ms, label)
+    def coll(op, nbytes, ready_ms=None, label="", back_to_back=False):
+        return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype, back_to_back),
+                          ready_ms, label)
 
     def bucket_plan(bucket_mb):
         return plan_bucket_indices([p["bytes"] for p in params], [p["dtype"] for p in params], bucket_mb)
@@ -86,24 +90,35 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             out.append(coll("all_reduce", nbytes, max(ready[i] for i in b), f"bucket {b[0]}-{b[-1]}"))
         return out
 
+    def swept(op):
+        """`op`, or broadcast where the sweep did not time it (a reduce moves a broadcast's bytes)."""
+        return op if op in model["collectives"].get(backend, {}) else "broadcast"
+
     def per_rank_calls_ms(op, nbytes):
-        """N calls of `op` on 1/N of `nbytes` each, one per rank: gloo's stand-in for a sharded collective."""
-        return n * coll(op, nbytes / n).ms
+        """N calls of `op` (broadcast or reduce) on 1/N of `nbytes` each, one per rank: gloo's stand-in
+        for a sharded collective."""
+        return n * coll(swept(op), nbytes / n).ms
 
     def sharded_ms(op, nbytes):
-        """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts of 1/N."""
+        """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts / reduces of 1/N."""
         try:
             return collective_ms(model["collectives"], backend, op, nbytes, n, dtype)
         except PredictError:
-            return per_rank_calls_ms("broadcast", nbytes)
+            return per_rank_calls_ms("broadcast" if op == "all_gather" else "reduce", nbytes)
+
+    def host_copy_ms(nbytes, fresh=False):
+        """A copy of `nbytes` on a rank's compute thread: into a buffer used before, or (`fresh`) one
+        allocated for it, whose first touch of each page costs a fault (fit.host_copy_GBps)."""
+        host = model["host"]
+        return nbytes / (host.get("fresh_copy_GBps", host["copy_GBps"]) if fresh else host["copy_GBps"]) / 1e6 * core
 
     updated, opt_comm, comms, forward = 1.0, 0.0, [], None
     if name == "naive":
-        comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"]) for i in range(len(params))]
+        comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"], back_to_back=True)
+                 for i in range(len(params))]
     elif name == "flat":
-        total = sum(grad_bytes)
-        host = model["host"]  # flatten into a new buffer, copy back into the gradients
-        copy = total * (1 / host.get("fresh_copy_GBps", host["copy_GBps"]) + 1 / host["copy_GBps"]) / 1e6 * core
+        total = sum(grad_bytes)  # flatten into a new buffer, copy back into the gradients
+        copy = host_copy_ms(total, fresh=True) + host_copy_ms(total)
         comms = [coll("all_reduce", total, None, "flat"), Collective(copy, None, "flatten + unflatten copies")]
     elif name == "overlap":
         comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
@@ -124,7 +139,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     elif name == "zero1":
         updated = 1 / n
         if (strategy.get("comm") or "allreduce_broadcast") == "reduce_scatter":
-            comms = [coll("broadcast", grad_bytes[i], None, f"reduce {params[i]['name']}") for i in range(len(params))]
+            comms = [coll(swept("reduce"), grad_bytes[i], None, f"reduce {params[i]['name']}")
+                     for i in range(len(params))]
         else:
             sync = {**cfg, "strategy": {"name": strategy.get("grad_sync") or "bucketed",
                                         "bucket_mb": strategy.get("bucket_mb") or 25.0, "comm_dtype": dtype}}
@@ -134,13 +150,14 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         updated = 1 / n
         for b in bucket_plan(strategy.get("bucket_mb") or 25.0):
             nbytes = -(-sum(grad_bytes[i] for i in b) // (n * 4)) * n * 4
-            part = per_rank_calls_ms("broadcast", nbytes)
-            comms.append(Collective(part, max(ready[i] for i in b), f"reduce-scatter {b[0]}-{b[-1]}"))
-            opt_comm += part
+            comms.append(Collective(per_rank_calls_ms("reduce", nbytes), max(ready[i] for i in b),
+                                    f"reduce-scatter {b[0]}-{b[-1]}"))
+            opt_comm += per_rank_calls_ms("broadcast", nbytes)
     elif name == "fsdp":
         updated = 1 / n
-        gathers, comms = _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
-                               bool(strategy.get("reshard_after_forward", True)))
+        forward_ms, backward_ms, gathers, comms = _fsdp(
+            params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
+            bool(strategy.get("reshard_after_forward", True)), lambda nbytes: host_copy_ms(nbytes, fresh=True))
         forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
                               comm_slowdown=comm_slowdown, launch_ms=launch_ms))
     step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
@@ -157,8 +174,11 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     return step, replayed
 
 
-def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshard):
-    """(forward's gathers, backward's collectives) of fsdp on a Transformer (see the module docstring)."""
+def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshard, fresh_copy_ms):
+    """(forward ms, backward ms, forward's gathers, backward's collectives) of fsdp on a Transformer (see
+    the module docstring). Forward and backward grow by the strategy's host copies into storage it
+    allocates at each use: every gathered unit copied out into its full parameters (its storage
+    re-allocated), every gradient folded into a new N x S buffer; each stretch grows in proportion."""
     blocks: dict[int, list[int]] = {}
     root = []
     for i, p in enumerate(params):
@@ -169,14 +189,21 @@ def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshar
     units = [blocks[k] for k in sorted(blocks)]
     numel = [sum(params[i]["numel"] for i in u) for u in units]
     total = sum(numel) + sum(params[i]["numel"] for i in root)
-    unit_bytes = [sum(grad_bytes[i] for i in u) for u in units]
+    param_bytes = [sum(params[i]["bytes"] for i in u) for u in units]  # gathered in the master dtype
+    root_param_bytes = sum(params[i]["bytes"] for i in root)
+    unit_bytes = [sum(grad_bytes[i] for i in u) for u in units]  # reduced in the wire dtype
     root_bytes = sum(grad_bytes[i] for i in root)
+    regathered = sum(param_bytes[:-1]) if reshard else 0.0
+    forward_copy = fresh_copy_ms(root_param_bytes + sum(param_bytes))
+    backward_copy = fresh_copy_ms(regathered + root_param_bytes + sum(param_bytes))
+    forward_ms, stretch = forward_ms + forward_copy, (backward_ms + backward_copy) / backward_ms
+    backward_ms, ready = backward_ms * stretch, [r * stretch for r in ready]
     starts = [0.0]
     for w in numel:
         starts.append(starts[-1] + forward_ms * w / total)
-    gathers = [Collective(sharded_ms("all_gather", root_bytes), 0.0, "gather root", 0.0),
-               Collective(sharded_ms("all_gather", unit_bytes[0]), 0.0, "gather block 0", 0.0)]
-    gathers += [Collective(sharded_ms("all_gather", unit_bytes[i + 1]), starts[i], f"gather block {i + 1}",
+    gathers = [Collective(sharded_ms("all_gather", root_param_bytes), 0.0, "gather root", 0.0),
+               Collective(sharded_ms("all_gather", param_bytes[0]), 0.0, "gather block 0", 0.0)]
+    gathers += [Collective(sharded_ms("all_gather", param_bytes[i + 1]), starts[i], f"gather block {i + 1}",
                            starts[i + 1]) for i in range(len(units) - 1)]
     last = len(units) - 1
     ends = [max(ready[i] for i in u) for u in units]  # a block's backward is done when its last gradient is
@@ -184,14 +211,14 @@ def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshar
     comms = []
     for i in range(last, -1, -1):
         if reshard and i >= 1:
-            comms.append(Collective(sharded_ms("all_gather", unit_bytes[i - 1]), begins[i], f"gather block {i - 1}",
+            comms.append(Collective(sharded_ms("all_gather", param_bytes[i - 1]), begins[i], f"gather block {i - 1}",
                                     begins[i - 1]))
         comms.append(Collective(sharded_ms("reduce_scatter", unit_bytes[i]), ends[i], f"reduce-scatter block {i}"))
     comms.append(Collective(sharded_ms("reduce_scatter", root_bytes), backward_ms, "reduce root"))
     # launch order: as backward reaches them; at a block boundary (stable sort) the reduce-scatter of the
     # block just done, then the gather of the block after next
     comms.sort(key=lambda c: c.ready_ms)
-    return gathers, comms
+    return forward_ms, backward_ms, gathers, comms
 
 
 def best_bucket_mb(model: dict, cfg: dict, candidates) -> tuple[float, dict]:
