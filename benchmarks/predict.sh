@@ -4,7 +4,7 @@
 # bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd, fsdp at 2 and 4 gloo ranks), and carry it
 # to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
-# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 6 minutes on 2 cores.
+# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 9 minutes on 2 cores.
 #
 #   bash benchmarks/predict.sh [OUT]        # default OUT: outputs/bench/predict
 #   STEPS=6 SIZES_MB=0.001,1,10 BUCKETS_MB=1,16 STRATEGIES=naive,overlap WORLD_SIZES=2 bash benchmarks/predict.sh /tmp/p
@@ -19,8 +19,11 @@ world_sizes=${WORLD_SIZES:-2,4}
 mkdir -p "$out"
 common="model=tiny backend=gloo logger=none train.warmup_steps=3"
 
-python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce,broadcast \
-    task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives" -m
+# each op alone (a barrier before each call); and all-reduces back to back, as naive issues them
+python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce,broadcast,reduce \
+    task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives/alone" -m
+python launch.py task=allreduce backend=gloo world_size="$world_sizes" task.op=all_reduce task.barrier=false \
+    task.size_mb="$sizes" task.time_budget_s=10 logger=none hydra.sweep.dir="$out/collectives/back_to_back" -m
 # twice the sweep's steps: one profile is the whole calibration, its medians should be steady (the
 # profiler records 4 after warm-up, fit prefers the ones it did not)
 python launch.py $common train.steps=$((2 * steps)) strategy=overlap world_size=2 profile=true \
