@@ -28,9 +28,10 @@ def cmd_fit(args) -> int:
     model = fitting.fit(args.collective_sweep, args.profiled_run)
     fitting.save(model, args.output)
     c, k = model["compute"], model["contention"]
-    print("collectives: " + ", ".join(f"{b}/{op}/{dt} at {sorted(e['by_world_size'], key=int)} ranks"
-                                        for b, ops in model["collectives"].items() for op, dts in ops.items()
-                                        for dt, e in dts.items()))
+    print("collectives: " + ", ".join(
+        f"{b}/{op}/{dt} at {sorted(e['by_world_size'], key=int)} ranks"
+        + (f" (back to back at {sorted(e['back_to_back']['by_world_size'], key=int)})" if "back_to_back" in e else "")
+        for b, ops in model["collectives"].items() for op, dts in ops.items() for dt, e in dts.items()))
     print(f"compute ({c['model']}, {c['strategy']}, {c['world_size']} ranks, {c['samples']} steps): forward "
           f"{c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms of work, optimizer {c['optimizer_ms']:.1f} ms")
     print(f"cores: {c['cpus']:g} for {c['world_size']} ranks: compute x{k['compute_slowdown']:.2f} and comm "
