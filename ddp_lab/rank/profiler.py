@@ -59,7 +59,7 @@ class GradientClock:
     def __init__(self, module: torch.nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.params = [{"name": n, "numel": p.numel(), "bytes": p.numel() * p.element_size(),
-                        "dtype": str(p.dtype).replace("torch.", "")} for n, p in named]
+                        "dtype": str(p.dtype).replace("torch.", ""), "shape": list(p.shape)} for n, p in named]
         self.steps: list[dict] = []
         self._forward: list[float] = []
         self._ready: list[float | None] = [None] * len(named)

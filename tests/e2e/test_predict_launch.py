@@ -2,11 +2,13 @@
 model file, and `validate` on those runs plus a naive one prints a row per training job and its error line."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
+from ddp_lab.analysis.predict.schedule import job_step
 from tests.helpers.launching import FAST, ROOT, launch
 
 
@@ -25,6 +27,7 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     assert all(t is not None for t in phases["ranks"][0][-1]["ready_ms"])  # every gradient's ready time
     assert [len(r) for r in phases["compute_alone"]] == [10, 10]  # forward and backward with no comm in flight
     assert all(p["forward_ms"] > 0 and p["backward_ms"] > 0 for r in phases["compute_alone"] for p in r)
+    assert all(p["numel"] == math.prod(p["shape"]) for p in phases["params"])  # powersgd's matrices
     proc = launch(*FAST, "strategy=naive", "logger=none", tmp_path=train)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -36,6 +39,13 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     fitted = json.loads(model.read_text())
     assert fitted["compute"]["strategy"] == "overlap"
     assert fitted["contention"]["identified_by"].startswith("compute_alone") and fitted["contention"]["launch_ms"] >= 0
+    work = fitted["host"]["powersgd"]  # its compressed step's work on the model's matrices, timed on this host
+    assert work["numel"] == sum(p["numel"] for p in phases["params"] if len(p["shape"]) >= 2)
+    assert len(work["phase_ms"]) == 3 and min(work["phase_ms"]) > 0
+    compressed = json.loads((train / "run" / "results.json").read_text())["config"]
+    compressed["strategy"] = {"name": "powersgd", "bucket_mb": 25.0, "rank": 1, "start_iter": 0}
+    step, replayed = job_step(fitted, compressed)
+    assert any(c.label == "phase 3 work" for c in step.collectives) and replayed.step_ms > 0
     out = subprocess.run(run + ["validate", str(model), str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -399,5 +399,25 @@ def test_local_sgd_and_uncompressed_powersgd():
              "train": {"batch_size": 8, "steps": 12, "warmup_steps": 3}}
     assert job_step(_model(), early)[1].step_ms == pytest.approx(39.0)  # as bucketed: 7 of 9 steps uncompressed
     late = {**early, "strategy": {**early["strategy"], "start_iter": 0}}
-    with pytest.raises(PredictError, match="compressed"):
+    with pytest.raises(PredictError, match="compressed"):  # a profile without shapes
         job_step(_model(), late)
+
+
+def test_compressed_powersgd_hand_computed():
+    # two 500 x 500 gradients (1 MB), one bucket each at 1 MiB: b's (ready at 10), then a's (at 20).
+    # rank 1: P and Q are 500 numbers (2 kB: 1.002 ms); phase k's work k ms a matrix.
+    model = _model()
+    for p in model["compute"]["params"]:
+        p["shape"] = [500, 500]
+    model["host"]["powersgd"] = {"phase_ms": [2.0, 4.0, 6.0], "numel": 500000}
+    cfg = _cfg("powersgd", bucket_mb=1, start_iter=0, rank=1)
+    # backward: b's phase 1 (10-11), P_b 11-12.002; a's phase 1 (21-22), P_a 22-23.002; b's phase 2 (22-24,
+    # P_b long done), Q_b 24-25.002: 24 of work. Then a's phase 2 (25.002-27.002), Q_a (-28.004), both
+    # phase 3s (6 ms): 34.004, 10.004 exposed; + forward 10, optimizer 5, rest 1
+    step, r = job_step(model, cfg)
+    assert step.backward_ms == pytest.approx(24.0)
+    assert [c.label for c in step.collectives] == ["P 1-1", "P 0-0", "Q", "phase 2 work", "Q", "phase 3 work"]
+    assert (r.exposed_ms, r.step_ms) == (pytest.approx(10.004), pytest.approx(50.004))
+    # a slow P_b makes a's hook wait for it before b's phase 2: 11 + 20 ms, done at 31 of wall, 9 after
+    model["collectives"]["gloo"]["all_reduce"]["fp32"]["by_world_size"]["2"] = {"alpha_ms": 20.0, "beta_GBps": 1.0}
+    assert job_step(model, cfg)[1].stalled_ms == pytest.approx(31.002 - 22)

@@ -26,6 +26,7 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -288,6 +289,50 @@ def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5, fresh: bool = Fal
     return nbytes / best / 1e9
 
 
+def powersgd_work(params: list[dict], threads: int = 1, repeats: int = 5) -> dict:
+    """PowerSGD's compute on this host for the profiled model's matrices (strategies/powersgd.py at rank
+    1; a thin factor's matmul costs about a pass over the matrix at any small rank), each phase over
+    every matrix in turn as the strategy runs it, so each matrix comes from memory, not cache (one at a
+    time, repeated, the tiny model's came out at half): 1, the error added and P = M Q (with Q's QR);
+    2, P's QR and Q = M^T P; 3, the error kept and M = P Q^T written. `phase_ms` the median of
+    `repeats` with a rank's threads, over `numel` elements; a bucket's share is its matrices' share."""
+    import time
+
+    import torch
+
+    shapes = [p["shape"] for p in params if len(p.get("shape") or []) >= 2]
+    if not shapes:
+        return {"phase_ms": [0.0, 0.0, 0.0], "numel": 0}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        matrices = [_powersgd_phases(s[0], math.prod(s[1:])) for s in shapes]
+        phase_ms = []
+        for k in range(3):
+            laps = []
+            for _ in range(repeats + 1):  # the first touches every buffer once
+                start = time.perf_counter()
+                for phases in matrices:
+                    phases[k]()
+                laps.append((time.perf_counter() - start) * 1e3)
+            phase_ms.append(statistics.median(laps[1:]))
+    finally:
+        torch.set_num_threads(before)
+    return {"phase_ms": phase_ms, "numel": sum(math.prod(s) for s in shapes)}
+
+
+def _powersgd_phases(n: int, m: int) -> list:
+    """PowerSGD's three phases on one n x m matrix at rank 1, as callables (strategies/powersgd.py)."""
+    import torch
+
+    from ddp_lab.strategies.powersgd import orthonormalize_
+
+    matrix, error, p, q = torch.randn(n, m), torch.randn(n, m), torch.randn(n, 1), torch.randn(m, 1)
+    return [lambda: (matrix.add_(error), torch.mm(matrix, orthonormalize_(q), out=p)),
+            lambda: torch.mm(matrix.t(), orthonormalize_(p), out=q),
+            lambda: (error.copy_(matrix), torch.mm(p, q.t(), out=matrix), error.sub_(matrix))]
+
+
 def fit(collective_sweep, profiled_run) -> dict:
     collectives = fit_collectives(collective_sweep)
     compute, contention = fit_profile(profiled_run, collectives)
@@ -297,7 +342,8 @@ def fit(collective_sweep, profiled_run) -> dict:
                     "(docs/predict.md)",
             "collectives": collectives, "compute": compute, "contention": contention,
             "host": {"copy_GBps": host_copy_GBps(threads=threads),
-                     "fresh_copy_GBps": host_copy_GBps(fresh=True, threads=threads)},
+                     "fresh_copy_GBps": host_copy_GBps(fresh=True, threads=threads),
+                     "powersgd": powersgd_work(compute["params"], threads=threads)},
             "inputs": {"collective_sweep": str(collective_sweep), "profiled_run": str(profiled_run)}}
 
 

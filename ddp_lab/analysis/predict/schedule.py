@@ -16,12 +16,13 @@ alpha-beta of its op at the job's world size:
 | zero1 comm=reduce_scatter | on gloo a reduce per parameter instead of the all-reduces |
 | zero2 | per bucket N reduces of 1/N of it during backward (gloo), the update of 1/N, N broadcasts per bucket |
 | local_sgd | every `sync_every` steps one all-reduce of the parameters after the update (see below) |
-| powersgd | bucketed's all-reduces, while most measured steps come before `start_iter` |
+| powersgd | bucketed's all-reduces while most measured steps come before `start_iter`; else per bucket |
+| | the all-reduces of [plain, P's] and of the Q's, each phase's work timed by `fit.powersgd_work` |
 | fsdp | per block: all-gathered before its forward and its backward (one ahead, compute waits for |
 | | it), reduce-scattered after its backward; the root (tied head, norms) gathered first, reduced last |
 
 local_sgd's p50 step is the step without the averaging when sync_every > 2, with it at 1, their mean
-at 2. PowerSGD's compressed step (factor matmuls, two all-reduces per bucket) is not modelled yet.
+at 2.
 fsdp's forward is replayed as a stretch of work like backward, each block's share of it the block's
 share of the parameters (a linear layer's FLOPs grow with its weight), the root's (the tied output
 head) last; on gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N,
@@ -128,10 +129,21 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         train = cfg.get("train", {})
         measured = max(1, train.get("steps", 20) - train.get("warmup_steps", 3))
         plain = max(0, min(strategy.get("start_iter", 10), train.get("steps", 20)) - train.get("warmup_steps", 3))
-        if plain <= measured / 2:
-            raise PredictError("no replay for powersgd's compressed steps yet (most measured steps come after "
-                               "start_iter)")
-        comms = bucketed(strategy.get("bucket_mb") or 25.0)
+        if plain > measured / 2:  # the p50 step is a plain one
+            comms = bucketed(strategy.get("bucket_mb") or 25.0)
+        else:
+            work = model["host"].get("powersgd")
+            if not work or not work["numel"] or any("shape" not in p for p in params):
+                raise PredictError("the replay of powersgd's compressed steps needs a model fitted by this version "
+                                   "from a profile with parameter shapes: fit again, profile again")
+
+            def work_ms(phase, param):
+                return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * core
+
+            backward_ms, comms = _powersgd(params, bucket_plan(strategy.get("bucket_mb") or 25.0), ready,
+                                           backward_ms, int(strategy.get("rank") or 1), work_ms,
+                                           lambda nbytes, ready_ms=None, label="": coll("all_reduce", nbytes,
+                                                                                        ready_ms, label))
     elif name == "local_sgd":
         every = int(strategy.get("sync_every") or 1)
         share = 1.0 if every == 1 else 0.5 if every == 2 else 0.0  # of the averaging, in the p50 step
@@ -219,6 +231,53 @@ def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshar
     # block just done, then the gather of the block after next
     comms.sort(key=lambda c: c.ready_ms)
     return forward_ms, backward_ms, gathers, comms
+
+
+def _powersgd(params, buckets, ready, backward_ms, rank, work_ms, all_reduce):
+    """(backward ms, collectives) of a PowerSGD compressed step (strategies/powersgd.py): per bucket, in
+    its hook, phase 1's work then the all-reduce of [plain tensors, P's]; in the next bucket's hook,
+    after its own phase 1 and launch, a wait for that P (a gate), phase 2's work and the all-reduce of
+    the Q's; after backward the last bucket's phase 2 and Q's and every bucket's phase 3 (on the queue
+    behind the collectives they wait for, as flat's copies are). A bucket with nothing to compress is
+    one plain all-reduce."""
+    plans = []
+    for b in buckets:
+        matrices, plain = [], 0
+        for i in b:
+            shape = params[i]["shape"]
+            n, m = (shape[0], params[i]["numel"] // shape[0]) if len(shape) >= 2 else (0, 0)
+            r = min(rank, n, m)
+            if len(shape) >= 2 and n * m > (n + m) * r:
+                matrices.append((n, m, r, params[i]))
+            else:
+                plain += params[i]["numel"]
+        size = params[b[0]]["bytes"] / params[b[0]]["numel"]
+        if not matrices:
+            plans.append({"send": sum(params[i]["bytes"] for i in b), "q": None})
+            continue
+        plans.append({"send": (plain + sum(n * r for n, _, r, _ in matrices)) * size,
+                      "q": sum(m * r for _, m, r, _ in matrices) * size,
+                      "work": [sum(work_ms(k, param) for *_, param in matrices) for k in (1, 2, 3)]})
+    comms, shift, previous = [], 0.0, None
+    for b, plan in zip(buckets, plans):
+        compressed = plan["q"] is not None
+        launched = max(ready[i] for i in b) + shift + (plan["work"][0] if compressed else 0.0)
+        shift = launched - max(ready[i] for i in b)
+        mine = len(comms)
+        comms.append(all_reduce(plan["send"], launched, f"{'P' if compressed else 'bucket'} {b[0]}-{b[-1]}"))
+        if previous is not None:  # the previous bucket's phase 2 runs in this hook, once its P is summed
+            index, before = previous
+            comms[index] = dataclasses.replace(comms[index], needed_ms=launched)
+            shift += before["work"][1]
+            comms.append(all_reduce(before["q"], launched + before["work"][1], "Q"))
+        previous = (mine, plan) if compressed else None
+    if previous is not None:  # the last compressed bucket's phase 2, after backward
+        comms.append(Collective(previous[1]["work"][1], None, "phase 2 work"))
+        comms.append(all_reduce(previous[1]["q"], None, "Q"))
+    phase3 = sum(plan["work"][2] for plan in plans if plan["q"] is not None)
+    if phase3:
+        comms.append(Collective(phase3, None, "phase 3 work"))
+    return backward_ms + shift, comms
 
 
 def best_bucket_mb(model: dict, cfg: dict, candidates) -> tuple[float, dict]:
