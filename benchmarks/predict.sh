@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # docs/predict.md's tables: calibrate the step-time model on this machine from a collective sweep and ONE
 # profiled run (overlap, tiny, 2 ranks), predict a training sweep it never saw (naive, flat, overlap,
-# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd, fsdp at 2 and 4 gloo ranks), and carry it
-# to named GPU systems.
+# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd plain and compressed, fsdp at 2 and 4
+# gloo ranks), and carry it to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
 # the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 9 minutes on 2 cores.
 #
@@ -34,6 +34,9 @@ python launch.py $common train.steps="$steps" strategy="$strategies" world_size=
     hydra.sweep.dir="$out/train/strategies" -m
 python launch.py $common train.steps="$steps" strategy=bucketed strategy.bucket_mb="$buckets" \
     world_size="$world_sizes" hydra.sweep.dir="$out/train/buckets" -m
+# powersgd compressing from the first step (the strategies sweep's start_iter=10 measures plain steps)
+python launch.py $common train.steps="$steps" strategy=powersgd strategy.start_iter=0 \
+    world_size="$world_sizes" hydra.sweep.dir="$out/train/powersgd" -m
 python -m ddp_lab.predict validate "$out/model.json" "$out/train" --markdown "$out/validate.md" | tee "$out/validate.txt"
 
 {
