@@ -5,7 +5,8 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
 - collectives: for each backend, op, dtype and world size of a `task=allreduce` sweep, latency
   alpha and bandwidth beta of t(b) = alpha + b / beta (cost_model.fit_link: medians, relative
   residuals, Huber, alpha >= 0), and across world sizes the ring form
-  t = steps(n) * alpha + bus_factor(n) * b / busbw, used for a world size the sweep did not run.
+  t = steps(n) * alpha + bus_factor(n) * b / busbw, used for a world size the sweep did not run;
+  jobs timed back to back (task.barrier=false) get the same, apart (`back_to_back`).
 - compute: from the profiled run's JOB/phases.json (rank/profiler.py's GradientClock), the median
   forward, backward and optimizer times, the remainder of the step, and when each parameter's
   gradient became ready, all as *work*: the profiled run overlapped communication with backward,
@@ -21,6 +22,9 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   best is kept. A profile without `compute_alone` (older runs) gets s_c and s_m from that replay
   alone, a pair the data cannot pin, and no launch cost (`identified_by` says which). Other world
   sizes scale them with a processor-sharing model of the cores (costs.slowdowns).
+
+And `host`, timed by `fit` itself on this machine with a rank's threads: copies into a used and a
+new buffer (flat's and fsdp's), and PowerSGD's three phases on the profiled model's matrices.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ Strategies not listed raise `PredictError` (validate reports the job as not pred
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from ddp_lab.analysis.cost_model import plan_bucket_indices
@@ -142,8 +143,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
 
             backward_ms, comms = _powersgd(params, bucket_plan(strategy.get("bucket_mb") or 25.0), ready,
                                            backward_ms, int(strategy.get("rank") or 1), work_ms,
-                                           lambda nbytes, ready_ms=None, label="": coll("all_reduce", nbytes,
-                                                                                        ready_ms, label))
+                                           functools.partial(coll, "all_reduce"))
     elif name == "local_sgd":
         every = int(strategy.get("sync_every") or 1)
         share = 1.0 if every == 1 else 0.5 if every == 2 else 0.0  # of the averaging, in the p50 step
