@@ -243,6 +243,19 @@ def test_strategy_schedules_hand_computed(strategy, knobs, step, exposed):
     assert r.step_ms == pytest.approx(step) and r.exposed_ms == pytest.approx(exposed)
 
 
+def test_gradients_in_buckets_pay_the_zeroing_and_the_adds():
+    # bucketed's gradients are bucket slices: 2 MB zeroed before forward at 2 GB/s (1 ms), then autograd adds
+    # b's gradient (ready at 10) and a's (at 20) into their slices at 1 GB/s: backward 10-11, 21-22, 22 long;
+    # the one 2 MB bucket (3 ms) launched at 22: 11 + 22 + 3 + 5 + 1
+    model = _model()
+    model["host"].update(add_GBps=1.0, zero_GBps=2.0)
+    step, r = job_step(model, _cfg("bucketed", bucket_mb=25))
+    assert (step.forward_ms, step.backward_ms) == (pytest.approx(11.0), pytest.approx(22.0))
+    assert r.step_ms == pytest.approx(42.0)
+    assert job_step(model, _cfg("overlap"))[1].step_ms == pytest.approx(38.0)  # autograd keeps its own tensors
+    assert job_step(_model(), _cfg("bucketed", bucket_mb=25))[1].step_ms == pytest.approx(39.0)  # an older model file
+
+
 def test_zero2_times_its_reductions_as_reduces_where_swept():
     # one 2 MB bucket, ready at 20: 2 reduces of 1 MB after backward, the update of half, 2 broadcasts
     # of 1 MB. Without a reduce fit a reduce is timed as a broadcast (1 + 1 ms): 20 + 4 exposed.

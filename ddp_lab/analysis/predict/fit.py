@@ -24,7 +24,8 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   sizes scale them with a processor-sharing model of the cores (costs.slowdowns).
 
 And `host`, timed by `fit` itself on this machine with a rank's threads: copies into a used and a
-new buffer (flat's and fsdp's), and PowerSGD's three phases on the profiled model's matrices.
+new buffer (flat's and fsdp's), adding into and zeroing a buffer (gradients as bucket views), and
+PowerSGD's three phases on the profiled model's matrices.
 """
 
 from __future__ import annotations
@@ -187,8 +188,9 @@ def compute_profile(phases: dict, warmup: int, compute_slowdown: float, launch_m
     return med
 
 
-def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
-    """(compute, contention) from the profiled job under `run_dir` (see module docstring)."""
+def fit_profile(run_dir, collectives: dict, host: dict | None = None) -> tuple[dict, dict]:
+    """(compute, contention) from the profiled job under `run_dir` (see module docstring); `host`
+    (fit's timings) lets the replay of the profiled strategy include its own host work."""
     job = _profiled_job(run_dir)
     phases = json.loads((job / PHASES).read_text())
     results = read_results(job) or {}
@@ -228,7 +230,7 @@ def fit_profile(run_dir, collectives: dict) -> tuple[dict, dict]:
         compute = {**base, **fields, "params": [{**p, "ready_ms": r} for p, r in zip(base["params"], ready)]}
         contention = {"u": float(compute_slowdown) - 1, "compute_slowdown": float(compute_slowdown),
                       "comm_slowdown": float(comm_slowdown), "launch_ms": launch_ms}
-        model = {"collectives": collectives, "compute": compute, "contention": contention, "host": {}}
+        model = {"collectives": collectives, "compute": compute, "contention": contention, "host": host or {}}
         replayed = job_step(model, cfg, backend)[1]
         err = sum(((a - b) / scale) ** 2 for a, b in ((replayed.backward_end_ms, observed["backward_wall"]),
                                                        (replayed.exposed_ms, observed["exposed"]),
@@ -270,10 +272,18 @@ def _compute_fields(prof: dict) -> dict:
             "measured_step_ms": prof["step"]}
 
 
-def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5, fresh: bool = False, threads: int = 1) -> float:
-    """Bytes per second of torch.cat on this host with a rank's threads: into a buffer used before
-    (FlatDDP's copy back into the gradients) or, `fresh`, into one allocated for it (FlatDDP's flatten,
-    a new buffer every step: the first touch of each page costs a fault, several times the copy)."""
+HOST_OPS = {
+    "copy": "torch.cat into a buffer used before (flat's copy back into the gradients)",
+    "fresh_copy": "torch.cat into a buffer allocated for it (flat's flatten, fsdp's copies: a new buffer every "
+                  "step, the first touch of each page costs a fault, several times the copy)",
+    "add": "a.add_(b) (autograd accumulating a gradient into a bucket slice instead of keeping it)",
+    "zero": "a.zero_() (a bucket zeroed before the forward that fills it)",
+}
+
+
+def host_GBps(op: str, nbytes: int = 64 * 2**20, repeats: int = 5, threads: int = 1) -> float:
+    """Bytes (of the destination) per second of `op` (HOST_OPS) on this host with a rank's threads,
+    the best of `repeats`."""
     import time
 
     import torch
@@ -282,11 +292,13 @@ def host_copy_GBps(nbytes: int = 64 * 2**20, repeats: int = 5, fresh: bool = Fal
     torch.set_num_threads(threads)
     try:
         parts = list(torch.ones(nbytes // 4).chunk(8))
-        out = torch.cat(parts)
+        out, other = torch.cat(parts), torch.ones(nbytes // 4)
+        run = {"copy": lambda: torch.cat(parts, out=out), "fresh_copy": lambda: torch.cat(parts),
+               "add": lambda: out.add_(other), "zero": lambda: out.zero_()}[op]
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.cat(parts) if fresh else torch.cat(parts, out=out)
+            run()
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(before)
@@ -326,10 +338,12 @@ def powersgd_work(params: list[dict], threads: int = 1, repeats: int = 5) -> dic
 
 
 def _powersgd_phases(n: int, m: int) -> list:
-    """PowerSGD's three phases on one n x m matrix at rank 1, as callables (strategies/powersgd.py)."""
+    """PowerSGD's three phases on one n x m matrix at rank 1, as callables: the operations of
+    strategies/powersgd.py (analysis/ does not import the strategies, which need torch.distributed)."""
     import torch
 
-    from ddp_lab.strategies.powersgd import orthonormalize_
+    def orthonormalize_(matrix):  # strategies/powersgd.py's: a reduced QR, written back
+        return matrix.copy_(torch.linalg.qr(matrix)[0])
 
     matrix, error, p, q = torch.randn(n, m), torch.randn(n, m), torch.randn(n, 1), torch.randn(m, 1)
     return [lambda: (matrix.add_(error), torch.mm(matrix, orthonormalize_(q), out=p)),
@@ -339,15 +353,15 @@ def _powersgd_phases(n: int, m: int) -> list:
 
 def fit(collective_sweep, profiled_run) -> dict:
     collectives = fit_collectives(collective_sweep)
-    compute, contention = fit_profile(profiled_run, collectives)
-    threads = compute["threads_per_rank"]
+    phases = json.loads((_profiled_job(profiled_run) / PHASES).read_text())
+    threads = int(phases.get("threads_per_rank") or 1)
+    host = {**{f"{op}_GBps": host_GBps(op, threads=threads) for op in HOST_OPS},
+            "powersgd": powersgd_work(phases["params"], threads=threads)}
+    compute, contention = fit_profile(profiled_run, collectives, host)
     return {"version": VERSION,
             "what": "ddp-lab step-time model: alpha-beta collectives, a profiled step as compute work, core sharing "
                     "(docs/predict.md)",
-            "collectives": collectives, "compute": compute, "contention": contention,
-            "host": {"copy_GBps": host_copy_GBps(threads=threads),
-                     "fresh_copy_GBps": host_copy_GBps(fresh=True, threads=threads),
-                     "powersgd": powersgd_work(compute["params"], threads=threads)},
+            "collectives": collectives, "compute": compute, "contention": contention, "host": host,
             "inputs": {"collective_sweep": str(collective_sweep), "profiled_run": str(profiled_run)}}
 
 

@@ -30,6 +30,9 @@ each timed by its op's fit (a reduce as a broadcast where the sweep has no reduc
 copies (each gathered unit into its re-allocated full parameters, each gradient into a new
 reduction buffer) are compute work at the host's copy bandwidth into new memory, as flat's flatten
 is: on this machine's glibc a freed buffer's pages go back to the OS and come back with a fault each.
+Where gradients are bucket slices (`grads_in_buckets`), forward zeroes the buckets and backward adds
+each gradient into its slice, work the profiled overlap run (autograd keeping its own tensors) did
+not do.
 
 Strategies not listed raise `PredictError` (validate reports the job as not predicted).
 """
@@ -108,11 +111,21 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         except PredictError:
             return per_rank_calls_ms("broadcast" if op == "all_gather" else "reduce", nbytes)
 
-    def host_copy_ms(nbytes, fresh=False):
-        """A copy of `nbytes` on a rank's compute thread: into a buffer used before, or (`fresh`) one
-        allocated for it, whose first touch of each page costs a fault (fit.host_copy_GBps)."""
+    def host_ms(op, nbytes):
+        """`nbytes` through `op` (fit.HOST_OPS: a copy into a used or a new buffer, an add, a zeroing) on
+        a rank's compute thread. An op an older model file did not time: a copy's figure for a copy
+        into a new buffer, nothing for the others."""
         host = model["host"]
-        return nbytes / (host.get("fresh_copy_GBps", host["copy_GBps"]) if fresh else host["copy_GBps"]) / 1e6 * core
+        rate = host.get(f"{op}_GBps") or (host["copy_GBps"] if op == "fresh_copy" else None)
+        return nbytes / rate / 1e6 * core if rate else 0.0
+
+    if grads_in_buckets(strategy):  # the bucket zeroed before forward, each gradient added into its slice
+        forward_ms += host_ms("zero", sum(p["bytes"] for p in params))
+        added, shifted = 0.0, list(ready)
+        for i in sorted(range(len(params)), key=lambda i: ready[i]):
+            added += host_ms("add", params[i]["bytes"])
+            shifted[i] = ready[i] + added
+        ready, backward_ms = shifted, backward_ms + added
 
     updated, opt_comm, comms, forward = 1.0, 0.0, [], None
     if name == "naive":
@@ -120,7 +133,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                  for i in range(len(params))]
     elif name == "flat":
         total = sum(grad_bytes)  # flatten into a new buffer, copy back into the gradients
-        copy = host_copy_ms(total, fresh=True) + host_copy_ms(total)
+        copy = host_ms("fresh_copy", total) + host_ms("copy", total)
         comms = [coll("all_reduce", total, None, "flat"), Collective(copy, None, "flatten + unflatten copies")]
     elif name == "overlap":
         comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
@@ -169,7 +182,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         updated = 1 / n
         forward_ms, backward_ms, gathers, comms = _fsdp(
             params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
-            bool(strategy.get("reshard_after_forward", True)), lambda nbytes: host_copy_ms(nbytes, fresh=True))
+            bool(strategy.get("reshard_after_forward", True)), lambda nbytes: host_ms("fresh_copy", nbytes))
         forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
                               comm_slowdown=comm_slowdown, launch_ms=launch_ms))
     step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
@@ -184,6 +197,16 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                                        hidden_ms=replayed.hidden_ms + forward.hidden_ms,
                                        stalled_ms=replayed.stalled_ms + forward.stalled_ms)
     return step, replayed
+
+
+def grads_in_buckets(strategy: dict) -> bool:
+    """Whether the strategy's gradients are slices of its buckets (strategies/bucketed.py): autograd
+    then adds each gradient into a zeroed slice where it otherwise keeps the tensor it computed."""
+    name = strategy["name"]
+    if name == "zero1":
+        return (strategy.get("comm") or "allreduce_broadcast") != "reduce_scatter" and \
+            (strategy.get("grad_sync") or "bucketed") == "bucketed"
+    return name in ("bucketed", "powersgd", "zero2")
 
 
 def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshard, fresh_copy_ms):
