@@ -30,6 +30,7 @@ PowerSGD's three phases on the profiled model's matrices.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -272,6 +273,19 @@ def _compute_fields(prof: dict) -> dict:
             "measured_step_ms": prof["step"]}
 
 
+@contextlib.contextmanager
+def _torch_threads(threads: int):
+    """Run the block with torch on `threads` intra-op threads (a rank's), then restore the count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 HOST_OPS = {
     "copy": "torch.cat into a buffer used before (flat's copy back into the gradients)",
     "fresh_copy": "torch.cat into a buffer allocated for it (flat's flatten, fsdp's copies: a new buffer every "
@@ -288,9 +302,7 @@ def host_GBps(op: str, nbytes: int = 64 * 2**20, repeats: int = 5, threads: int 
 
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         parts = list(torch.ones(nbytes // 4).chunk(8))
         out, other = torch.cat(parts), torch.ones(nbytes // 4)
         run = {"copy": lambda: torch.cat(parts, out=out), "fresh_copy": lambda: torch.cat(parts),
@@ -300,8 +312,6 @@ def host_GBps(op: str, nbytes: int = 64 * 2**20, repeats: int = 5, threads: int 
             start = time.perf_counter()
             run()
             best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(before)
     return nbytes / best / 1e9
 
 
@@ -314,14 +324,10 @@ def powersgd_work(params: list[dict], threads: int = 1, repeats: int = 5) -> dic
     `repeats` with a rank's threads, over `numel` elements; a bucket's share is its matrices' share."""
     import time
 
-    import torch
-
     shapes = [p["shape"] for p in params if len(p.get("shape") or []) >= 2]
     if not shapes:
         return {"phase_ms": [0.0, 0.0, 0.0], "numel": 0}
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         matrices = [_powersgd_phases(s[0], math.prod(s[1:])) for s in shapes]
         phase_ms = []
         for k in range(3):
@@ -332,8 +338,6 @@ def powersgd_work(params: list[dict], threads: int = 1, repeats: int = 5) -> dic
                     phases[k]()
                 laps.append((time.perf_counter() - start) * 1e3)
             phase_ms.append(statistics.median(laps[1:]))
-    finally:
-        torch.set_num_threads(before)
     return {"phase_ms": phase_ms, "numel": sum(math.prod(s) for s in shapes)}
 
 

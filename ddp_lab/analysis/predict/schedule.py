@@ -107,7 +107,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     def sharded_ms(op, nbytes):
         """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts / reduces of 1/N."""
         try:
-            return collective_ms(model["collectives"], backend, op, nbytes, n, dtype)
+            return coll(op, nbytes).ms
         except PredictError:
             return per_rank_calls_ms("broadcast" if op == "all_gather" else "reduce", nbytes)
 
