@@ -162,6 +162,8 @@ class StrategyConfig:
     """The group option, so results and W&B runs say which strategy they measured."""
     bucket_mb: Optional[float] = None
     """Bucket cap in MiB (bucketed, torch_ddp as `bucket_cap_mb`, zero1's grad_sync)."""
+    gradient_as_bucket_view: Optional[bool] = None
+    """torch_ddp, zero1_torch: DDP's own knob; gradients as views into DDP's buckets, not a second copy."""
     grad_sync: Optional[GradSync] = None
     """zero1: the strategy that averages the gradients."""
     comm: Optional[ZeroComm] = None

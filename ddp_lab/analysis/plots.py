@@ -160,10 +160,18 @@ def plot_buckets(records: list[dict], predictions: list[dict], path) -> bool:
 MARKERS = "osD^vP*X"
 
 
+def _total_state(record: dict) -> float:
+    """Model state + strategy state (MiB); model state alone for results from before strategy state."""
+    total = record.get("state_total_mib_per_rank")
+    return record["model_state_mib_per_rank"] if total is None else total
+
+
 def plot_ladder(records: list[dict], path) -> bool:
-    """Model state per rank (x) against step time p50 (y, bars p50 to p90): one point per training
-    job, coloured by strategy, shaped by world size; a hollow marker at the ZeRO paper's figure for
-    the same job. Drawn when two or more strategies have memory figures: the trade-off to choose from."""
+    """State kept per rank (x: model state + strategy state) against step time p50 (y, bars p50 to
+    p90): one point per training job, coloured by strategy, shaped by world size; a line back to its
+    model state alone where the strategy keeps more (buckets, error feedback); a hollow marker at
+    the ZeRO paper's figure for the same job. Drawn when two or more strategies have memory
+    figures: the trade-off to choose from."""
     train = _train(records)
     ok = [r for r in train if r["status"] == "ok" and r.get("model_state_mib_per_rank") is not None
           and r.get("step_p50_ms") is not None]
@@ -179,8 +187,11 @@ def plot_ladder(records: list[dict], path) -> bool:
     for r, name in zip(ok, names):
         color = colors[strategies.index(r["strategy"]) % len(colors)]
         marker = MARKERS[sizes.index(r["world_size"]) % len(MARKERS)]
-        x, y = r["model_state_mib_per_rank"], r["step_p50_ms"]
+        model_state, y = r["model_state_mib_per_rank"], r["step_p50_ms"]
+        x = _total_state(r)
         high = (r.get("step_p90_ms") or y) - y
+        if x > model_state:
+            ax.plot([model_state, x], [y, y], color=color, linewidth=2, alpha=0.5, marker="|", markersize=12)
         ax.errorbar([x], [y], yerr=[[0], [high]], marker=marker, color=color, markersize=9, capsize=3)
         if r.get("paper_model_state_mib") is not None:
             ax.plot([r["paper_model_state_mib"]], [y], marker=marker, markersize=9, markerfacecolor="none",
@@ -192,14 +203,16 @@ def plot_ladder(records: list[dict], path) -> bool:
                 for i, ws in enumerate(sizes)]
     handles.append(plt.Line2D([], [], color="0.3", marker="o", markerfacecolor="none", linestyle="",
                               label="ZeRO paper's figure"))
+    handles.append(plt.Line2D([], [], color="0.3", marker="|", markersize=12, linewidth=2, alpha=0.5,
+                              label="strategy state (| model state alone)"))
     ax.legend(handles=handles, fontsize=8, frameon=False, loc="best")
     failed = [f"{r['label']} ws{r['world_size']}: {r['status']}" for r in train if r["status"] != "ok"]
     if failed:
         ax.text(0.99, 0.01, "not drawn (did not end ok): " + "; ".join(failed)[:200], transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color=FAILED)
-    ax.set_xlabel("model state per rank, largest rank (MiB): params + grads + optimizer state")
+    ax.set_xlabel("state kept per rank, largest rank (MiB): params + grads + optimizer state + strategy state")
     ax.set_ylabel("step time p50 (ms); bar up to p90")
-    ax.set_xlim(0, 1.25 * max(r["model_state_mib_per_rank"] for r in ok))  # room for the labels
+    ax.set_xlim(0, 1.25 * max(_total_state(r) for r in ok))  # room for the labels
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.set_title("The sharding ladder: memory each rank holds against the time a step takes", loc="left",

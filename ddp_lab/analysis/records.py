@@ -107,7 +107,8 @@ def _mib(value):
 
 
 def memory_record(res: dict) -> dict:
-    """The largest rank's model state (MiB) beside the ZeRO paper's figure for the job's stage.
+    """The largest rank's model state (MiB) beside the ZeRO paper's figure for the job's stage, and what
+    the strategy keeps beside it (`strategy_state`, `state_total`: rank/memory.py).
 
     The paper's figure is recomputed here from the recorded parameter count, stage, dtype and world
     size by calculator.model_state_bytes, the one function the rank's own `expected` and the
@@ -119,6 +120,10 @@ def memory_record(res: dict) -> dict:
            "params_mib_per_rank": _mib(parts.get("params")), "grads_mib_per_rank": _mib(parts.get("grads")),
            "opt_mib_per_rank": _mib(parts.get("optimizer_state")),
            "model_state_mib_per_rank": _mib(memory.get("model_state_max_rank")),
+           "strategy_state_mib_per_rank": _mib(memory.get("strategy_state_max_rank")),
+           "state_total_mib_per_rank": _mib(memory.get("state_total_max_rank")),
+           "live_tensors_mib": _mib(memory.get("live_tensor_bytes_max_rank")),
+           "paper_mixed_model_state_mib": _mib(memory.get("paper_mixed_total")),
            "peak_gathered_mib": _mib(memory.get("peak_gathered_bytes_max_rank")),
            "max_memory_allocated_mib": _mib(memory.get("max_memory_allocated_max_rank")),
            "paper_params_mib": None, "paper_grads_mib": None, "paper_opt_mib": None, "paper_model_state_mib": None,

@@ -90,6 +90,9 @@ MEMORY_COLUMNS = [  # (header, record key, digits); MiB of the largest rank
     ("model state", "model_state_mib_per_rank", 1), ("paper: params", "paper_params_mib", 1),
     ("paper: grads", "paper_grads_mib", 1), ("paper: optimizer", "paper_opt_mib", 1),
     ("paper: model state", "paper_model_state_mib", 1), ("× paper", "model_state_vs_paper", 3),
+    ("paper, mixed 2+2+12", "paper_mixed_model_state_mib", 1),
+    ("strategy state", "strategy_state_mib_per_rank", 1), ("total", "state_total_mib_per_rank", 1),
+    ("live tensors", "live_tensors_mib", 1),
     ("peak gathered", "peak_gathered_mib", 1), ("max allocated", "max_memory_allocated_mib", 1),
 ]
 
@@ -158,9 +161,14 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
         parts += ["## Model state per rank: measured vs ZeRO paper", "",
                   "MiB (2^20 bytes) on the rank holding the most model state (params + grads + optimizer state, "
                   "the largest of after init, before and after the last step); the ZeRO paper's figure for the "
-                  "job's stage from calculator.model_state_bytes (fp32 AdamW 4 + 4 + 8 bytes per parameter, mixed "
-                  "precision 2 + 2 + 12), as `python -m ddp_lab.calculator` prints it. × paper = measured / paper: "
-                  "the bar is 1.05. Peak gathered: the most parameter bytes fsdp held gathered at once.", "",
+                  "job's stage from calculator.model_state_bytes with fp32 AdamW's 4 + 4 + 8 bytes per parameter, "
+                  "what ddp-lab keeps at every train.precision (autocast keeps fp32 parameters and gradients), as "
+                  "`python -m ddp_lab.calculator` prints it; under bf16/fp16 compute the paper's mixed-precision "
+                  "2 + 2 + 12 beside it. × paper = measured / paper: the bar is 1.05. Strategy state: what the "
+                  "strategy keeps between steps beyond model state (buckets, error feedback, anchors); total: "
+                  "model state + strategy state; live tensors: every tensor storage alive in the rank after the "
+                  "last step (a census through the garbage collector). Peak gathered: the most parameter bytes "
+                  "fsdp held gathered at once.", "",
                   memory, ""]
     if collective:
         parts += ["## Collectives", "", markdown_table(*collective_rows(collective)), ""]

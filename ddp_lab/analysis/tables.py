@@ -48,8 +48,10 @@ TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
     ("opt state MiB/rank", ("summary", "memory", "optimizer_state_max_rank")),
     ("model state MiB/rank", ("summary", "memory", "model_state_max_rank")),
     ("× ZeRO paper", ("summary", "memory", "model_state_ratio")),
+    ("strategy state MiB/rank", ("summary", "memory", "strategy_state_max_rank")),
+    ("total MiB/rank", ("summary", "memory", "state_total_max_rank")),
 ]
-MIB_COLUMNS = {"opt state MiB/rank", "model state MiB/rank"}
+MIB_COLUMNS = {"opt state MiB/rank", "model state MiB/rank", "strategy state MiB/rank", "total MiB/rank"}
 DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
 
 

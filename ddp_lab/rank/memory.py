@@ -11,19 +11,30 @@
 - optimizer_state: the optimizer's state on this rank (a sharded optimizer's inner `.optim`: only
   its shard; ShardedOptimizer, Zero2Optimizer and torch's ZeroRedundancyOptimizer have one).
 
-Communication buffers, gathered parameters and activations are not model state and are left out;
-fsdp reports the peak of what it gathered at once as `peak_gathered_bytes`, and on CUDA
-`torch.cuda.max_memory_allocated` covers everything.
+Those three are the ZeRO paper's model state. Beside them, `strategy_state` counts every byte a
+strategy keeps from one step to the next beyond them (`model.kept_tensors()`, strategies/base.py:
+bucketed's and DDP's gradient buckets, zero2's pooled buckets, PowerSGD's error feedback, Q and send
+buffers, local SGD's anchor and outer momentum), each storage once and none that already holds a
+parameter, gradient or optimizer state (bucketed's gradients *are* its bucket slices). Activations
+and the buffers of a collective in flight are not kept between steps; fsdp reports the peak of
+what it gathered at once as `peak_gathered_bytes`, and on CUDA `torch.cuda.max_memory_allocated`
+covers everything. After the last step the snapshot also takes a census, `live_tensor_bytes`:
+every tensor storage alive in the process, found through the garbage collector, each once. It is
+what the accounting must explain (tests/parity/test_memory_census.py holds every strategy to it).
 
-The expected figures are the ZeRO paper's (section 3.1 / figure 1), from one function,
-ddp_lab/analysis/calculator.py's `model_state_bytes`, which the calculator's ddp/zero1/zero2/zero3
-rows and the report's "measured vs ZeRO paper" table use too: Psi parameters; fp32 AdamW 4 + 4 + 8
-bytes each, or in mixed precision (train.precision bf16/fp16) 2 + 2 + 12; stage 1 divides the
-optimizer state by N, stage 2 also the gradients, stage 3 also the parameters.
+The expected figures follow what the implementation keeps. Under autocast (train.precision bf16 or
+fp16) parameters, gradients and AdamW's moments all stay fp32 here, and fsdp's compute dtype casts
+only the gathered copies, so the figure is fp32's 4 + 4 + 8 bytes per parameter at every
+precision. In mixed precision the ZeRO paper's 2 + 2 + 12 (fp16 weights and gradients, fp32
+master copy and moments; section 3.1 / figure 1) is recorded beside it as `paper_mixed`. Both
+come from one function, ddp_lab/analysis/calculator.py's `model_state_bytes` (the calculator's
+rows and the report's "measured vs ZeRO paper" table use it too): stage 1 divides the optimizer
+state by N, stage 2 also the gradients, stage 3 also the parameters.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import torch
@@ -33,6 +44,7 @@ from ddp_lab.analysis import calculator
 from ddp_lab.units import tensor_bytes
 
 KEYS = ("params", "grads", "optimizer_state")
+STATE_DTYPE = "fp32"  # parameters, gradients and optimizer state are fp32 at every train.precision here
 POINTS = ("after_init", "before_step", "after_step")
 
 
@@ -49,13 +61,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def _tensor_bytes(obj) -> int:
     """numel x element size of the tensors in `obj` (nested dicts/lists/tuples too), local shards only."""
-    if torch.is_tensor(obj):
-        return tensor_bytes(local(obj))
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
+    return sum(tensor_bytes(t) for t in _tensors(obj))
 
 
 def is_sharded(optimizer) -> bool:
@@ -74,8 +80,60 @@ def local_optimizer_state(optimizer) -> dict:
     return local_optimizer(optimizer).state
 
 
-def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """{"params", "grads", "optimizer_state"}: bytes this rank holds for each (see module doc)."""
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors in `obj` (nested dicts/lists/tuples too), local shards only."""
+    if torch.is_tensor(obj):
+        return [local(obj)]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple | None:
+    """What identifies a tensor's storage (device, address); None for one without memory of its own."""
+    if tensor.device.type == "meta":
+        return None
+    try:
+        storage = tensor.untyped_storage()
+        return (tensor.device, storage.data_ptr()) if storage.nbytes() else None
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass (DTensor) has none: its local tensor does
+        return None
+
+
+def strategy_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes of the storages the strategy keeps between steps (`model.kept_tensors()`) that hold no
+    parameter, gradient or optimizer state: each storage counted once, whole."""
+    kept = model.kept_tensors() if hasattr(model, "kept_tensors") else []  # a bare model keeps nothing
+    held = {_storage_key(t) for t in _tensors(_model_state_tensors(model, optimizer))}
+    storages = {}
+    for tensor in _tensors(kept):
+        key = _storage_key(tensor)
+        if key is not None and key not in held:
+            storages[key] = tensor.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def live_tensor_bytes() -> int:
+    """Every tensor storage alive in this process (found through the garbage collector, each once), bytes.
+
+    The census the accounting is checked against: it sees what no strategy reports, so a test can
+    hold the reported figures to it. `issubclass(type(...))`, not `isinstance`: the latter reads
+    `__class__`, which some of torch's deprecated module attributes answer with a warning.
+    """
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):
+            key = _storage_key(obj)
+            if key is not None:
+                storages[key] = obj.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _model_state_tensors(model: torch.nn.Module, optimizer) -> dict:
+    """{"params", "grads", "optimizer_state"}: the tensors behind each figure (see module doc)."""
     params = list(model.parameters())
     updated = [p for g in local_optimizer(optimizer).param_groups for p in g["params"]] if optimizer else []
     seen, grads = set(), []
@@ -84,8 +142,12 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
             grads.append(p.grad)
         seen.add(id(p))
     state = local_optimizer_state(optimizer) if optimizer is not None else {}
-    return {"params": _tensor_bytes(params), "grads": _tensor_bytes(grads),
-            "optimizer_state": _tensor_bytes(list(state.values()))}
+    return {"params": params, "grads": grads, "optimizer_state": list(state.values())}
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """{"params", "grads", "optimizer_state"}: bytes this rank holds for each (see module doc)."""
+    return {key: _tensor_bytes(tensors) for key, tensors in _model_state_tensors(model, optimizer).items()}
 
 
 def expected_zero_bytes(num_params: int, dtype, world_size: int, stage: int) -> dict:
@@ -103,10 +165,13 @@ def expected_zero_bytes(num_params: int, dtype, world_size: int, stage: int) -> 
     return {"params": out["params"], "grads": out["grads"], "optimizer_state": out["optimizer"]}
 
 
-def memory_snapshot(model, optimizer, device: torch.device) -> dict:
-    """This rank's model-state bytes now; fsdp's peak of gathered parameters so far; on CUDA the
-    allocator's peak so far."""
+def memory_snapshot(model, optimizer, device: torch.device, census: bool = False) -> dict:
+    """This rank's model-state bytes now, what the strategy keeps beside them; fsdp's peak of gathered
+    parameters so far; on CUDA the allocator's peak so far; with `census`, every live storage's bytes."""
     snapshot = model_state_bytes(model, optimizer)
+    snapshot["strategy_state"] = strategy_state_bytes(model, optimizer)
+    if census:
+        snapshot["live_tensor_bytes"] = live_tensor_bytes()
     if getattr(model, "peak_gathered_bytes", None) is not None:
         snapshot["peak_gathered_bytes"] = int(model.peak_gathered_bytes)
     if device.type == "cuda":
@@ -120,16 +185,18 @@ def model_state(snapshot: dict) -> int:
 
 def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, stage: int,
                      precision: str = "fp32") -> dict:
-    """Every rank's snapshots beside the ZeRO paper's figures for `stage`, and the bar's ratio.
+    """Every rank's snapshots beside the expected figures for `stage`, and the bar's ratio.
 
     A rank's model state is the largest params + grads + optimizer state of its three points (in
-    practice before the last step, when all three are held). `model_state_ratio` = the largest
-    rank's model state / the paper's figure for the stage (= full state x ZeRO fraction): 1.0
+    practice before the last step, when all three are held); its `state_total` the largest model
+    state + strategy_state, and `strategy_state` the latter's part there. `model_state_ratio` = the
+    largest rank's model state / the expected figure for the stage (fp32 state, module doc): 1.0
     when the shards are exactly 1/N, above it by padding, whole-parameter shards or state the
-    paper does not count (Adam's step counters).
+    paper does not count (Adam's step counters). `precision` bf16/fp16 adds the paper's mixed
+    precision figures (`paper_mixed`, `paper_mixed_total`) beside them.
     """
-    expected = expected_zero_bytes(num_params, precision, world_size, stage)
-    full = expected_zero_bytes(num_params, precision, world_size, 0)
+    expected = expected_zero_bytes(num_params, STATE_DTYPE, world_size, stage)
+    full = expected_zero_bytes(num_params, STATE_DTYPE, world_size, 0)
     expected_total, full_total = sum(expected.values()), sum(full.values())
     for snapshots in per_rank:
         points = {p: snapshots[p] for p in POINTS if p in snapshots}
@@ -137,15 +204,24 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
         snapshots["model_state"] = model_state(points[at])
         snapshots["model_state_at"] = at
         snapshots["model_state_ratio"] = snapshots["model_state"] / expected_total
+        kept_at = max(points, key=lambda p: model_state(points[p]) + points[p].get("strategy_state", 0))
+        snapshots["strategy_state"] = points[kept_at].get("strategy_state", 0)
+        snapshots["state_total"] = model_state(points[kept_at]) + snapshots["strategy_state"]
+        snapshots["state_total_at"] = kept_at
     largest = max(per_rank, key=lambda s: s["model_state"])
-    out = {"per_rank": per_rank, "zero_stage": stage, "dtype": precision, "num_params": num_params,
-           "expected": expected, "expected_total": expected_total, "full": full, "full_total": full_total,
-           "zero_fraction": expected_total / full_total,
+    out = {"per_rank": per_rank, "zero_stage": stage, "dtype": STATE_DTYPE, "precision": precision,
+           "num_params": num_params, "expected": expected, "expected_total": expected_total, "full": full,
+           "full_total": full_total, "zero_fraction": expected_total / full_total,
            "model_state_max_rank": largest["model_state"],
            "model_state_max_rank_parts": {k: largest[largest["model_state_at"]][k] for k in KEYS},
            "model_state_ratio": largest["model_state"] / expected_total,
-           "optimizer_state_max_rank": max(s["after_step"]["optimizer_state"] for s in per_rank)}
-    for key in ("peak_gathered_bytes", "max_memory_allocated"):
+           "optimizer_state_max_rank": max(s["after_step"]["optimizer_state"] for s in per_rank),
+           "strategy_state_max_rank": max(s["strategy_state"] for s in per_rank),
+           "state_total_max_rank": max(s["state_total"] for s in per_rank)}
+    if precision != STATE_DTYPE:
+        out["paper_mixed"] = expected_zero_bytes(num_params, precision, world_size, stage)
+        out["paper_mixed_total"] = sum(out["paper_mixed"].values())
+    for key in ("peak_gathered_bytes", "max_memory_allocated", "live_tensor_bytes"):
         values = [s[p][key] for s in per_rank for p in POINTS if key in s.get(p, {})]
         if values:
             out[f"{key}_max_rank"] = max(values)

@@ -17,6 +17,9 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
 - `full_state_dict()`: the wrapped model's state dict with every parameter whole (what
   `train.save_model` writes; a plain model loads it); collective for strategies that shard
   parameters, so every rank calls it;
+- `kept_tensors()`: every tensor the strategy keeps from one step to the next beyond parameters,
+  gradients and optimizer state (buckets, error feedback, anchors), for the memory accounting
+  (rank/memory.py counts each storage once, and none that holds model state); `[]` when nothing;
 - `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
   gradients, 3 also parameters), for the memory accounting and the pre-launch memory check;
 - `reduces_gradients`: False for a strategy with no gradient collective (local_sgd averages
@@ -80,6 +83,9 @@ class DataParallelBase(nn.Module):
 
     def facts(self) -> dict:
         return {}
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return []
 
     def full_state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}

@@ -73,6 +73,10 @@ class BucketedDDP(OverlapEngine):
         unit = self._units[index]
         return torch.zeros(self._lengths[index], dtype=unit[0].dtype, device=unit[0].device)
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """The allocated buckets (the gradients are views into them while they exist)."""
+        return [b for b in self._buffers if b is not None]
+
     def facts(self) -> dict:
         return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
 

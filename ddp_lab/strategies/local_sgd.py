@@ -82,6 +82,13 @@ class LocalSGD(DataParallelBase):
             self._outer_optimizer = torch.optim.SGD([self._anchor], lr=OUTER_LR, momentum=OUTER_MOMENTUM,
                                                     nesterov=True)
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """DiLoCo's outer state: θ at the last sync and the outer optimizer's momentum."""
+        if self._outer_optimizer is None:
+            return []
+        return [self._anchor] + [t for s in self._outer_optimizer.state.values() for t in s.values()
+                                 if torch.is_tensor(t)]
+
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize: each rank steps on its own gradients."""
 
@@ -124,6 +131,7 @@ class LocalSGD(DataParallelBase):
             mean = flat[:self._anchor.numel()]
             self._anchor.grad = self._anchor - mean  # the pseudo-gradient Δ = θ - θ̄
             self._outer_optimizer.step()
+            self._anchor.grad = None  # Δ is used once: not kept until the next sync
             mean.copy_(self._anchor)
         for tensor, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
             tensor.copy_(synced)

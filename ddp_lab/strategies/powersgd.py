@@ -130,6 +130,11 @@ class PowerSGD(BucketedDDP):
             "bytes_plain_step": full, "bytes_compressed_step": compressed,
             "compression_ratio": full / compressed if compressed else None}}
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """The buckets, and per compressed bucket its error feedback, warm-start Q and send buffer."""
+        kept = [t for tensors in (self._errors, self._q, self._send) for t in tensors if t is not None]
+        return super().kept_tensors() + kept
+
     # --- phase 1: error feedback, P = M Q, all-reduce [plain / N, P] ---------------------------------
 
     @property

@@ -4,6 +4,9 @@ So every sweep can include the production implementation next to ours, measured 
 
 - `bucket_mb` is DDP's `bucket_cap_mb` (DDP also keeps its 1 MiB first bucket and rebuilds the
   buckets after the first iteration from the real gradient order).
+- `gradient_as_bucket_view` is DDP's: the gradients are views into DDP's flat buckets, as
+  BucketedDDP's are into its own, instead of a second copy of them (the memory accounting counts the
+  buckets as strategy state either way; docs/benchmarks.md measures both).
 - `.module` is the user's model, as for every wrapper; the DDP object is `.ddp` and is kept out of
   the module tree so `parameters()` and `state_dict()` are the model's own.
 - `forward_sync_buffers=False` (`broadcast_buffers=False` on older torch): our strategies do not
@@ -53,10 +56,31 @@ from ddp_lab.units import MiB, tensor_bytes
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
-def _timed_all_reduce_hook(stamps, bucket):
+class _HookState:
+    """What the comm hooks share with the wrapper: the stamps of this step's buckets, the wire dtype,
+    and DDP's bucket buffers by index (kept state for the memory accounting: with
+    `gradient_as_bucket_view` off they are a second copy of the gradients)."""
+
+    def __init__(self, comm_dtype: str):
+        self.stamps: list = []
+        self.comm_dtype = comm_dtype
+        self.buckets: dict[int, torch.Tensor] = {}
+
+
+def _keep(state: _HookState, bucket) -> torch.Tensor:
+    """Remember the bucket's buffer; bucket 0 comes first in every step, and after DDP's rebuild (at
+    the second step) the old buckets are gone: start the step's list afresh there."""
+    if bucket.index() == 0:
+        state.buckets.clear()
+    buffer = state.buckets[bucket.index()] = bucket.buffer()
+    return buffer
+
+
+def _timed_all_reduce_hook(state, bucket):
     # No annotations: DDP checks them and this module's are strings (`from __future__`).
+    _keep(state, bucket)
     future, stamp = all_reduce_mean_async(bucket.buffer())
-    stamps.append(stamp)
+    state.stamps.append(stamp)
     return future
 
 
@@ -66,11 +90,11 @@ TORCH_COMPRESS_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": defaul
 
 def _timed_compress_hook(state, bucket):
     """torch's compression hook for the bucket, its in-flight interval stamped; bytes in the wire dtype."""
-    stamps, comm_dtype = state
-    buffer = bucket.buffer()
-    nbytes = buffer.numel() * torch.empty((), dtype=WIRE_DTYPES[comm_dtype]).element_size()
-    future, stamp = launch_stamped(lambda: [TORCH_COMPRESS_HOOKS[comm_dtype](None, bucket)], nbytes, buffer.is_cuda)
-    stamps.append(stamp)
+    buffer = _keep(state, bucket)
+    nbytes = buffer.numel() * torch.empty((), dtype=WIRE_DTYPES[state.comm_dtype]).element_size()
+    future, stamp = launch_stamped(lambda: [TORCH_COMPRESS_HOOKS[state.comm_dtype](None, bucket)], nbytes,
+                                   buffer.is_cuda)
+    state.stamps.append(stamp)
     return future
 
 
@@ -78,21 +102,22 @@ class TorchDDP(DataParallelBase):
     name = "torch_ddp"
     torch_comm_hooks = True  # comm_dtype through torch's own hooks: bf16 only on CUDA + NCCL (validate.py)
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32", **ddp_kwargs):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32",
+                 gradient_as_bucket_view: bool = True, **ddp_kwargs):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
         super().__init__(module, comm_dtype)  # broadcasts parameters and buffers from rank 0, frozen ones too
         # Newer torch renamed `broadcast_buffers` (and warns on the old name); same meaning here.
         buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
         ddp_kwargs.setdefault(buffers_key, False)
-        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False, **ddp_kwargs)
-        self._stamps: list = []
-        if self.comm_dtype in TORCH_COMPRESS_HOOKS:
-            ddp.register_comm_hook((self._stamps, self.comm_dtype), _timed_compress_hook)
-        else:
-            ddp.register_comm_hook(self._stamps, _timed_all_reduce_hook)
+        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False,
+                                      gradient_as_bucket_view=gradient_as_bucket_view, **ddp_kwargs)
+        self._hook_state = _HookState(self.comm_dtype)
+        self._stamps = self._hook_state.stamps  # the same list object DDP's hook appends to
+        compress = self.comm_dtype in TORCH_COMPRESS_HOOKS
+        ddp.register_comm_hook(self._hook_state, _timed_compress_hook if compress else _timed_all_reduce_hook)
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
-        self.bucket_mb = bucket_mb
+        self.bucket_mb, self.gradient_as_bucket_view = bucket_mb, gradient_as_bucket_view
         self._last_grad = None
         # The hook holds this wrapper weakly: a bound method would close the cycle parameter -> hook ->
         # wrapper -> DDP -> reducer (C++, unseen by the garbage collector) -> parameter, and keep DDP
@@ -131,6 +156,11 @@ class TorchDDP(DataParallelBase):
 
     def facts(self) -> dict:
         return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """DDP's bucket buffers, as its comm hook last saw them (from the first synchronized step on).
+        With `gradient_as_bucket_view` the gradients are views into them, so they add nothing."""
+        return list(self._hook_state.buckets.values())
 
     def forward(self, *args, **kwargs):
         if self.training and torch.is_grad_enabled():

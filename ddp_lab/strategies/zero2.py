@@ -14,8 +14,11 @@ a multiple of N so any world size divides it (the padding is never a parameter):
   goes on: rank r receives the average of slice r into its persistent gradient shard (1/N of the
   bucket), and the full bucket is freed as soon as its collective is done (on CPU checked at each
   later launch, else after backward) for a later bucket to reuse. So the full gradient is not kept
-  between steps (at most `pool_keep` freed buckets are), nor, on CPU, held all at once when
-  communication keeps up with backward.
+  between steps, nor, on CPU, held all at once when
+  communication keeps up with backward. Freed buckets are kept for the next step's first buckets
+  (a fresh buffer costs page faults on CPU): the largest first, at most 2 x bucket_mb in bytes and
+  always fewer than the step has buckets, so never the whole gradient (`kept_tensors()`, counted
+  as strategy state by rank/memory.py).
   After `finish_gradient_synchronization()` the model's parameters have no `.grad`; each shard's
   `.grad` is its slice of the averaged gradient.
 - step (`Zero2Optimizer`, from `make_optimizer`): the inner optimizer updates the shards (this
@@ -59,7 +62,7 @@ from ddp_lab.strategies.collectives import (
 )
 from ddp_lab.strategies.comm_stats import Stamp
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
-from ddp_lab.units import tensor_bytes
+from ddp_lab.units import MiB, tensor_bytes
 
 
 class Zero2(BucketedDDP):
@@ -69,10 +72,11 @@ class Zero2(BucketedDDP):
     zero_stage = 2
     keeps_buffers = False
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
-    pool_keep = 2
-    """Freed bucket buffers kept between steps for the next step's first buckets (a fresh buffer
-    costs page faults, slower on CPU than zeroing a warm one; DeepSpeed keeps its reduce buckets too):
-    at most this many, so at most about 2 x bucket_mb, never the whole gradient."""
+    pool_buckets_mb: float | None = None
+    """Bytes of freed bucket buffers kept between steps for the next step's first buckets (a fresh
+    buffer costs page faults, slower on CPU than zeroing a warm one; DeepSpeed keeps its reduce
+    buckets too), in MiB; None: 2 x bucket_mb. Always fewer buffers than buckets: never the whole
+    gradient."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32"):
         super().__init__(module, bucket_mb, comm_dtype)
@@ -200,8 +204,22 @@ class Zero2(BucketedDDP):
             self._reap()
         for shard, index, lo, hi in self._shards.values():
             shard.grad = self._grad_shards[index][lo:hi]
-        self._pool = sorted(self._pool, key=lambda b: b.numel(), reverse=True)[:self.pool_keep]
+        self._trim_pool()
         super()._synchronize_gradients()  # records the intervals, starts the next round
+
+    def _trim_pool(self) -> None:
+        """Keep the largest freed buffers within the pool's bytes, fewer than there are buckets."""
+        cap = (2 * self.bucket_mb if self.pool_buckets_mb is None else self.pool_buckets_mb) * MiB
+        kept, size = [], 0
+        for buffer in sorted(self._pool, key=lambda b: b.numel(), reverse=True):
+            if len(kept) + 1 < len(self._units) and size + tensor_bytes(buffer) <= cap:
+                kept.append(buffer)
+                size += tensor_bytes(buffer)
+        self._pool = kept
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """The pooled bucket buffers (and buckets still allocated: during accumulation)."""
+        return super().kept_tensors() + self._pool
 
     # --- after the update: every rank gets every bucket's updated slices --------------------------
 

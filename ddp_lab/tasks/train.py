@@ -115,7 +115,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
             if step == cfg.train.steps - 1:
-                memory["after_step"] = memory_snapshot(model, optimizer, device)
+                memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
             record = {"step": step, **reduce_over_ranks({"step_time_ms": step_ms, "loss": loss.item(), **timer.laps,
                                                          **model.comm.pop(), **precision.record(), **measured}, device)}
             steps.append(record)

@@ -58,6 +58,8 @@ def inspect(ddp, optimizer) -> dict:
             "shards": len(ddp.local_shards()), "comm": ddp.comm.pop(), "memory": model_state_bytes(ddp, optimizer),
             "param_grads": sum(p.grad is not None for p in ddp.module.parameters()),
             "buckets_held": sum(b is not None for b in ddp._buffers), "pooled": len(ddp._pool),
+            "pooled_bytes": sum(b.numel() * b.element_size() for b in ddp._pool), "bucket_count": len(ddp._units),
+            "bucket_mb": ddp.bucket_mb,
             "tensor": ddp._tensor_collectives}
 
 
@@ -146,7 +148,7 @@ def _assert_sharded(name, per_rank):
     """Summed over ranks the shards cover every element of every trainable parameter exactly once;
     no rank holds more than its padded 1/N of each bucket; what the memory accounting counts is
     exactly the shards (gradients) and their AdamW state; no full gradient is left after the step
-    (at most `pool_keep` freed bucket buffers)."""
+    (the pool: at most 2 x bucket_mb in bytes, fewer buffers than buckets)."""
     n = len(per_rank)
     extras = [r[2] for r in per_rank]
     for i, numel in enumerate(extras[0]["numels"]):
@@ -162,7 +164,9 @@ def _assert_sharded(name, per_rank):
         assert elements <= padded_share, (name, rank)
         assert e["memory"] == {"params": e["model_bytes"], "grads": 4 * elements,
                                "optimizer_state": 8 * elements + 4 * e["shards"]}, (name, rank)  # m, v; step
-        assert e["param_grads"] == 0 and e["buckets_held"] == 0 and e["pooled"] <= Zero2.pool_keep, (name, rank)
+        assert e["param_grads"] == 0 and e["buckets_held"] == 0, (name, rank)
+        assert e["pooled"] < e["bucket_count"] or e["pooled"] == 0, (name, rank)
+        assert e["pooled_bytes"] <= 2 * e["bucket_mb"] * 2**20, (name, rank)
 
 
 def _assert_comm(name, per_rank):

@@ -79,11 +79,40 @@ def test_summary_against_the_zero_paper():
     assert "max_memory_allocated_max_rank" not in summary
 
 
-def test_summary_in_mixed_precision_uses_the_papers_2_2_12():
-    """ZeRO paper, figure 1: 7.5B parameters at 64 GPUs, stage 2: (2 + 14/64) Psi = 16.6 GB."""
+def test_mixed_precision_expects_fp32_state_and_records_the_papers_2_2_12_beside_it():
+    """Autocast here keeps fp32 parameters, gradients and moments: the expected figure is fp32's
+    4 + 4 + 8 at every precision. The paper's mixed-precision figure (figure 1: 7.5B parameters at
+    64 GPUs, stage 2: (2 + 14/64) Psi = 16.6 GB) is recorded beside it."""
     psi = 7_500_000_000
     ranks = [_rank(2 * psi, 0, 0)]
     summary = summarize_memory(ranks, psi, 64, 2, "bf16")
-    assert summary["expected_total"] / 1e9 == pytest.approx(16.6, abs=0.05)
-    assert summary["full_total"] == 16 * psi
-    assert summarize_memory(ranks, psi, 64, 2, "fp16")["expected_total"] == summary["expected_total"]
+    assert summary["expected_total"] == summarize_memory(ranks, psi, 64, 2)["expected_total"]
+    assert summary["expected_total"] == (4 + 12 / 64) * psi
+    assert summary["dtype"] == "fp32" and summary["precision"] == "bf16"
+    assert summary["paper_mixed_total"] / 1e9 == pytest.approx(16.6, abs=0.05)
+    assert summarize_memory(ranks, psi, 64, 2, "fp16")["paper_mixed_total"] == summary["paper_mixed_total"]
+    assert "paper_mixed" not in summarize_memory(ranks, psi, 64, 2)
+
+
+def test_strategy_state_is_summed_with_model_state_where_their_sum_peaks():
+    """A rank that keeps 3 MiB between steps (pooled buckets, say): at init it holds no gradients
+    yet, so the total peaks where all of model state and the kept state are held."""
+    psi = MiB
+    rank = _rank(4 * psi, 4 * psi, 8 * psi)
+    rank["after_init"]["strategy_state"] = 3 * psi
+    rank["after_step"]["strategy_state"] = 3 * psi
+    summary = summarize_memory([rank], psi, 1, 0)
+    assert summary["per_rank"][0]["state_total"] == 19 * psi
+    assert summary["per_rank"][0]["state_total_at"] == "after_step"
+    assert summary["strategy_state_max_rank"] == 3 * psi and summary["state_total_max_rank"] == 19 * psi
+    assert summary["model_state_max_rank"] == 16 * psi
+
+
+def test_strategy_state_counts_kept_storages_that_hold_no_model_state():
+    """A wrapper that keeps a bucket its gradients are views of (nothing extra) and a pool buffer."""
+    model = nn.Linear(10, 10)
+    bucket, pool = torch.zeros(110), torch.zeros(50)
+    model.weight.grad, model.bias.grad = bucket[:100].view(10, 10), bucket[100:]
+    model.kept_tensors = lambda: [bucket, pool, pool[:10]]
+    snapshot = memory_snapshot(model, None, torch.device("cpu"))
+    assert snapshot["grads"] == 440 and snapshot["strategy_state"] == 200

@@ -99,6 +99,9 @@ class Zero1(nn.Module):
     def facts(self) -> dict:
         return self.sync.facts()
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return self.sync.kept_tensors()
+
     def full_state_dict(self) -> dict:
         return self.sync.full_state_dict()
 

@@ -1,0 +1,121 @@
+"""Every byte a rank holds after a step is in the memory accounting, for every registered strategy.
+
+The census (`live_tensor_bytes`: every tensor storage alive in the process, found through the
+garbage collector, each once) is taken right after an optimizer step, as the trainer takes its
+`after_step` snapshot, and held against what the rank reports: model state (params, grads,
+optimizer state) + `strategy_state` (rank/memory.py). What neither counts is the model's
+buffers, the step's batch and torch's own small tensors: measured once per rank before any model
+exists (`baseline`) plus the model's buffers, and a slack of 64 KiB for the rest.
+
+Configurations are chosen so the kept state exists: PowerSGD compressing from the first step,
+local SGD with DiLoCo's outer momentum, torch's DDP with and without gradients as bucket views,
+zero2 with more buckets than its pool may keep.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ddp_lab.config import build
+from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
+from ddp_lab.strategies import STRATEGIES
+from ddp_lab.tasks.train import train_step
+from tests.helpers.distributed import run_ranks
+from tests.helpers.models import CONTEXT, VOCAB
+from tests.helpers.parity import data_cfg
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+MiB = 2**20
+BUCKET_MB = 0.05  # the model below has about 0.4 MiB of gradients: several buckets
+SLACK = 64 * 1024
+
+CASES = {  # case: (strategy, knobs beyond its YAML's)
+    **{name: (name, {}) for name in STRATEGIES},
+    "powersgd compressing": ("powersgd", {"start_iter": 0, "rank": 2}),
+    "local_sgd nesterov": ("local_sgd", {"outer": "nesterov", "sync_every": 1}),
+    "torch_ddp grads copied": ("torch_ddp", {"gradient_as_bucket_view": False}),
+    "zero1 reduce_scatter": ("zero1", {"comm": "reduce_scatter", "grad_sync": None, "bucket_mb": None}),
+    "fsdp kept gathers": ("fsdp", {"reshard_after_forward": False}),
+    "fsdp_torch kept gathers": ("fsdp_torch", {"reshard_after_forward": False}),
+}
+
+
+def _model():
+    from ddp_lab.models import Transformer
+
+    return Transformer(vocab_size=VOCAB * 8, context_length=CONTEXT, d_model=64, d_ff=128, num_layers=2,
+                       num_heads=4)
+
+
+def _strategy_node(name: str, knobs: dict):
+    node = OmegaConf.load(f"conf/strategy/{name}.yaml")
+    if "bucket_mb" in node:
+        node.bucket_mb = BUCKET_MB
+    return OmegaConf.merge(node, knobs)
+
+
+def _census(rank: int, world_size: int) -> dict:
+    cfg = data_cfg()
+    cfg.model.vocab_size = VOCAB * 8
+    gc.collect()
+    baseline = live_tensor_bytes()
+    out = {}
+    for case, (name, knobs) in CASES.items():
+        torch.manual_seed(rank)
+        module = _model()
+        buffers = sum(b.untyped_storage().nbytes() for b in module.buffers())
+        model = build(_strategy_node(name, knobs), module)
+        optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
+        for step in range(3):
+            train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))
+        snapshot = memory_snapshot(model, optimizer, torch.device("cpu"), census=True)
+        out[case] = {**snapshot, "unaccounted": snapshot["live_tensor_bytes"] - baseline - buffers,
+                     "bucket_bytes": BUCKET_MB * MiB}
+        del model, optimizer, module
+        gc.collect()
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def census(request):
+    return run_ranks(_census, request.param)
+
+
+def _reported(snapshot: dict) -> int:
+    return snapshot["params"] + snapshot["grads"] + snapshot["optimizer_state"] + snapshot["strategy_state"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_accounting_explains_every_live_byte(census, case):
+    for rank, result in enumerate(census):
+        s = result[case]
+        reported = _reported(s)
+        assert abs(s["unaccounted"] - reported) <= 0.05 * reported + SLACK, (
+            f"{case}, rank {rank}: live {s['unaccounted'] / MiB:.3f} MiB beyond the baseline, reported "
+            f"{reported / MiB:.3f} MiB ({s})")
+
+
+def test_kept_state_is_counted_where_a_strategy_keeps_some(census):
+    for result in census:
+        assert result["bucketed"]["strategy_state"] == 0  # its buckets hold the gradients
+        assert result["torch_ddp"]["strategy_state"] == 0  # gradients as bucket views
+        assert result["torch_ddp grads copied"]["strategy_state"] >= result["torch_ddp"]["grads"]
+        assert result["powersgd compressing"]["strategy_state"] > 0
+        assert result["local_sgd nesterov"]["strategy_state"] == 2 * result["local_sgd nesterov"]["params"]
+        assert result["local_sgd"]["strategy_state"] == 0
+
+
+def test_zero2_holds_its_gradient_share_plus_at_most_two_buckets(census):
+    """ZeRO-2's gradient memory between steps: the 1/N shard and a pool of at most 2 x bucket_mb."""
+    bucketed, zero2 = census[0]["bucketed"], census[0]["zero2"]
+    share = bucketed["grads"] / len(census)
+    held = zero2["grads"] + zero2["strategy_state"]
+    assert zero2["strategy_state"] > 0  # the pool is used: the next step's first buckets reuse it
+    assert held <= share * 1.01 + 2 * zero2["bucket_bytes"]
+    assert held < bucketed["grads"]
