@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from ddp_lab.analysis.bandwidth import bytes_per_rank
-from ddp_lab.config import Config, set_knobs
+from ddp_lab.config import UNUSED_KNOBS, Config, set_knobs
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models import build_model
@@ -127,10 +127,18 @@ def _validate_strategy(strategy: DictConfig) -> type:
     _require(strategy.get("comm_dtype") is None or getattr(cls, "reduces_gradients", True),
              f"strategy.comm_dtype does not apply to strategy={strategy.name}: it sends no gradients "
              "(it averages parameters, in their own dtype)")
-    takes = [name for name in inspect.signature(cls).parameters if name != "module"]
-    for knob in set_knobs(strategy):
+    parameters = inspect.signature(cls).parameters
+    takes = [name for name in parameters if name != "module"]
+    knobs = set_knobs(strategy)
+    for knob in knobs:
         _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "
                  f"(its knobs: {', '.join(takes) or 'none'})")
+    for (mode, value), unused in UNUSED_KNOBS.items():
+        for knob in unused:  # the YAML's default may stay; another value would be silently ignored
+            default = parameters[knob].default if knob in parameters else None
+            _require(str(knobs.get(mode)) != value or knob not in knobs or str(knobs[knob]) == str(default),
+                     f"strategy.{knob}={knobs.get(knob)} has no effect with strategy.{mode}={value} "
+                     f"(strategy={strategy.name} ignores it in that mode): leave it out")
     return cls
 
 

@@ -107,6 +107,11 @@ class Precision:
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype) if self.uses_autocast else nullcontext()
 
+    @property
+    def grad_scale(self) -> float:
+        """What backward multiplies the gradients by: fp16's current loss scale, else 1."""
+        return self.scaler.scale if self.scaler is not None else 1.0
+
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scaled(loss) if self.scaler is not None else loss).backward()
 

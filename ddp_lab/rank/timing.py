@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ddp_lab.rank.process_group import synchronize
 
-MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms")
+MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms")
 
 
 class StepTimer:

@@ -10,6 +10,8 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
   keeps only this rank's state; local_sgd's plain one averages parameters from a step post-hook);
 - `finish_gradient_synchronization()` is called after the last `backward()` of a step and before
   `optimizer.step()`, and leaves the rank-averaged gradient in every `.grad` the optimizer reads;
+- `grad_scale` is set by the train step before backward: the factor the coming gradients carry
+  (fp16's loss scale, else 1), for a strategy that keeps gradient-derived state across steps;
 - `no_sync()` is a context in which backward must not communicate (gradient accumulation), as in
   torch's DistributedDataParallel;
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
@@ -49,6 +51,9 @@ def module_device(module: nn.Module) -> torch.device:
 class DataParallelBase(nn.Module):
     zero_stage = 0
     reduces_gradients = True
+    grad_scale = 1.0
+    """What the gradients of the coming backward are multiplied by: fp16's loss scale, set by the
+    train step before each backward (PowerSGD keeps its error feedback in unscaled units with it)."""
 
     def __init__(self, module: nn.Module, comm_dtype: str = "fp32"):
         super().__init__()

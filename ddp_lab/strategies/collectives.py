@@ -101,7 +101,18 @@ def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
     (future of `tensor` holding the mean, its stamp). The copy back into `tensor` runs in the
     future's callback, as torch's fp16_compress_hook's decompress does (on CUDA: on the
     collective's stream, after it)."""
-    wire = to_wire(tensor, dtype, dist.get_world_size())
+    return _sum_async(tensor, to_wire(tensor, dtype, dist.get_world_size()))
+
+
+def all_reduce_sum_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
+                         ) -> tuple[torch.futures.Future, Stamp]:
+    """Launch a SUM all-reduce of `tensor` as it is (the caller divides what must become a mean), sent
+    in `dtype` (a cast copy, landed back in `tensor` by the future's callback)."""
+    return _sum_async(tensor, tensor.to(dtype) if casts(tensor, dtype) else tensor)
+
+
+def _sum_async(tensor: torch.Tensor, wire: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
+    """Launch the SUM all-reduce of `wire` (`tensor` itself, or its copy to send) landing in `tensor`."""
     future, stamp = launch_stamped(lambda: [dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True)],
                                    tensor_bytes(wire), tensor.is_cuda)
     if wire is tensor:

@@ -5,8 +5,13 @@ Two figures per step, as the design notes define them:
 - total (`comm_ms`): how long collectives were in flight: the union of their [start, end]
   intervals, so overlapping async collectives are not double counted and a blocking one counts
   its whole duration.
-- exposed (`exposed_comm_ms`): the time spent in `finish_gradient_synchronization()`, that is
-  from the end of backward to gradients ready. For synchronous strategies exposed == total.
+- exposed (`exposed_comm_ms`): the time a rank waits for a collective while it computes nothing:
+  `finish_gradient_synchronization()`, from the end of backward to gradients ready, and any wait
+  for a collective elsewhere (`waited()`: PowerSGD waits for a bucket's P inside backward). For
+  synchronous strategies exposed == total. Arithmetic a strategy does on the gradients to send
+  fewer bytes (PowerSGD's matrix products and QR) is compute, not comm, wherever it runs: timed
+  apart by `arithmetic()` as `compress_ms` and taken out of the exposed figure, so a compressing
+  strategy's overlap % means what bucketed's does.
   Sharded optimizers also wait for communication inside their step (zero1's parameter
   broadcasts); that wait is exposed too, and its part is kept apart as
   `exposed_optimizer_comm_ms` so a report can take it out of the optimizer phase, not compute.
@@ -50,6 +55,9 @@ class CommStats:
         self.bytes = 0
         self.exposed_s = 0.0
         self.exposed_optimizer_s = 0.0
+        self.compress_s = 0.0
+        self._arithmetic_events: list = []  # CUDA: (start, end) events of arithmetic not yet added up
+        self._exposing = False  # inside exposed(): a wait there is already counted
 
     def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
         """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
@@ -72,20 +80,62 @@ class CommStats:
         """Wrap `finish_gradient_synchronization()` (the communication backward did not hide), or
         with `in_optimizer=True` a wait for communication inside the optimizer step."""
         synchronize(self.device)
-        start = time.perf_counter()
-        yield
+        self._settle()
+        start, arithmetic = time.perf_counter(), self.compress_s
+        self._exposing = True
+        try:
+            yield
+        finally:
+            self._exposing = False
         synchronize(self.device)
-        elapsed = time.perf_counter() - start
+        self._settle()
+        elapsed = time.perf_counter() - start - (self.compress_s - arithmetic)  # compression is compute
         self.exposed_s += elapsed
         if in_optimizer:
             self.exposed_optimizer_s += elapsed
 
+    @contextmanager
+    def waited(self):
+        """A wait for a collective outside `finish_gradient_synchronization()` (inside backward): exposed.
+        Host time: on CUDA such a wait holds the stream, not the host, and shows as compute there."""
+        start = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - start
+        if self.device.type != "cuda" and not self._exposing:
+            self.exposed_s += elapsed
+
+    @contextmanager
+    def arithmetic(self):
+        """Compression arithmetic (`compress_ms`): compute, kept out of the exposed figure. On CUDA
+        timed by events on the current stream (no synchronization inside backward), added up at the
+        next synchronization."""
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            yield
+            self.compress_s += time.perf_counter() - start
+            return
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
+        yield
+        events[1].record()
+        self._arithmetic_events.append(events)
+
+    def _settle(self) -> None:
+        """Add up the arithmetic CUDA events (call after a device synchronize)."""
+        for start, end in self._arithmetic_events:
+            self.compress_s += start.elapsed_time(end) / 1e3
+        self._arithmetic_events = []
+
     def pop(self) -> dict:
         """This step's figures (milliseconds, counts, bytes), then start afresh for the next step."""
+        if self._arithmetic_events:
+            synchronize(self.device)
+            self._settle()
         out = {
             "comm_ms": total(self.intervals) * 1e3,
             "exposed_comm_ms": self.exposed_s * 1e3,
             "exposed_optimizer_comm_ms": self.exposed_optimizer_s * 1e3,
+            "compress_ms": self.compress_s * 1e3,
             "collectives": self.collectives,
             "comm_bytes": self.bytes,
         }

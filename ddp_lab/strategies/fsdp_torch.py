@@ -1,5 +1,8 @@
 """`strategy=fsdp_torch`: torch's `fully_shard` (FSDP2) on fsdp's units with fsdp's knobs: the bar for fsdp.
 
+`comm_dtype` (bf16, fp16) is FSDP2's `MixedPrecisionPolicy(reduce_dtype=...)`: gradients are
+reduce-scattered in that dtype and land in the fp32 gradient shards, as fsdp's comm_dtype does.
+
 The units are fsdp's (`plan_units` with the default policy: each Transformer block, the embedding,
 the output head), each wrapped by `fully_shard` on a 1-D device mesh of every rank, then the whole
 model (the root: the parameters in no unit). Knobs as fsdp's: `reshard_after_forward` (the last
@@ -101,17 +104,21 @@ class TorchFSDP(DataParallelBase):
     name = "fsdp_torch"
     zero_stage = 3
 
-    def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True):
+    def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
+                 comm_dtype=None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         compute_dtype = resolve_compute_dtype(compute_dtype)
+        wire = resolve_compute_dtype(comm_dtype, "comm_dtype")  # fsdp's names: fp32 (as is), bf16, fp16
         units = [plan.module for plan in plan_units(module) if plan.module is not None]
         super().__init__(module)  # fully_shard shards each rank's own weights: start from rank 0's
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
+        self.comm_dtype = str(comm_dtype or "fp32")
         device = next(module.parameters()).device
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
+        reduce_dtype = wire or (torch.float32 if compute_dtype else None)
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
         for i, unit in enumerate(units):
             fully_shard(unit, mesh=mesh, mp_policy=policy,
                         reshard_after_forward=reshard_after_forward and i < len(units) - 1)

@@ -20,7 +20,9 @@ bucketed, and in three phases, every rank issuing the same collectives in the sa
 3. in `finish_gradient_synchronization()`: M's average is P Q^T, written into the gradient, and
    the error M - P Q^T (M including last step's error) is kept for the next step (error feedback:
    what compression dropped is sent later instead of lost; torch's hook and the paper's code keep
-   the same quantity).
+   the same quantity). Gradients under fp16 loss scaling carry the scale S (`grad_scale`): the
+   error is kept divided by S and added back times the next step's S, so a scale that backs off
+   or grows never reweights it.
 
 Not compressed, sent exactly in the phase-1 all-reduce: 1-D tensors (biases, norm weights: small,
 and a rank-r vector is no saving) and matrices where (n + m) r >= n m, where the factors would be
@@ -30,13 +32,17 @@ change fast and a warm-started Q has nothing to refine yet; torch's hook defers 
 same way (`start_powerSGD_iter`).
 
 A step whose gradient overflowed (inf or NaN, which fp16 loss scaling produces and then skips)
-leaves a non-finite Q, the same on every rank: that bucket's error and Q are dropped and the next
-step starts from a fresh Q and zero error, instead of carrying NaN forever.
+shows as a non-finite value in what was all-reduced (an inf anywhere in M makes P = M Q non-finite),
+the same on every rank: the delivered gradient is non-finite (so the scaler skips the step) and
+every bucket's error and Q are left as they were before the step, as if it had not happened.
 
 The initial Q (at the first compressed step) is drawn from a generator seeded the same on every
 rank, so ranks agree; after that Q is an all-reduce result, identical everywhere, and so is the
-delivered gradient. Waiting for a bucket's P inside backward (phase 2) counts as backward time, not
-exposed comm. `facts()["powersgd"]` records the plan and the compression ratio; `comm_bytes`
+delivered gradient. Time is counted as for every strategy (comm_stats.py): waiting for a bucket's
+P inside backward (phase 2) is exposed comm, and the arithmetic of all three phases (the matrix
+products, QR and packing) is `compress_ms`, compute, never comm. `comm_dtype` (bf16, fp16) sends
+the P's, Q's, uncompressed tensors and plain steps in that dtype (a cast copy; the factors are
+computed in fp32). `facts()["powersgd"]` records the plan and the compression ratio; `comm_bytes`
 counts what is really sent each step (plain steps: the whole gradient; compressed: P's, Q's and
 the uncompressed tensors).
 
@@ -48,13 +54,11 @@ timeout (design.md). Here every wait is on the main thread.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.bucketed import BucketedDDP
-from ddp_lab.strategies.collectives import launch_stamped
+from ddp_lab.strategies.collectives import all_reduce_sum_async
 from ddp_lab.strategies.comm_stats import Stamp, record_intervals
-from ddp_lab.units import tensor_bytes
 
 Q_SEED = 20190531  # the initial Q's seed: any number, the same on every rank
 
@@ -80,19 +84,20 @@ class _Matrix:
 
 class PowerSGD(BucketedDDP):
     """PowerSGD behind the strategy contract (module docstring): `PowerSGD(module, bucket_mb=25, rank=1,
-    start_iter=10)`."""
+    start_iter=10, comm_dtype="fp32")`."""
 
     name = "powersgd"
     min_compression_rate = 1.0
     """A matrix is compressed when n m > min_compression_rate (n + m) r: 1 whenever that sends fewer
     numbers (torch's hook defaults to 2); 0 compresses every matrix (the exactness tests)."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, rank: int = 1, start_iter: int = 10):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, rank: int = 1, start_iter: int = 10,
+                 comm_dtype: str = "fp32"):
         if not (isinstance(rank, int) and rank >= 1):
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
         if not (isinstance(start_iter, int) and start_iter >= 0):
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter!r}")
-        super().__init__(module, bucket_mb)
+        super().__init__(module, bucket_mb, comm_dtype)
         self.rank, self.start_iter = rank, start_iter
         self.syncs = 0  # finished synchronizations: compression starts at start_iter
         self._matrices: list[list[_Matrix]] = []
@@ -112,15 +117,20 @@ class PowerSGD(BucketedDDP):
     def _plain_numel(self, index: int) -> int:
         return sum(p.numel() for p in self._plain[index])
 
+    def _wire_size(self, index: int) -> int:
+        """Bytes per number bucket `index` sends: comm_dtype's, or the gradients' own."""
+        like = self._units[index][0]
+        return like.element_size() if self.wire_dtype is None else torch.empty((), dtype=self.wire_dtype).element_size()
+
     def compressed_bytes(self, index: int) -> int:
         """Bytes bucket `index` sends per compressed step (the bucket itself when nothing in it compresses)."""
         if not self._matrices[index]:
-            return self._lengths[index] * self._units[index][0].element_size()
+            return self._lengths[index] * self._wire_size(index)
         numbers = self._plain_numel(index) + sum((x.n + x.m) * x.r for x in self._matrices[index])
-        return numbers * self._units[index][0].element_size()
+        return numbers * self._wire_size(index)
 
     def facts(self) -> dict:
-        full = sum(n * unit[0].element_size() for n, unit in zip(self._lengths, self._units))
+        full = sum(n * self._wire_size(i) for i, n in enumerate(self._lengths))
         compressed = sum(self.compressed_bytes(i) for i in range(len(self._units)))
         matrices = [x for unit in self._matrices for x in unit]
         return {**super().facts(), "powersgd": {
@@ -174,22 +184,23 @@ class PowerSGD(BucketedDDP):
 
     @torch.no_grad()
     def _launch_p(self, index: int) -> tuple[torch.futures.Future, Stamp]:
-        if self._q[index] is None:
-            self._allocate(index)
-        send, at = self._send[index], 0
-        for param in self._plain[index]:
-            send[at:at + param.numel()].copy_(self._view_of[id(param)].reshape(-1))
-            at += param.numel()
-        send[:at].div_(self.world_size)
-        for matrix, p, q, error in self._views(index):
-            matrix.add_(error)
-            torch.mm(matrix, orthonormalize_(q), out=p)
+        with self.comm.arithmetic():
+            if self._q[index] is None:
+                self._allocate(index)
+            self._q_before[index] = self._q[index].clone()  # restored if the step overflows
+            send, at = self._send[index], 0
+            for param in self._plain[index]:
+                send[at:at + param.numel()].copy_(self._view_of[id(param)].reshape(-1))
+                at += param.numel()
+            send[:at].div_(self.world_size)
+            for matrix, p, q, error in self._views(index):
+                matrix.add_(error, alpha=self.grad_scale)  # the error is kept unscaled
+                torch.mm(matrix, orthonormalize_(q), out=p)
         self._pending_q.append(index)
         return self._all_reduce(send)
 
     def _all_reduce(self, tensor: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
-        return launch_stamped(lambda: [dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)],
-                              tensor_bytes(tensor), tensor.is_cuda)
+        return all_reduce_sum_async(tensor, self.wire_dtype)
 
     # --- phase 2: P's summed: orthonormalize, Q = M^T P / N, all-reduce the Q's -------------------------
 
@@ -198,14 +209,16 @@ class PowerSGD(BucketedDDP):
         """Phase 2 for every bucket before `upto` whose P's were launched, in bucket order."""
         while self._pending_q and self._pending_q[0] < upto:
             index = self._pending_q.pop(0)
-            self._p_future[index].wait()
-            send, at = self._send[index], 0
-            for param in self._plain[index]:
-                self._view_of[id(param)].copy_(send[at:at + param.numel()].view_as(param))
-                at += param.numel()
-            for matrix, p, q, _ in self._views(index):
-                torch.mm(matrix.t(), orthonormalize_(p), out=q)
-            q = self._q[index].div_(self.world_size)
+            with self.comm.waited():
+                self._p_future[index].wait()
+            with self.comm.arithmetic():
+                send, at = self._send[index], 0
+                for param in self._plain[index]:
+                    self._view_of[id(param)].copy_(send[at:at + param.numel()].view_as(param))
+                    at += param.numel()
+                for matrix, p, q, _ in self._views(index):
+                    torch.mm(matrix.t(), orthonormalize_(p), out=q)
+                q = self._q[index].div_(self.world_size)
             self._q_in_flight.append((index, *self._all_reduce(q)))
 
     def _launch_next(self) -> None:
@@ -220,20 +233,39 @@ class PowerSGD(BucketedDDP):
         while self._next_unit < len(self._units):
             self._launch_next()
         self._launch_qs(upto=len(self._units))
-        for index, future, _ in self._q_in_flight:
+        for future, _ in self._in_flight:
             future.wait()
-            for matrix, p, q, error in self._views(index):
-                error.copy_(matrix)
-                torch.mm(p, q.t(), out=matrix)
-                error.sub_(matrix)
-            if not torch.isfinite(self._q[index]).all():
-                self._q[index] = None  # an overflowing step (fp16 loss scaling skips it): start afresh next step
+        for _, future, _ in self._q_in_flight:
+            future.wait()
+        overflowed = not self._all_finite()
+        with self.comm.arithmetic():
+            for index, *_ in self._q_in_flight:
+                for matrix, p, q, error in self._views(index):
+                    if not overflowed:
+                        error.copy_(matrix)
+                    torch.mm(p, q.t(), out=matrix)  # non-finite when overflowed: the scaler skips the step
+                    if not overflowed:
+                        error.sub_(matrix)
+                        if self.grad_scale != 1.0:
+                            error.div_(self.grad_scale)
+                if overflowed:
+                    self._q[index].copy_(self._q_before[index])
         record_intervals([stamp for *_, stamp in self._q_in_flight], self.comm)
         super()._synchronize_gradients()  # waits and records the phase-1 / plain all-reduces, starts a round
         self.syncs += 1
 
+    def _all_finite(self) -> bool:
+        """Whether everything this step's all-reduces delivered is finite (the same answer on every
+        rank): each compressed bucket's [plain, P] and Q; under loss scaling also the plain buckets."""
+        compressed = {index for index, *_ in self._q_in_flight}
+        sent = [t for index in compressed for t in (self._send[index], self._q[index])]
+        if self.grad_scale != 1.0:
+            sent += [self._bucket(i) for i in range(len(self._units)) if i not in compressed]
+        return bool(torch.stack([t.isfinite().all() for t in sent]).all()) if sent else True
+
     def _start_round(self) -> None:
         super()._start_round()
+        self._q_before: dict[int, torch.Tensor] = {}  # each compressed bucket's Q before this step
         self._pending_q: list[int] = []  # buckets whose P's are launched and Q's not yet
         self._p_future: dict[int, torch.futures.Future] = {}
         self._q_in_flight: list[tuple[int, torch.futures.Future, Stamp]] = []

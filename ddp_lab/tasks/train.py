@@ -36,7 +36,7 @@ from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
 SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms",
-              "optimizer_ms", "grad_error")
+              "optimizer_ms", "compress_ms", "grad_error")
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -54,6 +54,7 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     """
     lap = timer.lap if timer is not None else (lambda phase: None)
     optimizer.zero_grad(set_to_none=set_to_none)
+    model.grad_scale = precision.grad_scale  # the gradients below come multiplied by it (fp16's loss scale)
     losses = []
     for i, (inputs, targets) in enumerate(micro_batches):
         with nullcontext() if i == len(micro_batches) - 1 else model.no_sync():

@@ -55,6 +55,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",
     "strategy=local_sgd strategy.outer=adam": "Invalid value 'adam', expected one of [none, nesterov]",
     "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
+    "strategy=zero1 strategy.comm=reduce_scatter strategy.bucket_mb=10":
+        "strategy.bucket_mb=10.0 has no effect with strategy.comm=reduce_scatter",
+    "strategy=zero1 strategy.comm=reduce_scatter strategy.grad_sync=naive":
+        "strategy.grad_sync=naive has no effect with strategy.comm=reduce_scatter",
 }
 
 

@@ -82,11 +82,68 @@ class NothingToShard(nn.Module):
         return self.norm(tokens.float())
 
 
+class OwnLinear(nn.Module):
+    """A linear layer as a CS336 student writes it: its own class, not a subclass of nn.Linear."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in**0.5)
+
+    def forward(self, x):
+        return torch.einsum("...i,oi->...o", x, self.weight)
+
+
+class OwnEmbedding(nn.Module):
+    def __init__(self, vocab: int, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, d))
+
+    def forward(self, tokens):
+        return self.weight[tokens]
+
+
+class OwnRMSNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.gain
+
+
+class OwnBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = OwnRMSNorm(d)
+        self.linear = OwnLinear(d, d)
+
+    def forward(self, x):
+        return x + torch.tanh(self.linear(self.norm(x)))
+
+
+class OwnClassesNet(nn.Module):
+    """Every layer a class of the user's own (Linear, Embedding, RMSNorm), in blocks of a ModuleList."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = OwnEmbedding(VOCAB, 16)
+        self.blocks = nn.ModuleList(OwnBlock(16) for _ in range(2))
+        self.norm = OwnRMSNorm(16)
+        self.head = OwnLinear(16, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
 def tiny_transformer():
     return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
 
 
-MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer}
+MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
+          "own_classes": OwnClassesNet}
 
 
 def mid_mb(model) -> float:

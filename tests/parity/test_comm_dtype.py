@@ -17,9 +17,20 @@ from functools import partial
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, TorchDDP, Zero1, Zero2
+from ddp_lab.strategies import (
+    BucketedDDP,
+    FlatDDP,
+    NaiveDDP,
+    OverlapDDP,
+    PowerSGD,
+    TorchDDP,
+    TorchFSDP,
+    Zero1,
+    Zero2,
+)
 from tests.helpers.distributed import run_ranks
 
 SIZES = (7, 33, 100, 5)  # odd sizes: zero2 pads its buckets, zero1 owners get unequal shares
@@ -33,6 +44,30 @@ class ChosenGrads(nn.Module):
 
     def forward(self, xs):
         return sum((w * x).sum() for w, x in zip(self.ws, xs))
+
+
+class _Chosen(nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n, 1))
+
+    def forward(self, x):
+        return (self.weight * x.view(-1, 1)).sum()
+
+
+class ChosenMatrices(nn.Module):
+    """ChosenGrads with each w_i an (n, 1) matrix in a leaf layer of its own: units fsdp's policy shards."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(_Chosen(n) for n in SIZES)
+
+    @property
+    def ws(self):
+        return [layer.weight for layer in self.layers]
+
+    def forward(self, xs):
+        return sum(layer(x) for layer, x in zip(self.layers, xs))
 
 
 class Zero2Tensor(Zero2):
@@ -50,7 +85,11 @@ STRATEGIES = {
     "zero2": partial(Zero2, bucket_mb=200 / 2**20),
     "zero2_tensor": partial(Zero2Tensor, bucket_mb=200 / 2**20),
     "torch_ddp": partial(TorchDDP, bucket_mb=200 / 2**20),
+    "powersgd": partial(PowerSGD, bucket_mb=200 / 2**20, start_iter=0),  # 1-D tensors: sent exactly, in the dtype
+    "fsdp_torch": partial(TorchFSDP, reshard_after_forward=False),  # reduce_dtype; one gather per unit
 }
+MODEL = {"fsdp_torch": ChosenMatrices}  # the others: ChosenGrads
+PADDED = {"zero2", "zero2_tensor", "zero1_reduce_scatter_tensor", "fsdp_torch"}  # shards padded to N
 NOT_ON_GLOO = {("torch_ddp", "bf16")}  # torch's bf16 hook wants CUDA + NCCL: refused before launch
 
 
@@ -67,7 +106,7 @@ def _deliver(rank, world_size, scale):
             if (name, dtype) in NOT_ON_GLOO:
                 continue
             torch.manual_seed(rank)
-            wrapper = make(ChosenGrads(), comm_dtype=dtype)
+            wrapper = make(MODEL.get(name, ChosenGrads)(), comm_dtype=dtype)
             optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
             if name.endswith("_tensor") and name.startswith("zero1"):
                 optimizer.force_tensor_collectives = True
@@ -76,8 +115,35 @@ def _deliver(rank, world_size, scale):
             wrapper.finish_gradient_synchronization()
             comm = wrapper.comm.pop()
             optimizer.step()
-            out[name, dtype] = ([-w.detach().clone() for w in wrapper.module.ws], comm["comm_bytes"])
+            out[name, dtype] = ([-_whole(w) for w in wrapper.module.ws], comm["comm_bytes"])
+            if isinstance(wrapper, TorchFSDP):
+                out[name, "gradient bytes"] = _padded_bytes(wrapper)
     return out
+
+
+def _padded_bytes(wrapper) -> int:
+    """fsdp_torch's fp32 gradient bytes, padded as its shards are."""
+    n = dist.get_world_size()
+    return sum(-(-p.shape[0] // n) * n * (p.numel() // p.shape[0]) * p.element_size()
+               for p in wrapper.module.parameters())
+
+
+def _gradient_bytes(rank_results: dict) -> dict:
+    """Each (strategy, dtype)'s gradient bytes: comm_bytes, less fsdp_torch's parameter all-gathers
+    (fp32 whatever comm_dtype: the fp32 run's bytes beyond its padded gradient)."""
+    out = {}
+    for key, value in rank_results.items():
+        if key[1] in DTYPES:
+            padded = rank_results.get((key[0], "gradient bytes"))
+            gathers = 0 if padded is None else rank_results[key[0], "fp32"][1] - padded
+            out[key] = (value[0], value[1] - gathers)
+    return out
+
+
+def _whole(param) -> torch.Tensor:
+    """The parameter on this rank, whole (fsdp_torch's are DTensor shards)."""
+    full = getattr(param, "full_tensor", None)
+    return (full() if full is not None else param).detach().reshape(-1).clone()
 
 
 def _torch_refuses_bf16_hook(rank, world_size):
@@ -96,9 +162,9 @@ def _check(results, world_size, scale):
     total = [sum(grads_of(r, scale)[i].double().abs() for r in range(world_size)) / world_size
              for i in range(len(SIZES))]
     grad_bytes = 4 * sum(SIZES)
-    for rank_results in results:
+    for rank_results in map(_gradient_bytes, results):
         for (name, dtype), (delivered, nbytes) in rank_results.items():
-            padded = name.startswith("zero2") or name == "zero1_reduce_scatter_tensor"
+            padded = name in PADDED
             if dtype == "fp32":
                 assert nbytes >= grad_bytes and (padded or nbytes == grad_bytes), (name, nbytes)
             else:

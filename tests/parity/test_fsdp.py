@@ -115,6 +115,7 @@ TWO = {
     "keep_gathered": (partial(FSDP, reshard_after_forward=False), "transformer", {}),
     "all_params": (partial(FSDP, policy="all_params"), "transformer", {}),
     "tied": (FSDP, "tied", {}),
+    "own_classes": (FSDP, "own_classes", {}),
     "frozen": (FSDP, "frozen", {}),
     "accumulate": (FSDP, "transformer", {"grad_accum_steps": 2, "set_to_none": False}),
     "bf16": (partial(FSDP, compute_dtype=torch.bfloat16), "transformer",

@@ -48,6 +48,7 @@ def _run(rank, world_size, models):
             optimizer_cls=torch.optim.SGD, opt_kwargs=SGD, inspect=lambda w, o: w.facts())
         out["two_steps"] = _two_steps(rank, world_size)
         out["overflow"] = _two_steps(rank, world_size, overflow_first=True)
+        out["scaled"] = _scaled_steps(rank, world_size)
         out["accumulated"] = train_distributed(rank, world_size, full_rank, "tied", grad_accum_steps=2,
                                                optimizer_cls=torch.optim.SGD, opt_kwargs=SGD)
         out["plain_then_compressed"] = _plain_then_compressed(rank, world_size)
@@ -106,6 +107,28 @@ def _two_steps(rank, world_size, overflow_first=False):
         out.append({"weight": wrapper.module.weight.grad.clone(), "bias": wrapper.module.bias.grad.clone(),
                     "error": wrapper._errors[0].view(5, 3).clone(), "comm": comm})
     return out, wrapper.facts()
+
+
+SCALES = (2.0**10, 2.0**12, 2.0**13, 2.0**12)  # fp16's loss scale per step: grows, then backs off
+OVERFLOW_AT = 2  # rank 0's gradient holds an inf at this step: the scaler skips it
+
+
+def _scaled_steps(rank, world_size):
+    """Four steps of known gradients carrying a changing loss scale, the third overflowing on rank 0."""
+    wrapper = PowerSGD(Weighted(), rank=1, start_iter=0)
+    out = []
+    for step, scale in enumerate(SCALES):
+        g, h = grads(step, rank)
+        if step == OVERFLOW_AT and rank == 0:
+            g[1, 2] = float("inf")
+        wrapper.module.weight.grad = wrapper.module.bias.grad = None
+        wrapper.grad_scale = scale  # as the train step sets it
+        (wrapper(g.float(), h.float()) * scale).backward()
+        wrapper.finish_gradient_synchronization()
+        comm = wrapper.comm.pop()
+        out.append({"weight": wrapper.module.weight.grad.clone(), "error": wrapper._errors[0].view(5, 3).clone(),
+                    "q": wrapper._q[0].clone(), "comm": comm})
+    return out
 
 
 def _by_hand(world_size, steps=(0, 1)):
@@ -200,3 +223,23 @@ def test_an_overflowing_step_does_not_poison_the_next(two):
 
 def test_full_rank_with_gradient_accumulation(two):
     assert_parity([r["accumulated"] for r in two])
+
+
+def test_error_feedback_is_unscaled_and_a_skipped_step_leaves_it(two):
+    """Under a loss scale that grows and backs off, the delivered gradient is the scale times the hand
+    computation's, the kept error is the unscaled hand error whatever the scale, and the overflowing
+    step (skipped by the scaler) leaves every error and Q as they were: the hand computation simply
+    leaves that step out."""
+    expected = _by_hand(2, steps=[s for s in range(len(SCALES)) if s != OVERFLOW_AT])
+    for rank in range(2):
+        steps = two[rank]["scaled"]
+        assert not torch.isfinite(steps[OVERFLOW_AT]["weight"]).all()
+        assert torch.equal(steps[OVERFLOW_AT]["error"], steps[OVERFLOW_AT - 1]["error"])
+        assert torch.equal(steps[OVERFLOW_AT]["q"], steps[OVERFLOW_AT - 1]["q"])
+        kept = [s for i, s in enumerate(steps) if i != OVERFLOW_AT]
+        scales = [s for i, s in enumerate(SCALES) if i != OVERFLOW_AT]
+        for step, (got, want, scale) in enumerate(zip(kept, expected, scales)):
+            torch.testing.assert_close(got["weight"].double() / scale, want["weight"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got["error"].double(), want["errors"][rank], atol=1e-5, rtol=1e-5,
+                                       msg=lambda m, s=step, r=rank: f"step {s}, rank {r}: {m}")
+        assert steps[-1]["comm"]["compress_ms"] > 0

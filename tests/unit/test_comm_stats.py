@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 
+from ddp_lab.strategies import comm_stats
 from ddp_lab.strategies.comm_stats import CommStats, Stamp, record_intervals
 
 CPU = torch.device("cpu")
@@ -19,7 +20,7 @@ def test_overlapping_collectives_count_once_and_pop_resets():
     assert figures["comm_ms"] == pytest.approx(1750.0)
     assert (figures["collectives"], figures["comm_bytes"]) == (3, 160)
     assert comm.pop() == {"comm_ms": 0.0, "exposed_comm_ms": 0.0, "exposed_optimizer_comm_ms": 0.0,
-                          "collectives": 0, "comm_bytes": 0}
+                          "compress_ms": 0.0, "collectives": 0, "comm_bytes": 0}
 
 
 def test_timed_counts_calls_launched_together_as_one_interval():
@@ -48,3 +49,29 @@ def test_host_stamps_become_intervals():
     (stamps[0].start, stamps[0].end), (stamps[1].start, stamps[1].end) = (1.0, 2.0), (1.5, 2.5)
     record_intervals(stamps, comm)
     assert comm.pop()["comm_ms"] == pytest.approx(1500.0)
+
+
+def test_arithmetic_is_compute_and_a_wait_in_backward_is_exposed(monkeypatch):
+    """PowerSGD's case: a wait for a collective inside backward counts as exposed comm (once, also when
+    inside finish_gradient_synchronization's exposed window); compression arithmetic is compress_ms
+    and never exposed, even inside that window."""
+    clock = iter([0.0, 1.0,          # waited() in backward: 1 s exposed
+                  1.0, 1.5,          # arithmetic() in backward: 0.5 s compress
+                  2.0,               # exposed() starts
+                  2.0, 2.25,         # arithmetic() inside it: 0.25 s
+                  2.5, 3.0,          # waited() inside it: already counted by exposed()
+                  4.0])              # exposed() ends: 2 s, less 0.25 s arithmetic
+    monkeypatch.setattr(comm_stats.time, "perf_counter", lambda: next(clock))
+    comm = CommStats(torch.device("cpu"))
+    with comm.waited():
+        pass
+    with comm.arithmetic():
+        pass
+    with comm.exposed():
+        with comm.arithmetic():
+            pass
+        with comm.waited():
+            pass
+    figures = comm.pop()
+    assert figures["exposed_comm_ms"] == pytest.approx(1000.0 + 1750.0)
+    assert figures["compress_ms"] == pytest.approx(750.0)

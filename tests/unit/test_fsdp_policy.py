@@ -6,7 +6,7 @@ import torch
 
 from ddp_lab.strategies.fsdp import FSDP, plan_units
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
-from tests.helpers.models import NormNet, NothingToShard, TiedNet, tiny_transformer
+from tests.helpers.models import NormNet, NothingToShard, OwnClassesNet, TiedNet, tiny_transformer
 
 
 def _summary(model, policy="linear_embedding"):
@@ -52,3 +52,19 @@ def test_compute_dtypes():
     assert resolve_compute_dtype("bf16") is torch.bfloat16 and resolve_compute_dtype(torch.float16) is torch.float16
     with pytest.raises(ValueError, match="compute_dtype"):
         resolve_compute_dtype(torch.int8)
+
+
+def test_a_users_own_linear_and_embedding_classes_are_sharded_and_their_norms_replicated():
+    """CS336 students write Linear, Embedding and RMSNorm as classes of their own: the 2-D weights of
+    those leaf layers are sharded as torch's are, the norms' 1-D gains replicated."""
+    units = plan_units(OwnClassesNet())
+    sharded = {p.name for u in units for p in u.params if p.sharded}
+    replicated = {p.name for u in units for p in u.params if not p.sharded}
+    assert sharded == {"embed.weight", "blocks.0.linear.weight", "blocks.1.linear.weight", "head.weight"}
+    assert replicated == {"blocks.0.norm.gain", "blocks.1.norm.gain", "norm.gain"}
+    assert [u.name for u in units] == ["embed", "blocks.0", "blocks.1", "head", ""]
+
+
+def test_the_refusal_says_what_it_found():
+    with pytest.raises(ValueError, match=r"found 1 parameters: norm.weight \(4,\)"):
+        plan_units(NothingToShard(vocab_size=8, context_length=4, d_model=4))

@@ -13,7 +13,8 @@ from ddp_lab.strategies.base import DataParallelBase
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
-REDUCING = ["naive", "flat", "overlap", "bucketed", "zero1", "zero2", "torch_ddp", "zero1_torch"]
+REDUCING = ["naive", "flat", "overlap", "bucketed", "zero1", "zero2", "torch_ddp", "zero1_torch", "powersgd", "fsdp",
+            "fsdp_torch"]
 
 
 class ParameterAveraging(DataParallelBase):
@@ -33,7 +34,7 @@ def test_comm_dtype_is_a_knob_of_every_reducing_strategy(strategy):
     validate(_compose(f"strategy={strategy}", "strategy.comm_dtype=fp16"))
 
 
-@pytest.mark.parametrize("strategy", ["bucketed", "zero2"])
+@pytest.mark.parametrize("strategy", ["bucketed", "zero2", "powersgd", "fsdp", "fsdp_torch"])
 def test_bf16_on_the_wire_for_hand_written_strategies_on_gloo(strategy):
     validate(_compose(f"strategy={strategy}", "strategy.comm_dtype=bf16"))
 

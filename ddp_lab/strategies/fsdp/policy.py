@@ -9,8 +9,12 @@ A policy answers two questions, each a function:
 
 Named policies (`strategy.policy`):
 
-- `linear_embedding` (default): shard the weight matrices of `nn.Linear` and `nn.Embedding` (2-D
-  and larger); replicate the rest (norm weights, biases): the CS336 2026 handout's split. Units:
+- `linear_embedding` (default): shard the weight matrices of linear and embedding layers; replicate
+  the rest (norm weights, biases): the CS336 2026 handout's split. A linear or embedding layer is
+  an `nn.Linear` or `nn.Embedding`, or any leaf module (one with no submodules: a layer, not a
+  block) holding a 2-D parameter: the matrix a matmul multiplies by or a lookup indexes. So a
+  user's own `Linear` and `Embedding` classes, which CS336 students write instead of subclassing
+  torch's, are sharded as torch's are, and their `RMSNorm`'s 1-D weight is replicated. Units:
   every direct child of the wrapped model and every item of an `nn.ModuleList` / `nn.Sequential`,
   when it holds a parameter to shard: for the Transformer, the embedding, each block and the
   output head (the final norm holds nothing to shard and is replicated).
@@ -39,7 +43,10 @@ class Policy:
 
 
 def linear_embedding_weights(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
-    return isinstance(module, (nn.Linear, nn.Embedding)) and attr == "weight" and param.dim() >= 2
+    """torch's Linear/Embedding weight, or a 2-D parameter of any leaf module (module docstring)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        return attr == "weight" and param.dim() >= 2
+    return param.dim() == 2 and next(module.children(), None) is None
 
 
 def every_parameter(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
@@ -125,6 +132,15 @@ def candidate_units(module: nn.Module, policy: Policy) -> list[tuple[str, nn.Mod
     return out
 
 
+def _found(params: dict[int, ParamPlan], shown: int = 4) -> str:
+    """What a model without a parameter to shard has, for the error: a few names and shapes."""
+    if not params:
+        return "no parameters"
+    named = [f"{p.name} {tuple(p.param.shape)}" for p in params.values()]
+    more = f" and {len(named) - shown} more" if len(named) > shown else ""
+    return f"{len(named)} parameters: {', '.join(named[:shown])}{more}"
+
+
 def plan_units(module: nn.Module, policy: str | Policy = "linear_embedding") -> list[UnitPlan]:
     """The units (those holding a parameter to shard, in registration order) and, last, the root with
     every parameter in no unit (only when it has one). Raises ValueError when nothing is sharded."""
@@ -134,7 +150,9 @@ def plan_units(module: nn.Module, policy: str | Policy = "linear_embedding") -> 
         plan.sharded = any(policy.shards(s.module, s.attr, plan.param) for s in plan.slots)
     if not any(p.sharded for p in params.values()):
         raise ValueError(f"fsdp: {type(module).__name__} has no parameter the policy shards, so no unit to "
-                         "shard: use policy=all_params, or a strategy that does not shard parameters")
+                         f"shard (found {_found(params)}; the default shards Linear and Embedding weights and any "
+                         "2-D parameter of a leaf module): use policy=all_params, or a strategy that does not shard "
+                         "parameters")
     owner: dict[int, int] = {}
     candidates = candidate_units(module, policy)
     members = [{id(m) for m in unit.modules()} for _, unit in candidates]
