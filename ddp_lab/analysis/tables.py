@@ -45,13 +45,11 @@ TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
     ("exposed p50", ("summary", "exposed_comm_ms", "p50")),
     ("overlap %", ("summary", "overlap_pct")),
     ("colls/step", ("summary", "collectives_per_step")),
-    ("opt state MiB/rank", ("summary", "memory", "optimizer_state_max_rank")),
     ("model state MiB/rank", ("summary", "memory", "model_state_max_rank")),
     ("× ZeRO paper", ("summary", "memory", "model_state_ratio")),
     ("strategy state MiB/rank", ("summary", "memory", "strategy_state_max_rank")),
-    ("total MiB/rank", ("summary", "memory", "state_total_max_rank")),
-]
-MIB_COLUMNS = {"opt state MiB/rank", "model state MiB/rank", "strategy state MiB/rank", "total MiB/rank"}
+]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
+MIB_COLUMNS = {"model state MiB/rank", "strategy state MiB/rank"}
 DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
 
 
