@@ -107,10 +107,15 @@ def strategy_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     parameter, gradient or optimizer state: each storage counted once, whole."""
     kept = model.kept_tensors() if hasattr(model, "kept_tensors") else []  # a bare model keeps nothing
     held = {_storage_key(t) for t in _tensors(_model_state_tensors(model, optimizer))}
+    return _storage_bytes(_tensors(kept), skip=held)
+
+
+def _storage_bytes(tensors, skip: set = frozenset()) -> int:
+    """Bytes of the distinct storages behind `tensors`, each whole and once, but those in `skip`."""
     storages = {}
-    for tensor in _tensors(kept):
+    for tensor in tensors:
         key = _storage_key(tensor)
-        if key is not None and key not in held:
+        if key is not None and key not in skip:
             storages[key] = tensor.untyped_storage().nbytes()
     return sum(storages.values())
 
@@ -123,13 +128,7 @@ def live_tensor_bytes() -> int:
     `__class__`, which some of torch's deprecated module attributes answer with a warning.
     """
     gc.collect()
-    storages = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor):
-            key = _storage_key(obj)
-            if key is not None:
-                storages[key] = obj.untyped_storage().nbytes()
-    return sum(storages.values())
+    return _storage_bytes(obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor))
 
 
 def _model_state_tensors(model: torch.nn.Module, optimizer) -> dict:
