@@ -138,6 +138,24 @@ class OwnClassesNet(nn.Module):
         return self.head(self.norm(x))
 
 
+class UnitsNet(nn.Module):
+    """fsdp's units laid bare: an embedding, two blocks of one linear layer, a norm (the root), a head."""
+
+    def __init__(self, d: int = 16, context_length: int = CONTEXT):
+        super().__init__()
+        self.context_length = context_length
+        self.embed = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(2))
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
 def tiny_transformer():
     return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
 

@@ -16,7 +16,8 @@ small buckets slower than a few large ones where per-call latency alone would no
 
 Exposed communication = end of the last collective launched during backward (or queued behind it)
 minus the end of backward: what `finish_gradient_synchronization()` waits for. Collectives with
-`ready_ms=None` are blocking ones issued after backward (naive, flat): all of their time is exposed.
+`ready_ms=None` are blocking ones issued after backward (naive, flat): all of their time is exposed,
+but for `arithmetic` work queued among them (PowerSGD's phases after backward), which is compute.
 A collective with `needed_ms` gates compute: backward's work cannot pass that point until it is
 done (fsdp's all-gathers); compute then waits (`stalled_ms`, exposed too) and the channel runs alone.
 The same stretch of work with gates replays fsdp's forward (schedule.py).
@@ -36,6 +37,8 @@ class Collective:
     ready_ms: float | None = None
     label: str = ""
     needed_ms: float | None = None   # compute waits here for it to be done (None: never)
+    arithmetic: bool = False         # compute queued behind the collectives it needs (a compressor's
+    #                                  phases after backward): in the step, not in exposed (comm.arithmetic())
 
 
 @dataclass
@@ -116,7 +119,8 @@ def replay(step: Step) -> Replayed:
     backward_end = t
     # after backward: whatever is queued (and anything not yet launched) runs alone, then blocking calls
     tail = sum(r for _, r in queue) + sum(c.ms for c in pending[nxt:]) + sum(c.ms for c in after)
-    exposed = tail + step.optimizer_comm_ms + stalled
+    arithmetic = sum(c.ms for c in after if c.arithmetic)
+    exposed = tail - arithmetic + step.optimizer_comm_ms + stalled
     comm = hidden + exposed
     total = step.forward_ms + backward_end + tail + step.optimizer_ms + step.optimizer_comm_ms + step.other_ms
     return Replayed(step_ms=total, backward_end_ms=backward_end, exposed_ms=exposed, comm_ms=comm, hidden_ms=hidden,

@@ -18,18 +18,16 @@ alpha-beta of its op at the job's world size:
 | local_sgd | every `sync_every` steps one all-reduce of the parameters after the update (see below) |
 | powersgd | bucketed's all-reduces while most measured steps come before `start_iter`; else per bucket |
 | | the all-reduces of [plain, P's] and of the Q's, each phase's work timed by `fit.powersgd_work` |
-| fsdp | per block: all-gathered before its forward and its backward (one ahead, compute waits for |
-| | it), reduce-scattered after its backward; the root (tied head, norms) gathered first, reduced last |
+| fsdp | its own unit plan (`fsdp_units`): each unit all-gathered before its forward (one ahead) and |
+| | again before its backward, reduce-scattered after its backward (see `_fsdp`) |
 
 local_sgd's p50 step is the step without the averaging when sync_every > 2, with it at 1, their mean
 at 2.
-fsdp's forward is replayed as a stretch of work like backward, each block's share of it the block's
-share of the parameters (a linear layer's FLOPs grow with its weight), the root's (the tied output
-head) last; on gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N,
-each timed by its op's fit (a reduce as a broadcast where the sweep has no reduce). fsdp's host
-copies (each gathered unit into its re-allocated full parameters, each gradient into a new
-reduction buffer) are compute work at the host's copy bandwidth into new memory, as flat's flatten
-is: on this machine's glibc a freed buffer's pages go back to the OS and come back with a fault each.
+On gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N (as fsdp and
+zero2 issue them), each timed by its op's fit (a reduce as a broadcast where the sweep has no
+reduce). fsdp's and flat's host copies into new storage are compute work at the host's copy
+bandwidth into new memory: on this machine's glibc a freed buffer's pages go back to the OS and
+come back with a fault each.
 Where gradients are bucket slices (`grads_in_buckets`), forward zeroes the buckets and backward adds
 each gradient into its slice, work the profiled overlap run (autograd keeping its own tensors) did
 not do.
@@ -41,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 
 from ddp_lab.analysis.cost_model import plan_bucket_indices
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, slowdowns, tokens_per_rank
@@ -180,9 +177,12 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             opt_comm += per_rank_calls_ms("broadcast", nbytes)
     elif name == "fsdp":
         updated = 1 / n
+        units, root = fsdp_units(cfg, params)
+        reshard = strategy.get("reshard_after_forward")
         forward_ms, backward_ms, gathers, comms = _fsdp(
-            params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
-            bool(strategy.get("reshard_after_forward", True)), lambda nbytes: host_ms("fresh_copy", nbytes))
+            units, root, params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
+            lambda nbytes: coll("all_reduce", nbytes).ms, True if reshard is None else bool(reshard),
+            lambda nbytes: host_ms("fresh_copy", nbytes))
         forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
                               comm_slowdown=comm_slowdown, launch_ms=launch_ms))
     step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
@@ -209,50 +209,101 @@ def grads_in_buckets(strategy: dict) -> bool:
     return name in ("bucketed", "powersgd", "zero2")
 
 
-def _fsdp(params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, reshard, fresh_copy_ms):
-    """(forward ms, backward ms, forward's gathers, backward's collectives) of fsdp on a Transformer (see
-    the module docstring). Forward and backward grow by the strategy's host copies into storage it
-    allocates at each use: every gathered unit copied out into its full parameters (its storage
-    re-allocated), every gradient folded into a new N x S buffer; each stretch grows in proportion."""
-    blocks: dict[int, list[int]] = {}
-    root = []
-    for i, p in enumerate(params):
-        m = re.match(r"blocks\.(\d+)\.", p["name"])
-        (blocks.setdefault(int(m.group(1)), []) if m else root).append(i)
-    if not blocks:
-        raise PredictError("the fsdp replay knows a Transformer's blocks (parameters named blocks.N.*) only")
-    units = [blocks[k] for k in sorted(blocks)]
-    numel = [sum(params[i]["numel"] for i in u) for u in units]
-    total = sum(numel) + sum(params[i]["numel"] for i in root)
-    param_bytes = [sum(params[i]["bytes"] for i in u) for u in units]  # gathered in the master dtype
-    root_param_bytes = sum(params[i]["bytes"] for i in root)
-    unit_bytes = [sum(grad_bytes[i] for i in u) for u in units]  # reduced in the wire dtype
-    root_bytes = sum(grad_bytes[i] for i in root)
-    regathered = sum(param_bytes[:-1]) if reshard else 0.0
-    forward_copy = fresh_copy_ms(root_param_bytes + sum(param_bytes))
-    backward_copy = fresh_copy_ms(regathered + root_param_bytes + sum(param_bytes))
+@dataclasses.dataclass(frozen=True)
+class FsdpUnit:
+    """One unit of fsdp's plan as the replay needs it: indices into the profile's parameters."""
+
+    name: str
+    sharded: tuple[int, ...]
+    replicated: tuple[int, ...]
+    weight: int                 # parameters a matmul multiplies by (not lookups): its share of the compute
+    needed_in_backward: bool
+
+
+def fsdp_units(cfg: dict, params: list[dict]) -> tuple[list[FsdpUnit], FsdpUnit | None]:
+    """fsdp's units in registration order (its forward order on the models here) and its root, taken
+    from the strategy's own plan (`strategies/fsdp/policy.plan_units`, the job's `strategy.policy`)
+    of the job's model built on the meta device: no memory, no time."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from ddp_lab.models import build_model
+    from ddp_lab.strategies.fsdp.policy import plan_units
+
+    try:
+        with torch.device("meta"):
+            module = build_model(OmegaConf.create(cfg["model"]))
+        plans = plan_units(module, cfg["strategy"].get("policy") or "linear_embedding")
+    except Exception as exc:  # noqa: BLE001 - a config this version cannot build: say why, predict the rest
+        raise PredictError(f"fsdp's unit plan of model {cfg['model'].get('name')!r}: {exc}") from None
+    index = {p["name"]: i for i, p in enumerate(params)}
+    missing = [p.name for plan in plans for p in plan.params if p.name not in index]
+    if missing:
+        raise PredictError(f"the profile has no parameter {missing[0]!r} of fsdp's plan: profile this model")
+    units = [FsdpUnit(plan.name, tuple(index[p.name] for p in plan.params if p.sharded),
+                      tuple(index[p.name] for p in plan.params if not p.sharded),
+                      sum(params[index[p.name]]["numel"] for p in plan.params if not p.lookup_only),
+                      plan.needed_in_backward) for plan in plans]
+    root = units.pop() if plans[-1].module is None else None
+    return units, root
+
+
+def _fsdp(units, root, params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms, all_reduce_ms, reshard,
+          fresh_copy_ms):
+    """(forward ms, backward ms, forward's gathers, backward's collectives) of fsdp
+    (strategies/fsdp/wrapper.py) on its own unit plan:
+
+    - forward: the root and the first unit gathered and waited for at 0; each unit's gather launched
+      when the unit before it starts, waited for when it starts; each unit's forward is its share of
+      the matmul parameters (a lookup's is nothing), the root's last.
+    - backward: the last unit of the forward is kept; every other unit needed in backward (not a unit
+      of embeddings only) is gathered again when the unit after it begins backward (when that one's
+      last-but-one neighbour finished), waited for when its own begins; a unit's reduce-scatter (and
+      the all-reduce of its replicated gradients) launches when its last gradient is ready; the first
+      unit (its inputs need no gradient) and the root are reduced at the end of backward.
+
+    Forward and backward grow by the host copies into storage the strategy allocates at each use: every
+    gathered unit copied out into its full parameters, every gradient folded into a new buffer."""
+    if not units:
+        raise PredictError("fsdp's plan has no unit to shard")
+    gathered = [sum(params[i]["bytes"] for i in u.sharded) for u in units]  # gathered in the master dtype
+    root_gathered = sum(params[i]["bytes"] for i in root.sharded) if root else 0.0
+    last = len(units) - 1
+    again = [reshard and k < last and units[k].needed_in_backward and gathered[k] > 0 for k in range(len(units))]
+    forward_copy = fresh_copy_ms(root_gathered + sum(gathered))
+    backward_copy = fresh_copy_ms(sum(g for g, a in zip(gathered, again) if a) + sum(p["bytes"] for p in params))
     forward_ms, stretch = forward_ms + forward_copy, (backward_ms + backward_copy) / backward_ms
     backward_ms, ready = backward_ms * stretch, [r * stretch for r in ready]
+
+    total = sum(u.weight for u in units) + (root.weight if root else 0)
     starts = [0.0]
-    for w in numel:
-        starts.append(starts[-1] + forward_ms * w / total)
-    gathers = [Collective(sharded_ms("all_gather", root_param_bytes), 0.0, "gather root", 0.0),
-               Collective(sharded_ms("all_gather", param_bytes[0]), 0.0, "gather block 0", 0.0)]
-    gathers += [Collective(sharded_ms("all_gather", param_bytes[i + 1]), starts[i], f"gather block {i + 1}",
-                           starts[i + 1]) for i in range(len(units) - 1)]
-    last = len(units) - 1
-    ends = [max(ready[i] for i in u) for u in units]  # a block's backward is done when its last gradient is
-    begins = [ends[i + 1] if i < last else min(ready[j] for j in units[last]) for i in range(len(units))]
+    for u in units:
+        starts.append(starts[-1] + forward_ms * u.weight / max(total, 1))
+    gathers = [Collective(sharded_ms("all_gather", root_gathered), 0.0, "gather root", 0.0)] if root_gathered else []
+    gathers += [Collective(sharded_ms("all_gather", gathered[0]), 0.0, f"gather {units[0].name}", 0.0)]
+    gathers += [Collective(sharded_ms("all_gather", gathered[k + 1]), starts[k], f"gather {units[k + 1].name}",
+                           starts[k + 1]) for k in range(last)]
+
+    def reductions(unit, at):
+        out = []
+        sharded, replicated = sum(grad_bytes[i] for i in unit.sharded), sum(grad_bytes[i] for i in unit.replicated)
+        if sharded:
+            out.append(Collective(sharded_ms("reduce_scatter", sharded), at, f"reduce-scatter {unit.name or 'root'}"))
+        if replicated:
+            out.append(Collective(all_reduce_ms(replicated), at, f"all-reduce {unit.name or 'root'}'s replicated"))
+        return out
+
+    ends = [max((ready[i] for i in u.sharded + u.replicated), default=0.0) for u in units]
+    begins = [ends[k + 1] if k < last else 0.0 for k in range(len(units))]  # a unit's backward begins
     comms = []
-    for i in range(last, -1, -1):
-        if reshard and i >= 1:
-            comms.append(Collective(sharded_ms("all_gather", param_bytes[i - 1]), begins[i], f"gather block {i - 1}",
-                                    begins[i - 1]))
-        comms.append(Collective(sharded_ms("reduce_scatter", unit_bytes[i]), ends[i], f"reduce-scatter block {i}"))
-    comms.append(Collective(sharded_ms("reduce_scatter", root_bytes), backward_ms, "reduce root"))
-    # launch order: as backward reaches them; at a block boundary (stable sort) the reduce-scatter of the
-    # block just done, then the gather of the block after next
-    comms.sort(key=lambda c: c.ready_ms)
+    for k in range(last, -1, -1):
+        if k >= 1 and again[k - 1]:  # launched as unit k begins its backward, waited for as unit k-1 begins
+            comms.append(Collective(sharded_ms("all_gather", gathered[k - 1]), begins[k],
+                                    f"gather {units[k - 1].name} again", begins[k - 1]))
+        comms += reductions(units[k], ends[k] if k > 0 else backward_ms)
+    if root is not None:
+        comms += reductions(root, backward_ms)
+    comms.sort(key=lambda c: c.ready_ms)  # stable: at a unit boundary the reduction, then the next gather
     return forward_ms, backward_ms, gathers, comms
 
 
@@ -295,11 +346,11 @@ def _powersgd(params, buckets, ready, backward_ms, rank, work_ms, all_reduce):
             comms.append(all_reduce(before["q"], launched + before["work"][1], "Q"))
         previous = (mine, plan) if compressed else None
     if previous is not None:  # the last compressed bucket's phase 2, after backward
-        comms.append(Collective(previous[1]["work"][1], None, "phase 2 work"))
+        comms.append(Collective(previous[1]["work"][1], None, "phase 2 work", arithmetic=True))
         comms.append(all_reduce(previous[1]["q"], None, "Q"))
     phase3 = sum(plan["work"][2] for plan in plans if plan["q"] is not None)
     if phase3:
-        comms.append(Collective(phase3, None, "phase 3 work"))
+        comms.append(Collective(phase3, None, "phase 3 work", arithmetic=True))
     return backward_ms + shift, comms
 
 

@@ -89,6 +89,12 @@ class ParamPlan:
     slots: list[Slot]
     sharded: bool
 
+    @property
+    def lookup_only(self) -> bool:
+        """Held by embeddings only: its backward reads the indices, never the weight, and its forward is
+        a lookup, not a matmul."""
+        return all(isinstance(s.module, nn.Embedding) for s in self.slots)
+
 
 @dataclass
 class UnitPlan:
@@ -99,6 +105,12 @@ class UnitPlan:
     @property
     def sharded(self) -> list[ParamPlan]:
         return [p for p in self.params if p.sharded]
+
+    @property
+    def needed_in_backward(self) -> bool:
+        """False for a unit of embeddings only: it is not gathered again for backward (torch's
+        `set_unshard_in_backward(False)`)."""
+        return not all(p.lookup_only for p in self.params)
 
 
 def parameter_slots(module: nn.Module) -> dict[int, ParamPlan]:

@@ -160,9 +160,7 @@ class Unit:
             if plan_param.param.requires_grad:
                 offset += plan_param.param.numel()
         self.replicated_grad_numel = offset
-        holders = [slot.module for entry in plan.params for slot in entry.slots]
-        self.needed_in_backward = not all(isinstance(m, nn.Embedding) for m in holders)
-        """An embedding's backward needs only the indices: such a unit is not gathered again for backward."""
+        self.needed_in_backward = plan.needed_in_backward
         self.gathered_bytes = sum(math.prod(e.shape) for e in self.sharded) * torch.empty(
             (), dtype=self.compute_dtype).element_size()
         self.gathered = False
