@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # docs/predict.md's tables: calibrate the step-time model on this machine from a collective sweep and ONE
 # profiled run (overlap, tiny, 2 ranks), predict a training sweep it never saw (naive, flat, overlap,
-# bucketed at several bucket sizes, zero1, zero2, local_sgd, powersgd plain and compressed, fsdp at 2 and 4
-# gloo ranks), and carry it to named GPU systems.
+# bucketed at six bucket sizes (the bucket choice is scored against chance over five or more), zero1,
+# zero2, local_sgd, powersgd plain and compressed, fsdp at 2 and 4 gloo ranks), score step time and
+# exposed comm, and carry the model to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
-# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 11 minutes on 2 cores.
+# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 14 minutes on 2 cores.
 #
 #   bash benchmarks/predict.sh [OUT]        # default OUT: outputs/bench/predict
 #   STEPS=6 SIZES_MB=0.001,1,10 BUCKETS_MB=1,16 STRATEGIES=naive,overlap WORLD_SIZES=2 bash benchmarks/predict.sh /tmp/p
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 out=${1:-outputs/bench/predict}
 steps=${STEPS:-12}
 sizes=${SIZES_MB:-0.001,0.01,0.1,1,10,40}
-buckets=${BUCKETS_MB:-1,4,16,64}
+buckets=${BUCKETS_MB:-1,2,4,8,16,64}
 strategies=${STRATEGIES:-naive,flat,overlap,zero1,zero2,local_sgd,powersgd,fsdp}
 world_sizes=${WORLD_SIZES:-2,4}
 mkdir -p "$out"

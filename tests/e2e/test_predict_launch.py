@@ -51,4 +51,5 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any("naive" in line for line in lines) and any("overlap" in line for line in lines)
-    assert lines[-1].startswith("mean |error| ") and lines[-1].endswith("%")
+    scores = next(i for i, line in enumerate(lines) if line.startswith("mean |error|: step "))
+    assert "exposed comm" in lines[scores] and lines[scores + 1].strip().startswith(("naive:", "overlap:"))

@@ -1,6 +1,7 @@
 """The step-time predictor: fits recover known constants, replays of hand-made schedules give the
 hand-computed step, strategy schedules and `scale` figures match hand arithmetic, bad input is refused."""
 
+import functools
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from ddp_lab.analysis.predict.cli import main
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.scale import load_model, step_ms
-from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
+from ddp_lab.analysis.predict.schedule import best_bucket_mb, fsdp_units, job_step
 from ddp_lab.analysis.predict.systems import SYSTEMS, collective_s, ring_s
 from tests.helpers.report_fixtures import collective_results, write_job
 
@@ -171,30 +172,47 @@ def test_replay_gate_makes_compute_wait():
     assert (r.backward_end_ms, r.stalled_ms, r.hidden_ms, r.exposed_ms) == (120, 20, 10, 20)
 
 
-def test_fsdp_schedule_hand_computed():
+def test_fsdp_schedule_hand_computed_on_the_strategys_own_plan():
+    # UnitsNet's plan (strategies/fsdp/policy.py): units embed (a lookup: no forward work, not gathered
+    # for backward), blocks.0, blocks.1, head (kept after forward); the root holds norm.weight (replicated).
     model = _model()
     one = {"numel": 250000, "bytes": 1e6, "dtype": "float32"}
-    model["compute"].update(forward_ms=30.0, params=[{**one, "name": "embed.weight", "ready_ms": 20.0},
-                                                     {**one, "name": "blocks.0.w", "ready_ms": 20.0},
-                                                     {**one, "name": "blocks.1.w", "ready_ms": 10.0}])
-    # gathers and reduce-scatters of 1 MB at 2 ranks: 2 broadcasts of 0.5 MB, 1.5 ms each = 3 ms.
-    # forward (10 ms per block, the root's head last): root and block 0 waited for at 0 (6 ms),
-    # block 1's gather (launched at 0) hidden under block 0: 36 ms. backward: 0-10 block 1, then
-    # block 0's gather waited for (3), block 0 10-20 with block 1's reduce-scatter under it: 23 ms;
-    # block 0's and the root's reductions after it: 6. optimizer on half: 2.5, rest 1.
+    model["compute"].update(forward_ms=30.0, params=[
+        {**one, "name": "embed.weight", "ready_ms": 20.0}, {**one, "name": "blocks.0.weight", "ready_ms": 15.0},
+        {**one, "name": "blocks.1.weight", "ready_ms": 10.0},
+        {"numel": 16, "bytes": 64.0, "dtype": "float32", "name": "norm.weight", "ready_ms": 5.0},
+        {**one, "name": "head.weight", "ready_ms": 5.0}])
+    cfg = {**_cfg("fsdp"), "model": {"_target_": "tests.helpers.models.UnitsNet", "name": "tiny",
+                                    "context_length": 64}}
+    units, root = fsdp_units(cfg, model["compute"]["params"])
+    assert [(u.name, u.needed_in_backward, u.weight) for u in units] == [
+        ("embed", False, 0), ("blocks.0", True, 250000), ("blocks.1", True, 250000), ("head", True, 250000)]
+    assert (root.name, root.sharded, root.replicated) == ("", (), (3,))
+    # a gather or reduce-scatter of 1 MB at 2 ranks: 2 broadcasts of 0.5 MB, 1.5 ms each = 3 ms; the
+    # root's all-reduce of 64 bytes: 1 ms (the norm's 16 weights' share of forward: nothing to 1e-3 ms).
+    # Forward (10 ms per matmul unit): embed's and blocks.0's gathers waited for at 0 (6 ms); blocks.1's
+    # (launched as blocks.0 starts) and head's hidden: 36 ms.
+    # Backward: blocks.1's gather 0-3 hidden; at 5 head's reduce-scatter 5-8, blocks.0's gather 8-11,
+    # waited for from 10 (1 ms); blocks.1's reduce-scatter at 10 (11-14), blocks.0's at 15 (16-19);
+    # backward ends at 21; embed's reduce-scatter and the root's all-reduce after it: 4 ms.
+    # Optimizer on half: 2.5, the rest 1.
     model["host"]["fresh_copy_GBps"] = float("inf")  # the strategy's host copies cost nothing here (below)
-    step, r = job_step(model, _cfg("fsdp"))
-    assert step.forward_ms == pytest.approx(36.0)
-    assert r.step_ms == pytest.approx(36 + 23 + 6 + 2.5 + 1)
-    assert r.exposed_ms == pytest.approx(6 + 3 + 6) and r.stalled_ms == pytest.approx(9.0)
-    kept = job_step(model, _cfg("fsdp", reshard_after_forward=False))[1]  # no gathers in backward: 3 ms less
-    assert kept.step_ms == pytest.approx(r.step_ms - 3)
-    # host copies into new storage at 0.5 GB/s (2 ms a MB): forward copies out 3 MB (6 ms of work, the
-    # gathers still waited for at 0 then hidden: 6 + 36); backward copies out block 0 again and folds
-    # 3 MB of gradients (8 ms), its work stretched to 28
+    close = functools.partial(pytest.approx, abs=1e-2)
+    step, r = job_step(model, cfg)
+    assert [c.label for c in step.collectives] == [
+        "gather blocks.1 again", "reduce-scatter head", "gather blocks.0 again", "reduce-scatter blocks.1",
+        "reduce-scatter blocks.0", "reduce-scatter embed", "all-reduce root's replicated"]
+    assert step.forward_ms == close(36.0)
+    assert r.step_ms == close(36 + 21 + 4 + 2.5 + 1)
+    assert r.exposed_ms == close(6 + 1 + 4) and r.stalled_ms == close(7.0)
+    kept = job_step(model, {**cfg, "strategy": {"name": "fsdp", "reshard_after_forward": False}})[1]
+    assert kept.step_ms == close(36 + 20 + 4 + 2.5 + 1)  # no gathers in backward, no wait
+    # host copies into new storage at 0.5 GB/s (2 ms a MB): forward copies out 4 MB (8 ms of work; the
+    # gathers still waited for at 0, then hidden: 6 + 38); backward copies out blocks.0 and blocks.1
+    # again and folds 4 MB of gradients (12 ms), its work stretched to 32
     model["host"]["fresh_copy_GBps"] = 0.5
-    step = job_step(model, _cfg("fsdp"))[0]
-    assert (step.forward_ms, step.backward_ms) == (pytest.approx(42.0), pytest.approx(28.0))
+    step = job_step(model, cfg)[0]
+    assert (step.forward_ms, step.backward_ms) == (close(44.0), close(32.0))
 
 
 def test_replay_queue_order_and_slowdown():
@@ -277,7 +295,7 @@ def test_world_size_scales_compute_by_tokens_and_core_share():
         job_step(_model(), {**_cfg("naive"), "model": {"name": "small"}})
     with pytest.raises(PredictError, match="no replay"):
         job_step(_model(), _cfg("fsdp_torch"))
-    with pytest.raises(PredictError, match="blocks"):
+    with pytest.raises(PredictError, match="unit plan"):  # the hand-made profile names no model to plan
         job_step(_model(), _cfg("fsdp"))
     with pytest.raises(PredictError, match="train.precision"):
         job_step(_model(), {**_cfg("naive"), "train": {"batch_size": 8, "precision": "bf16"}})
@@ -317,15 +335,14 @@ def test_scale_step_by_hand_on_one_gpu_and_eight():
     assert flat["step_ms"] == pytest.approx(one["step_ms"] + comm * 1e3)
 
 
-def test_scale_anchors_land_close(capsys):
+# --- bad input --------------------------------------------------------------------------------------
+
+def test_scale_prints_a_row_per_strategy_and_world_size(capsys):
     assert main(["scale", "--system", "h100-nvlink", "--model", "xl", "--world-size", "8,64",
                  "--strategy", "bucketed,fsdp"]) == 0
     out = capsys.readouterr().out
-    assert "| bucketed | 64 |" in out and "| fsdp | 8 |" in out
-    assert "449 GB/s" in out and "2,199 as N grows" in out
+    assert "| bucketed | 64 |" in out and "| fsdp | 8 |" in out and "anchor" not in out
 
-
-# --- bad input --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
     (["scale", "--system", "tpu-v9"], "unknown system"),
@@ -337,6 +354,44 @@ def test_scale_bad_input(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_bucket_choice_is_scored_against_chance(monkeypatch):
+    from ddp_lab.analysis.predict import validate as validating
+
+    measured = {1: 30.0, 2: 25.0, 4: 20.0, 8: 22.0, 16: 28.0}
+    predicted = {1: 31.0, 2: 26.0, 4: 23.0, 8: 21.0, 16: 29.0}
+    monkeypatch.setattr(validating, "best_bucket_mb", lambda model, cfg, sizes: (8.0, predicted))
+    rows = [{"task": "train", "strategy": "bucketed", "model": "tiny", "world_size": 2, "backend": "gloo",
+             "bucket_mb": float(mb), "step_p50_ms": ms, "config": {}} for mb, ms in measured.items()]
+    (c,) = validating.bucket_checks({}, rows)
+    assert (c["measured_best_mb"], c["predicted_best_mb"], c["steps_apart"]) == (4.0, 8.0, 1)
+    assert c["loss"] == pytest.approx(22 / 20 - 1)                       # what taking 8 MiB costs
+    assert c["chance_loss"] == pytest.approx((0.5 + 0.25 + 0 + 0.1 + 0.4) / 5)  # a size drawn at random
+    assert c["rho"] == pytest.approx(0.9)  # two neighbours swapped: 1 - 6 * 2 / (5 * 24)
+    assert c["chance_of_rho"] == pytest.approx(5 / 120)  # the identity and the 4 swaps of neighbours
+    assert validating.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    line = validating.summary_lines([], [c])[-1]
+    assert "costs 10.0% (a random size: 25.0%)" in line and "rho +0.90, 4.2% of random orders" in line
+
+
+def test_exposed_comm_is_scored_where_it_is_not_noise(tmp_path):
+    from ddp_lab.analysis.predict import validate as validating
+    from tests.helpers.report_fixtures import train_results
+
+    for i, (strategy, exposed) in enumerate((("naive", 5.0), ("overlap", 0.5))):  # 0.5 of 50 ms: 1% of the step
+        res = train_results(strategy, step_ms=50.0, exposed_ms=exposed)
+        res["config"]["train"], res["config"]["model"]["context_length"] = {"batch_size": 8}, 64
+        write_job(tmp_path / str(i), res)
+    rows, notes = validating.predict_records(_model(), tmp_path)
+    naive, overlap = sorted(rows, key=lambda r: r["strategy"])
+    assert naive["exposed_error"] == pytest.approx((4.0 - 5.0) / 5.0)  # predicted 4 ms (two 2 ms all-reduces)
+    assert overlap["exposed_error"] is None and not notes
+    assert validating.mean_abs_error(rows, "exposed_error") == pytest.approx(0.2)
+    by = {s["strategy"]: s for s in validating.per_strategy(rows)}
+    assert by["naive"]["exposed"] == pytest.approx(0.2) and by["overlap"]["exposed_jobs"] == 0
+    md = validating.markdown(rows, [], [])
+    assert "| naive | 1 | 20.0% | 20.0% (1) |" in md and "| overlap | 1 | 24.0% | - (0) |" in md
 
 
 def test_fit_and_validate_bad_input(tmp_path, capsys):
@@ -426,11 +481,12 @@ def test_compressed_powersgd_hand_computed():
     cfg = _cfg("powersgd", bucket_mb=1, start_iter=0, rank=1)
     # backward: b's phase 1 (10-11), P_b 11-12.002; a's phase 1 (21-22), P_a 22-23.002; b's phase 2 (22-24,
     # P_b long done), Q_b 24-25.002: 24 of work. Then a's phase 2 (25.002-27.002), Q_a (-28.004), both
-    # phase 3s (6 ms): 34.004, 10.004 exposed; + forward 10, optimizer 5, rest 1
+    # phase 3s (6 ms): 34.004; 2.004 of it exposed (the phases' 8 ms are compute, `compress_ms`, as the
+    # strategy counts them); + forward 10, optimizer 5, rest 1
     step, r = job_step(model, cfg)
     assert step.backward_ms == pytest.approx(24.0)
     assert [c.label for c in step.collectives] == ["P 1-1", "P 0-0", "Q", "phase 2 work", "Q", "phase 3 work"]
-    assert (r.exposed_ms, r.step_ms) == (pytest.approx(10.004), pytest.approx(50.004))
+    assert (r.exposed_ms, r.step_ms) == (pytest.approx(2.004), pytest.approx(50.004))
     # a slow P_b makes a's hook wait for it before b's phase 2: 11 + 20 ms, done at 31 of wall, 9 after
     model["collectives"]["gloo"]["all_reduce"]["fp32"]["by_world_size"]["2"] = {"alpha_ms": 20.0, "beta_GBps": 1.0}
     assert job_step(model, cfg)[1].stalled_ms == pytest.approx(31.002 - 22)

@@ -50,15 +50,12 @@ def cmd_validate(args) -> int:
         raise PredictError(f"no finished training job under {args.sweep} the model can replay")
     checks = validating.bucket_checks(model, rows)
     print(validating.text_table(rows))
-    for c in checks:
-        print(f"best bucket ({c['strategy']}, {c['world_size']} ranks, sizes {c['sizes']} MiB): measured "
-              f"{c['measured_best_mb']:g}, predicted {c['predicted_best_mb']:g} ({c['steps_apart']} sweep steps apart)")
     for note in notes:
         print(f"note: {note}")
     if args.markdown:
         Path(args.markdown).write_text(validating.markdown(rows, checks, notes) + "\n")
         print(f"wrote {args.markdown}")
-    print(f"mean |error| {100 * validating.mean_abs_error(rows):.1f}%")
+    print("\n".join(validating.summary_lines(rows, checks)))
     return 0
 
 
@@ -89,11 +86,6 @@ def scale_markdown(system, cfg, rows, args) -> str:
                      f"{r['comm_ms']:.1f} | {100 * r['efficiency']:.0f}% | "
                      f"{'-' if r['best_bucket_mb'] is None else format(r['best_bucket_mb'], 'g')} | "
                      f"{r['compute_bound_tokens']:,.0f} |")
-    anchors = scaling.anchors(system, cfg)
-    if anchors:
-        lines += ["", "| anchor | predicted | published | off | source |", "|---|---|---|---|---|"]
-        lines += [f"| {a['what']} | {a['predicted']} | {a['published']} | {a['off']} | {a['source']} |"
-                  for a in anchors]
     lines += ["", "Sources: " + "; ".join(system.sources)]
     return "\n".join(lines)
 

@@ -193,29 +193,6 @@ def scale_rows(system: System, cfg, world_sizes, strategies, batch: int) -> list
     return rows
 
 
-def anchors(system: System, cfg) -> list[dict]:
-    """Published figures the formulas should reproduce, and how close they land."""
-    out = []
-    if system.name == "h100-nvlink":
-        nbytes, n = 8 * 2**30, 8
-        seconds, algo = collective_s(system, "all_reduce", nbytes, n)
-        bus = nbytes / seconds * bus_factor("all_reduce", n) / 1e9
-        out.append({"what": "8 x H100 NVLink all-reduce busbw at 8 GiB (nccl-tests all_reduce_perf)",
-                    "predicted": f"{bus:.0f} GB/s ({algo})", "published": "460-480 GB/s",
-                    "source": "Alaya NeW, 'NCCL-tests in practice' (2026): 8xH100 SXM5 NVLink busbw at large sizes",
-                    "off": f"{100 * (bus / 470 - 1):+.0f}% vs 470"})
-        cb8 = compute_bound_tokens(system, cfg, 8, "bucketed", flops=system.peak_flops)
-        limit = system.peak_flops / system.link_Bps
-        out.append({"what": "compute-bound tokens per GPU, data parallel on H100 in a node (peak FLOP/s, NVLink W)",
-                    "predicted": f"{cb8:,.0f} at 8 GPUs; {limit:,.0f} as N grows",
-                    "published": "about 2,200 (C / W = 989e12 / 450e9)",
-                    "source": "How to Scale Your Model (the Scaling Book), GPU chapter: data parallelism is "
-                              "compute-bound when the per-GPU batch exceeds C / W_NVLink",
-                    "off": f"{100 * (cb8 / 2200 - 1):+.0f}% at 8 GPUs (the (N-1)/N of a ring), "
-                           f"{100 * (limit / 2200 - 1):+.1f}% in the limit"})
-    return out
-
-
 def plot(rows: list[dict], path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
