@@ -2,10 +2,15 @@
 from its results.json alone (offline, no torch).
 
 - final loss: the last step's loss;
-- the reference: the sweep's *exact* run of the same model (same `model` config): fp32 compute,
-  fp32 on the wire, a strategy that delivers the exact average (no `rank` or `sync_every` knob, the
-  marks of powersgd and local_sgd). The first such job in sweep order when there are several (exact
-  strategies agree to fp32 rounding);
+- the reference (`reference_job`, and `reference_why`: how it was chosen): an *exact* run (fp32
+  compute, fp32 on the wire, a strategy that delivers the exact average: no `rank` or `sync_every`
+  knob, the marks of powersgd and local_sgd) that differs from the row only in what is compared:
+  the strategy and its knobs, and `train.precision` (`comparable`: same model, world size, training
+  settings and fault). Among those, the row's own strategy with its knobs (a bucket sweep's row is
+  its own reference), else its own strategy, else the only configuration that fits (jobs alike in
+  all that shapes training count as one: the first is taken). Where several configurations fit and
+  none is the row's own strategy, or none fits, the row has no reference and says why; `--reference
+  JOB` (python -m ddp_lab.report) names it instead, for every row it is comparable with;
 - loss gap: final loss minus the reference's (and as % of it);
 - bytes on the wire per step (`comm_bytes_per_step`) and as a multiple of the reference's;
 - time to target: the wall time (the sum of the steps' times, warm-up included: a run pays for
@@ -19,6 +24,9 @@ from __future__ import annotations
 
 TARGET_MARGIN = 0.05
 LOSSY_KNOBS = ("rank", "sync_every")  # powersgd, local_sgd: their gradients are not the exact average
+# train keys a row and its reference may differ in: compared (precision), or not training (what is
+# measured or saved)
+NOT_TRAINING = ("precision", "warmup_steps", "save_model")
 
 
 def _at(d, *keys):
@@ -64,22 +72,71 @@ def time_to_target(results: dict, target: float) -> tuple[float | None, int | No
     return None, None
 
 
-def _model_key(results: dict) -> str:
-    return repr(sorted(((_at(results, "config", "model") or {}).items())))
+def comparable(results: dict) -> dict:
+    """What a row and its reference must share: everything that shapes training but the strategy and
+    train.precision (the knobs being compared)."""
+    cfg = results.get("config") or {}
+    train = {k: v for k, v in (cfg.get("train") or {}).items() if k not in NOT_TRAINING}
+    return {"model": cfg.get("model"), "world_size": cfg.get("world_size"), "train": train,
+            "fault": cfg.get("fault")}
 
 
-def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None) -> dict[str, dict]:
+def _differences(a: dict, b: dict) -> list[str]:
+    """The comparable keys (dotted, one level into train) in which two jobs differ."""
+    ka, kb = comparable(a), comparable(b)
+    out = []
+    for key in ka:
+        if key == "train":
+            out += [f"train.{k}" for k in sorted(set(ka[key]) | set(kb[key])) if ka[key].get(k) != kb[key].get(k)]
+        elif ka[key] != kb[key]:
+            out.append(key)
+    return out
+
+
+def _knobs(results: dict) -> dict:
+    strategy = dict(_at(results, "config", "strategy") or {})
+    return {k: v for k, v in strategy.items() if k not in ("comm_dtype", *LOSSY_KNOBS)}
+
+
+def choose_reference(res: dict, train: list[tuple[str, dict]], forced: str | None = None) -> tuple[str | None, str]:
+    """(reference job or None, how it was chosen or why there is none) for one row (module docstring)."""
+    if forced is not None:
+        ref = dict(train)[forced]
+        differs = _differences(res, ref)
+        return (None, f"differs from --reference {forced} in {', '.join(differs)}") if differs else \
+            (forced, "--reference")
+    fits = [(n, r) for n, r in train if r.get("status") == "ok" and is_exact(r) and final_loss(r) is not None
+            and not _differences(res, r)]
+    name = _at(res, "config", "strategy", "name")
+    own = [(n, r) for n, r in fits if _at(r, "config", "strategy", "name") == name]
+    for pool, why in (([c for c in own if _knobs(c[1]) == _knobs(res)], "exact run of the same strategy and knobs"),
+                      (own, "exact run of the same strategy"), (fits, "the one exact configuration like it")):
+        if len({repr(sorted(_knobs(r).items())) for _, r in pool}) == 1:  # one configuration: take the first
+            return pool[0][0], why
+    if fits:
+        configurations = len({repr(sorted(_knobs(r).items())) for _, r in fits})
+        return None, (f"{configurations} exact configurations fit ({', '.join(n for n, _ in fits)}): "
+                      "name one with --reference JOB")
+    return None, "no exact run with the same model, world size and training settings"
+
+
+def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None,
+             reference: str | None = None) -> dict[str, dict]:
     """{job name: accuracy figures} for every training job (module docstring); failed jobs get
-    what they recorded before failing."""
+    what they recorded before failing. `reference`: a job name every comparable row is held against;
+    ValueError when it is not a finished training job of `runs` with losses."""
     train = [(name, res) for name, res in runs if (_at(res, "config", "task", "name") or "train") != "allreduce"]
-    references: dict[str, tuple[str, dict]] = {}
-    for name, res in train:
-        if res.get("status") == "ok" and is_exact(res) and final_loss(res) is not None:
-            references.setdefault(_model_key(res), (name, res))
+    if reference is not None:
+        named = dict(train).get(reference)
+        if named is None or named.get("status") != "ok" or final_loss(named) is None:
+            jobs = ", ".join(n for n, _ in train[:6]) + (" ..." if len(train) > 6 else "")
+            raise ValueError(f"--reference {reference}: not a finished training job with losses in this sweep "
+                             f"(its jobs: {jobs})")
+    by_name = dict(train)
     out = {}
     for name, res in train:
-        reference = references.get(_model_key(res))
-        ref_name, ref = reference if reference is not None else (None, None)
+        ref_name, why = choose_reference(res, train, reference)
+        ref = by_name.get(ref_name)
         ref_loss = final_loss(ref) if ref is not None else None
         target = target_loss if target_loss is not None else (
             ref_loss * (1 + TARGET_MARGIN) if ref_loss is not None else None)
@@ -89,7 +146,8 @@ def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None) -> 
         seconds, step = time_to_target(res, target) if target is not None else (None, None)
         errors = [s["grad_error"] for s in res.get("steps") or [] if s.get("grad_error") is not None]
         out[name] = {
-            "exact": is_exact(res), "reference_job": ref_name, "final_loss": loss, "reference_loss": ref_loss,
+            "exact": is_exact(res), "reference_job": ref_name, "reference_why": why, "final_loss": loss,
+            "reference_loss": ref_loss,
             "loss_gap": None if None in (loss, ref_loss) else loss - ref_loss,
             "loss_gap_pct": None if None in (loss, ref_loss) or not ref_loss else 100 * (loss - ref_loss) / ref_loss,
             "comm_bytes_per_step": nbytes,

@@ -114,6 +114,7 @@ def memory_markdown(records: list[dict]) -> str | None:
 
 ACCURACY_MD = [  # (header, record key, format)
     ("final loss", "final_loss", "{:.4f}"), ("exact run", "reference_job", "{}"),
+    ("chosen as", "reference_why", "{}"),
     ("exact final loss", "reference_loss", "{:.4f}"), ("Δ loss", "loss_gap", "{:+.4f}"),
     ("Δ loss %", "loss_gap_pct", "{:+.2f}"), ("wire MiB/step", "comm_mib_per_step", "{:.3f}"),
     ("× exact bytes", "bytes_vs_reference", "{:.2f}"), ("step p50 ms", "step_p50_ms", "{:.1f}"),
@@ -135,8 +136,11 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     target = (f"the target loss is {target_loss:g} (--target-loss)" if target_loss is not None else
               f"the target loss is the exact run's final loss + {TARGET_MARGIN:.0%}")
-    intro = ("The exact run: the sweep's first job of the same model with fp32 compute, fp32 on the wire and an "
-             "exact average (no powersgd rank or local_sgd sync_every); Δ = final loss − its final loss. "
+    intro = ("The exact run: a job with fp32 compute, fp32 on the wire and an exact average (no powersgd rank or "
+             "local_sgd sync_every) that differs from the row only in the strategy and train.precision (same model, "
+             "world size and training settings): the row's own strategy where the sweep has it, else the only such "
+             "configuration, else the one `--reference JOB` names; \"chosen as\" says which rule, or why a row has "
+             "none. Δ = final loss − its final loss. "
              f"Time to target: the sum of step times until the first step at or below the target; {target}. "
              "Loss is the per-step training loss (raw, not smoothed); grad error: measure.grad_error's "
              "||delivered − exact|| / ||exact|| per step, averaged.")
@@ -145,14 +149,14 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
 
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
                    records: list[dict] | None = None, step_model: str | None = None,
-                   target_loss: float | None = None) -> Path:
+                   target_loss: float | None = None, reference: str | None = None) -> Path:
     train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
     collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
     parts = [f"# Report: {root}", "",
              f"{len(runs)} jobs, {sum(r.get('status') == 'ok' for _, r, _ in runs)} ok. "
              "Times in ms (training: warm-up steps excluded, slowest rank per step); GB/s = 1e9 bytes/s.", ""]
     if train:
-        parts += ["## Training", "", markdown_table(*train_rows(train, target_loss)), ""]
+        parts += ["## Training", "", markdown_table(*train_rows(train, target_loss, reference)), ""]
     cost = accuracy_markdown(records or [], target_loss)
     if cost:
         parts += ["## Accuracy cost", "", cost, ""]
@@ -207,19 +211,19 @@ def step_model_section(model_file, root, records: list[dict]) -> str:
 
 
 def make_report(root, collectives=None, out=None, quiet: bool = False, model=None,
-                target_loss: float | None = None) -> dict:
+                target_loss: float | None = None, reference: str | None = None) -> dict:
     """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
     root = Path(root)
-    out = Path(out) if out else root
-    out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(root)
     if not runs:
         raise FileNotFoundError(f"no job folders (with {RESULTS} or {CONFIG}) under {root}")
+    figures = accuracy([(n, r) for n, r, _ in runs], target_loss, reference)  # ValueError: a bad --reference
+    out = Path(out) if out else root
+    out.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss):
+        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss, reference):
             print_table(table)
     records = [record(n, r) for n, r, _ in runs]
-    figures = accuracy([(n, r) for n, r, _ in runs], target_loss)
     for rec in records:
         rec.update(figures.get(rec["job"], {}))
         if rec.get("comm_bytes_per_step") is not None:
@@ -242,7 +246,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
                "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model,
-                                    target_loss),
+                                    target_loss, reference),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 
@@ -255,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out", help="where to write the report (default: DIR)")
     parser.add_argument("--model", help="a step-time model (python -m ddp_lab.predict fit): predicted beside measured")
     parser.add_argument("--target-loss", type=float, help="the loss 'time to target' is measured to "
-                        f"(default: the sweep's exact fp32 run's final loss + {TARGET_MARGIN:.0%})")
+                        f"(default: the reference's final loss + {TARGET_MARGIN:.0%})")
+    parser.add_argument("--reference", metavar="JOB", help="the job (as the tables name it, e.g. 0 or "
+                        "strategies/3) every comparable row's accuracy is held against (default: chosen per row)")
     args = parser.parse_args(argv)
     try:
-        report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss)
-    except (FileNotFoundError, predict_fit.PredictError) as exc:
+        report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss,
+                             reference=args.reference)
+    except (FileNotFoundError, ValueError, predict_fit.PredictError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for note in report["notes"]:

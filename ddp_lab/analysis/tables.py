@@ -53,10 +53,12 @@ MIB_COLUMNS = {"model state MiB/rank", "strategy state MiB/rank"}
 DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
 
 
-def train_rows(runs: list[tuple[str, dict]], target_loss: float | None = None) -> tuple[list[str], list[list[str]]]:
+def train_rows(runs: list[tuple[str, dict]], target_loss: float | None = None,
+               reference: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and string cells for training runs: (job name, results) pairs in sweep order; the
-    accuracy columns against the sweep's exact run (and `target_loss` if given) at the end."""
-    figures = accuracy(runs, target_loss)
+    accuracy columns against each row's exact reference (analysis/accuracy.py; `reference` names
+    one) and `target_loss` if given, at the end."""
+    figures = accuracy(runs, target_loss, reference)
     header = ["job", "strategy", "model", "ranks", "status"] + [h for h, _ in TRAIN_COLUMNS]
     header += [h for h, _, _ in ACCURACY_COLUMNS]
     rows = []
@@ -112,13 +114,14 @@ def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[
     return header, rows
 
 
-def comparison_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None) -> list[Table]:
+def comparison_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None,
+                      reference: str | None = None) -> list[Table]:
     """One table per task present (training and collective jobs have different columns)."""
     tables = []
     train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
     collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
     if train:
-        tables.append(rich_table(title, *train_rows(train, target_loss)))
+        tables.append(rich_table(title, *train_rows(train, target_loss, reference)))
     if collective:
         tables.append(rich_table(title if not train else f"{title} (collectives)", *collective_rows(collective)))
     return tables

@@ -12,9 +12,9 @@ from tests.helpers.report_fixtures import write_job
 
 
 def job(strategy="bucketed", loss=(4.0, 3.0, 2.0, 1.0), step_ms=100.0, nbytes=1000, precision="fp32",
-        comm_dtype=None, model="tiny", grad_error=None, status="ok", **knobs):
-    cfg = {"task": {"name": "train"}, "model": {"name": model, "d_model": 32}, "world_size": 2,
-           "train": {"precision": precision}, "backend": {"name": "gloo"},
+        comm_dtype=None, model="tiny", grad_error=None, status="ok", world_size=2, lr=1e-3, **knobs):
+    cfg = {"task": {"name": "train"}, "model": {"name": model, "d_model": 32}, "world_size": world_size,
+           "train": {"precision": precision, "lr": lr, "warmup_steps": 3}, "backend": {"name": "gloo"},
            "strategy": {"name": strategy, "comm_dtype": comm_dtype, **knobs}}
     steps = [{"step": i, "loss": v, "step_time_ms": step_ms, **({"grad_error": grad_error} if grad_error else {})}
              for i, v in enumerate(loss)]
@@ -40,6 +40,8 @@ def test_gap_bytes_and_time_to_the_default_target():
     figures = accuracy(RUNS)
     ref, bf16, mixed, powersgd, toy, second = (figures[name] for name, _ in RUNS)
     assert ref["reference_job"] == "0" and second["reference_job"] == "0" and toy["reference_job"] is None
+    assert ref["reference_why"] == "exact run of the same strategy and knobs"   # "5" is alike: the first
+    assert powersgd["reference_why"] == "the one exact configuration like it"   # bucketed ("0" and "5")
     assert ref["loss_gap"] == 0.0 and ref["bytes_vs_reference"] == 1.0
     assert math.isclose(bf16["final_loss"], 1.1) and math.isclose(bf16["loss_gap"], 0.1)
     assert math.isclose(bf16["loss_gap_pct"], 10.0) and bf16["bytes_vs_reference"] == 0.5
@@ -50,6 +52,28 @@ def test_gap_bytes_and_time_to_the_default_target():
     assert math.isclose(powersgd["loss_gap"], 0.2) and powersgd["bytes_vs_reference"] == 0.1
     assert toy["loss_gap"] is None and toy["target_loss"] is None and toy["time_to_target_s"] is None
     assert bf16["grad_error_mean"] == 3e-3 and ref["grad_error_mean"] is None
+
+
+def test_the_reference_differs_only_in_what_is_compared():
+    runs = [("naive", job("naive", loss=(4.0, 1.0))), ("bucketed", job(loss=(4.0, 1.0))),
+            ("lr", job(lr=1e-2, loss=(4.0, 0.5))), ("ws4", job(world_size=4, nbytes=1500)),
+            ("powersgd", job("powersgd", rank=4, loss=(4.0, 1.2), nbytes=100)),
+            ("bf16", job(precision="bf16", loss=(4.0, 1.1)))]
+    figures = accuracy(runs)
+    # powersgd: two exact configurations fit (naive and bucketed; the lr and 4-rank runs differ in more)
+    assert figures["powersgd"]["reference_job"] is None and figures["powersgd"]["loss_gap"] is None
+    assert figures["powersgd"]["reference_why"] == ("2 exact configurations fit (naive, bucketed): "
+                                                    "name one with --reference JOB")
+    assert figures["bf16"]["reference_job"] == "bucketed"                    # its own strategy in fp32
+    assert figures["lr"]["reference_job"] == "lr" and figures["ws4"]["reference_job"] == "ws4"  # themselves
+    named = accuracy(runs, reference="naive")
+    assert named["powersgd"]["reference_job"] == "naive" and named["powersgd"]["reference_why"] == "--reference"
+    assert named["powersgd"]["bytes_vs_reference"] == 0.1 and math.isclose(named["powersgd"]["loss_gap"], 0.2)
+    assert named["ws4"]["reference_job"] is None
+    assert named["ws4"]["reference_why"] == "differs from --reference naive in world_size"
+    assert named["lr"]["reference_why"] == "differs from --reference naive in train.lr"
+    with pytest.raises(ValueError, match="--reference nope: not a finished training job"):
+        accuracy(runs, reference="nope")
 
 
 def test_a_given_target_loss_replaces_the_default():
@@ -90,10 +114,18 @@ def test_report_writes_the_accuracy_section_csv_and_loss_picture(sweep):
     assert math.isclose(float(rows["1"]["loss_gap"]), 0.1) and rows["1"]["reference_job"] == "0"
 
 
-def test_report_cli_takes_a_target_loss(sweep, capsys):
+def test_report_cli_takes_a_target_loss_and_a_reference(sweep, tmp_path, capsys):
     assert main([str(sweep), "--target-loss", "2.5"]) == 0
     md = (sweep / "report.md").read_text()
     assert "the target loss is 2.5 (--target-loss)" in md
+    assert "| 3 | powersgd-rank=4 | 2 | ok | 1.2000 | 0 | the one exact configuration like it |" in md
+    assert main([str(sweep), "--reference", "5"]) == 0
+    assert "| 0 | bucketed | 2 | ok | 1.0000 | 5 | --reference |" in (sweep / "report.md").read_text()
+    capsys.readouterr()
+    assert main([str(sweep), "--reference", "9", "-o", str(tmp_path / "not_written")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--reference 9: not a finished training job" in err[0]
+    assert not (tmp_path / "not_written").exists()
 
 
 def test_columns_no_job_has_a_figure_for_are_left_out():
