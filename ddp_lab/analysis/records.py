@@ -91,6 +91,7 @@ def train_record(res: dict) -> dict:
         "step_min_ms": _get(res, "summary", "step_time_ms", "min"), "step_mean_ms": step,
         "comm_p50_ms": _get(res, "summary", "comm_ms", "p50"),
         "exposed_p50_ms": _get(res, "summary", "exposed_comm_ms", "p50"),
+        "exposed_min_rank_p50_ms": _get(res, "summary", "exposed_comm_min_rank_ms", "p50"),
         "compute_mean_ms": compute, "exposed_mean_ms": exposed, "optimizer_mean_ms": opt, "other_mean_ms": other,
         "overlap_pct": _get(res, "summary", "overlap_pct"),
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),

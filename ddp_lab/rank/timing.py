@@ -5,6 +5,12 @@ over ranks (each rank's loss is over its own slice), and so are a step's phases 
 per-phase maxima from different ranks would add up to more than the step, while rank means add up
 to the average rank's step. Counters (collectives, bytes) are the same on
 every rank and reported from rank 0's view as the max.
+
+Exposed comm is the most-waiting rank's (the max, as every timing), and beside it the least-waiting
+rank's (`exposed_comm_min_rank_ms`): the rank that ended backward last waits only for what
+communication backward did not hide, every other rank also for it to arrive. Their difference is
+the ranks' skew, not communication; the step-time predictor, which replays ranks alike, predicts
+the least-waiting rank's figure.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch.distributed as dist
 from ddp_lab.rank.process_group import synchronize
 
 MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms")
+MIN_ALSO = {"exposed_comm_ms": "exposed_comm_min_rank_ms"}  # also reported as the least over ranks
 
 
 class StepTimer:
@@ -63,4 +70,6 @@ def reduce_over_ranks(local: dict[str, float], device: torch.device) -> dict[str
         column = table[:, i]
         value = float(column.mean() if key in MEAN_KEYS else column.max())
         out[key] = int(value) if isinstance(local[key], int) else value
+        if key in MIN_ALSO:
+            out[MIN_ALSO[key]] = float(column.min())
     return out

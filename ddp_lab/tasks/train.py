@@ -35,8 +35,8 @@ from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
-SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms",
-              "optimizer_ms", "compress_ms", "grad_error")
+SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms", "exposed_optimizer_comm_ms",
+              "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms", "grad_error")
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

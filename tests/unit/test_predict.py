@@ -375,23 +375,27 @@ def test_bucket_choice_is_scored_against_chance(monkeypatch):
     assert "costs 10.0% (a random size: 25.0%)" in line and "rho +0.90, 4.2% of random orders" in line
 
 
-def test_exposed_comm_is_scored_where_it_is_not_noise(tmp_path):
+def test_exposed_comm_is_scored_against_the_least_waiting_rank_where_it_is_not_noise(tmp_path):
     from ddp_lab.analysis.predict import validate as validating
     from tests.helpers.report_fixtures import train_results
 
-    for i, (strategy, exposed) in enumerate((("naive", 5.0), ("overlap", 0.5))):  # 0.5 of 50 ms: 1% of the step
-        res = train_results(strategy, step_ms=50.0, exposed_ms=exposed)
+    for i, (strategy, exposed) in enumerate((("naive", 5.0), ("overlap", 0.5), ("flat", 6.0))):
+        res = train_results(strategy, step_ms=50.0, exposed_ms=exposed)  # overlap: 1% of the step, not scored
         res["config"]["train"], res["config"]["model"]["context_length"] = {"batch_size": 8}, 64
+        if strategy == "naive":  # the rank that ended backward last waited 4 ms, the other 5 (1 ms of skew)
+            res["summary"]["exposed_comm_min_rank_ms"] = {"p50": 4.0}
         write_job(tmp_path / str(i), res)
     rows, notes = validating.predict_records(_model(), tmp_path)
-    naive, overlap = sorted(rows, key=lambda r: r["strategy"])
-    assert naive["exposed_error"] == pytest.approx((4.0 - 5.0) / 5.0)  # predicted 4 ms (two 2 ms all-reduces)
-    assert overlap["exposed_error"] is None and not notes
-    assert validating.mean_abs_error(rows, "exposed_error") == pytest.approx(0.2)
-    by = {s["strategy"]: s for s in validating.per_strategy(rows)}
-    assert by["naive"]["exposed"] == pytest.approx(0.2) and by["overlap"]["exposed_jobs"] == 0
+    by = {r["strategy"]: r for r in rows}
+    assert by["naive"]["exposed_basis"] == "least-waiting rank" and by["naive"]["exposed_error"] == pytest.approx(0)
+    assert by["flat"]["exposed_basis"] == "most-waiting rank"  # results from before the least-waiting figure
+    assert by["flat"]["exposed_error"] == pytest.approx((9.0 - 6.0) / 6.0)  # predicted: 3 ms + the copies, 6 ms
+    assert by["overlap"]["exposed_error"] is None and not notes
+    assert validating.mean_abs_error(rows, "exposed_error") == pytest.approx(0.25)
     md = validating.markdown(rows, [], [])
-    assert "| naive | 1 | 20.0% | 20.0% (1) |" in md and "| overlap | 1 | 24.0% | - (0) |" in md
+    assert "| naive | 1 | 20.0% | 0.0% (1) |" in md and "| overlap | 1 | 24.0% | - (0) |" in md
+    assert "| 4.0 / 5.0 | 4.0 | +0.0% |" in md and "| ? / 6.0 | 9.0 | +50.0% |" in md
+    assert "against the least-waiting rank or most-waiting rank's p50" in md
 
 
 def test_fit_and_validate_bad_input(tmp_path, capsys):

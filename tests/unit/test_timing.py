@@ -26,7 +26,7 @@ def test_laps_split_the_step_and_add_up_to_it():
 
 def _reduce(rank, world_size):
     local = {"step_time_ms": 10.0 * (rank + 1), "loss": float(rank), "fwd_bwd_ms": 4.0 * (rank + 1),
-             "comm_ms": 1.0 + rank, "collectives": 3 + rank}
+             "comm_ms": 1.0 + rank, "exposed_comm_ms": 5.0 - rank, "collectives": 3 + rank}
     return reduce_over_ranks(local, torch.device("cpu"))
 
 
@@ -36,6 +36,8 @@ def test_max_for_timings_mean_for_loss_and_phases():
     figures = out[0]
     assert figures["step_time_ms"] == 30.0       # the slowest rank: a step ends when the last rank does
     assert figures["comm_ms"] == 3.0
+    # exposed: the most-waiting rank's, and the least-waiting one's beside it (the others' skew apart)
+    assert (figures["exposed_comm_ms"], figures["exposed_comm_min_rank_ms"]) == (5.0, 3.0)
     assert figures["loss"] == pytest.approx(1.0)     # the mean of 0, 1, 2: each rank's loss is over its slice
     assert figures["fwd_bwd_ms"] == pytest.approx(8.0)  # phases: rank means, so they add up to a step
     assert figures["collectives"] == 5 and isinstance(figures["collectives"], int)
