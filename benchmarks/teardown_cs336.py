@@ -1,0 +1,119 @@
+"""ddp_lab used as a library, the way a CS336-style test harness calls it, many times: does every rank end clean?
+
+    python benchmarks/teardown_cs336.py --runs 200           # rotating the wrappers below, one per run
+    python benchmarks/teardown_cs336.py --runs 40 --wrappers overlap
+
+Each run is what such a harness does: `torch.multiprocessing.spawn` two ranks; each joins a gloo
+process group (`init_process_group` over MASTER_ADDR / MASTER_PORT), builds the same small model
+(its own `Linear` class and torch's), wraps it, trains a few steps with AdamW (forward, backward,
+`finish_gradient_synchronization()`, step), calls `barrier()` and `destroy_process_group()`, and
+returns, so the rank's interpreter finalizes as usual (no `os._exit`). A run is clean when both
+ranks exit 0; a rank that aborts at interpreter teardown (`terminate called without an active
+exception`, SIGABRT after the training passed) or fails otherwise is counted by wrapper.
+
+Wrappers (rotated, run i takes the (i mod 6)-th): naive, flat, overlap, bucketed (a bucket smaller
+than a parameter), fsdp, and ShardedOptimizer (over NaiveDDP). torch's optimizer built after
+`init_process_group` already keeps the group alive past `destroy_process_group()` (see
+docs/benchmarks.md, "Ranks that abort at exit"), as it does in every such harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+WRAPPERS = ("naive", "flat", "overlap", "bucketed", "fsdp", "sharded_optimizer")
+
+
+class OwnLinear(nn.Module):
+    """A student's own linear layer (not a subclass of nn.Linear)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in**0.5)
+
+    def forward(self, x):
+        return x @ self.weight.T
+
+
+def build(wrapper: str):
+    from ddp_lab.strategies import FSDP, BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, ShardedOptimizer
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), OwnLinear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    if wrapper == "sharded_optimizer":
+        ddp = NaiveDDP(model)
+        return ddp, ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-3)
+    ddp = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "fsdp": FSDP,
+           "bucketed": lambda m: BucketedDDP(m, bucket_mb=0.001)}[wrapper](model)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+
+
+def rank_main(rank: int, world_size: int, port: int, wrapper: str, steps: int) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(rank)  # different init per rank: the wrapper broadcasts rank 0's
+    ddp, optimizer = build(wrapper)
+    data = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    target = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(1))
+    share = slice(rank * 4, rank * 4 + 4)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(ddp(data[share]), target[share])
+        loss.backward()
+        ddp.finish_gradient_synchronization()
+        optimizer.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_run(wrapper: str, steps: int, world_size: int = 2) -> str:
+    """'ok', or how the run ended ('SIGABRT in rank 1', ...)."""
+    try:
+        mp.spawn(rank_main, args=(world_size, free_port(), wrapper, steps), nprocs=world_size)
+    except mp.ProcessExitedException as exc:
+        return f"{exc.signal_name or f'exit {exc.exit_code}'} in rank {exc.error_index}"
+    except mp.ProcessRaisedException as exc:
+        return f"exception in rank {exc.error_index}: {str(exc).strip().splitlines()[-1]}"
+    return "ok"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--wrappers", default=",".join(WRAPPERS), help=f"comma-separated, of {', '.join(WRAPPERS)}")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    wrappers = [w for w in args.wrappers.split(",") if w]
+    unknown = sorted(set(wrappers) - set(WRAPPERS))
+    if unknown:
+        parser.error(f"unknown wrapper {unknown[0]!r}: use {', '.join(WRAPPERS)}")
+    endings: dict[str, collections.Counter] = {w: collections.Counter() for w in wrappers}
+    start = time.perf_counter()
+    for i in range(args.runs):
+        wrapper = wrappers[i % len(wrappers)]
+        endings[wrapper][one_run(wrapper, args.steps)] += 1
+    bad = sum(n for c in endings.values() for how, n in c.items() if how != "ok")
+    print(f"torch {torch.__version__}: {args.runs - bad}/{args.runs} runs ended clean in "
+          f"{time.perf_counter() - start:.0f} s")
+    for wrapper, counts in endings.items():
+        print(f"  {wrapper}: {dict(counts)}")
+
+
+if __name__ == "__main__":
+    main()
