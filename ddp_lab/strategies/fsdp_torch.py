@@ -23,8 +23,12 @@ reduce-scattered inside backward (FSDP2's post-backward), so `finish_gradient_sy
 only records the communication. `comm` figures are measured, not estimated: every all-gather and
 reduce-scatter FSDP2 issues goes through counting subclasses of its default collectives
 (`set_custom_all_gather` / `set_custom_reduce_scatter`), which add the bytes and calls it really
-moved, and time each from launch to completion (async all-gathers: by their future's callback;
-FSDP2 issues the reduce-scatter blocking, so its whole duration is also exposed communication).
+moved, and time each from launch to completion (async all-gathers: by their future's callback; on
+CUDA by events on the stream FSDP2 issues from and on the collective's stream, never a host
+synchronization). Waits count as fsdp's do (`CommStats.waited`): FSDP2's wait for an all-gather
+before a unit's forward or backward (the work it gets back is wrapped to time its `wait()`) and
+its blocking reduce-scatter inside backward are exposed communication on CPU, where the host
+waits; on CUDA they order streams, as fsdp's waits do, and are not host waits.
 """
 
 from __future__ import annotations
@@ -42,57 +46,98 @@ from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
 from ddp_lab.units import tensor_bytes
 
 
-def _stamped(stamps: list[Stamp], work, nbytes: int, start: float) -> None:
-    """Record an async collective launched at `start`; its future's callback sets the end."""
-    stamp = Stamp(nbytes)
-    stamp.start = start
-    stamps.append(stamp)
+def _end_when_done(stamp: Stamp, work, on_cuda: bool) -> None:
+    """Set the stamp's end when `work` completes: its future's callback (on NCCL it runs on the
+    collective's stream, where a CUDA event records the real end; the host clock there would read
+    the launch). A work with no future ends when the step's figures are taken."""
+    def done(fut):
+        if on_cuda:
+            stamp.end_event = torch.cuda.Event(enable_timing=True)
+            stamp.end_event.record()
+        else:
+            stamp.end = time.perf_counter()
     try:
-        work.get_future().then(lambda fut: setattr(stamp, "end", time.perf_counter()))
-    except RuntimeError:  # a work with no future: its end is taken when the step's figures are
+        work.get_future().then(done)
+    except RuntimeError:
         pass
+
+
+def _begin(nbytes: int, on_cuda: bool) -> Stamp:
+    stamp = Stamp(nbytes)
+    if on_cuda:  # on the stream FSDP2 issues the collective from: no host synchronization
+        stamp.start_event = torch.cuda.Event(enable_timing=True)
+        stamp.start_event.record()
+    stamp.start = time.perf_counter()
+    return stamp
+
+
+def _end_blocking(stamp: Stamp, on_cuda: bool) -> None:
+    if on_cuda:  # a blocking collective: the issuing stream waits for it, an event after it marks its end
+        stamp.end_event = torch.cuda.Event(enable_timing=True)
+        stamp.end_event.record()
+    else:
+        stamp.end = time.perf_counter()
 
 
 def counted_collectives():
     """FSDP2's default all-gather and reduce-scatter, subclassed to record what they move (imported
-    here, not at module level: torch's FSDP2 and DTensor add a second to every rank's start)."""
+    here, not at module level: torch's FSDP2 and DTensor add a second to every rank's start), and the
+    all-gather's work wrapped so that FSDP2's wait for it counts as fsdp's does (`CommStats.waited`)."""
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class CountedWait(dist.distributed_c10d.Work):
+        """An all-gather's work whose `wait()` (FSDP2's, before the unit's forward or backward) is a
+        wait for communication: exposed on CPU, where the host waits; on CUDA a stream order, as fsdp's."""
+
+        def __init__(self, work, comm: CommStats):
+            super().__init__()
+            self.work, self.comm = work, comm
+
+        def wait(self, timeout=None):
+            with self.comm.waited():
+                return self.work.wait() if timeout is None else self.work.wait(timeout)
+
+        def get_future(self):
+            return self.work.get_future()
+
+        def is_completed(self):
+            return self.work.is_completed()
 
     class CountedAllGather(DefaultAllGather):
         """FSDP2's all-gather, its bytes (the gathered output) and interval recorded."""
 
-        def __init__(self, stamps: list[Stamp]):
-            self.stamps = stamps
+        def __init__(self, stamps: list[Stamp], comm: CommStats):
+            self.stamps, self.comm = stamps, comm
 
         def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-            start = time.perf_counter()
+            on_cuda = output_tensor.is_cuda
+            stamp = _begin(tensor_bytes(output_tensor), on_cuda)
+            self.stamps.append(stamp)
             work = super().__call__(output_tensor, input_tensor, group, async_op)
-            if work is not None:
-                _stamped(self.stamps, work, tensor_bytes(output_tensor), start)
-            else:
-                stamp = Stamp(tensor_bytes(output_tensor))
-                stamp.start, stamp.end = start, time.perf_counter()
-                self.stamps.append(stamp)
-            return work
+            if work is None:
+                _end_blocking(stamp, on_cuda)
+                return work
+            _end_when_done(stamp, work, on_cuda)
+            return CountedWait(work, self.comm)
 
     class CountedReduceScatter(DefaultReduceScatter):
-        """FSDP2's reduce-scatter, its bytes (the reduced input) and interval recorded; a blocking one is
-        exposed communication."""
+        """FSDP2's reduce-scatter, its bytes (the reduced input) and interval recorded; FSDP2 issues it
+        blocking inside backward: on CPU the host waits, exposed communication (`CommStats.waited`)."""
 
         def __init__(self, stamps: list[Stamp], comm: CommStats):
             self.stamps, self.comm = stamps, comm
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-            stamp = Stamp(tensor_bytes(input_tensor))
-            stamp.start = time.perf_counter()
+            on_cuda = input_tensor.is_cuda
+            stamp = _begin(tensor_bytes(input_tensor), on_cuda)
+            self.stamps.append(stamp)
             if async_op:
                 work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-                _stamped(self.stamps, work, stamp.nbytes, stamp.start)
+                _end_when_done(stamp, work, on_cuda)
                 return work
-            with self.comm.exposed():
+            with self.comm.waited():
                 work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-            stamp.end = time.perf_counter()
-            self.stamps.append(stamp)
+            _end_blocking(stamp, on_cuda)
             return work
 
     return CountedAllGather, CountedReduceScatter
@@ -130,7 +175,7 @@ class TorchFSDP(DataParallelBase):
         CountedAllGather, CountedReduceScatter = counted_collectives()
         for fsdp_module in [*units, module]:
             fsdp_module._set_unshard_async_op(True)
-            fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps))
+            fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm))
             fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm))
         for unit in units:
             if all(isinstance(m, nn.Embedding) for m in unit.modules() if list(m.parameters(recurse=False))):

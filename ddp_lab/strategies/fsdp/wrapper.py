@@ -32,13 +32,12 @@ reduction buffers (a full gradient's worth per rank, as zero2 keeps) and only th
 Communication per step: an all-gather of each unit in forward and again in backward
 (reshard_after_forward; once without it), a reduce-scatter of each unit's gradients: 2P + G, or
 P + G. `comm` counts the all-gathered and reduced buffers' bytes and times them from launch to
-completion; waits for an all-gather inside forward or backward are exposed communication (on CPU;
-on CUDA a wait only orders streams).
+completion; waits for an all-gather inside forward or backward are exposed communication
+(`CommStats.waited`: on CPU, where the host waits; on CUDA a wait only orders streams), counted as
+fsdp_torch counts FSDP2's.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -201,7 +200,7 @@ class FSDP(DataParallelBase):
         if unit.gathered:
             return
         self._launch(unit)
-        with self.comm.exposed() if not self._on_cuda else nullcontext():
+        with self.comm.waited():  # exposed on CPU, where the host waits; a stream order on CUDA
             unit.wait_gathered()
         self._note_peak()
 
