@@ -5,7 +5,7 @@
 # zero2, local_sgd, powersgd plain and compressed, fsdp at 2 and 4 gloo ranks), score step time and
 # exposed comm, and carry the model to named GPU systems.
 # Writes OUT/predict.md (the validation table with the machine and commands, the best-bucket check,
-# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 14 minutes on 2 cores.
+# the scale tables) ready to paste into docs/predict.md, and OUT/scale_*.png. About 17 minutes on 2 cores.
 #
 #   bash benchmarks/predict.sh [OUT]        # default OUT: outputs/bench/predict
 #   STEPS=6 SIZES_MB=0.001,1,10 BUCKETS_MB=1,16 STRATEGIES=naive,overlap WORLD_SIZES=2 bash benchmarks/predict.sh /tmp/p
