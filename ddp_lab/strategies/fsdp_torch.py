@@ -156,7 +156,8 @@ class TorchFSDP(DataParallelBase):
 
         compute_dtype = resolve_compute_dtype(compute_dtype)
         wire = resolve_compute_dtype(comm_dtype, "comm_dtype")  # fsdp's names: fp32 (as is), bf16, fp16
-        units = [plan.module for plan in plan_units(module) if plan.module is not None]
+        plans = [plan for plan in plan_units(module) if plan.module is not None]
+        units = [plan.module for plan in plans]
         super().__init__(module)  # fully_shard shards each rank's own weights: start from rank 0's
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self.comm_dtype = str(comm_dtype or "fp32")
@@ -177,9 +178,9 @@ class TorchFSDP(DataParallelBase):
             fsdp_module._set_unshard_async_op(True)
             fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm))
             fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm))
-        for unit in units:
-            if all(isinstance(m, nn.Embedding) for m in unit.modules() if list(m.parameters(recurse=False))):
-                unit.set_unshard_in_backward(False)
+        for plan in plans:
+            if not plan.needed_in_backward:  # fsdp's rule (policy.py): a unit of embeddings only
+                plan.module.set_unshard_in_backward(False)
         self._units = units
 
     def forward(self, *args, **kwargs):
