@@ -93,30 +93,31 @@ def _differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def _knobs(results: dict) -> dict:
+def _configuration(results: dict) -> str:
+    """The strategy and its knobs but those whose difference is compared (comm_dtype, the lossy ones)."""
     strategy = dict(_at(results, "config", "strategy") or {})
-    return {k: v for k, v in strategy.items() if k not in ("comm_dtype", *LOSSY_KNOBS)}
+    return repr(sorted((k, v) for k, v in strategy.items() if k not in ("comm_dtype", *LOSSY_KNOBS)))
 
 
-def choose_reference(res: dict, train: list[tuple[str, dict]], forced: str | None = None) -> tuple[str | None, str]:
-    """(reference job or None, how it was chosen or why there is none) for one row (module docstring)."""
+def choose_reference(res: dict, jobs: dict[str, dict], forced: str | None = None) -> tuple[str | None, str]:
+    """(reference job or None, how it was chosen or why there is none) for one row among `jobs` (name:
+    results, in sweep order; module docstring)."""
     if forced is not None:
-        ref = dict(train)[forced]
-        differs = _differences(res, ref)
+        differs = _differences(res, jobs[forced])
         return (None, f"differs from --reference {forced} in {', '.join(differs)}") if differs else \
             (forced, "--reference")
-    fits = [(n, r) for n, r in train if r.get("status") == "ok" and is_exact(r) and final_loss(r) is not None
+    fits = [(n, r) for n, r in jobs.items() if r.get("status") == "ok" and is_exact(r) and final_loss(r) is not None
             and not _differences(res, r)]
     name = _at(res, "config", "strategy", "name")
     own = [(n, r) for n, r in fits if _at(r, "config", "strategy", "name") == name]
-    for pool, why in (([c for c in own if _knobs(c[1]) == _knobs(res)], "exact run of the same strategy and knobs"),
+    mine = _configuration(res)
+    for pool, why in (([c for c in own if _configuration(c[1]) == mine], "exact run of the same strategy and knobs"),
                       (own, "exact run of the same strategy"), (fits, "the one exact configuration like it")):
-        if len({repr(sorted(_knobs(r).items())) for _, r in pool}) == 1:  # one configuration: take the first
+        if len({_configuration(r) for _, r in pool}) == 1:  # one configuration: take the first
             return pool[0][0], why
     if fits:
-        configurations = len({repr(sorted(_knobs(r).items())) for _, r in fits})
-        return None, (f"{configurations} exact configurations fit ({', '.join(n for n, _ in fits)}): "
-                      "name one with --reference JOB")
+        return None, (f"{len({_configuration(r) for _, r in fits})} exact configurations fit "
+                      f"({', '.join(n for n, _ in fits)}): name one with --reference JOB")
     return None, "no exact run with the same model, world size and training settings"
 
 
@@ -126,16 +127,16 @@ def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None,
     what they recorded before failing. `reference`: a job name every comparable row is held against;
     ValueError when it is not a finished training job of `runs` with losses."""
     train = [(name, res) for name, res in runs if (_at(res, "config", "task", "name") or "train") != "allreduce"]
+    by_name = dict(train)
     if reference is not None:
-        named = dict(train).get(reference)
+        named = by_name.get(reference)
         if named is None or named.get("status") != "ok" or final_loss(named) is None:
             jobs = ", ".join(n for n, _ in train[:6]) + (" ..." if len(train) > 6 else "")
             raise ValueError(f"--reference {reference}: not a finished training job with losses in this sweep "
                              f"(its jobs: {jobs})")
-    by_name = dict(train)
     out = {}
     for name, res in train:
-        ref_name, why = choose_reference(res, train, reference)
+        ref_name, why = choose_reference(res, by_name, reference)
         ref = by_name.get(ref_name)
         ref_loss = final_loss(ref) if ref is not None else None
         target = target_loss if target_loss is not None else (

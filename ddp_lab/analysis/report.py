@@ -138,9 +138,9 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
               f"the target loss is the exact run's final loss + {TARGET_MARGIN:.0%}")
     intro = ("The exact run: a job with fp32 compute, fp32 on the wire and an exact average (no powersgd rank or "
              "local_sgd sync_every) that differs from the row only in the strategy and train.precision (same model, "
-             "world size and training settings): the row's own strategy where the sweep has it, else the only such "
-             "configuration, else the one `--reference JOB` names; \"chosen as\" says which rule, or why a row has "
-             "none. Δ = final loss − its final loss. "
+             "world size and training settings): the one `--reference JOB` names when given, else the row's own "
+             "strategy where the sweep has it, else the only such configuration; \"chosen as\" says which rule, or "
+             "why a row has none. Δ = final loss − its final loss. "
              f"Time to target: the sum of step times until the first step at or below the target; {target}. "
              "Loss is the per-step training loss (raw, not smoothed); grad error: measure.grad_error's "
              "||delivered − exact|| / ||exact|| per step, averaged.")
