@@ -148,13 +148,18 @@ def _cells(r: dict) -> list[str]:
             _pct(r["exposed_error"])]
 
 
+def overall_line(rows: list[dict]) -> str:
+    """Mean |error| of step and of exposed comm over every job, and what the exposed error is against."""
+    bases = sorted({r["exposed_basis"] for r in rows})
+    floor = f"against the {' or '.join(bases)}'s p50, where it is >= {100 * EXPOSED_FLOOR:g}% of the step"
+    return (f"mean |error|: step {100 * mean_abs_error(rows):.1f}% over {len(rows)} jobs, exposed comm "
+            f"{100 * mean_abs_error(rows, 'exposed_error'):.1f}% over "
+            f"{sum(r['exposed_error'] is not None for r in rows)} ({floor})")
+
+
 def summary_lines(rows: list[dict], checks: list[dict]) -> list[str]:
     """The scores in words: mean |error| overall and per strategy, each bucket choice against chance."""
-    bases = sorted({r["exposed_basis"] for r in rows})
-    floor = (f"against the {' or '.join(bases)}'s p50, where it is >= {100 * EXPOSED_FLOOR:g}% of the step")
-    lines = [f"mean |error|: step {100 * mean_abs_error(rows):.1f}% over {len(rows)} jobs, exposed comm "
-             f"{100 * mean_abs_error(rows, 'exposed_error'):.1f}% over "
-             f"{sum(r['exposed_error'] is not None for r in rows)} ({floor})"]
+    lines = [overall_line(rows)]
     for s in per_strategy(rows):
         exposed = "-" if math.isnan(s["exposed"]) else f"{100 * s['exposed']:.1f}% ({s['exposed_jobs']} jobs)"
         lines.append(f"  {s['strategy']}: step {100 * s['step']:.1f}% ({s['jobs']} jobs), exposed {exposed}")
@@ -186,7 +191,7 @@ def markdown(rows: list[dict], checks: list[dict], notes: list[str]) -> str:
             exposed = "-" if math.isnan(s["exposed"]) else f"{100 * s['exposed']:.1f}%"
             lines.append(f"| {s['strategy']} | {s['jobs']} | {100 * s['step']:.1f}% | {exposed} "
                          f"({s['exposed_jobs']}) |")
-        lines += ["", summary_lines(rows, [])[0] + f"; worst step {worst['label']} at {worst['world_size']} ranks, "
+        lines += ["", overall_line(rows) + f"; worst step {worst['label']} at {worst['world_size']} ranks, "
                   f"{100 * worst['error']:+.1f}%."]
     if checks:
         lines += ["", "| bucket sweep | ranks | sizes (MiB) | measured best | predicted best | sweep steps apart "
