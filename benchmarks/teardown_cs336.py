@@ -26,7 +26,7 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from teardown_repro import spawn_ending  # benchmarks/, beside this script
 from torch import nn
 
 WRAPPERS = ("naive", "flat", "overlap", "bucketed", "fsdp", "sharded_optimizer")
@@ -83,14 +83,8 @@ def free_port() -> int:
 
 
 def one_run(wrapper: str, steps: int, world_size: int = 2) -> str:
-    """'ok', or how the run ended ('SIGABRT in rank 1', ...)."""
-    try:
-        mp.spawn(rank_main, args=(world_size, free_port(), wrapper, steps), nprocs=world_size)
-    except mp.ProcessExitedException as exc:
-        return f"{exc.signal_name or f'exit {exc.exit_code}'} in rank {exc.error_index}"
-    except mp.ProcessRaisedException as exc:
-        return f"exception in rank {exc.error_index}: {str(exc).strip().splitlines()[-1]}"
-    return "ok"
+    """'ok', or how the run ended (teardown_repro.spawn_ending)."""
+    return spawn_ending(rank_main, (world_size, free_port(), wrapper, steps), world_size)
 
 
 def main() -> None:

@@ -56,17 +56,23 @@ def rank_main(rank: int, world_size: int, store_path: str, scenario: str, skip_f
         os._exit(0)
 
 
-def one_run(scenario: str, skip_finalize: bool, pin: bool, world_size: int = 2) -> str:
-    """'ok', or how the run ended ('SIGABRT in rank 1', ...)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            mp.start_processes(rank_main, args=(world_size, os.path.join(tmp, "store"), scenario, skip_finalize, pin),
-                               nprocs=world_size, start_method="spawn")
-        except mp.ProcessExitedException as exc:
-            return f"{exc.signal_name or f'exit {exc.exit_code}'} in rank {exc.error_index}"
-        except mp.ProcessRaisedException as exc:
-            return f"exception in rank {exc.error_index}"
+def spawn_ending(fn, args: tuple, nprocs: int) -> str:
+    """Spawn `fn(rank, *args)` on `nprocs` ranks; 'ok', or how the run ended ('SIGABRT in rank 1',
+    'exception in rank 0: ...'). teardown_cs336.py counts its runs with it too."""
+    try:
+        mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn")
+    except mp.ProcessExitedException as exc:
+        return f"{exc.signal_name or f'exit {exc.exit_code}'} in rank {exc.error_index}"
+    except mp.ProcessRaisedException as exc:
+        return f"exception in rank {exc.error_index}: {str(exc).strip().splitlines()[-1]}"
     return "ok"
+
+
+def one_run(scenario: str, skip_finalize: bool, pin: bool, world_size: int = 2) -> str:
+    """'ok', or how the run ended (`spawn_ending`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return spawn_ending(rank_main, (world_size, os.path.join(tmp, "store"), scenario, skip_finalize, pin),
+                            world_size)
 
 
 def main() -> None:
