@@ -11,10 +11,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ddp_lab.analysis.calculator import model_state_bytes
-from ddp_lab.analysis.labels import collective_label, row_label
 from ddp_lab.analysis.tables import _get, task_of
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
+from ddp_lab.spec.labels import collective_label, row_label
+from ddp_lab.spec.zero_bytes import model_state_bytes
 from ddp_lab.units import MiB
 
 # --- finding jobs --------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def memory_record(res: dict) -> dict:
     the strategy keeps beside it (`strategy_state`, `state_total`: rank/memory.py).
 
     The paper's figure is recomputed here from the recorded parameter count, stage, dtype and world
-    size by calculator.model_state_bytes, the one function the rank's own `expected` and the
+    size by spec/zero_bytes.py's model_state_bytes, the one function the rank's own `expected` and the
     calculator's rows also come from. Empty values for jobs without memory figures.
     """
     memory = _get(res, "summary", "memory") or {}

@@ -1,7 +1,7 @@
 """A pre-launch estimate of one rank's memory, so launch.py refuses what cannot fit.
 
-The model state is the calculator's (exact parameter count, fp32 AdamW, divided over ranks as
-the strategy's ZeRO stage says), plus one gradient-sized communication buffer and a rough
+The model state is spec/zero_bytes.py's (the parameter count of the model as built, fp32 AdamW,
+divided over ranks as the strategy's ZeRO stage says), plus one gradient-sized communication buffer and a rough
 activation term. Errs on the generous side: it only has to tell 'fits' from 'will be OOM-killed'.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ddp_lab.analysis.calculator import count_parameters, model_state_bytes
+from ddp_lab.spec.zero_bytes import model_state_bytes
 
 FP32 = 4
 
@@ -23,8 +23,8 @@ def activation_bytes(model_cfg: DictConfig, local_batch: int) -> int:
     return FP32 * (model_cfg.num_layers * per_layer + logits)
 
 
-def estimate_rank_bytes(cfg: DictConfig) -> int:
-    n = count_parameters(cfg.model)["total"]
+def estimate_rank_bytes(cfg: DictConfig, n: int) -> int:
+    """Bytes one rank needs for a model of `n` parameters (counted on the model built on the meta device)."""
     stage = get_class(cfg.strategy._target_).zero_stage
     model_state = model_state_bytes(n, "fp32", cfg.world_size, stage)["total"] + FP32 * n  # + a comm buffer
     micro_batch = cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps

@@ -15,11 +15,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from ddp_lab.analysis.bandwidth import bytes_per_rank
 from ddp_lab.config import UNUSED_KNOBS, Config, set_knobs
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models import build_model
+from ddp_lab.spec.bandwidth import bytes_per_rank
 from ddp_lab.units import MiB
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
@@ -109,8 +109,9 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(not (cfg.measure.grad_error and getattr(cls, "zero_stage", 0) >= 3),
              f"measure.grad_error: strategy={cfg.strategy.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
-    _validate_model_for_strategy(cfg)
-    _validate_memory(cfg)
+    module = _meta_model(cfg)
+    _validate_model_for_strategy(cfg, module)
+    _validate_memory(cfg, sum(p.numel() for p in module.parameters()))
 
 
 def _validate_strategy(strategy: DictConfig) -> type:
@@ -155,14 +156,21 @@ def _validate_comm_dtype(cfg: DictConfig, cls: type) -> None:
              "strategy (strategy=bucketed) for bf16 on the wire")
 
 
-def _validate_model_for_strategy(cfg: DictConfig) -> None:
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model, built on the meta device: no memory, no time, whatever its size."""
+    try:
+        with torch.device("meta"):
+            return build_model(cfg.model)
+    except (TypeError, ValueError, InstantiationException) as exc:
+        raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {exc}") from None
+
+
+def _validate_model_for_strategy(cfg: DictConfig, module: torch.nn.Module) -> None:
     """A strategy class with a `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
-    model, built on the meta device: no memory, no time, whatever its size."""
+    model, built on the meta device."""
     check = getattr(get_class(cfg.strategy._target_), "check_model", None)
     if check is None:
         return
-    with torch.device("meta"):
-        module = build_model(cfg.model)
     try:
         check(module, **set_knobs(cfg.strategy))
     except ValueError as exc:
@@ -195,9 +203,9 @@ def _validate_collective(cfg: DictConfig) -> None:
              f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
 
 
-def _validate_memory(cfg: DictConfig) -> None:
+def _validate_memory(cfg: DictConfig, num_params: int) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
-    per_rank = estimate_rank_bytes(cfg)
+    per_rank = estimate_rank_bytes(cfg, num_params)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):
         need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"

@@ -20,8 +20,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ddp_lab.analysis.labels import run_name
 from ddp_lab.jobdir import STEPS
+from ddp_lab.spec.labels import run_name
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ddp_lab.analysis.cost_model import plan_bucket_indices
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 from ddp_lab.strategies.overlap_engine import OverlapEngine
 from ddp_lab.units import MiB, tensor_bytes
 
@@ -39,7 +39,7 @@ class BucketedDDP(OverlapEngine):
     keeps_buffers = True
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32"):
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32"):
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
         super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype)

@@ -56,6 +56,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.bucketed import BucketedDDP
 from ddp_lab.strategies.collectives import all_reduce_sum_async
 from ddp_lab.strategies.comm_stats import Stamp, record_intervals
@@ -91,7 +92,7 @@ class PowerSGD(BucketedDDP):
     """A matrix is compressed when n m > min_compression_rate (n + m) r: 1 whenever that sends fewer
     numbers (torch's hook defaults to 2); 0 compresses every matrix (the exactness tests)."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, rank: int = 1, start_iter: int = 10,
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, rank: int = 1, start_iter: int = 10,
                  comm_dtype: str = "fp32"):
         if not (isinstance(rank, int) and rank >= 1):
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")

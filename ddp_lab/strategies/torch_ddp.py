@@ -43,6 +43,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_lab.rank.process_group import synchronize
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.collectives import (
     WIRE_DTYPES,
@@ -102,7 +103,7 @@ class TorchDDP(DataParallelBase):
     name = "torch_ddp"
     torch_comm_hooks = True  # comm_dtype through torch's own hooks: bf16 only on CUDA + NCCL (validate.py)
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32",
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
                  gradient_as_bucket_view: bool = True, **ddp_kwargs):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")

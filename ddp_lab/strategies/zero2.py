@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.bucketed import BucketedDDP
 from ddp_lab.strategies.collectives import (
     all_gather_single,
@@ -78,7 +79,7 @@ class Zero2(BucketedDDP):
     buckets too), in MiB; None: 2 x bucket_mb. Always fewer buffers than buckets: never the whole
     gradient."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, comm_dtype: str = "fp32"):
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32"):
         super().__init__(module, bucket_mb, comm_dtype)
         self.rank = dist.get_rank()
         self._on_cuda = any(unit[0].is_cuda for unit in self._units)

@@ -20,8 +20,6 @@ import torch.nn.functional as F
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from ddp_lab.analysis.labels import run_name
-from ddp_lab.analysis.stats import summarize as summarize_values
 from ddp_lab.config import build
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
@@ -33,6 +31,8 @@ from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
+from ddp_lab.spec.labels import run_name
+from ddp_lab.spec.stats import summarize as summarize_values
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
 SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms", "exposed_optimizer_comm_ms",

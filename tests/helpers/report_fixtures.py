@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddp_lab.analysis.bandwidth import summarize_collective
+from ddp_lab.spec.bandwidth import summarize_collective
 
 MiB = 2**20
 

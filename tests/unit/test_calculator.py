@@ -7,6 +7,7 @@ import torch
 
 from ddp_lab.analysis import calculator as calc
 from ddp_lab.models import build_model
+from ddp_lab.spec.zero_bytes import model_state_bytes
 
 SIZES = ["toy", "tiny", "small", "medium", "large", "xl", "2.7b"]
 
@@ -63,9 +64,9 @@ def test_zero_paper_example():
     # ZeRO paper figure 1: 7.5B params, N=64, K=12: 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
     expected = {0: 120e9, 1: 31.4e9, 2: 16.6e9, 3: 1.875e9}
     for stage, total in expected.items():
-        got = calc.model_state_bytes(7.5e9, "bf16", 64, stage)["total"]
+        got = model_state_bytes(7.5e9, "bf16", 64, stage)["total"]
         assert got == pytest.approx(total, rel=0.005)
-    assert calc.model_state_bytes(10, "fp32")["total"] == 160   # 4 + 4 + 8 bytes per param
+    assert model_state_bytes(10, "fp32")["total"] == 160   # 4 + 4 + 8 bytes per param
 
 
 def test_cli(capsys):

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ddp_lab.analysis import bandwidth as C
-from ddp_lab.analysis.stats import SUMMARY_KEYS
+from ddp_lab.spec import bandwidth as C
+from ddp_lab.spec.stats import SUMMARY_KEYS
 from ddp_lab.tasks.allreduce import benchmark_collective, resolve_collective
 from tests.helpers.distributed import run_ranks
 
@@ -105,7 +105,7 @@ def test_real_two_rank_gloo_run():
 
 
 def test_back_to_back_jobs_are_named_apart():
-    from ddp_lab.analysis.labels import row_label, run_name
+    from ddp_lab.spec.labels import row_label, run_name
 
     cfg = {"task": {"name": "allreduce", "op": "all_reduce", "size_mb": 10, "barrier": False},
            "backend": {"name": "gloo"}, "world_size": 2}

@@ -6,9 +6,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ddp_lab.analysis.calculator import count_parameters
-from ddp_lab.analysis.labels import knob_label
 from ddp_lab.config import register_configs
 from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.spec.labels import knob_label
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()

@@ -3,6 +3,10 @@
 - no import cycle inside ddp_lab (imports inside functions count too);
 - analysis/ is offline: it imports neither torch.distributed nor code from launcher/, rank/,
   strategies/ or tasks/;
+- spec/ (the description layer every process reads) loads no torch and none of the folders that
+  read it, and strategies/ loads nothing of analysis/: checked on the modules a fresh interpreter
+  has loaded after importing every module of the package (`sys.modules`), so an import through
+  another module counts too;
 - rank/ never imports launcher/ (a rank does not run the launcher's code), and the launcher never
   imports rank/;
 - at most 10 modules directly in ddp_lab/;
@@ -11,6 +15,8 @@
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +100,26 @@ def test_folders_import_only_what_their_process_runs(folder, forbidden):
     offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden) and not m.startswith(READS))
                  for name, path in _in(folder).items()}
     assert not {k: v for k, v in offending.items() if v}
+
+
+def _loaded_after_importing(package: str) -> set[str]:
+    """Every module a fresh interpreter has loaded after importing each module of `package`."""
+    probe = (f"import importlib, pkgutil, sys\npackage = importlib.import_module({package!r})\n"
+             "for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+             "    importlib.import_module(m.name)\n"
+             "print('\\n'.join(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("ddp_lab.spec", ("torch", "ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies",
+                      "ddp_lab.tasks")),
+    ("ddp_lab.strategies", ("ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.tasks", "rich", "matplotlib")),
+])
+def test_what_a_package_loads(package, forbidden):
+    loaded = _loaded_after_importing(package)
+    assert not sorted(m for m in loaded if m in forbidden or m.startswith(tuple(f + "." for f in forbidden)))
 
 
 def test_few_modules_directly_in_the_package():

@@ -18,12 +18,12 @@ forward and before backward, prefetched one block ahead, reduce-scatter after it
 
 from __future__ import annotations
 
-from ddp_lab.analysis.bandwidth import bus_factor
 from ddp_lab.analysis.calculator import flops_per_token, load_model_config
-from ddp_lab.analysis.cost_model import plan_bucket_indices
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.systems import System, busbw, collective_s
+from ddp_lab.spec.bandwidth import bus_factor
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 
 BUCKET_MB = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "zero1", "zero2", "fsdp")
@@ -64,7 +64,7 @@ def _collective(system: System, op: str, nbytes: float, n: int) -> float:
     return collective_s(system, op, nbytes, n)[0] * 1e3
 
 
-def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: float = 25.0) -> dict:
+def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: float = DEFAULT_BUCKET_MB) -> dict:
     """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU."""
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
@@ -183,8 +183,8 @@ def scale_rows(system: System, cfg, world_sizes, strategies, batch: int) -> list
             if strategy in ("bucketed", "zero1", "zero2"):
                 best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, n, strategy, batch, mb)["step_ms"])
                 base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, base_n, strategy, batch, mb)["step_ms"])
-            at = step_ms(system, cfg, n, strategy, batch, best_mb or 25.0)
-            base = step_ms(system, cfg, base_n, strategy, batch, base_mb if best_mb else 25.0)
+            at = step_ms(system, cfg, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB)
+            base = step_ms(system, cfg, base_n, strategy, batch, base_mb if best_mb else DEFAULT_BUCKET_MB)
             rows.append({"strategy": strategy, "world_size": n, "step_ms": at["step_ms"],
                          "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"],
                          "efficiency": base["step_ms"] / at["step_ms"],

@@ -40,9 +40,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ddp_lab.analysis.cost_model import plan_bucket_indices
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, slowdowns, tokens_per_rank
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2", "local_sgd", "powersgd", "fsdp")
@@ -125,6 +125,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         ready, backward_ms = shifted, backward_ms + added
 
     updated, opt_comm, comms, forward = 1.0, 0.0, [], None
+    bucket_mb = strategy.get("bucket_mb") or DEFAULT_BUCKET_MB
     if name == "naive":
         comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"], back_to_back=True)
                  for i in range(len(params))]
@@ -135,13 +136,13 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     elif name == "overlap":
         comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
     elif name in ("bucketed", "torch_ddp"):
-        comms = bucketed(strategy.get("bucket_mb") or 25.0)
+        comms = bucketed(bucket_mb)
     elif name == "powersgd":
         train = cfg.get("train", {})
         measured = max(1, train.get("steps", 20) - train.get("warmup_steps", 3))
         plain = max(0, min(strategy.get("start_iter", 10), train.get("steps", 20)) - train.get("warmup_steps", 3))
         if plain > measured / 2:  # the p50 step is a plain one
-            comms = bucketed(strategy.get("bucket_mb") or 25.0)
+            comms = bucketed(bucket_mb)
         else:
             work = model["host"].get("powersgd")
             if not work or not work["numel"] or any("shape" not in p for p in params):
@@ -151,7 +152,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             def work_ms(phase, param):
                 return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * core
 
-            backward_ms, comms = _powersgd(params, bucket_plan(strategy.get("bucket_mb") or 25.0), ready,
+            backward_ms, comms = _powersgd(params, bucket_plan(bucket_mb), ready,
                                            backward_ms, int(strategy.get("rank") or 1), work_ms,
                                            functools.partial(coll, "all_reduce"))
     elif name == "local_sgd":
@@ -165,12 +166,12 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                      for i in range(len(params))]
         else:
             sync = {**cfg, "strategy": {"name": strategy.get("grad_sync") or "bucketed",
-                                        "bucket_mb": strategy.get("bucket_mb") or 25.0, "comm_dtype": dtype}}
+                                        "bucket_mb": bucket_mb, "comm_dtype": dtype}}
             comms = job_step(model, sync, backend)[0].collectives
         opt_comm = sum(coll("broadcast", p["bytes"]).ms for p in params) if n > 1 else 0.0
     elif name == "zero2":
         updated = 1 / n
-        for b in bucket_plan(strategy.get("bucket_mb") or 25.0):
+        for b in bucket_plan(bucket_mb):
             nbytes = -(-sum(grad_bytes[i] for i in b) // (n * 4)) * n * 4
             comms.append(Collective(per_rank_calls_ms("reduce", nbytes), max(ready[i] for i in b),
                                     f"reduce-scatter {b[0]}-{b[-1]}"))

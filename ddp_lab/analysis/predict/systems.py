@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ddp_lab.analysis.bandwidth import bus_factor
 from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.spec.bandwidth import bus_factor
 
 # NCCL src/graph/tuning.cc (NVIDIA/nccl; the constants of ncclTopoTuneModel), microseconds.
 NCCL_RING_BASE_US = 8.4        # baseLat[Ring][Simple]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ddp_lab.config import GradSync, ZeroComm
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP
 from ddp_lab.strategies.flat import FlatDDP
@@ -58,7 +59,7 @@ class Zero1(nn.Module):
     name = "zero1"
     zero_stage = 1
 
-    def __init__(self, module: nn.Module, grad_sync: str = GradSync.bucketed, bucket_mb: float = 25.0,
+    def __init__(self, module: nn.Module, grad_sync: str = GradSync.bucketed, bucket_mb: float = DEFAULT_BUCKET_MB,
                  comm: str = ZeroComm.allreduce_broadcast, comm_dtype: str = "fp32"):
         super().__init__()
         self.comm_mode = ZeroComm(comm)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddp_lab.analysis.stats import summarize
 from ddp_lab.config import CollectiveOp
+from ddp_lab.spec.stats import summarize
 from ddp_lab.units import GB
 
 OPS = tuple(op.value for op in CollectiveOp)
