@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ddp_lab.analysis.tables import comparison_tables, print_table
+from ddp_lab.analysis.tables import print_tables
 from ddp_lab.config import register_configs
 from ddp_lab.jobdir import CONFIG, node_file, write_text_atomic
 from ddp_lab.launcher.cluster import place_node
@@ -89,8 +89,7 @@ def main(cfg: DictConfig) -> float:
         print(f"node {node} of {cfg.launcher.nnodes}: {results['status']} ({job_dir / node_file(node)}); "
               "results.json is written by node_rank 0")
     else:
-        for table in comparison_tables([(job_dir.name, results)], f"{job_dir}"):
-            print_table(table)
+        print_tables([(job_dir.name, results)], f"{job_dir}")
     if results["status"] != "ok":
         print(f"job {results['status']}: {results['error']}", file=sys.stderr)
     if under_submitit(hc):

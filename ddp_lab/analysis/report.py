@@ -41,9 +41,9 @@ from ddp_lab.analysis.predict import fit as predict_fit
 from ddp_lab.analysis.predict import validate as predict_validate
 from ddp_lab.analysis.records import load_runs, record
 from ddp_lab.analysis.tables import (
+    check_columns,
     collective_rows,
-    comparison_tables,
-    print_table,
+    print_tables,
     task_of,
     train_rows,
 )
@@ -165,7 +165,7 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
         parts += ["## Model state per rank: measured vs ZeRO paper", "",
                   "MiB (2^20 bytes) on the rank holding the most model state (params + grads + optimizer state, "
                   "the largest of after init, before and after the last step); the ZeRO paper's figure for the "
-                  "job's stage from calculator.model_state_bytes with fp32 AdamW's 4 + 4 + 8 bytes per parameter, "
+                  "job's stage (ddp_lab/spec/zero_bytes.py) with fp32 AdamW's 4 + 4 + 8 bytes per parameter, "
                   "what ddp-lab keeps at every train.precision (autocast keeps fp32 parameters and gradients), as "
                   "`python -m ddp_lab.calculator` prints it; under bf16/fp16 compute the paper's mixed-precision "
                   "2 + 2 + 12 beside it. × paper = measured / paper: the bar is 1.05. Strategy state: what the "
@@ -210,10 +210,11 @@ def step_model_section(model_file, root, records: list[dict]) -> str:
     return predict_validate.markdown(rows, predict_validate.bucket_checks(model, rows), notes)
 
 
-def make_report(root, collectives=None, out=None, quiet: bool = False, model=None,
-                target_loss: float | None = None, reference: str | None = None) -> dict:
+def make_report(root, collectives=None, out=None, quiet: bool = False, model=None, target_loss: float | None = None,
+                reference: str | None = None, columns: list[str] | None = None) -> dict:
     """Everything `python -m ddp_lab.report` does; returns the paths written and the predictions."""
     root = Path(root)
+    check_columns(columns)
     runs = load_runs(root)
     if not runs:
         raise FileNotFoundError(f"no job folders (with {RESULTS} or {CONFIG}) under {root}")
@@ -221,8 +222,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
     out = Path(out) if out else root
     out.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        for table in comparison_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss, reference):
-            print_table(table)
+        print_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss, reference, columns)
     records = [record(n, r) for n, r, _ in runs]
     for rec in records:
         rec.update(figures.get(rec["job"], {}))
@@ -262,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"(default: the reference's final loss + {TARGET_MARGIN:.0%})")
     parser.add_argument("--reference", metavar="JOB", help="the job (as the tables name it, e.g. 0 or "
                         "strategies/3) every comparable row's accuracy is held against (default: chosen per row)")
+    parser.add_argument("--columns", help="the figures the terminal's tables show, comma-separated: groups "
+                        "(speed, memory, accuracy, collectives) or column headers (default: all; report.md and "
+                        "report.csv keep every column)")
     args = parser.parse_args(argv)
     try:
         report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss,
-                             reference=args.reference)
+                             reference=args.reference, columns=args.columns and args.columns.split(","))
     except (FileNotFoundError, ValueError, predict_fit.PredictError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -5,11 +5,13 @@ One row per job, failed jobs included (a failed row says so instead of leaving a
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Console
 from rich.table import Table
 
 from ddp_lab.analysis.accuracy import accuracy
-from ddp_lab.analysis.labels import collective_label, row_label
+from ddp_lab.spec.labels import collective_label, row_label
 from ddp_lab.units import MiB
 
 # The accuracy columns (analysis/accuracy.py), after TRAIN_COLUMNS: (header, key, format).
@@ -114,35 +116,138 @@ def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[
     return header, rows
 
 
+# The figures a terminal shows, in groups that each get a table of their own (report.md and report.csv
+# keep every column): `python -m ddp_lab.report SWEEP --columns speed,final loss` chooses.
+GROUPS = {
+    "speed": ("step p50", "step p90", "comm p50", "exposed p50", "overlap %", "colls/step"),
+    "memory": ("model state MiB/rank", "× ZeRO paper", "strategy state MiB/rank"),
+    "accuracy": tuple(h for h, _, _ in ACCURACY_COLUMNS),
+    "collectives": tuple(h for h, _ in COLLECTIVE_COLUMNS),
+}
+# What names a row rather than measures it. Shown when it differs between rows, else in the title.
+IDENTITY = ("job", "strategy", "model", "ranks", "op", "MiB", "backend", "status")
+TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend")
+FOLD_WIDTH = 24  # a text column wider than this wraps onto more lines (a figure never does)
+
+
+def column_names() -> list[str]:
+    """What `--columns` takes: a group's name or a column's header."""
+    return list(GROUPS) + [h for group in GROUPS.values() for h in group]
+
+
+def check_columns(columns: list[str] | None) -> None:
+    unknown = [c for c in columns or [] if c not in column_names()]
+    if unknown:
+        raise ValueError(f"unknown column {unknown[0]!r}; columns: {', '.join(column_names())}")
+
+
+def _chosen(header: list[str], columns: list[str] | None) -> list[str]:
+    """The figure columns to show, in the table's order: all, or those `columns` names (groups or headers)."""
+    figures = [h for h in header if h not in IDENTITY]
+    if not columns:
+        return figures
+    named = {h for c in columns for h in GROUPS.get(c, (c,))}
+    return [h for h in figures if h in named]
+
+
+def _width(header: str, cells: list[str]) -> int:
+    """Columns a figure needs: its longest cell, or its header's longest word (headers wrap between words)."""
+    need = max([len(c) for c in cells] + [len(w) for w in header.split()])
+    return min(need, FOLD_WIDTH) if header in TEXT_COLUMNS else need
+
+
+def _table_width(widths: list[int]) -> int:
+    """Terminal columns a table of these column widths takes."""
+    return sum(w + 3 for w in widths) + 1  # rich's padding and rules around each column
+
+
+def _rich(title: str, header: list[str], rows: list[list[str]], columns: list[str], widths: dict,
+          width: int) -> Table:
+    """A rich table of `columns`, each exactly its width: a header on one line where the terminal has
+    room for it, else wrapped between words; figures never wrapped."""
+    widths = {name: widths[name] for name in columns}
+    for name in columns:
+        spare = width - _table_width(list(widths.values()))
+        if 0 < len(name) - widths[name] <= spare:
+            widths[name] = len(name)
+    table = Table(title=title, title_justify="left")
+    failed = "status" in header
+    for name in columns:
+        text = textwrap.fill(name, widths[name], break_long_words=False)
+        table.add_column(text, justify="left" if name in TEXT_COLUMNS else "right", overflow="fold",
+                         no_wrap=name not in TEXT_COLUMNS, min_width=widths[name], max_width=widths[name])
+    for cells in rows:
+        style = "red" if failed and cells[header.index("status")] not in ("ok", "-") else None
+        table.add_row(*(cells[header.index(name)] for name in columns), style=style)
+    return table
+
+
+def _vertical(title: str, header: list[str], cells: list[str], figures: list[str]) -> Table:
+    """One job: a figure per line, grouped, empty figures left out."""
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("figure", justify="left", no_wrap=True)
+    table.add_column("value", justify="left", overflow="fold")
+    for name in (h for h in header if h in IDENTITY):
+        table.add_row(name, cells[header.index(name)], style="red" if name == "status" and cells[
+            header.index(name)] != "ok" else None)
+    for group in list(GROUPS.values()):
+        shown = [h for h in group if h in figures and cells[header.index(h)] != "-"]
+        if shown:
+            table.add_section()
+            for name in shown:
+                table.add_row(name, cells[header.index(name)])
+    return table
+
+
+def terminal_tables(title: str, header: list[str], rows: list[list[str]], width: int,
+                    columns: list[str] | None = None) -> list[Table]:
+    """Tables that fit `width` terminal columns with every figure whole.
+
+    One row: a vertical summary. Several: the identity columns that differ between rows (the others
+    go into the first title), then each group of figures (speed, memory, accuracy; collectives) in a
+    table of its own beside the identity columns again, split further where a group alone is too wide.
+    """
+    figures = _chosen(header, columns)
+    if len(rows) == 1:
+        return [_vertical(title, header, rows[0], figures)]
+    widths = {h: _width(h, [r[i] for r in rows]) for i, h in enumerate(header)}
+    figures = [h for h in figures if any(r[header.index(h)] != "-" for r in rows)]  # no figure: no column
+    identity = [h for h in header if h in IDENTITY]
+    same = [h for h in identity if h != "job" and len({r[header.index(h)] for r in rows}) == 1]
+    ident = [h for h in identity if h not in same]
+    first = title + ("  (" + ", ".join(f"{h} {rows[0][header.index(h)]}" for h in same) + ")" if same else "")
+    chunks: list[tuple[str, list[str]]] = []
+    for name, group in GROUPS.items():
+        chunk: list[str] = []
+        for h in (h for h in group if h in figures):
+            if chunk and _table_width([widths[c] for c in ident + chunk + [h]]) > width:
+                chunks.append((name, chunk))
+                chunk = []
+            chunk.append(h)
+        if chunk:
+            chunks.append((name, chunk))
+    return [_rich(f"{first if i == 0 else title}: {name}", header, rows, ident + chunk, widths, width)
+            for i, (name, chunk) in enumerate(chunks or [("no figures", [])])]
+
+
 def comparison_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None,
-                      reference: str | None = None) -> list[Table]:
-    """One table per task present (training and collective jobs have different columns)."""
+                      reference: str | None = None, width: int = 80, columns: list[str] | None = None) -> list[Table]:
+    """The terminal's tables, one set per task present (training and collective jobs have different columns)."""
     tables = []
     train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
     collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
     if train:
-        tables.append(rich_table(title, *train_rows(train, target_loss, reference)))
+        tables += terminal_tables(title, *train_rows(train, target_loss, reference), width, columns)
     if collective:
-        tables.append(rich_table(title if not train else f"{title} (collectives)", *collective_rows(collective)))
+        tables += terminal_tables(title if not train else f"{title} (collectives)", *collective_rows(collective),
+                                  width, columns)
     return tables
 
 
-TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend")
-
-
-def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    table = Table(title=title)
-    for name in header:
-        table.add_column(name, justify="left" if name in TEXT_COLUMNS else "right")
-    for cells in rows:
-        style = None if cells[header.index("status")] == "ok" else "red"
-        table.add_row(*cells, style=style)
-    return table
-
-
-def print_table(table: Table) -> None:
-    """Print at the terminal's width, or wide enough for every column when output is a file."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    console.print(table)
+def print_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None,
+                 reference: str | None = None, columns: list[str] | None = None,
+                 console: Console | None = None) -> None:
+    """Print the comparison at the terminal's width (80 when output is not a terminal, or $COLUMNS)."""
+    console = console or Console()
+    for table in comparison_tables(runs, title, target_loss, reference, console.width, columns):
+        console.print(table)

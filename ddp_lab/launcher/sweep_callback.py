@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ddp_lab.analysis.tables import comparison_tables, print_table
+from ddp_lab.analysis.tables import print_tables
 from ddp_lab.jobdir import read_results
 
 
@@ -22,8 +22,7 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
         runs = [(job.name, read_results(job) or {"status": "missing", "config": {}}) for job in jobs]
-        for table in comparison_tables(runs, f"sweep {sweep_dir}"):
-            print_table(table)
+        print_tables(runs, f"sweep {sweep_dir}")
         print(f"plots and report.md: python -m ddp_lab.report {sweep_dir}")
         failed = [name for name, res in runs if res.get("status") != "ok"]
         if failed:

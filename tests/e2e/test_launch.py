@@ -47,7 +47,7 @@ def test_two_job_sweep_one_group(tmp_path):
               for i in range(2)}
     assert len(groups) == 1  # one sweep, one W&B group: one comparison
     # The end-of-sweep table names both jobs.
-    assert "naive" in proc.stdout and "flat" in proc.stdout and "step p50" in proc.stdout
+    assert "naive" in proc.stdout and "flat" in proc.stdout and "p50" in proc.stdout
 
 
 def test_logger_none_writes_no_wandb(tmp_path):

@@ -2,13 +2,17 @@
 real 4-job sweep with two crashed jobs and profile=true (traces, trace overlap, timeline)."""
 
 import csv
+import io
 import math
+import re
 
 import pytest
 from omegaconf import OmegaConf
+from rich.console import Console
 
-from ddp_lab.analysis.records import bucket_groups, train_record
+from ddp_lab.analysis.records import bucket_groups, load_runs, train_record
 from ddp_lab.analysis.report import main, make_report
+from ddp_lab.analysis.tables import IDENTITY, collective_rows, print_tables, task_of, train_rows
 from ddp_lab.launcher.sweep_callback import SweepSummary
 from tests.helpers.launching import launch, results
 from tests.helpers.report_fixtures import (
@@ -145,8 +149,41 @@ def test_sweep_table_handles_collective_sweeps_and_failed_rows(tmp_path, capsys)
         SweepSummary().on_multirun_end(config=config)
     assert exit_info.value.code == 1
     out = capsys.readouterr()
-    assert "busbw GB/s" in out.out and "failed" in out.out and "all_reduce" in out.out
+    assert "busbw" in out.out and "failed" in out.out and "all_reduce" in out.out
     assert "1 of 7 jobs did not end ok: 6" in out.err
+
+
+def _printed(runs, width: int, columns=None) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    print_tables(runs, "sweep", columns=columns, console=console)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("make", [bucket_sweep, ladder_sweep, collective_sweep])
+def test_terminal_tables_show_every_figure_whole(make, width, tmp_path):
+    """At 80 and 100 columns no line is wider than the terminal, nothing is cut to an ellipsis, and
+    every figure of every job (one job: the vertical summary; a sweep: the grouped tables) is printed
+    whole."""
+    runs = [(n, r) for n, r, _ in load_runs(make(tmp_path / "sweep"))]
+    for shown in (runs, runs[:1]):
+        text = _printed(shown, width)
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert "…" not in text
+        rows_of = collective_rows if task_of(shown[0][1]) == "allreduce" else train_rows
+        header, rows = rows_of(shown)
+        words = set(re.findall(r"[^\s│┃]+", text))
+        figures = {cell for row in rows for h, cell in zip(header, row) if h not in IDENTITY and cell != "-"}
+        assert figures and figures <= words
+
+
+def test_terminal_tables_take_columns_by_group_or_header(tmp_path, capsys):
+    runs = [(n, r) for n, r, _ in load_runs(ladder_sweep(tmp_path / "sweep"))]
+    memory_only = _printed(runs, 80, ["memory"])
+    assert "paper" in memory_only and "p50" not in memory_only
+    assert "p90" in _printed(runs, 80, ["step p90"]) and "p50" not in _printed(runs, 80, ["step p90"])
+    assert main([str(tmp_path / "sweep"), "--columns", "speed,nonsense"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown column 'nonsense'; columns: speed, memory")
 
 
 # --- a real sweep: 2 bucket sizes x (no fault, crash at step 2 on rank 1), profiled ---------------
@@ -172,7 +209,7 @@ def test_real_sweep_table_marks_failed_jobs(real_sweep):
     assert proc.returncode == 1  # a sweep with failed jobs exits 1
     assert sorted(r["status"] for r in jobs.values()) == ["failed", "failed", "ok", "ok"]
     assert "2 of 4 jobs did not end ok" in proc.stderr
-    assert proc.stdout.count("failed") >= 2 and "step p50" in proc.stdout
+    assert proc.stdout.count("failed") >= 2 and "p50" in proc.stdout
 
 
 @pytest.mark.slow
