@@ -3,14 +3,12 @@
     python benchmarks/teardown_repeat.py --runs 100                 # the harness as the suite uses it
     python benchmarks/teardown_repeat.py --runs 100 --finalize      # successful ranks finalize (the control)
 
-Each run is one `tests.helpers.distributed.run_ranks` call on 2 gloo ranks, as the parity tests
+Each run is one `ddp_lab.check.ranks.run_ranks` call on 2 gloo ranks, as the parity tests
 make it: every strategy named trains the frozen-parameter and the tied-weight models for a few
 steps from different per-rank inits, and returns its state dict. A run passes when every rank ends
 with status 0; an abort at interpreter teardown (SIGABRT after the training passed) counts as a
 failure. It also checks, in every run, that no strategy keeps the process group alive once the
 wrapper is gone (that is what made torch_ddp and zero1_torch pin gloo's threads into teardown).
-
-Run it from the repository root (it imports the test helpers).
 """
 
 from __future__ import annotations
@@ -20,18 +18,15 @@ import collections
 import functools
 import gc
 import inspect
-import os
 import sys
 import time
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.getcwd())
-
-from ddp_lab.strategies import STRATEGIES  # noqa: E402
-from tests.helpers.distributed import run_ranks  # noqa: E402
-from tests.helpers.parity import train_distributed  # noqa: E402
+from ddp_lab.check.parity import train_distributed
+from ddp_lab.check.ranks import run_ranks
+from ddp_lab.strategies import STRATEGIES
 
 
 def train_every_strategy(rank: int, world_size: int, names: list[str]) -> dict:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import (
     BucketedDDP,
     FlatDDP,
@@ -31,7 +32,6 @@ from ddp_lab.strategies import (
     Zero1,
     Zero2,
 )
-from tests.helpers.distributed import run_ranks
 
 SIZES = (7, 33, 100, 5)  # odd sizes: zero2 pads its buckets, zero1 owners get unequal shares
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

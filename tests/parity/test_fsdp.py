@@ -4,7 +4,7 @@ are sharded.
 One `run_ranks` call per world size: at 2 ranks every scenario plus the compute dtypes and the
 checkpoint, at 3, 4 and 5 ranks (uneven rows: padding, and ranks holding no row of a parameter)
 the tiny Transformer through both collective paths (gloo's per-row reduces, nccl's
-reduce_scatter_single). Each scenario is the parity proof of tests/helpers/parity.py (different
+reduce_scatter_single). Each scenario is the parity proof of ddp_lab/check/parity.py (different
 init per rank, the trainer's train_step on the trainer's data) plus what the wrapper holds at the end.
 
 Bit for bit at 2 ranks on embedding, linear and norm layers: the reference accumulates the two
@@ -25,11 +25,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from ddp_lab.rank.memory import model_state_bytes
-from ddp_lab.strategies import FSDP, TorchFSDP
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import MODELS
-from tests.helpers.parity import (
+from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import (
     STEPS,
     SingleProcess,
     assert_parity,
@@ -37,6 +34,9 @@ from tests.helpers.parity import (
     per_scenario,
     train_distributed,
 )
+from ddp_lab.check.ranks import run_ranks
+from ddp_lab.rank.memory import model_state_bytes
+from ddp_lab.strategies import FSDP, TorchFSDP
 
 
 class FSDPTensor(FSDP):

@@ -17,9 +17,9 @@ import contextlib
 import pytest
 import torch
 
+from ddp_lab.check.models import CONTEXT, VOCAB, tiny_transformer
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import FSDP, TorchFSDP
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import CONTEXT, VOCAB, tiny_transformer
 
 WRAPPERS = {"fsdp": FSDP, "fsdp_torch": TorchFSDP}
 

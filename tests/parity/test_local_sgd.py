@@ -15,13 +15,14 @@ sync_every=4; DiLoCo's outer Nesterov step and buffer averaging against a hand c
 import torch
 from torch import nn
 
+from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import assert_parity, data_cfg, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.strategies import LocalSGD
 from ddp_lab.strategies.local_sgd import OUTER_LR, OUTER_MOMENTUM
 from ddp_lab.tasks.train import train_step
-from tests.helpers.distributed import ranks_fixture, run_ranks
-from tests.helpers.models import MODELS
-from tests.helpers.parity import assert_parity, data_cfg, train_distributed
+from tests.helpers.distributed import ranks_fixture
 
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
 

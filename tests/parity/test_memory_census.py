@@ -20,14 +20,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from ddp_lab.check.models import CONTEXT, VOCAB
+from ddp_lab.check.parity import data_cfg
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.config import build
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
 from ddp_lab.strategies import STRATEGIES
 from ddp_lab.tasks.train import train_step
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import CONTEXT, VOCAB
-from tests.helpers.parity import data_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.check.models import VOCAB, BranchyNet, tiny_transformer
+from ddp_lab.check.parity import global_batch, loss_of
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import BucketedDDP, OverlapDDP, TorchDDP
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import VOCAB, BranchyNet, tiny_transformer
-from tests.helpers.parity import global_batch, loss_of
 
 HOOKED = {
     "overlap": OverlapDDP,

@@ -16,10 +16,10 @@ from functools import partial
 import pytest
 import torch.distributed as dist
 
+from ddp_lab.check.models import tiny_transformer
+from ddp_lab.check.parity import global_batch, loss_of
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, TorchDDP
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import tiny_transformer
-from tests.helpers.parity import global_batch, loss_of
 
 WRAPPERS = {
     "naive": NaiveDDP,

@@ -1,6 +1,6 @@
 """OverlapDDP, BucketedDDP and TorchDDP train to the single-process weights and to each other's.
 
-The parity proof of tests/parity.py (different init per rank, the full batch as reference) for the
+The parity proof of ddp_lab/check/parity.py (different init per rank, the full batch as reference) for the
 overlapped strategies, with bucket caps below every parameter, in between, and above the whole
 model, on the frozen, tied and Transformer models, with and without gradient accumulation and with
 `zero_grad(set_to_none=False)` (where BucketedDDP's gradients stay views into its buckets).
@@ -12,10 +12,10 @@ from functools import partial
 import pytest
 import torch
 
+from ddp_lab.check.models import MODELS, mid_mb
+from ddp_lab.check.parity import ATOL, RTOL, assert_parity, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import BucketedDDP, OverlapDDP, TorchDDP, plan_buckets
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import MODELS, mid_mb
-from tests.helpers.parity import ATOL, RTOL, assert_parity, train_distributed
 
 TINY_MB = 1e-6       # 1 byte: below every parameter, so one bucket per parameter
 HUGE_MB = 1000.0     # above the whole model: one bucket, FlatDDP's single all-reduce

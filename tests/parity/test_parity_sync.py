@@ -1,10 +1,10 @@
-"""NaiveDDP and FlatDDP train to the single-process weights (see tests/parity.py)."""
+"""NaiveDDP and FlatDDP train to the single-process weights (see ddp_lab/check/parity.py)."""
 
 import pytest
 
+from ddp_lab.check.parity import assert_parity, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import FlatDDP, NaiveDDP
-from tests.helpers.distributed import run_ranks
-from tests.helpers.parity import assert_parity, train_distributed
 
 
 def _all_models(rank, world_size, wrapper_cls, grad_accum_steps):
@@ -31,8 +31,8 @@ def _divergent(rank, world_size, wrapper_cls):
     """Without the wrapper's synchronization, ranks with different init/data must disagree."""
     import torch
 
-    from tests.helpers.models import MODELS
-    from tests.helpers.parity import global_batch, loss_of
+    from ddp_lab.check.models import MODELS
+    from ddp_lab.check.parity import global_batch, loss_of
     torch.manual_seed(rank)
     model = MODELS["tied"]()
     ddp = wrapper_cls(model)

@@ -17,11 +17,12 @@ import pytest
 import torch
 from torch import nn
 
+from ddp_lab.check.models import mid_mb
+from ddp_lab.check.parity import assert_parity, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import PowerSGD
 from ddp_lab.strategies.powersgd import Q_SEED
-from tests.helpers.distributed import ranks_fixture, run_ranks
-from tests.helpers.models import mid_mb
-from tests.helpers.parity import assert_parity, train_distributed
+from tests.helpers.distributed import ranks_fixture
 
 
 class CompressEverything(PowerSGD):

@@ -2,7 +2,7 @@
 
 - bf16 and fp16 at 2 ranks train to the weights of a single process that autocasts (and scales)
   the same way, bit for bit: the reference accumulates the two ranks' slices as two micro-batches,
-  each loss halved (tests/helpers/parity.py's `exact_reference`). Each slice's forward and backward
+  each loss halved (ddp_lab/check/parity.py's `exact_reference`). Each slice's forward and backward
   run the same bf16 kernels on the same inputs in both; halving commutes with bf16/fp16 rounding, and
   the fp32 gradients are then averaged exactly as the reference accumulates them.
 - The hand-written loss scaler follows torch.amp.GradScaler step for step (scale, skipped steps,
@@ -20,13 +20,13 @@ from functools import partial
 import pytest
 import torch
 
+from ddp_lab.check.models import MODELS, mid_mb
+from ddp_lab.check.parity import assert_parity, data_cfg, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.precision import LossScaler, Precision
 from ddp_lab.strategies import BucketedDDP, FlatDDP, NaiveDDP, Zero1, Zero2
 from ddp_lab.tasks.train import loss_fn, train_step
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import MODELS, mid_mb
-from tests.helpers.parity import assert_parity, data_cfg, train_distributed
 
 PARITY = {
     "flat": FlatDDP,
@@ -71,7 +71,7 @@ def _scaler_skips_everywhere(rank, world_size):
     wrapper = Zero2(MODELS["norms"](), bucket_mb=1.0)
     optimizer = wrapper.make_optimizer(torch.optim.AdamW, lr=1e-2)
     mixed = Precision("fp16", agree_over_ranks=True)
-    from tests.helpers.parity import global_batch
+    from ddp_lab.check.parity import global_batch
     tokens = global_batch(0)[rank::world_size]
     with mixed.autocast():
         logits = wrapper(tokens[:, :-1])
@@ -131,7 +131,7 @@ def test_loss_scaler_follows_torch_grad_scaler():
     theirs_opt = torch.optim.AdamW(theirs_model.parameters(), lr=1e-2)
     ours = LossScaler(init_scale=2.0**24, growth_interval=2)
     theirs = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=2)
-    from tests.helpers.parity import global_batch
+    from ddp_lab.check.parity import global_batch
     scales = []
     for step in range(16):
         tokens = global_batch(step)

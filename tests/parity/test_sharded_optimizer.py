@@ -3,7 +3,7 @@
 Every multi-rank case runs inside two spawns (4 ranks, then 2: a spawn costs ~2 s per rank on
 this 2-core box), built from the strategy YAMLs as the trainer builds them. Each scenario trains
 one model with a sharded optimizer on per-rank slices of the global batch while rank 0 trains a
-copy with the plain optimizer on the whole batch (tests/parity.py); the assertions then read the
+copy with the plain optimizer on the whole batch (ddp_lab/check/parity.py); the assertions then read the
 returned weights, states and communication figures.
 """
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import ATOL, GLOBAL_BATCH, RTOL, global_batch, loss_of
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.config import StrategyConfig, build
 from ddp_lab.rank.memory import expected_zero_bytes, model_state_bytes
 from ddp_lab.strategies import ShardedOptimizer
 from ddp_lab.strategies.zero1 import assign_owners
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import MODELS
-from tests.helpers.parity import ATOL, GLOBAL_BATCH, RTOL, global_batch, loss_of
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "strategy"
 STEPS = 10

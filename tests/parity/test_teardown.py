@@ -22,9 +22,9 @@ import sys
 
 import torch.distributed as dist
 
+from ddp_lab.check.parity import train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import STRATEGIES
-from tests.helpers.distributed import run_ranks
-from tests.helpers.parity import train_distributed
 
 
 def _maker(cls):

@@ -2,7 +2,7 @@
 
 One `run_ranks` call per world size: at 2 ranks every scenario (and a DTensor model for the memory
 accounting), at 3, 4 and 5 ranks (uneven padding) the tiny Transformer through both collective
-paths. Each scenario is the parity proof of tests/helpers/parity.py (different init per rank,
+paths. Each scenario is the parity proof of ddp_lab/check/parity.py (different init per rank,
 the trainer's train_step on the trainer's data) plus what the wrapper holds at the end.
 
 Bit for bit at 2 ranks: the reference accumulates the two ranks' slices as two micro-batches, each
@@ -23,11 +23,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ddp_lab.check.models import BranchyNet, mid_mb
+from ddp_lab.check.parity import STEPS, assert_parity, assert_parity_each, global_batch, per_scenario, train_distributed
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.memory import model_state_bytes
 from ddp_lab.strategies import BucketedDDP, Zero2, plan_buckets
-from tests.helpers.distributed import run_ranks
-from tests.helpers.models import BranchyNet, mid_mb
-from tests.helpers.parity import STEPS, assert_parity, assert_parity_each, global_batch, per_scenario, train_distributed
 
 TINY_MB = 1e-6   # below every parameter: each parameter is larger than its bucket, and has one of its own
 

@@ -4,9 +4,9 @@ tied weight goes, and the refusal of a model with nothing to shard (no process g
 import pytest
 import torch
 
+from ddp_lab.check.models import NormNet, NothingToShard, OwnClassesNet, TiedNet, tiny_transformer
 from ddp_lab.strategies.fsdp import FSDP, plan_units
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
-from tests.helpers.models import NormNet, NothingToShard, OwnClassesNet, TiedNet, tiny_transformer
 
 
 def _summary(model, policy="linear_embedding"):

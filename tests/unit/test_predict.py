@@ -182,7 +182,7 @@ def test_fsdp_schedule_hand_computed_on_the_strategys_own_plan():
         {**one, "name": "blocks.1.weight", "ready_ms": 10.0},
         {"numel": 16, "bytes": 64.0, "dtype": "float32", "name": "norm.weight", "ready_ms": 5.0},
         {**one, "name": "head.weight", "ready_ms": 5.0}])
-    cfg = {**_cfg("fsdp"), "model": {"_target_": "tests.helpers.models.UnitsNet", "name": "tiny",
+    cfg = {**_cfg("fsdp"), "model": {"_target_": "ddp_lab.check.models.UnitsNet", "name": "tiny",
                                     "context_length": 64}}
     units, root = fsdp_units(cfg, model["compute"]["params"])
     assert [(u.name, u.needed_in_backward, u.weight) for u in units] == [

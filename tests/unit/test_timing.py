@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
+from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.timing import MEAN_KEYS, StepTimer, reduce_over_ranks
-from tests.helpers.distributed import run_ranks
 
 
 def test_laps_split_the_step_and_add_up_to_it():

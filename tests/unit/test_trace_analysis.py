@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ddp_lab.analysis import traces as ta
-from tests.helpers.distributed import run_ranks
+from ddp_lab.check.ranks import run_ranks
 
 
 def test_interval_arithmetic():

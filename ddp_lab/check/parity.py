@@ -1,5 +1,7 @@
 """The parity proof: distributed training on slices == single-process training on the full batch.
 
+The parity tests and `python -m ddp_lab.check` (anyone's wrapper class) both run it.
+
 Both sides run the trainer's own step (`ddp_lab.tasks.train.train_step`) on the trainer's own data
 (`ddp_lab.rank.data.rank_micro_batches`): each rank builds its model from a different seed (so the
 start-up broadcast is what makes them agree), rank 0 keeps a copy of the broadcast weights as the
@@ -17,11 +19,11 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from ddp_lab.check.models import CONTEXT, MODELS, VOCAB
 from ddp_lab.rank.data import global_batch as data_global_batch
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.precision import Precision
 from ddp_lab.tasks.train import train_step
-from tests.helpers.models import CONTEXT, MODELS, VOCAB
 
 GLOBAL_BATCH = 8
 STEPS = 4
@@ -78,6 +80,21 @@ def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int 
     return model
 
 
+def full_state(ddp) -> dict:
+    """The whole model's weights: the wrapper's `full_state_dict()` (collective where parameters are
+    sharded) or, for a wrapper without one, its module's state_dict."""
+    if hasattr(ddp, "full_state_dict"):
+        return ddp.full_state_dict()
+    return {k: v.detach().clone() for k, v in getattr(ddp, "module", ddp).state_dict().items()}
+
+
+def optimizer_of(ddp, optimizer_cls, **kwargs):
+    """The wrapper's `make_optimizer` (sharded optimizers) or the optimizer over its trainable parameters."""
+    if hasattr(ddp, "make_optimizer"):
+        return ddp.make_optimizer(optimizer_cls, **kwargs)
+    return optimizer_cls([p for p in ddp.parameters() if p.requires_grad], **kwargs)
+
+
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
@@ -95,20 +112,20 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
     ddp = make_wrapper(MODELS[model_name]())
-    start = ddp.full_state_dict()  # the broadcast weights, whole (collective: fsdp's parameters are shards)
+    start = full_state(ddp)  # the broadcast weights, whole (collective: fsdp's parameters are shards)
     reference = MODELS[model_name]() if rank == 0 else None
     if reference is not None:
         reference.load_state_dict(start)
-    optimizer = ddp.make_optimizer(optimizer_cls, **opt_kwargs)
+    optimizer = optimizer_of(ddp, optimizer_cls, **opt_kwargs)
     cfg = data_cfg(grad_accum_steps, batch_size)
-    mixed = Precision(precision, agree_over_ranks=ddp.zero_stage > 0)
+    mixed = Precision(precision, agree_over_ranks=getattr(ddp, "zero_stage", 0) > 0)
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper)
-    state = ddp.full_state_dict()
+    state = full_state(ddp)
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))
 

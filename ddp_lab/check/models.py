@@ -1,4 +1,5 @@
-"""Small models with the awkward parts the strategies must handle: frozen and tied parameters."""
+"""Small models with the awkward parts a data-parallel wrapper must handle: frozen, tied and unused
+parameters, norms, a user's own layer classes. The parity tests and `python -m ddp_lab.check` train them."""
 
 import torch
 from torch import nn
@@ -69,6 +70,20 @@ class BranchyNet(nn.Module):
         if use_branch:
             x = x + torch.tanh(self.branch(x))
         return self.out(x)
+
+
+class UnusedNet(nn.Module):
+    """`unused` is a parameter no forward uses: a wrapper must not wait for its gradient forever."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.hidden = nn.Linear(16, 16)
+        self.unused = nn.Linear(16, 16)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.hidden(self.embed(tokens))))
 
 
 class NothingToShard(nn.Module):
@@ -161,7 +176,7 @@ def tiny_transformer():
 
 
 MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
-          "own_classes": OwnClassesNet}
+          "own_classes": OwnClassesNet, "unused": UnusedNet}
 
 
 def mid_mb(model) -> float:

@@ -1,0 +1,83 @@
+"""Run a function on N gloo ranks in fresh processes and collect what each rank returns.
+
+Ranks rendezvous through a FileStore in a temporary folder, so runs need no port and never collide
+with each other or with a sweep running beside them. The function must be importable (module
+level), since ranks are started with the `spawn` method. The conformance check and the parity tests
+both run their ranks here.
+
+A rank that succeeded ends with `os._exit(0)` once its result is saved and the group destroyed, as
+the worker does and as `multiprocessing`'s fork start method always does: gloo's threads can still
+be dropping tensors when the interpreter finalizes, and that aborts the rank (SIGABRT, `terminate
+called without an active exception`) after everything passed. benchmarks/teardown_repro.py shows it
+with torch alone; benchmarks/teardown_repeat.py repeats this harness to count it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GLOO_TIMEOUT_S = 60
+
+
+class RanksFailed(AssertionError):
+    """A rank raised (`errors`: each failed rank's traceback) or the ranks ran past their deadline."""
+
+    def __init__(self, message: str, errors: list[str]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, finalize: bool) -> None:
+    torch.set_num_threads(1)  # 2 to 5 ranks share 2 cores: oversubscription makes them crawl
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+    if not finalize:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None) -> list:
+    """Call `fn(rank, world_size, *args)` on every rank; return the ranks' results in rank order.
+
+    A rank that raises, or ranks still running after `timeout_s` (then every rank is killed), raise
+    `RanksFailed`; a rank that dies without raising (a signal, an exit code) raises torch's
+    `ProcessExitedException`, which names how it ended. `finalize=True` lets a successful rank's
+    interpreter finalize (the teardown benchmark's control).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize),
+                                     nprocs=world_size, start_method="spawn", join=False)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=1):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RanksFailed(f"the ranks were still running after {timeout_s:g} s", [])
+        except mp.ProcessRaisedException:
+            errors = [open(os.path.join(tmp, name)).read() for name in sorted(os.listdir(tmp)) if name.endswith(".err")]
+            raise RanksFailed("a rank failed:\n" + "\n".join(errors), errors) from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]

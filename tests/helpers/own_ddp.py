@@ -1,0 +1,75 @@
+"""Data-parallel wrappers as a CS336 student writes them (no ddp_lab base class), one right and four
+wrong, for `python -m ddp_lab.check` to pass and to fail (tests/e2e/test_check.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class AveragingDDP(nn.Module):
+    """Right: broadcast every parameter at start, average every gradient after backward."""
+
+    def __init__(self, module: nn.Module, broadcast_frozen: bool = True):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            if p.requires_grad or broadcast_frozen:
+                dist.broadcast(p.data, src=0)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _average(self, params) -> None:
+        for p in params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+
+    def finish_gradient_synchronization(self) -> None:
+        self._average(self.module.parameters())
+
+
+class ForgetsToAverage(AveragingDDP):
+    """Sums the gradients and never divides by the world size."""
+
+    def finish_gradient_synchronization(self) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+
+
+class SkipsFrozenBroadcast(AveragingDDP):
+    """Broadcasts only the trainable parameters: a frozen layer keeps each rank's own init."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module, broadcast_frozen=False)
+
+
+class DropsABucket(AveragingDDP):
+    """Buckets of `bucket_size_mb` in reverse order; the last bucket is never sent when there are several."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
+        super().__init__(module)
+        self.buckets, size = [[]], 0
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            if self.buckets[-1] and size + p.numel() * 4 > bucket_size_mb * 2**20:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * 4
+
+    def finish_gradient_synchronization(self) -> None:
+        for bucket in self.buckets[:-1] if len(self.buckets) > 1 else self.buckets:
+            self._average(bucket)
+
+
+class WaitsForever(AveragingDDP):
+    """Rank 0 waits for a message rank 1 never sends: a hang (until gloo's own timeout)."""
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        if dist.get_rank() == 0:
+            dist.recv(torch.zeros(1), src=1)
+
