@@ -49,7 +49,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=fsdp train.precision=fp8": "Invalid value 'fp8', expected one of [fp32, bf16, fp16]",
     "strategy=bucketed strategy.reshard_after_forward=false":
         "strategy.reshard_after_forward is not a knob of strategy=bucketed",
-    "strategy=fsdp model._target_=tests.helpers.models.NothingToShard": "has no parameter the policy shards",
+    "strategy=fsdp model._target_=ddp_lab.check.models.NothingToShard": "has no parameter the policy shards",
     "strategy=powersgd strategy.rank=0": "strategy.rank must be >= 1, got 0",
     "strategy=powersgd strategy.start_iter=-1": "strategy.start_iter must be >= 0, got -1",
     "strategy=local_sgd strategy.sync_every=0": "strategy.sync_every must be >= 1, got 0",
