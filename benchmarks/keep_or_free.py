@@ -20,16 +20,15 @@ slowest rank (the trainer's own `train_step`); the memory each keeps is in docs/
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+
+from ddp_lab.check.ranks import run_ranks
 
 VARIANTS = ("zero2, pool (as shipped)", "zero2, no pool", "torch_ddp, gradient_as_bucket_view=true (as shipped)",
             "torch_ddp, gradient_as_bucket_view=false")
@@ -49,12 +48,10 @@ def build(variant: str, model_cfg):
     return model, model.make_optimizer(torch.optim.AdamW, lr=1e-3)
 
 
-def rank_main(rank: int, world_size: int, port: int, args) -> None:
+def rank_main(rank: int, world_size: int, args) -> dict[str, list[float]]:
+    """Every variant's step times on the slowest rank (one thread per rank: run_ranks')."""
     from ddp_lab.tasks.train import train_step
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # as launch.py shares the cores
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     model_cfg = OmegaConf.load(Path(__file__).parent.parent / "conf" / "model" / f"{args.model}.yaml")
     built = {}
     for variant in VARIANTS:
@@ -76,22 +73,7 @@ def rank_main(rank: int, world_size: int, port: int, args) -> None:
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 if round_ > 0:
                     times[variant].append(slowest.item())
-    if rank == 0:
-        print(f"torch {torch.__version__}, model={args.model}, {world_size} gloo ranks, global batch {args.batch}, "
-              f"{args.rounds} rounds x {args.steps} steps per variant (after a warm-up round)")
-        print("| variant | step p50 ms | step p90 ms | steps |")
-        print("|---|---|---|---|")
-        for variant, ms in times.items():
-            p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) > 1 else ms[0]
-            print(f"| {variant} | {statistics.median(ms):.1f} | {p90:.1f} | {len(ms)} |")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return times
 
 
 def main() -> None:
@@ -102,7 +84,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     args = parser.parse_args()
-    mp.spawn(rank_main, (args.world_size, free_port(), args), nprocs=args.world_size)
+    times = run_ranks(rank_main, args.world_size, args)[0]
+    print(f"torch {torch.__version__}, model={args.model}, {args.world_size} gloo ranks, global batch {args.batch}, "
+          f"{args.rounds} rounds x {args.steps} steps per variant (after a warm-up round)")
+    print("| variant | step p50 ms | step p90 ms | steps |")
+    print("|---|---|---|---|")
+    for variant, ms in times.items():
+        p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) > 1 else ms[0]
+        print(f"| {variant} | {statistics.median(ms):.1f} | {p90:.1f} | {len(ms)} |")
 
 
 if __name__ == "__main__":

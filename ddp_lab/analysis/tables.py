@@ -190,7 +190,7 @@ def _vertical(title: str, header: list[str], cells: list[str], figures: list[str
     for name in (h for h in header if h in IDENTITY):
         table.add_row(name, cells[header.index(name)], style="red" if name == "status" and cells[
             header.index(name)] != "ok" else None)
-    for group in list(GROUPS.values()):
+    for group in GROUPS.values():
         shown = [h for h in group if h in figures and cells[header.index(h)] != "-"]
         if shown:
             table.add_section()
