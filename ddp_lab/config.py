@@ -12,20 +12,14 @@ strings and the config saved for the ranks holds plain strings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-
-class Choice(str, Enum):
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+from ddp_lab.spec.choices import Choice, Dtype
+from ddp_lab.spec.strategies import register as register_strategy_specs
 
 
 class TaskName(Choice):
@@ -65,49 +59,6 @@ class FaultKind(Choice):
     oom = "oom"
 
 
-class GradSync(Choice):
-    """The gradient-sync strategies zero1 can average its gradients with."""
-
-    naive = "naive"
-    flat = "flat"
-    overlap = "overlap"
-    bucketed = "bucketed"
-    torch_ddp = "torch_ddp"
-
-
-class Dtype(Choice):
-    """A floating-point format: of compute (train.precision) or of gradients on the wire (comm_dtype)."""
-
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class ShardPolicy(Choice):
-    """fsdp: which parameters are sharded (ddp_lab/strategies/fsdp/policy.py)."""
-
-    linear_embedding = "linear_embedding"
-    """Weight matrices of Linear and Embedding layers; norms and biases replicated (CS336's split)."""
-    all_params = "all_params"
-    """Every parameter of one dimension or more (torch FSDP2's default)."""
-
-
-class OuterOptimizer(Choice):
-    """local_sgd: what is applied to the averaged change of the parameters at each sync."""
-
-    none = "none"
-    """Plain parameter averaging."""
-    nesterov = "nesterov"
-    """SGD with Nesterov momentum on the averaged change, as DiLoCo does."""
-
-
-class ZeroComm(Choice):
-    allreduce_broadcast = "allreduce_broadcast"
-    """CS336's ZeRO-1: all-reduce the gradients, each owner broadcasts its updated parameters."""
-    reduce_scatter = "reduce_scatter"
-    """The ZeRO paper's: reduce-scatter gradients to their owners, all-gather the parameters."""
-
-
 @dataclass
 class TaskConfig:
     name: TaskName = TaskName.train
@@ -145,43 +96,6 @@ class ModelConfig:
     num_heads: int = 12
     """Attention heads; d_model must divide by it. The toy MLP takes and ignores it."""
     rope_theta: float = 10000.0
-
-
-@dataclass
-class StrategyConfig:
-    """A strategy YAML names its class (`_target_`) and sets its knobs; unset knobs stay None.
-
-    The trainer builds `_target_(model, **knobs)` with the knobs that are set, so a knob is one
-    field here, set in the YAMLs of the strategies that take it. Setting a knob the strategy's
-    class does not take is refused before launch.
-    """
-
-    _target_: str = MISSING
-    """The strategy class (ddp_lab.strategies)."""
-    name: str = MISSING
-    """The group option, so results and W&B runs say which strategy they measured."""
-    bucket_mb: Optional[float] = None
-    """Bucket cap in MiB (bucketed, torch_ddp as `bucket_cap_mb`, zero1's grad_sync)."""
-    gradient_as_bucket_view: Optional[bool] = None
-    """torch_ddp, zero1_torch: DDP's own knob; gradients as views into DDP's buckets, not a second copy."""
-    grad_sync: Optional[GradSync] = None
-    """zero1: the strategy that averages the gradients."""
-    comm: Optional[ZeroComm] = None
-    """zero1: the communication pattern of the sharded optimizer."""
-    comm_dtype: Optional[Dtype] = None
-    """Dtype of gradients on the wire; the averaged result lands in the fp32 gradient."""
-    reshard_after_forward: Optional[bool] = None
-    """fsdp, fsdp_torch: free a unit's gathered parameters after its forward, gather again for backward."""
-    policy: Optional[ShardPolicy] = None
-    """fsdp: which parameters are sharded (the rest are replicated, their gradients all-reduced)."""
-    rank: Optional[int] = None
-    """powersgd: rank of the low-rank approximation of each gradient matrix."""
-    start_iter: Optional[int] = None
-    """powersgd: plain all-reduce for the first start_iter steps."""
-    sync_every: Optional[int] = None
-    """local_sgd: average the parameters every sync_every steps (no gradient communication)."""
-    outer: Optional[OuterOptimizer] = None
-    """local_sgd: the outer optimizer applied at each sync."""
 
 
 @dataclass
@@ -262,7 +176,8 @@ class FaultConfig:
 class Config:
     task: TaskConfig = MISSING
     model: ModelConfig = MISSING
-    strategy: StrategyConfig = MISSING
+    strategy: Any = MISSING
+    """A strategy's spec (ddp_lab/spec/strategies/): its knobs, typed, composed from conf/strategy/NAME.yaml."""
     backend: BackendConfig = MISSING
     logger: LoggerConfig = MISSING
     world_size: int = 2
@@ -278,29 +193,22 @@ class Config:
 
 
 def register_configs() -> None:
-    """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first)."""
-    ConfigStore.instance().store(name="base_config", node=Config)
+    """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first), and each
+    strategy's spec as `spec/strategy/NAME` (its YAML in conf/strategy/ lists it in its defaults)."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    register_strategy_specs(store)
 
 
 NOT_ARGUMENTS = ("_target_", "name")
 
-# Knobs a strategy's mode leaves unused (for run names): ZeRO-1's reduce-scatter replaces grad_sync.
-UNUSED_KNOBS = {("comm", "reduce_scatter"): ("bucket_mb", "grad_sync")}
-
 
 def set_knobs(node) -> dict[str, Any]:
-    """The keys of a model or strategy node that are constructor arguments and set (not None)."""
+    """The keys of a model node that are constructor arguments and set (not None)."""
     return {k: node[k] for k in node if k not in NOT_ARGUMENTS and node[k] is not None}
 
 
-def used_knobs(strategy) -> dict[str, Any]:
-    """`set_knobs` without the ones the strategy's mode ignores (UNUSED_KNOBS)."""
-    knobs = set_knobs(strategy)
-    unused = {k for (key, value), names in UNUSED_KNOBS.items() if str(knobs.get(key)) == value for k in names}
-    return {k: v for k, v in knobs.items() if k not in unused}
-
-
 def build(node: DictConfig, *args, **kwargs) -> Any:
-    """Instantiate a model or strategy node: `_target_(*args, **set_knobs(node), **kwargs)`."""
+    """Instantiate a model node: `_target_(*args, **set_knobs(node), **kwargs)`."""
     args_node = OmegaConf.masked_copy(node, ["_target_", *set_knobs(node)])
     return instantiate(args_node, *args, **kwargs)

@@ -6,6 +6,8 @@ torch DDP's `bucket_cap_mb`. Bandwidths are GB/s with GB = 10^9 bytes, as nccl-t
 
 MiB = 2**20
 GB = 1e9
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of each floating-point format a knob names (train.precision, comm_dtype)."""
 
 
 def tensor_bytes(tensor) -> int:

@@ -106,8 +106,9 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     order, each loss divided by N: at 2 ranks that is the same arithmetic as averaging the two
     ranks' gradients (halving is exact, and a + b is b + a), so a strategy can match it bit for bit.
     `reference_wrapper`: what runs the reference model (SingleProcess; a compute-dtype test casts).
-    `precision`: train.precision on both sides (sharded optimizers' loss scalers agree over ranks,
-    as the trainer sets them).
+    `precision`: train.precision on both sides; the loss scaler agrees over ranks whatever the wrapper
+    (needed where a sharded optimizer sees only its share, the same decision where every rank holds the
+    whole average).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
@@ -118,7 +119,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
         reference.load_state_dict(start)
     optimizer = optimizer_of(ddp, optimizer_cls, **opt_kwargs)
     cfg = data_cfg(grad_accum_steps, batch_size)
-    mixed = Precision(precision, agree_over_ranks=getattr(ddp, "zero_stage", 0) > 0)
+    mixed = Precision(precision, agree_over_ranks=True)
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)

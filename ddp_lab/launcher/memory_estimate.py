@@ -7,7 +7,6 @@ activation term. Errs on the generous side: it only has to tell 'fits' from 'wil
 
 from __future__ import annotations
 
-from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from ddp_lab.spec.zero_bytes import model_state_bytes
@@ -23,9 +22,9 @@ def activation_bytes(model_cfg: DictConfig, local_batch: int) -> int:
     return FP32 * (model_cfg.num_layers * per_layer + logits)
 
 
-def estimate_rank_bytes(cfg: DictConfig, n: int) -> int:
-    """Bytes one rank needs for a model of `n` parameters (counted on the model built on the meta device)."""
-    stage = get_class(cfg.strategy._target_).zero_stage
+def estimate_rank_bytes(cfg: DictConfig, n: int, stage: int) -> int:
+    """Bytes one rank needs for a model of `n` parameters (counted on the model built on the meta device)
+    under a strategy of ZeRO stage `stage`."""
     model_state = model_state_bytes(n, "fp32", cfg.world_size, stage)["total"] + FP32 * n  # + a comm buffer
     micro_batch = cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps
     return int(model_state) + activation_bytes(cfg.model, micro_batch)

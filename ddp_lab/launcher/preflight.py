@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.spec.strategies import not_a_knob
+from ddp_lab.spec.strategy import StrategySpec
 
 EXIT_BAD_INPUT = 2
 _NOISE = ("full_key:", "reference_type", "object_type", "Config search path", "provider=", "path=",
@@ -42,6 +45,16 @@ def one_line(exc: BaseException) -> str:
                 parts.append(line)
             i += 1
     return " ".join(p if p.endswith((".", ":")) else p + "." for p in parts).rstrip(".")
+
+
+def strategy_knob_error(exc: BaseException) -> str | None:
+    """Hydra's refusal of `strategy.KNOB=...` for a strategy whose spec has no such knob, worded as a
+    strategy's knobs are (`not_a_knob`: the knobs it does have); None for any other error."""
+    cause = exc.__cause__
+    spec, key = getattr(cause, "object_type", None), getattr(cause, "key", None)
+    if isinstance(spec, type) and issubclass(spec, StrategySpec) and key not in {f.name for f in fields(spec)}:
+        return not_a_knob(spec, key)
+    return None
 
 
 def split_overrides(args: list[str]) -> tuple[list[str], bool]:
@@ -89,7 +102,7 @@ def check_command_line(config_dir: Path, config_name: str, args: list[str],
     except ConfigError as exc:
         _refuse(str(exc))
     except Exception as exc:  # Hydra's composition and override-parsing errors
-        _refuse(one_line(exc))
+        _refuse(strategy_knob_error(exc) or one_line(exc))
 
 
 def check_output_folder(cfg, multirun: bool) -> None:

@@ -7,19 +7,18 @@ ddp_lab/config.py.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from ddp_lab.config import UNUSED_KNOBS, Config, set_knobs
+from ddp_lab.config import Config
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models import build_model
 from ddp_lab.spec.bandwidth import bytes_per_rank
+from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
+from ddp_lab.spec.strategy import StrategySpec
 from ddp_lab.units import MiB
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
@@ -104,54 +103,33 @@ def _validate_train(cfg: DictConfig) -> None:
              f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
-    cls = _validate_strategy(cfg.strategy)
-    _validate_comm_dtype(cfg, cls)
-    _require(not (cfg.measure.grad_error and getattr(cls, "zero_stage", 0) >= 3),
-             f"measure.grad_error: strategy={cfg.strategy.name} shards the parameters themselves (ZeRO-3), so the "
+    spec = _strategy_spec(cfg.strategy)
+    _validate_comm_dtype(cfg, spec)
+    _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
+             f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     module = _meta_model(cfg)
-    _validate_model_for_strategy(cfg, module)
-    _validate_memory(cfg, sum(p.numel() for p in module.parameters()))
+    _validate_model_for_strategy(cfg, spec, module)
+    _validate_memory(cfg, sum(p.numel() for p in module.parameters()), spec.zero_stage)
 
 
-def _validate_strategy(strategy: DictConfig) -> type:
-    """Values in range, and every knob that is set is one the strategy's class takes."""
-    bucket_mb = strategy.get("bucket_mb")
-    _require(bucket_mb is None or bucket_mb > 0, f"strategy.bucket_mb must be > 0 MiB, got {bucket_mb}")
+def _strategy_spec(strategy: DictConfig) -> StrategySpec:
+    """The strategy's spec: knobs typed, in range, and each one the strategy has (spec/strategies/)."""
     try:
-        cls = get_class(strategy._target_)
-    except (ImportError, InstantiationException, ValueError) as exc:
-        raise ConfigError(f"strategy._target_={strategy._target_} is not a class ddp_lab can import: {exc}") from None
-    for knob, least in (("rank", 1), ("start_iter", 0), ("sync_every", 1)):
-        value = strategy.get(knob)
-        _require(value is None or value >= least, f"strategy.{knob} must be >= {least}, got {value}")
-    _require(strategy.get("comm_dtype") is None or getattr(cls, "reduces_gradients", True),
-             f"strategy.comm_dtype does not apply to strategy={strategy.name}: it sends no gradients "
-             "(it averages parameters, in their own dtype)")
-    parameters = inspect.signature(cls).parameters
-    takes = [name for name in parameters if name != "module"]
-    knobs = set_knobs(strategy)
-    for knob in knobs:
-        _require(knob in takes, f"strategy.{knob} is not a knob of strategy={strategy.name} "
-                 f"(its knobs: {', '.join(takes) or 'none'})")
-    for (mode, value), unused in UNUSED_KNOBS.items():
-        for knob in unused:  # the YAML's default may stay; another value would be silently ignored
-            default = parameters[knob].default if knob in parameters else None
-            _require(str(knobs.get(mode)) != value or knob not in knobs or str(knobs[knob]) == str(default),
-                     f"strategy.{knob}={knobs.get(knob)} has no effect with strategy.{mode}={value} "
-                     f"(strategy={strategy.name} ignores it in that mode): leave it out")
-    return cls
+        return spec_of(strategy)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _validate_comm_dtype(cfg: DictConfig, cls: type) -> None:
-    """Gradients through torch's comm hooks (torch_ddp, zero1_torch, zero1 with grad_sync=torch_ddp):
-    torch's bf16_compress_hook wants CUDA 11+ and NCCL 2.10+ (a name check in DDP's
-    register_comm_hook, tests/parity/test_comm_dtype.py), so bf16 on gloo would fail in every rank."""
-    strategy = cfg.strategy
-    sync = cls.sync_class(strategy) if hasattr(cls, "sync_class") else cls
-    uses_torch_hooks = getattr(sync, "torch_comm_hooks", False)
-    _require(not (uses_torch_hooks and strategy.get("comm_dtype") == "bf16" and not _on_gpu(cfg)),
-             f"strategy.comm_dtype=bf16: strategy={strategy.name} reduces through torch DDP's bf16_compress_hook, "
+def _validate_comm_dtype(cfg: DictConfig, spec: StrategySpec) -> None:
+    """comm_dtype means nothing without a gradient collective; and gradients through torch's comm hooks
+    (torch_ddp, zero1_torch, zero1 with grad_sync=torch_ddp): torch's bf16_compress_hook wants CUDA 11+
+    and NCCL 2.10+ (a name check in DDP's register_comm_hook, tests/parity/test_comm_dtype.py), so bf16
+    on gloo would fail in every rank."""
+    comm_dtype = spec.knobs().get("comm_dtype")
+    _require(comm_dtype is None or spec.reduces_gradients, not_a_knob(type(spec), "comm_dtype"))
+    _require(not (spec.torch_comm_hooks() and comm_dtype == "bf16" and not _on_gpu(cfg)),
+             f"strategy.comm_dtype=bf16: strategy={spec.name} reduces through torch DDP's bf16_compress_hook, "
              "which torch allows only on CUDA with NCCL 2.10+, not on gloo: use comm_dtype=fp16, or a hand-written "
              "strategy (strategy=bucketed) for bf16 on the wire")
 
@@ -165,16 +143,13 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module:
         raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {exc}") from None
 
 
-def _validate_model_for_strategy(cfg: DictConfig, module: torch.nn.Module) -> None:
-    """A strategy class with a `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
+def _validate_model_for_strategy(cfg: DictConfig, spec: StrategySpec, module: torch.nn.Module) -> None:
+    """The runtime class's `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
     model, built on the meta device."""
-    check = getattr(get_class(cfg.strategy._target_), "check_model", None)
-    if check is None:
-        return
     try:
-        check(module, **set_knobs(cfg.strategy))
+        spec.runtime_class().check_model(module, **spec.knobs())
     except ValueError as exc:
-        raise ConfigError(f"strategy={cfg.strategy.name} with model={cfg.model.name}: {exc}") from None
+        raise ConfigError(f"strategy={spec.name} with model={cfg.model.name}: {exc}") from None
 
 
 def _validate_collective(cfg: DictConfig) -> None:
@@ -203,9 +178,9 @@ def _validate_collective(cfg: DictConfig) -> None:
              f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
 
 
-def _validate_memory(cfg: DictConfig, num_params: int) -> None:
+def _validate_memory(cfg: DictConfig, num_params: int, zero_stage: int) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
-    per_rank = estimate_rank_bytes(cfg, num_params)
+    per_rank = estimate_rank_bytes(cfg, num_params, zero_stage)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):
         need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"

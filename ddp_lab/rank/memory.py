@@ -102,10 +102,11 @@ def _storage_key(tensor: torch.Tensor) -> tuple | None:
         return None
 
 
-def strategy_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
-    """Bytes of the storages the strategy keeps between steps (`model.kept_tensors()`) that hold no
-    parameter, gradient or optimizer state: each storage counted once, whole."""
-    kept = model.kept_tensors() if hasattr(model, "kept_tensors") else []  # a bare model keeps nothing
+def strategy_state_bytes(model, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes of the storages a strategy (strategies/base.py's contract) keeps between steps
+    (`model.kept_tensors()`) that hold no parameter, gradient or optimizer state: each storage counted
+    once, whole."""
+    kept = model.kept_tensors()
     held = {_storage_key(t) for t in _tensors(_model_state_tensors(model, optimizer))}
     return _storage_bytes(_tensors(kept), skip=held)
 
@@ -165,13 +166,14 @@ def expected_zero_bytes(num_params: int, dtype, world_size: int, stage: int) -> 
 
 
 def memory_snapshot(model, optimizer, device: torch.device, census: bool = False) -> dict:
-    """This rank's model-state bytes now, what the strategy keeps beside them; fsdp's peak of gathered
-    parameters so far; on CUDA the allocator's peak so far; with `census`, every live storage's bytes."""
+    """This rank's model-state bytes now, what the strategy (strategies/base.py's contract) keeps beside
+    them; fsdp's peak of gathered parameters so far; on CUDA the allocator's peak so far; with `census`,
+    every live storage's bytes."""
     snapshot = model_state_bytes(model, optimizer)
     snapshot["strategy_state"] = strategy_state_bytes(model, optimizer)
     if census:
         snapshot["live_tensor_bytes"] = live_tensor_bytes()
-    if getattr(model, "peak_gathered_bytes", None) is not None:
+    if model.peak_gathered_bytes is not None:
         snapshot["peak_gathered_bytes"] = int(model.peak_gathered_bytes)
     if device.type == "cuda":
         snapshot["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
@@ -227,9 +229,9 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
     return out
 
 
-def memory_report(memory: dict, model, num_params: int, precision: str = "fp32") -> dict:
+def memory_report(memory: dict, zero_stage: int, num_params: int, precision: str = "fp32") -> dict:
     """Every rank's snapshots (gathered once, at the end), summarized by `summarize_memory`.
     `num_params`: the whole model's count (taken before wrapping: fsdp's parameters are shards)."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
-    return summarize_memory(per_rank, num_params, dist.get_world_size(), model.zero_stage, precision)
+    return summarize_memory(per_rank, num_params, dist.get_world_size(), zero_stage, precision)

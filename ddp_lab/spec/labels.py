@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from ddp_lab.config import used_knobs
+from ddp_lab.spec.strategies import SpecError, spec_of
+from ddp_lab.spec.strategy import NOT_KNOBS
 
 
 def knob_label(strategy_cfg) -> str:
-    """`bucketed-bucket_mb=25`: a strategy config's name and the knobs it uses, for run names."""
-    knobs = [f"{k}={v}" for k, v in used_knobs(strategy_cfg).items()]
-    return "-".join([str(strategy_cfg["name"])] + knobs)
+    """`bucketed-bucket_mb=25.0`: a strategy config's name and the knobs it uses, for run names. A config
+    whose spec cannot be had (a strategy from a package not installed here) shows the knobs it sets."""
+    try:
+        knobs = spec_of(strategy_cfg).used_knobs()
+    except SpecError:
+        knobs = {k: v for k, v in strategy_cfg.items() if k not in NOT_KNOBS and v is not None}
+    return "-".join([str(strategy_cfg["name"])] + [f"{k}={v}" for k, v in knobs.items()])
 
 
 def precision_label(cfg) -> str:

@@ -1,4 +1,7 @@
-"""Gradient-synchronization strategies: one file each, and the registry of their names.
+"""Gradient-synchronization strategies as they run in a rank: one file (or folder) each.
+
+What each strategy is (its knobs, its ZeRO stage, its schedule) is its spec's, in
+ddp_lab/spec/strategies/ (the table there maps every option to its spec and its class here).
 
 | strategy (`strategy=`) | class | file |
 |---|---|---|
@@ -20,10 +23,10 @@ collectives from backward hooks), collectives.py (the collectives themselves), c
 a step's communication figures mean and how async collectives are timed), shard_optimizer.py
 (what the sharded optimizers of zero1 and zero2 share).
 
-A new strategy is one file, one `conf/strategy/NAME.yaml` whose `_target_` is its class, and one
-entry below.
+Adding a strategy: docs/strategies.md, "Adding a strategy" (a runtime class, a spec, a YAML).
 """
 
+from ddp_lab.spec.strategies import SPECS
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
@@ -37,8 +40,8 @@ from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
-STRATEGIES = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP, Zero1, TorchZero1,
-                                        Zero2, PowerSGD, LocalSGD, FSDP, TorchFSDP)}
+STRATEGIES = {name: spec.runtime_class() for name, spec in SPECS.items()}
+"""Every option's runtime class, as its spec names it."""
 
 __all__ = ["FSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP", "OverlapDDP",
            "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer",

@@ -1,7 +1,8 @@
-"""The contract every strategy keeps, and what the plain gradient-sync wrappers share.
+"""The contract every runtime strategy keeps: `DataParallelBase` lists every member anything reads.
 
-A strategy is an `nn.Module` around the user's model, built from its YAML as
-`StrategyClass(model, **knobs)`. The trainer relies on nothing else:
+A strategy is an `nn.Module` around the user's model, built by its spec (ddp_lab/spec/strategies/)
+as `RuntimeClass(model, **knobs)`. What the trainer, the memory accounting and the tests read of it,
+each with its default here, so nothing is probed with getattr:
 
 - construction broadcasts every parameter and buffer from rank 0, frozen ones included;
 - `forward(*args, **kwargs)` runs the wrapped model (`.module`);
@@ -22,10 +23,13 @@ A strategy is an `nn.Module` around the user's model, built from its YAML as
 - `kept_tensors()`: every tensor the strategy keeps from one step to the next beyond parameters,
   gradients and optimizer state (buckets, error feedback, anchors), for the memory accounting
   (rank/memory.py counts each storage once, and none that holds model state); `[]` when nothing;
-- `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
-  gradients, 3 also parameters), for the memory accounting and the pre-launch memory check;
-- `reduces_gradients`: False for a strategy with no gradient collective (local_sgd averages
-  parameters instead), so `strategy.comm_dtype` is refused for it before launch.
+- `peak_gathered_bytes`: the most bytes of gathered parameters held at once (ZeRO-3), None where
+  nothing is gathered;
+- `check_model(module, **knobs)`, a class method: raise ValueError (one line) when the model cannot
+  be wrapped (fsdp: nothing to shard); the launcher calls it on the model built on the meta device.
+
+What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule) is its
+spec's to say, not the runtime class's.
 
 `comm_dtype` (`strategy.comm_dtype`: fp32, bf16, fp16) is the dtype gradients travel in; the
 average lands in the fp32 `.grad` (strategies/collectives.py's `to_wire` / `from_wire`).
@@ -49,20 +53,26 @@ def module_device(module: nn.Module) -> torch.device:
 
 
 class DataParallelBase(nn.Module):
-    zero_stage = 0
-    reduces_gradients = True
     grad_scale = 1.0
     """What the gradients of the coming backward are multiplied by: fp16's loss scale, set by the
     train step before each backward (PowerSGD keeps its error feedback in unscaled units with it)."""
 
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32"):
+    peak_gathered_bytes: int | None = None
+
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True):
+        """`broadcast=False` for a wrapper around a strategy that has broadcast the model already (zero1)."""
         super().__init__()
         self.module = module
         self.comm_dtype = str(comm_dtype)
         self.wire_dtype = wire_dtype(comm_dtype)
         self.comm = CommStats(module_device(module))
         self.require_sync = True
-        broadcast_module_state(module)
+        if broadcast:
+            broadcast_module_state(module)
+
+    @classmethod
+    def check_model(cls, module: nn.Module, **knobs) -> None:
+        """Raise ValueError when `module` (built on the meta device) cannot be wrapped with these knobs."""
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -35,7 +35,6 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[
 
 
 class BucketedDDP(OverlapEngine):
-    name = "bucketed"
     keeps_buffers = True
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 

@@ -146,9 +146,6 @@ def counted_collectives():
 class TorchFSDP(DataParallelBase):
     """torch's FSDP2 behind the strategy contract (module docstring)."""
 
-    name = "fsdp_torch"
-    zero_stage = 3
-
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
                  comm_dtype=None):
         from torch.distributed.device_mesh import init_device_mesh

@@ -62,9 +62,6 @@ def averaged_buffers(module: nn.Module) -> list[torch.Tensor]:
 class LocalSGD(DataParallelBase):
     """Local SGD behind the strategy contract (module docstring): `LocalSGD(module, sync_every=4, outer="none")`."""
 
-    name = "local_sgd"
-    reduces_gradients = False
-
     def __init__(self, module: nn.Module, sync_every: int = 4, outer: str = "none"):
         if not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")

@@ -11,8 +11,6 @@ from ddp_lab.strategies.collectives import all_reduce_mean_, wire_bytes
 
 
 class NaiveDDP(DataParallelBase):
-    name = "naive"
-
     def _synchronize_gradients(self) -> None:
         for param in self.trainable_parameters():
             if param.grad is None:

@@ -16,8 +16,6 @@ from ddp_lab.strategies.overlap_engine import OverlapEngine
 
 
 class OverlapDDP(OverlapEngine):
-    name = "overlap"
-
     def __init__(self, module: nn.Module, comm_dtype: str = "fp32"):
         trainable = [p for p in module.parameters() if p.requires_grad]
         super().__init__(module, [[p] for p in reversed(trainable)], comm_dtype)

@@ -87,7 +87,6 @@ class PowerSGD(BucketedDDP):
     """PowerSGD behind the strategy contract (module docstring): `PowerSGD(module, bucket_mb=25, rank=1,
     start_iter=10, comm_dtype="fp32")`."""
 
-    name = "powersgd"
     min_compression_rate = 1.0
     """A matrix is compressed when n m > min_compression_rate (n + m) r: 1 whenever that sends fewer
     numbers (torch's hook defaults to 2); 0 compresses every matrix (the exactness tests)."""

@@ -100,9 +100,6 @@ def _timed_compress_hook(state, bucket):
 
 
 class TorchDDP(DataParallelBase):
-    name = "torch_ddp"
-    torch_comm_hooks = True  # comm_dtype through torch's own hooks: bf16 only on CUDA + NCCL (validate.py)
-
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
                  gradient_as_bucket_view: bool = True, **ddp_kwargs):
         if not bucket_mb > 0:

@@ -69,8 +69,6 @@ from ddp_lab.units import MiB, tensor_bytes
 class Zero2(BucketedDDP):
     """ZeRO-2 behind the strategy contract (module docstring): `Zero2(module, bucket_mb=25, comm_dtype="fp32")`."""
 
-    name = "zero2"
-    zero_stage = 2
     keeps_buffers = False
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
     pool_buckets_mb: float | None = None

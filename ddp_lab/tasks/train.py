@@ -1,26 +1,22 @@
 """task=train: train the chosen model with the chosen strategy and measure every step.
 
-`run` reads top to bottom and never names a strategy: the strategy class named in the YAML wraps
-the model and builds the optimizer, and `train_step` knows only the wrapper contract
-(strategies/base.py): `no_sync()`, `finish_gradient_synchronization()`. The parity tests and the
-benchmarks call the same `train_step`. `train.precision` is a `Precision` (rank/precision.py):
-autocast around the forward, fp16's loss scaling around backward and the optimizer step; a
-strategy whose class takes `compute_dtype` (fsdp) gets the dtype instead of autocast.
+`run` reads top to bottom and never names a strategy: the strategy's spec (spec/strategies/) builds
+the runtime class that wraps the model and builds the optimizer, and `train_step` knows only the
+wrapper contract (strategies/base.py): `no_sync()`, `finish_gradient_synchronization()`. The parity
+tests and the benchmarks call the same `train_step`. `train.precision` is a `Precision`
+(rank/precision.py): autocast around the forward, fp16's loss scaling around backward and the
+optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `compute_dtype` instead.
 `measure.grad_error` adds a `GradErrorProbe` (rank/grad_error.py) between the sync and the step.
 """
 
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hydra.utils import get_class
-from omegaconf import OmegaConf
 
-from ddp_lab.config import build
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
 from ddp_lab.rank.data import rank_micro_batches
@@ -33,6 +29,7 @@ from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 from ddp_lab.spec.labels import run_name
 from ddp_lab.spec.stats import summarize as summarize_values
+from ddp_lab.spec.strategies import spec_of
 
 # A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
 SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms", "exposed_optimizer_comm_ms",
@@ -73,26 +70,18 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     return torch.stack(losses).sum()
 
 
-def compute_dtype_argument(cfg) -> dict:
-    """`train.precision` as the `compute_dtype` of a strategy that takes one (fsdp, fsdp_torch: the dtype
-    parameters are gathered and used in); {} for the others and for fp32."""
-    precision = str(OmegaConf.select(cfg, "train.precision", default="fp32"))
-    if precision == "fp32" or "compute_dtype" not in inspect.signature(get_class(cfg.strategy._target_)).parameters:
-        return {}
-    return {"compute_dtype": precision}
-
-
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     module = build_model(cfg.model).to(device)
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
-    casts_itself = compute_dtype_argument(cfg)  # fsdp: the compute dtype instead of autocast
-    model = build(cfg.strategy, module, **casts_itself)
+    spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
+    casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
+    model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}))
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    precision = Precision(cfg.train.precision, device.type, autocast=not casts_itself,
-                          agree_over_ranks=model.zero_stage > 0 or not getattr(model, "reduces_gradients", True))
+    precision = Precision(compute, device.type, autocast=not casts_itself,
+                          agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     recorder.log_once({"num_params": num_params, **facts})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
@@ -129,8 +118,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
         if rank == 0:
             torch.save(state, job_dir / MODEL)
     summary = summarize(steps, cfg)
-    summary["memory"] = memory_report(memory, model, num_params, str(OmegaConf.select(cfg, "train.precision",
-                                                                                   default="fp32")))
+    summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
     return {"summary": summary, "steps": steps}

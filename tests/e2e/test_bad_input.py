@@ -30,7 +30,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "logger.mode=sometimes": "mode",
     "model=xl world_size=4": "needs about",
     "task=dance": "task",
-    "strategy=flat strategy.bucket_mb=0": "bucket_mb must be > 0",
+    "strategy=flat strategy.bucket_mb=0": "strategy.bucket_mb is not a knob of strategy=flat",
     "strategy=bucketed strategy.bucket_mb=-5": "bucket_mb must be > 0",
     "strategy=bucketed strategy.bucket_mb=big": "bucket_mb",
     "strategy=zero1 strategy.grad_sync=magic": "Invalid value 'magic', expected one of [naive, flat,",

@@ -18,15 +18,13 @@ import gc
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from ddp_lab.check.models import CONTEXT, VOCAB
 from ddp_lab.check.parity import data_cfg
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.config import build
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
-from ddp_lab.strategies import STRATEGIES
+from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import train_step
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -35,12 +33,12 @@ MiB = 2**20
 BUCKET_MB = 0.05  # the model below has about 0.4 MiB of gradients: several buckets
 SLACK = 64 * 1024
 
-CASES = {  # case: (strategy, knobs beyond its YAML's)
-    **{name: (name, {}) for name in STRATEGIES},
+CASES = {  # case: (strategy, knobs beyond its spec's defaults)
+    **{name: (name, {}) for name in SPECS},
     "powersgd compressing": ("powersgd", {"start_iter": 0, "rank": 2}),
     "local_sgd nesterov": ("local_sgd", {"outer": "nesterov", "sync_every": 1}),
     "torch_ddp grads copied": ("torch_ddp", {"gradient_as_bucket_view": False}),
-    "zero1 reduce_scatter": ("zero1", {"comm": "reduce_scatter", "grad_sync": None, "bucket_mb": None}),
+    "zero1 reduce_scatter": ("zero1", {"comm": "reduce_scatter"}),
     "fsdp kept gathers": ("fsdp", {"reshard_after_forward": False}),
     "fsdp_torch kept gathers": ("fsdp_torch", {"reshard_after_forward": False}),
 }
@@ -53,11 +51,13 @@ def _model():
                        num_heads=4)
 
 
-def _strategy_node(name: str, knobs: dict):
-    node = OmegaConf.load(f"conf/strategy/{name}.yaml")
-    if "bucket_mb" in node:
-        node.bucket_mb = BUCKET_MB
-    return OmegaConf.merge(node, knobs)
+def _strategy(name: str, knobs: dict):
+    """The strategy's spec with `knobs`, small buckets where it has buckets (not with zero1's
+    reduce-scatter, which has none and refuses the knob)."""
+    spec = SPECS[name](**knobs)
+    if "bucket_mb" in spec.used_knobs():
+        spec.bucket_mb = BUCKET_MB
+    return spec
 
 
 def _census(rank: int, world_size: int) -> dict:
@@ -70,7 +70,7 @@ def _census(rank: int, world_size: int) -> dict:
         torch.manual_seed(rank)
         module = _model()
         buffers = sum(b.untyped_storage().nbytes() for b in module.buffers())
-        model = build(_strategy_node(name, knobs), module)
+        model = _strategy(name, knobs).build(module)
         optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
         for step in range(3):
             train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +19,11 @@ from omegaconf import OmegaConf
 from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import ATOL, GLOBAL_BATCH, RTOL, global_batch, loss_of
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.config import StrategyConfig, build
 from ddp_lab.rank.memory import expected_zero_bytes, model_state_bytes
+from ddp_lab.spec.strategies import SPECS, spec_of
 from ddp_lab.strategies import ShardedOptimizer
 from ddp_lab.strategies.zero1 import assign_owners
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "strategy"
 STEPS = 10
 ADD_AT = 5      # the frozen layer is unfrozen and added as a new param group before this step
 SAVE_AT = 7     # checkpoint scenario: state_dict() after this many steps, then a fresh optimizer resumes
@@ -41,9 +39,8 @@ OPTIMIZERS = {
 
 
 def strategy_cfg(name: str, **overrides) -> dict:
-    """conf/strategy/NAME.yaml checked against the schema, resolved to plain data for the ranks."""
-    cfg = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(CONF / f"{name}.yaml"), overrides)
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    """The strategy's spec with `overrides`, as the plain config node the ranks read."""
+    return OmegaConf.to_container(OmegaConf.structured(SPECS[name](**overrides)), resolve=True, enum_to_str=True)
 
 
 ZERO1 = strategy_cfg("zero1")  # as shipped: BucketedDDP, allreduce_broadcast
@@ -76,7 +73,7 @@ def _train(rank, world_size, scenario):
     model_name = scenario.get("model", "frozen")
     late = model_name == "frozen"
     torch.manual_seed(rank)  # different init per rank: the wrapper's broadcast must fix it
-    ddp = build(OmegaConf.create(scenario["strategy"]), MODELS[model_name]())
+    ddp = spec_of(scenario["strategy"]).build(MODELS[model_name]())
     reference = copy.deepcopy(ddp.module) if rank == 0 else None
     if scenario.get("resume"):  # rank 0 seeds 0 in both runs: the reference is the same uninterrupted run
         ddp.module.load_state_dict(scenario["resume"]["weights"])

@@ -118,9 +118,10 @@ def test_report_cli_takes_a_target_loss_and_a_reference(sweep, tmp_path, capsys)
     assert main([str(sweep), "--target-loss", "2.5"]) == 0
     md = (sweep / "report.md").read_text()
     assert "the target loss is 2.5 (--target-loss)" in md
-    assert "| 3 | powersgd-rank=4 | 2 | ok | 1.2000 | 0 | the one exact configuration like it |" in md
+    assert ("| 3 | powersgd-bucket_mb=25.0-rank=4-start_iter=10 | 2 | ok | 1.2000 | 0 | the one exact configuration "
+            "like it |") in md  # the label: the knobs of the strategy's spec, defaults included
     assert main([str(sweep), "--reference", "5"]) == 0
-    assert "| 0 | bucketed | 2 | ok | 1.0000 | 5 | --reference |" in (sweep / "report.md").read_text()
+    assert "| 0 | bucketed-bucket_mb=25.0 | 2 | ok | 1.0000 | 5 | --reference |" in (sweep / "report.md").read_text()
     capsys.readouterr()
     assert main([str(sweep), "--reference", "9", "-o", str(tmp_path / "not_written")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import register_configs
-from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
+from ddp_lab.launcher.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
@@ -36,10 +37,11 @@ def test_defaults():
     (["strategy=local_sgd", "strategy.rank=2"], "strategy.rank is not a knob of strategy=local_sgd"),
     (["strategy=bucketed", "strategy.outer=nesterov"], "strategy.outer is not a knob of strategy=bucketed"),
 ])
-def test_bad_values_are_refused_in_one_line(overrides, message):
-    with pytest.raises(ConfigError) as info:
-        validate(_compose(*overrides))
-    assert message in str(info.value) and "\n" not in str(info.value)
+def test_bad_values_are_refused_in_one_line(overrides, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # the check launch.py makes: Hydra's schema, then validate
+        check_command_line(CONF, "config", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == EXIT_BAD_INPUT and message in err and err.count("\n") == 1, err
 
 
 def test_unknown_outer_is_refused_by_the_schema():

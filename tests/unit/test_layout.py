@@ -10,8 +10,8 @@
 - rank/ never imports launcher/ (a rank does not run the launcher's code), and the launcher never
   imports rank/;
 - at most 10 modules directly in ddp_lab/;
-- every conf/strategy/NAME.yaml builds the class the registry lists under NAME, and every
-  registered strategy has a YAML.
+- every conf/strategy/NAME.yaml extends the spec the registry lists under NAME, whose runtime class
+  keeps the contract, and every registered strategy has a YAML.
 """
 
 import ast
@@ -23,7 +23,8 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from ddp_lab.strategies import STRATEGIES
+from ddp_lab.spec.strategies import SPECS
+from ddp_lab.strategies import DataParallelBase
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ddp_lab"
@@ -128,11 +129,14 @@ def test_few_modules_directly_in_the_package():
 
 
 @pytest.mark.parametrize("yaml", sorted((ROOT / "conf" / "strategy").glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_strategy_yaml_builds_its_registered_class(yaml):
-    cfg = OmegaConf.load(yaml)
-    assert cfg.name == yaml.stem
-    assert get_class(cfg._target_) is STRATEGIES[cfg.name]
+def test_every_strategy_yaml_is_its_registered_spec(yaml):
+    """conf/strategy/NAME.yaml extends the spec registered as NAME; the spec names itself (`_target_`,
+    `name`) and a runtime class that keeps the contract."""
+    assert OmegaConf.load(yaml).defaults == [f"/spec/strategy/{yaml.stem}@_here_"]
+    spec = SPECS[yaml.stem]()
+    assert get_class(spec._target_) is SPECS[yaml.stem] and spec.name == yaml.stem
+    assert issubclass(spec.runtime_class(), DataParallelBase)
 
 
 def test_every_registered_strategy_has_a_yaml():
-    assert set(STRATEGIES) == {p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")}
+    assert set(SPECS) == {p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")}

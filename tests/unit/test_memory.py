@@ -44,8 +44,15 @@ def test_a_gradient_held_by_model_and_optimizer_counts_once():
     assert model_state_bytes(model)["grads"] == 440
 
 
+def _strategy(module: nn.Module, kept=(), peak_gathered_bytes=None) -> nn.Module:
+    """`module` with what the memory accounting reads of a strategy (strategies/base.py's contract)."""
+    module.kept_tensors = lambda: list(kept)
+    module.peak_gathered_bytes = peak_gathered_bytes
+    return module
+
+
 def test_snapshot_records_peak_gathered_when_the_wrapper_has_one():
-    model = nn.Linear(4, 4)
+    model = _strategy(nn.Linear(4, 4))
     assert "peak_gathered_bytes" not in memory_snapshot(model, None, torch.device("cpu"))
     model.peak_gathered_bytes = 1234
     snapshot = memory_snapshot(model, None, torch.device("cpu"))
@@ -110,9 +117,8 @@ def test_strategy_state_is_summed_with_model_state_where_their_sum_peaks():
 
 def test_strategy_state_counts_kept_storages_that_hold_no_model_state():
     """A wrapper that keeps a bucket its gradients are views of (nothing extra) and a pool buffer."""
-    model = nn.Linear(10, 10)
     bucket, pool = torch.zeros(110), torch.zeros(50)
+    model = _strategy(nn.Linear(10, 10), kept=[bucket, pool, pool[:10]])
     model.weight.grad, model.bias.grad = bucket[:100].view(10, 10), bucket[100:]
-    model.kept_tensors = lambda: [bucket, pool, pool[:10]]
     snapshot = memory_snapshot(model, None, torch.device("cpu"))
     assert snapshot["grads"] == 440 and snapshot["strategy_state"] == 200

@@ -1,15 +1,19 @@
 """Precision and comm_dtype knobs before launch: what composes, and each refusal's one line."""
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from ddp_lab.config import register_configs
 from ddp_lab.launcher import validate as validate_module
 from ddp_lab.launcher.validate import ConfigError, validate
-from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.spec.choices import Dtype
+from ddp_lab.spec.strategy import StrategySpec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()
@@ -17,10 +21,15 @@ REDUCING = ["naive", "flat", "overlap", "bucketed", "zero1", "zero2", "torch_ddp
             "fsdp_torch"]
 
 
-class ParameterAveraging(DataParallelBase):
-    """A strategy with no gradient collective (as local_sgd): comm_dtype means nothing for it."""
+@dataclass
+class ParameterAveragingSpec(StrategySpec):
+    """A strategy with no gradient collective (as local_sgd) that still declares a comm_dtype knob."""
 
-    name = "parameter_averaging"
+    _target_: str = f"{__name__}.ParameterAveragingSpec"
+    name: str = "parameter_averaging"
+    comm_dtype: Optional[Dtype] = None
+
+    runtime = "ddp_lab.strategies.LocalSGD"
     reduces_gradients = False
 
 
@@ -47,8 +56,8 @@ def test_bf16_through_torch_hooks_on_gloo_is_refused(overrides):
 
 
 def test_comm_dtype_on_a_strategy_without_gradient_collective_is_refused():
-    cfg = _compose("strategy=naive", f"strategy._target_={__name__}.ParameterAveraging",
-                   "strategy.name=parameter_averaging", "strategy.comm_dtype=bf16")
+    cfg = _compose()
+    cfg.strategy = OmegaConf.structured(ParameterAveragingSpec(comm_dtype="bf16"))
     with pytest.raises(ConfigError, match="strategy.comm_dtype does not apply to strategy=parameter_averaging"):
         validate(cfg)
     cfg.strategy.comm_dtype = None

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model", default="xl", help="a conf/model name (small, medium, large, xl, 2.7b, tiny)")
     s.add_argument("--world-size", default="8,64,512", help="comma-separated GPU counts")
     s.add_argument("--strategy", default="bucketed,zero1,zero2,fsdp", help=f"comma-separated, of "
-                   f"{', '.join(scaling.STRATEGIES)}")
+                   f"{', '.join(scaling.scalable())}")
     s.add_argument("--batch", type=int, default=4, help="sequences per GPU (default 4, Table 1's batch)")
     s.add_argument("--context", type=int, help="context length (default: the model's)")
     s.add_argument("--markdown", help="also write the tables to this file")

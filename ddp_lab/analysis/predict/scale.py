@@ -10,10 +10,13 @@ system's NCCL model (systems.py). Overlap: the same replay as on this machine (r
 slowdown between compute and communication (NCCL runs on its own SMs; what it takes from compute is
 ignored). Weak scaling: the per-GPU batch is fixed, so efficiency = step at one node / step at N.
 
-Strategies: naive, flat, overlap, bucketed (the best of BUCKET_MB), zero1 (this repo's default:
-bucketed all-reduce, update of 1/N, owners broadcast their parameters), zero2 (reduce-scatter per
-bucket during backward, update of 1/N, all-gather after), fsdp (per block: all-gather before
-forward and before backward, prefetched one block ahead, reduce-scatter after its backward).
+Strategies: every one whose spec declares a schedule (spec/schedule.py) that scale can replay, each
+with its default knobs and, where it has buckets, the best of BUCKET_MB. On NCCL: gradients per
+tensor or bucket as all-reduces (or reduce-scatters), launched when ready or after backward; whole
+tensors reduce-scattered to their owners as one reduce-scatter; parameters shared after the update
+as one broadcast (or all-gather) of all of them, or one all-gather per bucket; ZeRO-3's units per
+block (all-gather before forward and before backward, prefetched one block ahead, reduce-scatter
+after its backward). Low-rank compression and averaging every k steps are not replayed here.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from ddp_lab.analysis.calculator import flops_per_token, load_model_config
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.systems import System, busbw, collective_s
-from ddp_lab.spec.bandwidth import bus_factor
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
+from ddp_lab.spec.schedule import Schedule
+from ddp_lab.spec.strategies import SPECS
 
 BUCKET_MB = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "zero1", "zero2", "fsdp")
 WIRE_BYTES = 2          # bf16 gradients and parameters on the wire
 OPTIMIZER_BYTES = 28    # per updated parameter, see module docstring
 
@@ -64,12 +67,41 @@ def _collective(system: System, op: str, nbytes: float, n: int) -> float:
     return collective_s(system, op, nbytes, n)[0] * 1e3
 
 
+def has_buckets(strategy: str) -> bool:
+    return "bucket_mb" in SPECS[strategy].__dataclass_fields__
+
+
+def _plan(strategy: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> Schedule | None:
+    return SPECS[strategy](**({"bucket_mb": bucket_mb} if has_buckets(strategy) else {})).schedule()
+
+
+def _replayable(plan: Schedule | None) -> bool:
+    return plan is not None and plan.low_rank is None and (plan.parameters is None or plan.parameters.every == 1)
+
+
+def scalable() -> list[str]:
+    """The registered strategies scale replays."""
+    return [name for name in SPECS if _replayable(_plan(name))]
+
+
+def schedule(strategy: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> Schedule:
+    """The schedule of `strategy` with its default knobs (and `bucket_mb` where it has buckets), or a
+    one-line PredictError for a strategy scale cannot replay: one with no schedule, low-rank compression
+    or averaging every k steps."""
+    if strategy not in SPECS:
+        raise PredictError(f"unknown strategy {strategy!r} for scale; options: {', '.join(scalable())}")
+    plan = _plan(strategy, bucket_mb)
+    if not _replayable(plan):
+        raise PredictError(f"scale does not replay strategy {strategy!r} (no schedule, low-rank compression or "
+                           f"averaging every k steps); options: {', '.join(scalable())}")
+    return plan
+
+
 def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: float = DEFAULT_BUCKET_MB) -> dict:
     """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU."""
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
-    if strategy not in STRATEGIES:
-        raise PredictError(f"unknown strategy {strategy!r} for scale; options: {', '.join(STRATEGIES)}")
+    plan = schedule(strategy, bucket_mb)
     params = parameters(cfg)
     tokens = batch * cfg.context_length
     rate = system.peak_flops * system.mfu
@@ -82,33 +114,36 @@ def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: f
         ready[i] = min(done, backward)
     n_params = sum(p["numel"] for p in params)
     optimizer = OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3
-    grad = [p["numel"] * WIRE_BYTES for p in params]
-    ar = lambda b: _collective(system, "all_reduce", b, n)  # noqa: E731
-    opt_comm, comms, updated = 0.0, [], 1.0
-
-    def buckets(mb):
-        return plan_bucket_indices(grad, [0] * len(grad), mb)
-
-    if strategy == "naive":
-        comms = [Collective(ar(g), None) for g in grad]
-    elif strategy == "flat":
-        copies = 2 * 2 * sum(grad) / system.hbm_Bps * 1e3
-        comms = [Collective(ar(sum(grad)), None), Collective(copies, None)]
-    elif strategy == "overlap":
-        comms = [Collective(ar(grad[i]), ready[i]) for i in reversed(range(len(params)))]
-    elif strategy in ("bucketed", "zero1"):
-        comms = [Collective(ar(sum(grad[i] for i in b)), max(ready[i] for i in b)) for b in buckets(bucket_mb)]
-        if strategy == "zero1":
-            updated = 1 / n
-            opt_comm = _collective(system, "broadcast", sum(grad), n) if n > 1 else 0.0
-    elif strategy == "zero2":
-        updated = 1 / n
-        for b in buckets(bucket_mb):
-            nbytes = sum(grad[i] for i in b)
-            comms.append(Collective(_collective(system, "reduce_scatter", nbytes, n), max(ready[i] for i in b)))
-            opt_comm += _collective(system, "all_gather", nbytes, n)
-    elif strategy == "fsdp":
+    if plan.units is not None:
         return _fsdp(system, params, n, forward, backward, optimizer / n, tokens / rate * 1e3)
+    grad = [p["numel"] * WIRE_BYTES for p in params]
+    buckets = plan_bucket_indices(grad, [0] * len(grad), plan.gradients.bucket_mb) \
+        if plan.gradients is not None and plan.gradients.bucket_mb else []
+    comms, opt_comm = [], 0.0
+
+    def coll(op, nbytes, ready_ms=None):
+        return Collective(_collective(system, op, nbytes, n), ready_ms)
+
+    g = plan.gradients
+    if g is not None and g.group == "tensor" and g.op == "reduce_scatter":  # whole tensors to their owners
+        comms = [coll("reduce_scatter", sum(grad))]
+    elif g is not None and g.group == "tensor":
+        order = reversed(range(len(params))) if g.launch == "ready" else range(len(params))
+        comms = [coll("all_reduce", grad[i], ready[i] if g.launch == "ready" else None) for i in order]
+    elif g is not None and g.group == "all":
+        comms = [coll("all_reduce", sum(grad))]
+        if g.host_copies:
+            comms.append(Collective(2 * 2 * sum(grad) / system.hbm_Bps * 1e3, None))
+    elif g is not None:
+        comms = [coll(g.op, sum(grad[i] for i in b), max(ready[i] for i in b) if g.launch == "ready" else None)
+                 for b in buckets]
+    q = plan.parameters
+    if q is not None and n > 1:
+        if q.group == "bucket":
+            opt_comm = sum(_collective(system, q.op, sum(grad[i] for i in b), n) for b in buckets)
+        else:  # per tensor or all at once: one collective of every parameter
+            opt_comm = _collective(system, q.op, sum(grad), n)
+    updated = 1 / n if plan.update == "shard" else 1.0
     step = Step(forward_ms=forward, backward_ms=backward, collectives=comms if n > 1 else [],
                 optimizer_ms=optimizer * updated, optimizer_comm_ms=opt_comm)
     r = replay(step)
@@ -153,19 +188,17 @@ def _fsdp(system: System, params, n, forward, backward, optimizer, ms_per_flop) 
 
 
 def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: float | None = None) -> float:
-    """Tokens per GPU above which the compute communication can hide behind (backward; fsdp: forward
+    """Tokens per GPU above which the compute communication can hide behind (backward; ZeRO-3: forward
     and backward) outlasts the strategy's communication at large-message bandwidth, latency ignored:
-    link bytes / busbw = tokens * FLOPs per token / FLOP/s. Data parallelism in bf16 at large N:
-    4P / W = tokens * 4P / C, tokens = C / W (the Scaling Book's bound)."""
+    link bytes (`Schedule.link_bytes`) / busbw = tokens * FLOPs per token / FLOP/s. Data parallelism in
+    bf16 at large N: 4P / W = tokens * 4P / C, tokens = C / W (the Scaling Book's bound)."""
     if n <= 1:
         return 0.0
+    plan = schedule(strategy)
     P = sum(p["numel"] for p in parameters(cfg)) * WIRE_BYTES
-    ring = bus_factor("all_reduce", n)
-    link = {"zero1": P * ring + P,  # this repo's zero1: all-reduce, then owners broadcast their parameters
-            "fsdp": 1.5 * P * ring}  # all-gather twice and reduce-scatter once
-    seconds = link.get(strategy, P * ring) / busbw(system, n)
+    seconds = plan.link_bytes(P, P, n) / busbw(system, n)
     fpt = flops_per_token(cfg)
-    per_token = fpt["step"] if strategy == "fsdp" else fpt["backward"]  # what the communication can hide behind
+    per_token = fpt["step"] if plan.units is not None else fpt["backward"]  # what the communication can hide behind
     rate = flops if flops is not None else system.peak_flops * system.mfu
     return seconds * rate / per_token
 
@@ -173,18 +206,17 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
 def scale_rows(system: System, cfg, world_sizes, strategies, batch: int) -> list[dict]:
     rows = []
     for strategy in strategies:
-        if strategy not in STRATEGIES:
-            raise PredictError(f"unknown strategy {strategy!r} for scale; options: {', '.join(STRATEGIES)}")
+        schedule(strategy)
         for n in world_sizes:
             if n < 1:
                 raise PredictError(f"world size must be >= 1, got {n}")
             base_n = min(n, system.gpus_per_node)
-            best_mb = None
-            if strategy in ("bucketed", "zero1", "zero2"):
+            best_mb = base_mb = None
+            if has_buckets(strategy):
                 best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, n, strategy, batch, mb)["step_ms"])
                 base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, base_n, strategy, batch, mb)["step_ms"])
             at = step_ms(system, cfg, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB)
-            base = step_ms(system, cfg, base_n, strategy, batch, base_mb if best_mb else DEFAULT_BUCKET_MB)
+            base = step_ms(system, cfg, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB)
             rows.append({"strategy": strategy, "world_size": n, "step_ms": at["step_ms"],
                          "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"],
                          "efficiency": base["step_ms"] / at["step_ms"],

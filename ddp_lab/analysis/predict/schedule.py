@@ -1,28 +1,33 @@
-"""What one training job's step is made of, strategy by strategy, as a `replay.Step`.
+"""What one training job's step is made of, as a `replay.Step`, from the schedule its strategy's spec
+declares (spec/schedule.py): no strategy is named here.
 
 Compute comes from the model's profile, scaled to the job: by the tokens each rank computes (the
 global batch is split over ranks) and by the core share a rank's compute thread gets at the job's
-world size (`fit.share_speeds`); the optimizer by the fraction of parameters this rank updates.
-The collectives mirror what each strategy issues (ddp_lab/strategies), each timed by the fitted
+world size (`fit.share_speeds`); the optimizer by the fraction of parameters this rank updates
+(`Schedule.update`). Each term of the schedule becomes collectives, each timed by the fitted
 alpha-beta of its op at the job's world size:
 
-| strategy | collectives |
-|---|---|
-| naive | one all-reduce per gradient, blocking, after backward (timed back to back where swept so) |
-| flat | copy into a new buffer, one all-reduce, copy out, after backward |
-| overlap | one all-reduce per gradient, launched when it is ready, in reverse parameter order |
-| bucketed, torch_ddp | one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is full |
-| zero1 | its grad_sync's collectives, the update of 1/N of the parameters, one broadcast per parameter |
-| zero1 comm=reduce_scatter | on gloo a reduce per parameter instead of the all-reduces |
-| zero2 | per bucket N reduces of 1/N of it during backward (gloo), the update of 1/N, N broadcasts per bucket |
-| local_sgd | every `sync_every` steps one all-reduce of the parameters after the update (see below) |
-| powersgd | bucketed's all-reduces while most measured steps come before `start_iter`; else per bucket |
-| | the all-reduces of [plain, P's] and of the Q's, each phase's work timed by `fit.powersgd_work` |
-| fsdp | its own unit plan (`fsdp_units`): each unit all-gathered before its forward (one ahead) and |
-| | again before its backward, reduce-scattered after its backward (see `_fsdp`) |
+- gradients per tensor, after backward: one all-reduce per gradient in order (reduce-scattered: one
+  reduce to its owner); `blocking`: timed back to back where the sweep timed them so;
+- gradients per tensor, when ready: one all-reduce per gradient, launched when it is ready, in
+  reverse parameter order;
+- gradients all at once: one all-reduce after backward; `host_copies`: the copy into a new buffer
+  and back, as compute work;
+- gradients per bucket: one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is
+  full; reduce-scattered: N reduces of 1/N of it (gloo's reduce-scatter);
+- low rank (PowerSGD): the bucket all-reduces while most measured steps come before `start_iter`;
+  else per bucket the all-reduces of [plain, P's] and of the Q's, each phase's work timed by
+  `fit.powersgd_work`;
+- parameters per tensor (broadcast, or all-gathered whole tensors): one broadcast per parameter
+  after the update, from its owner;
+- parameters per bucket, all-gathered: per bucket N broadcasts of 1/N of it after the update;
+- parameters all-reduced every k steps: one all-reduce of the parameters after the update, in the
+  p50 step (below);
+- sharded units (ZeRO-3): fsdp's own unit plan (`fsdp_units`): each unit all-gathered before its
+  forward (one ahead) and again before its backward, reduce-scattered after its backward (`_fsdp`).
 
-local_sgd's p50 step is the step without the averaging when sync_every > 2, with it at 1, their mean
-at 2.
+Parameters averaged every k steps: the p50 step is the step without the averaging when k > 2, with it
+at 1, their mean at 2.
 On gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N (as fsdp and
 zero2 issue them), each timed by its op's fit (a reduce as a broadcast where the sweep has no
 reduce). fsdp's and flat's host copies into new storage are compute work at the host's copy
@@ -32,7 +37,8 @@ Where gradients are bucket slices (`grads_in_buckets`), forward zeroes the bucke
 each gradient into its slice, work the profiled overlap run (autograd keeping its own tensors) did
 not do.
 
-Strategies not listed raise `PredictError` (validate reports the job as not predicted).
+A strategy whose spec declares no schedule (`schedule()` is None) raises `PredictError` (validate
+reports the job as not predicted).
 """
 
 from __future__ import annotations
@@ -42,19 +48,29 @@ import functools
 
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds, slowdowns, tokens_per_rank
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
+from ddp_lab.spec.buckets import plan_bucket_indices
+from ddp_lab.spec.schedule import GradientSync, ParameterSync, Schedule
+from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
+from ddp_lab.units import ELEMENT_BYTES
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-STRATEGIES = ("naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero2", "local_sgd", "powersgd", "fsdp")
+
+def schedule_of(strategy: dict) -> Schedule:
+    """The collective schedule a job's strategy config declares through its spec."""
+    try:
+        plan = spec_of(strategy).schedule()
+    except SpecError as exc:
+        raise PredictError(str(exc)) from None
+    if plan is None:
+        replayed = [name for name, cls in SPECS.items() if cls().schedule() is not None]
+        raise PredictError(f"no replay for strategy {strategy.get('name')!r}: its spec declares no collective "
+                           f"schedule (replayed: {', '.join(replayed)})")
+    return plan
 
 
 def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, Replayed]:
     """The step of the training job configured by `cfg` (a results.json config), and its replay."""
     prof, contention = model["compute"], model["contention"]
-    strategy = cfg["strategy"]
-    name = strategy["name"]
-    if name not in STRATEGIES:
-        raise PredictError(f"no replay for strategy {name!r} yet (predicted: {', '.join(STRATEGIES)})")
+    plan = schedule_of(cfg["strategy"])
     if cfg["model"]["name"] != prof["model"]:
         raise PredictError(f"the profile is of model {prof['model']!r}, the job trains {cfg['model']['name']!r}")
     for key, default in (("precision", "fp32"), ("grad_accum_steps", 1)):
@@ -69,8 +85,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     compute_slowdown, comm_slowdown = slowdowns(contention, n, prof["world_size"], prof["cpus"],
                                                 prof["threads_per_rank"])
     scale = tokens_per_rank(cfg) / prof["tokens_per_rank"] * core
-    wire = DTYPE_BYTES[strategy.get("comm_dtype") or "fp32"] / 4
-    dtype = strategy.get("comm_dtype") or "fp32"
+    dtype = str(cfg["strategy"].get("comm_dtype") or "fp32")
+    wire = ELEMENT_BYTES[dtype] / ELEMENT_BYTES["fp32"]
     params = prof["params"]
     grad_bytes = [p["bytes"] * wire for p in params]
     ready = [p["ready_ms"] * scale for p in params]  # backward work (ms) when each gradient is ready
@@ -84,13 +100,10 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     def bucket_plan(bucket_mb):
         return plan_bucket_indices([p["bytes"] for p in params], [p["dtype"] for p in params], bucket_mb)
 
-    def bucketed(bucket_mb, pad=1):
-        out = []
-        for b in bucket_plan(bucket_mb):
-            nbytes = sum(grad_bytes[i] for i in b)
-            nbytes = -(-nbytes // (pad * 4)) * pad * 4 if pad > 1 else nbytes
-            out.append(coll("all_reduce", nbytes, max(ready[i] for i in b), f"bucket {b[0]}-{b[-1]}"))
-        return out
+    def padded(bucket, multiple):
+        """A bucket's bytes on the wire, its length rounded up to a multiple of `multiple` fp32 elements."""
+        nbytes = sum(grad_bytes[i] for i in bucket)
+        return -(-nbytes // (multiple * 4)) * multiple * 4 if multiple > 1 else nbytes
 
     def swept(op):
         """`op`, or broadcast where the sweep did not time it (a reduce moves a broadcast's bytes)."""
@@ -116,7 +129,45 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         rate = host.get(f"{op}_GBps") or (host["copy_GBps"] if op == "fresh_copy" else None)
         return nbytes / rate / 1e6 * core if rate else 0.0
 
-    if grads_in_buckets(strategy):  # the bucket zeroed before forward, each gradient added into its slice
+    def gradient_collectives(sync: GradientSync) -> list[Collective]:
+        """The collectives of `sync` (spec/schedule.py) on this job's gradients."""
+        at = ready if sync.launch == "ready" else [None] * len(params)
+        if sync.group == "tensor":  # reduce-scattered whole tensors: on gloo one reduce to each one's owner
+            order = reversed(range(len(params))) if sync.launch == "ready" else range(len(params))
+            op, prefix = (("all_reduce", "") if sync.op == "all_reduce" else (swept("reduce"), "reduce "))
+            return [coll(op, grad_bytes[i], at[i], f"{prefix}{params[i]['name']}", back_to_back=sync.blocking)
+                    for i in order]
+        if sync.group == "all" and sync.op == "all_reduce":
+            total = sum(grad_bytes)
+            out = [coll("all_reduce", total, None, "flat")]
+            if sync.host_copies:  # flatten into a new buffer, copy back into the gradients
+                out.append(Collective(host_ms("fresh_copy", total) + host_ms("copy", total), None,
+                                      "flatten + unflatten copies"))
+            return out
+        if sync.group == "bucket" and sync.op == "all_reduce":
+            return [coll("all_reduce", padded(b, 1), max(at[i] for i in b) if sync.launch == "ready" else None,
+                         f"bucket {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
+        if sync.group == "bucket" and sync.op == "reduce_scatter":
+            return [Collective(per_rank_calls_ms("reduce", padded(b, n)),
+                               max(ready[i] for i in b) if sync.launch == "ready" else None,
+                               f"reduce-scatter {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
+        raise PredictError(f"no replay for gradients sent {sync.op} per {sync.group}")
+
+    def parameter_ms(sync: ParameterSync, buckets: GradientSync | None) -> float:
+        """The optimizer's communication of `sync` after the update."""
+        if n == 1:
+            return 0.0
+        if sync.group == "tensor" and sync.op in ("broadcast", "all_gather"):  # whole tensors from their owners
+            return sum(coll("broadcast", p["bytes"]).ms for p in params)
+        if sync.group == "bucket" and sync.op == "all_gather" and buckets is not None and buckets.bucket_mb:
+            return sum(per_rank_calls_ms("broadcast", padded(b, n)) for b in bucket_plan(buckets.bucket_mb))
+        if sync.group == "all" and sync.op == "all_reduce":
+            share = 1.0 if sync.every == 1 else 0.5 if sync.every == 2 else 0.0  # of the averaging, in the p50 step
+            return share * coll("all_reduce", sum(p["bytes"] for p in params)).ms
+        raise PredictError(f"no replay for parameters shared by {sync.op} per {sync.group}")
+
+    sync = plan.gradients
+    if sync is not None and sync.grads_in_buckets:  # the bucket zeroed before forward, each gradient added in
         forward_ms += host_ms("zero", sum(p["bytes"] for p in params))
         added, shifted = 0.0, list(ready)
         for i in sorted(range(len(params)), key=lambda i: ready[i]):
@@ -124,75 +175,38 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             shifted[i] = ready[i] + added
         ready, backward_ms = shifted, backward_ms + added
 
-    updated, opt_comm, comms, forward = 1.0, 0.0, [], None
-    bucket_mb = strategy.get("bucket_mb") or DEFAULT_BUCKET_MB
-    if name == "naive":
-        comms = [coll("all_reduce", grad_bytes[i], None, params[i]["name"], back_to_back=True)
-                 for i in range(len(params))]
-    elif name == "flat":
-        total = sum(grad_bytes)  # flatten into a new buffer, copy back into the gradients
-        copy = host_ms("fresh_copy", total) + host_ms("copy", total)
-        comms = [coll("all_reduce", total, None, "flat"), Collective(copy, None, "flatten + unflatten copies")]
-    elif name == "overlap":
-        comms = [coll("all_reduce", grad_bytes[i], ready[i], params[i]["name"]) for i in reversed(range(len(params)))]
-    elif name in ("bucketed", "torch_ddp"):
-        comms = bucketed(bucket_mb)
-    elif name == "powersgd":
-        train = cfg.get("train", {})
-        measured = max(1, train.get("steps", 20) - train.get("warmup_steps", 3))
-        plain = max(0, min(strategy.get("start_iter", 10), train.get("steps", 20)) - train.get("warmup_steps", 3))
-        if plain > measured / 2:  # the p50 step is a plain one
-            comms = bucketed(bucket_mb)
-        else:
-            work = model["host"].get("powersgd")
-            if not work or not work["numel"] or any("shape" not in p for p in params):
-                raise PredictError("the replay of powersgd's compressed steps needs a model fitted by this version "
-                                   "from a profile with parameter shapes: fit again, profile again")
-
-            def work_ms(phase, param):
-                return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * core
-
-            backward_ms, comms = _powersgd(params, bucket_plan(bucket_mb), ready,
-                                           backward_ms, int(strategy.get("rank") or 1), work_ms,
-                                           functools.partial(coll, "all_reduce"))
-    elif name == "local_sgd":
-        every = int(strategy.get("sync_every") or 1)
-        share = 1.0 if every == 1 else 0.5 if every == 2 else 0.0  # of the averaging, in the p50 step
-        opt_comm = share * coll("all_reduce", sum(p["bytes"] for p in params)).ms if n > 1 else 0.0
-    elif name == "zero1":
-        updated = 1 / n
-        if (strategy.get("comm") or "allreduce_broadcast") == "reduce_scatter":
-            comms = [coll(swept("reduce"), grad_bytes[i], None, f"reduce {params[i]['name']}")
-                     for i in range(len(params))]
-        else:
-            sync = {**cfg, "strategy": {"name": strategy.get("grad_sync") or "bucketed",
-                                        "bucket_mb": bucket_mb, "comm_dtype": dtype}}
-            comms = job_step(model, sync, backend)[0].collectives
-        opt_comm = sum(coll("broadcast", p["bytes"]).ms for p in params) if n > 1 else 0.0
-    elif name == "zero2":
-        updated = 1 / n
-        for b in bucket_plan(bucket_mb):
-            nbytes = -(-sum(grad_bytes[i] for i in b) // (n * 4)) * n * 4
-            comms.append(Collective(per_rank_calls_ms("reduce", nbytes), max(ready[i] for i in b),
-                                    f"reduce-scatter {b[0]}-{b[-1]}"))
-            opt_comm += per_rank_calls_ms("broadcast", nbytes)
-    elif name == "fsdp":
-        updated = 1 / n
-        units, root = fsdp_units(cfg, params)
-        reshard = strategy.get("reshard_after_forward")
+    updated = 1 / n if plan.update == "shard" else 1.0
+    opt_comm, comms, forward = 0.0, [], None
+    if plan.units is not None:
+        units, root = fsdp_units(cfg, params, plan.units.policy)
         forward_ms, backward_ms, gathers, comms = _fsdp(
             units, root, params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
-            lambda nbytes: coll("all_reduce", nbytes).ms, True if reshard is None else bool(reshard),
+            lambda nbytes: coll("all_reduce", nbytes).ms, plan.units.reshard_after_forward,
             lambda nbytes: host_ms("fresh_copy", nbytes))
         forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
                               comm_slowdown=comm_slowdown, launch_ms=launch_ms))
+    elif plan.low_rank is not None and not _mostly_uncompressed(cfg.get("train", {}), plan.low_rank.start_iter):
+        work = model["host"].get("powersgd")
+        if not work or not work["numel"] or any("shape" not in p for p in params):
+            raise PredictError("the replay of powersgd's compressed steps needs a model fitted by this version "
+                               "from a profile with parameter shapes: fit again, profile again")
+
+        def work_ms(phase, param):
+            return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * core
+
+        backward_ms, comms = _powersgd(params, bucket_plan(sync.bucket_mb), ready, backward_ms, plan.low_rank.rank,
+                                       work_ms, functools.partial(coll, "all_reduce"))
+    elif sync is not None:
+        comms = gradient_collectives(sync)
+    if plan.parameters is not None:
+        opt_comm = parameter_ms(plan.parameters, sync)
     step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
                 collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
                 other_ms=prof["other_ms"] * core,
                 compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown, launch_ms=launch_ms)
     replayed = replay(step)
-    if forward is not None:  # fsdp: the forward's waits for its gathers are exposed too
+    if forward is not None:  # ZeRO-3: the forward's waits for its gathers are exposed too
         replayed = dataclasses.replace(replayed, exposed_ms=replayed.exposed_ms + forward.stalled_ms,
                                        comm_ms=replayed.comm_ms + forward.comm_ms,
                                        hidden_ms=replayed.hidden_ms + forward.hidden_ms,
@@ -200,14 +214,11 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     return step, replayed
 
 
-def grads_in_buckets(strategy: dict) -> bool:
-    """Whether the strategy's gradients are slices of its buckets (strategies/bucketed.py): autograd
-    then adds each gradient into a zeroed slice where it otherwise keeps the tensor it computed."""
-    name = strategy["name"]
-    if name == "zero1":
-        return (strategy.get("comm") or "allreduce_broadcast") != "reduce_scatter" and \
-            (strategy.get("grad_sync") or "bucketed") == "bucketed"
-    return name in ("bucketed", "powersgd", "zero2")
+def _mostly_uncompressed(train: dict, start_iter: int) -> bool:
+    """Whether most measured steps come before PowerSGD's `start_iter` (the p50 step is a plain one)."""
+    measured = max(1, train.get("steps", 20) - train.get("warmup_steps", 3))
+    plain = max(0, min(start_iter, train.get("steps", 20)) - train.get("warmup_steps", 3))
+    return plain > measured / 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,10 +232,11 @@ class FsdpUnit:
     needed_in_backward: bool
 
 
-def fsdp_units(cfg: dict, params: list[dict]) -> tuple[list[FsdpUnit], FsdpUnit | None]:
+def fsdp_units(cfg: dict, params: list[dict], policy: str = "linear_embedding") -> tuple[list[FsdpUnit],
+                                                                                         FsdpUnit | None]:
     """fsdp's units in registration order (its forward order on the models here) and its root, taken
-    from the strategy's own plan (`strategies/fsdp/policy.plan_units`, the job's `strategy.policy`)
-    of the job's model built on the meta device: no memory, no time."""
+    from the strategy's own plan (`plan_units` under `policy`) of the job's model built on the meta
+    device: no memory, no time."""
     import torch
     from omegaconf import OmegaConf
 
@@ -234,7 +246,7 @@ def fsdp_units(cfg: dict, params: list[dict]) -> tuple[list[FsdpUnit], FsdpUnit 
     try:
         with torch.device("meta"):
             module = build_model(OmegaConf.create(cfg["model"]))
-        plans = plan_units(module, cfg["strategy"].get("policy") or "linear_embedding")
+        plans = plan_units(module, policy)
     except Exception as exc:  # noqa: BLE001 - a config this version cannot build: say why, predict the rest
         raise PredictError(f"fsdp's unit plan of model {cfg['model'].get('name')!r}: {exc}") from None
     index = {p["name"]: i for i, p in enumerate(params)}

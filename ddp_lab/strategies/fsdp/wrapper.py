@@ -83,8 +83,6 @@ class _AfterBackward(torch.autograd.Function):
 class FSDP(DataParallelBase):
     """Hand-written FSDP behind the strategy contract (module docstring)."""
 
-    name = "fsdp"
-    zero_stage = 3
     force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
@@ -110,8 +108,8 @@ class FSDP(DataParallelBase):
         self._callback_queued = False
         self.peak_gathered_bytes = 0
 
-    @staticmethod
-    def check_model(module: nn.Module, policy: str | Policy = "linear_embedding", **knobs) -> None:
+    @classmethod
+    def check_model(cls, module: nn.Module, policy: str | Policy = "linear_embedding", **knobs) -> None:
         """Raise ValueError when `module` has nothing to shard under `policy` (launch.py asks before any
         rank starts, on a meta-device model)."""
         plan_units(module, policy)

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors
 
-from ddp_lab.config import ZeroComm
+from ddp_lab.spec.choices import ZeroComm
 from ddp_lab.strategies.collectives import all_gather_single, casts, reduce_scatter_single, to_wire
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict

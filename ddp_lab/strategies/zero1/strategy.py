@@ -17,25 +17,16 @@ all-gathers show up in the step's comm figures with the gradient sync's.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from ddp_lab.config import GradSync, ZeroComm
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.spec.choices import ZeroComm
+from ddp_lab.spec.strategies.zero1 import GradSync, Zero1Spec
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.bucketed import BucketedDDP
-from ddp_lab.strategies.flat import FlatDDP
-from ddp_lab.strategies.naive import NaiveDDP
-from ddp_lab.strategies.overlap import OverlapDDP
-from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1.optimizer import ShardedOptimizer
-
-# The strategies `strategy.grad_sync` may name (its options are the GradSync enum of the schema).
-GRAD_SYNC = {cls.name: cls for cls in (NaiveDDP, FlatDDP, OverlapDDP, BucketedDDP, TorchDDP)}
-assert set(GRAD_SYNC) == {g.value for g in GradSync}
 
 
 class ShardedGradSync(DataParallelBase):
@@ -53,38 +44,21 @@ class ShardedGradSync(DataParallelBase):
             self.optimizer.reduce_scatter_gradients()
 
 
-class Zero1(nn.Module):
-    """ZeRO stage 1 behind the strategy contract: `.sync` averages gradients, the optimizer shards."""
+class Zero1(DataParallelBase):
+    """ZeRO stage 1 behind the strategy contract: `.sync` averages gradients, the optimizer shards.
 
-    name = "zero1"
-    zero_stage = 1
+    `.sync` is the grad_sync strategy its spec names (built by that strategy's own spec), or
+    ShardedGradSync with comm=reduce_scatter; it broadcast the model, and its CommStats is this one's.
+    """
 
     def __init__(self, module: nn.Module, grad_sync: str = GradSync.bucketed, bucket_mb: float = DEFAULT_BUCKET_MB,
                  comm: str = ZeroComm.allreduce_broadcast, comm_dtype: str = "fp32"):
-        super().__init__()
+        super().__init__(module, comm_dtype, broadcast=False)
         self.comm_mode = ZeroComm(comm)
-        if self.comm_mode == ZeroComm.reduce_scatter:
-            self.sync = ShardedGradSync(module, comm_dtype)
-        else:
-            cls = GRAD_SYNC[GradSync(grad_sync).value]
-            takes_buckets = "bucket_mb" in inspect.signature(cls).parameters
-            knobs = {"bucket_mb": bucket_mb} if takes_buckets else {}
-            self.sync = cls(module, comm_dtype=comm_dtype, **knobs)
-
-    @staticmethod
-    def sync_class(knobs) -> type:
-        """The class that reduces the gradients for these knobs (for checks before launch)."""
-        if str(knobs.get("comm") or ZeroComm.allreduce_broadcast) == ZeroComm.reduce_scatter:
-            return ShardedGradSync
-        return GRAD_SYNC[str(knobs.get("grad_sync") or GradSync.bucketed)]
-
-    @property
-    def module(self) -> nn.Module:
-        return self.sync.module
-
-    @property
-    def comm(self):
-        return self.sync.comm
+        sync = Zero1Spec(bucket_mb=bucket_mb, grad_sync=GradSync(grad_sync), comm=self.comm_mode,
+                         comm_dtype=comm_dtype).grad_sync_spec()
+        self.sync = ShardedGradSync(module, comm_dtype) if sync is None else sync.build(module)
+        self.comm = self.sync.comm
 
     def forward(self, *args, **kwargs):
         return self.sync(*args, **kwargs)

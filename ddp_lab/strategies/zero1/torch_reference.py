@@ -52,9 +52,6 @@ def timed_zero_redundancy_optimizer() -> type:
 class TorchZero1(TorchDDP):
     """TorchDDP (`bucket_mb` as DDP's `bucket_cap_mb`) whose optimizer is torch's ZeRO-1."""
 
-    name = "zero1_torch"
-    zero_stage = 1
-
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
                        **kwargs) -> torch.optim.Optimizer:
         params = self.trainable_parameters() if params is None else params

@@ -1,0 +1,35 @@
+"""`strategy=fsdp`: FSDP (ZeRO stage 3) written by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ddp_lab.spec.choices import Dtype, ShardPolicy
+from ddp_lab.spec.schedule import Schedule, ShardedUnits
+from ddp_lab.spec.strategy import StrategySpec
+
+
+@dataclass
+class FSDPSpec(StrategySpec):
+    """FSDP (ZeRO stage 3) written by hand: parameters, gradients and optimizer state sharded. Units (each
+    Transformer block, the embedding, the output head) are all-gathered before their forward (the next one
+    prefetched), freed after it (reshard_after_forward) and gathered again for their backward; gradients
+    are reduce-scattered per unit during backward. train.precision=bf16/fp16 sets the dtype shards are
+    gathered and used in."""
+
+    _target_: str = "ddp_lab.spec.strategies.fsdp.FSDPSpec"
+    name: str = "fsdp"
+    comm_dtype: Optional[Dtype] = None
+    """Dtype gradients are reduced in (unset: fp32)."""
+    reshard_after_forward: bool = True
+    """Free a unit's gathered parameters after its forward, gather them again for backward."""
+    policy: ShardPolicy = ShardPolicy.linear_embedding
+    """Which parameters are sharded (the rest are replicated, their gradients all-reduced)."""
+
+    runtime = "ddp_lab.strategies.FSDP"
+    zero_stage = 3
+    casts_itself = True
+
+    def schedule(self) -> Schedule:
+        return Schedule(update="shard", units=ShardedUnits(str(self.policy), self.reshard_after_forward))

@@ -1,0 +1,28 @@
+"""`strategy=fsdp_torch`: torch's fully_shard (FSDP2) on fsdp's units, the bar for fsdp."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ddp_lab.spec.choices import Dtype
+from ddp_lab.spec.strategy import StrategySpec
+
+
+@dataclass
+class TorchFSDPSpec(StrategySpec):
+    """The bar for fsdp: torch's fully_shard (FSDP2) on fsdp's units (each Transformer block, the embedding,
+    the output head, then the root) with fsdp's knobs: reshard_after_forward, and train.precision=bf16/fp16
+    as MixedPrecisionPolicy(param_dtype=...). Not replayed by the predictor: FSDP2 schedules its own
+    prefetches and copies."""
+
+    _target_: str = "ddp_lab.spec.strategies.fsdp_torch.TorchFSDPSpec"
+    name: str = "fsdp_torch"
+    comm_dtype: Optional[Dtype] = None
+    """MixedPrecisionPolicy(reduce_dtype=...): the dtype gradients are reduce-scattered in (unset: fp32)."""
+    reshard_after_forward: bool = True
+    """Free a unit's gathered parameters after its forward, gather them again for backward."""
+
+    runtime = "ddp_lab.strategies.TorchFSDP"
+    zero_stage = 3
+    casts_itself = True

@@ -1,0 +1,100 @@
+"""What every process knows of a strategy without running it: its knobs, its capabilities, its
+collective schedule and the class that runs it.
+
+A spec is a dataclass. Its fields are the strategy's knobs (`strategy.KNOB=...` on the command
+line), each with its type, its default (written here once) and a docstring; `conf/strategy/NAME.yaml`
+names the spec in its defaults list, so Hydra composes the YAML on it and refuses a wrong type or a
+knob the strategy does not have before anything runs. A knob that defaults to None is optional: it is
+left out of the runtime's arguments and of run names until it is set (`comm_dtype`). `check()` refuses
+values the type cannot (ranges, knobs a mode ignores); it runs when the spec is built.
+
+Its class variables and methods are what the launcher, the ranks and analysis ask of a strategy,
+instead of probing the runtime class or matching its name:
+
+- `runtime`: the dotted path of the runtime class (ddp_lab/strategies), imported only by the ranks
+  (`build`) and the launcher's model check;
+- `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
+  gradients, 3 also parameters): the memory accounting, the pre-launch memory estimate, grad_error;
+- `reduces_gradients`: False when no gradient collective runs (local SGD averages parameters):
+  comm_dtype is refused, fp16's loss scaler agrees over ranks;
+- `casts_itself`: takes train.precision as `compute_dtype` (the dtype it gathers parameters in)
+  instead of autocast (fsdp);
+- `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
+- `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
+  unused);
+- `schedule()`: its collectives as data (spec/schedule.py) for the predictor and the calculator;
+  None: not replayed.
+
+Nothing here imports torch: the launcher, analysis and any offline tool read specs freely.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Optional
+
+from omegaconf import MISSING
+
+from ddp_lab.spec.schedule import Schedule
+
+NOT_KNOBS = ("_target_", "name")
+
+
+@dataclass
+class StrategySpec:
+    """The base every strategy's spec extends (spec/strategies/*.py)."""
+
+    _target_: str = MISSING
+    """This spec's own class: any saved config (results.json's too) leads back to it."""
+    name: str = MISSING
+    """The strategy's option in the `strategy` group: results, tables and W&B runs say which they measured."""
+
+    runtime: ClassVar[str]
+    zero_stage: ClassVar[int] = 0
+    reduces_gradients: ClassVar[bool] = True
+    casts_itself: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError, one line, for a knob value its type allows but the strategy cannot take."""
+
+    def knobs(self) -> dict[str, Any]:
+        """The runtime class's keyword arguments: every knob that is set (not None)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in NOT_KNOBS and getattr(self, f.name) is not None}
+
+    def used_knobs(self) -> dict[str, Any]:
+        """The knobs that shape this run (run names, table rows): all set knobs unless a mode ignores some."""
+        return self.knobs()
+
+    def torch_comm_hooks(self) -> bool:
+        """Whether gradients (and so `comm_dtype`) go through torch DDP's comm hooks."""
+        return False
+
+    def schedule(self) -> Optional[Schedule]:
+        """The collectives of one step (spec/schedule.py); None for a strategy the predictor does not replay."""
+        return None
+
+    @classmethod
+    def runtime_class(cls) -> type:
+        module, _, name = cls.runtime.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+    def build(self, module, **extra):
+        """The runtime strategy around `module` (in a rank: imports torch and the runtime class)."""
+        return self.runtime_class()(module, **self.knobs(), **extra)
+
+
+def require(ok: bool, message: str) -> None:
+    """`check()`'s one-line refusal."""
+    if not ok:
+        raise ValueError(message)
+
+
+def knob_at_least(spec: StrategySpec, knob: str, least: float, strictly: bool = False) -> None:
+    value = getattr(spec, knob)
+    require(value is None or (value > least if strictly else value >= least),
+            f"strategy.{knob} must be {'>' if strictly else '>='} {least:g}, got {value}")
