@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from ddp_lab.check.ranks import run_ranks
+from ddp_lab.config import compose_model
 
 VARIANTS = ("zero2, pool (as shipped)", "zero2, no pool", "torch_ddp, gradient_as_bucket_view=true (as shipped)",
             "torch_ddp, gradient_as_bucket_view=false")
@@ -52,7 +51,7 @@ def rank_main(rank: int, world_size: int, args) -> dict[str, list[float]]:
     """Every variant's step times on the slowest rank (one thread per rank: run_ranks')."""
     from ddp_lab.tasks.train import train_step
 
-    model_cfg = OmegaConf.load(Path(__file__).parent.parent / "conf" / "model" / f"{args.model}.yaml")
+    model_cfg = compose_model(args.model)
     built = {}
     for variant in VARIANTS:
         torch.manual_seed(rank)

@@ -18,17 +18,14 @@ spent in the optimizer step), as seen by rank 0. Needs ~3 GiB per rank.
 """
 
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ddp_lab.config import compose_model
 from ddp_lab.models import build_model
 from ddp_lab.strategies.zero1 import assign_owners
-
-SMALL = Path(__file__).resolve().parents[1] / "conf/model/small.yaml"
 
 CHUNK_BYTES = 25 * 2**20
 REPEATS = 6
@@ -38,7 +35,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    params = list(build_model(OmegaConf.load(SMALL)).parameters())
+    params = list(build_model(compose_model("small")).parameters())
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     owners = assign_owners([p.numel() * p.element_size() for p in params], world)

@@ -12,6 +12,7 @@ strings and the config saved for the ranks holds plain strings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -80,22 +81,49 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    """`_target_` is the model class (ddp_lab.models), `name` the group option (a label in results and
-    W&B); the rest are the class's arguments (conf/model/*.yaml: CS336's Table 1 sizes and smaller)."""
+    """What every model's config node has. `_target_` is the model class, `name` the group option (a label
+    in results and W&B); the other keys are the class's arguments. Each model class has a node of its own
+    (below), which its YAMLs in conf/model/ extend; a model from outside the package is a YAML whose
+    `_target_` names its class (examples/conf/model/). The model's facts (parameters, FLOPs,
+    activations) are counted from the module itself (ddp_lab/models/facts.py)."""
 
     _target_: str = MISSING
     name: str = MISSING
     vocab_size: int = 10000
+    """Token ids are drawn below it."""
     context_length: int = 128
     """Tokens per sequence."""
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """ddp_lab.models.Transformer: CS336's pre-norm decoder (RMSNorm, RoPE, SwiGLU, untied head)."""
+
+    _target_: str = "ddp_lab.models.Transformer"
     d_model: int = 768
-    """Width of the residual stream (the toy MLP: of its embeddings)."""
+    """Width of the residual stream."""
     d_ff: int = 3072
-    """Hidden width of each feed-forward block."""
+    """Hidden width of each SwiGLU feed-forward block."""
     num_layers: int = 12
     num_heads: int = 12
-    """Attention heads; d_model must divide by it. The toy MLP takes and ignores it."""
+    """Attention heads; d_model must divide by it."""
     rope_theta: float = 10000.0
+
+
+@dataclass
+class ToyMLPConfig(ModelConfig):
+    """ddp_lab.models.ToyMLP: token embeddings through an MLP, no attention."""
+
+    _target_: str = "ddp_lab.models.ToyMLP"
+    d_model: int = 64
+    """Width of the embeddings."""
+    d_ff: int = 256
+    """Hidden width of each layer."""
+    num_layers: int = 2
+
+
+MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig}
+"""Each model class's node, stored as `schema/model/NAME` (conf/model/*.yaml list it in their defaults)."""
 
 
 @dataclass
@@ -175,7 +203,8 @@ class FaultConfig:
 @dataclass
 class Config:
     task: TaskConfig = MISSING
-    model: ModelConfig = MISSING
+    model: Any = MISSING
+    """A model's node (a ModelConfig of its class's, or a YAML naming any class)."""
     strategy: Any = MISSING
     """A strategy's spec (ddp_lab/spec/strategies/): its knobs, typed, composed from conf/strategy/NAME.yaml."""
     backend: BackendConfig = MISSING
@@ -193,10 +222,13 @@ class Config:
 
 
 def register_configs() -> None:
-    """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first), and each
-    strategy's spec as `spec/strategy/NAME` (its YAML in conf/strategy/ lists it in its defaults)."""
+    """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first), each model
+    class's node as `schema/model/NAME` and each strategy's spec as `spec/strategy/NAME` (their YAMLs in
+    conf/model/ and conf/strategy/ list them in their defaults)."""
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
+    for name, node in MODEL_SCHEMAS.items():
+        store.store(group="schema/model", name=name, node=node)
     register_strategy_specs(store)
 
 
@@ -206,6 +238,27 @@ NOT_ARGUMENTS = ("_target_", "name")
 def set_knobs(node) -> dict[str, Any]:
     """The keys of a model node that are constructor arguments and set (not None)."""
     return {k: node[k] for k in node if k not in NOT_ARGUMENTS and node[k] is not None}
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose_model(name: str, overrides: dict | None = None) -> DictConfig:
+    """conf/model/NAME.yaml composed on its class's node with `overrides` (key: value), as launch.py would
+    compose it, for tools that run outside launch.py (the calculator, `predict scale`); ValueError for an
+    unknown name or key."""
+    from hydra import compose, initialize_config_dir
+
+    options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    if name not in options:
+        raise ValueError(f"unknown model {name!r}; options: {', '.join(options)}")
+    register_configs()
+    args = [f"model={name}"] + [f"model.{key}={value}" for key, value in (overrides or {}).items()]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("config", overrides=args).model
+    except Exception as exc:  # Hydra's composition errors: a key the model does not have, a wrong type
+        raise ValueError(f"model={name} with {overrides}: {str(exc).splitlines()[0]}") from None
 
 
 def build(node: DictConfig, *args, **kwargs) -> Any:

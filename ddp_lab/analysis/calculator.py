@@ -1,16 +1,18 @@
-"""Memory and communication calculator for a model configuration: the assignment's accounting, as a tool.
+"""Memory and communication calculator for a model and every strategy: the assignment's accounting, as a tool.
 
     python -m ddp_lab.calculator model=small world_size=8 dtype=bf16 flops=989e12 bandwidth=450e9
-    python -m ddp_lab.calculator --model xl --world-size 64 --json
+    python -m ddp_lab.calculator --model xl --world-size 64 --strategy bucketed,zero1,zero2,fsdp --json
+    python -m ddp_lab.calculator model=small strategy=zero1 strategy.comm=reduce_scatter
 
-Answers, per device: bytes of parameters, gradients and optimizer state (fp32 training, or
-mixed-precision bf16 Adam at 16 bytes per parameter as in the ZeRO paper) with nothing sharded,
-with ZeRO-1/2/3 sharding over N ranks; bytes each rank moves per step for each strategy; and the
-per-device batch at which backward's compute takes as long as the gradient communication, i.e.
-the batch above which a device is compute-bound rather than communication-bound.
+Answers, per device and per strategy (each with its spec's default knobs, or the ones given): bytes of
+parameters, gradients and optimizer state (fp32 training, or mixed-precision bf16 Adam at 16 bytes per
+parameter as in the ZeRO paper) as the strategy's ZeRO stage shards them over N ranks; bytes each rank's
+link carries per step, from the collective schedule the strategy's spec declares; and the per-device
+batch at which backward's compute takes as long as that communication, i.e. the batch above which a
+device is compute-bound rather than communication-bound.
 
-Parameters are counted analytically from the architecture in ddp_lab/models (the tests check the
-count against the built model for every conf/model size), so the calculator needs no torch.
+The model's facts (parameters by use, FLOPs per token) are counted from the model itself, built on the
+meta device (ddp_lab/models/facts.py): nothing is allocated or run, and any model works.
 """
 
 from __future__ import annotations
@@ -18,66 +20,64 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+from dataclasses import fields
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
 
-from ddp_lab.spec.zero_bytes import DTYPE_BYTES, comm_bytes_per_step, model_state_bytes
-
-MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
-
-STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
-
-
-def load_model_config(name: str, overrides: dict | None = None) -> DictConfig:
-    """conf/model/NAME.yaml (no Hydra composition needed), with `overrides` merged on top."""
-    path = MODEL_DIR / f"{name}.yaml"
-    if not path.exists():
-        options = ", ".join(sorted(p.stem for p in MODEL_DIR.glob("*.yaml")))
-        raise ValueError(f"unknown model {name!r}; options: {options}")
-    cfg = OmegaConf.load(path)
-    return OmegaConf.merge(cfg, overrides or {})
+from ddp_lab.config import compose_model
+from ddp_lab.models.facts import flops_per_token, parameter_counts, parameter_facts
+from ddp_lab.spec.schedule import Schedule
+from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
+from ddp_lab.spec.strategy import StrategySpec
+from ddp_lab.spec.zero_bytes import DTYPE_BYTES, model_state_bytes
 
 
-def _is_transformer(cfg) -> bool:
-    return str(cfg._target_).endswith("Transformer")
+def load_model_config(name: str, overrides: dict | None = None):
+    """conf/model/NAME.yaml as launch.py composes it, with `overrides` merged on top."""
+    return compose_model(name, overrides)
 
 
-def count_parameters(cfg) -> dict:
-    """Parameters by part, exactly as ddp_lab/models builds them.
-
-    Transformer: embedding V*d; per block RMSNorm d twice, qkv 3d^2 and output d^2 (no biases),
-    SwiGLU w1, w3, w2 3*d*d_ff; final RMSNorm d; untied lm_head V*d.
-    Total = 2Vd + L(4d^2 + 3 d d_ff + 2d) + d.
-    ToyMLP: embedding V*d; per layer Linear(d, d_ff) and Linear(d_ff, d) with biases; untied
-    output V*d without bias. Total = 2Vd + L(2 d d_ff + d_ff + d).
-    `matmul` counts the weights used in matrix multiplies (all but the embedding lookup, norms
-    and biases): 2 FLOPs per matmul weight per token forward.
-    """
-    V, d, f, L = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.num_layers
-    if _is_transformer(cfg):
-        parts = {"embedding": V * d, "attention": L * 4 * d * d, "ffn": L * 3 * d * f,
-                 "norms": (2 * L + 1) * d, "lm_head": V * d}
-        parts["matmul"] = parts["attention"] + parts["ffn"] + parts["lm_head"]
-    else:
-        parts = {"embedding": V * d, "ffn": L * (2 * d * f + f + d), "lm_head": V * d}
-        parts["matmul"] = L * 2 * d * f + V * d
-    parts["total"] = sum(v for k, v in parts.items() if k != "matmul")
-    return parts
+def strategy_specs(names, knobs: dict | None = None) -> list[StrategySpec]:
+    """Each named strategy's spec with its defaults and, of `knobs`, those it has (ValueError otherwise)."""
+    out = []
+    for name in names:
+        if name not in SPECS:
+            raise ValueError(f"unknown strategy {name!r}; options: {', '.join(SPECS)}")
+        own = {f.name for f in fields(SPECS[name])}
+        try:
+            out.append(spec_of({"name": name, **{k: v for k, v in (knobs or {}).items() if k in own}}))
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+    unused = set(knobs or {}) - {f.name for spec in out for f in fields(spec)}
+    if unused:
+        raise ValueError(f"strategy.{sorted(unused)[0]} is not a knob of any strategy asked for")
+    return out
 
 
-def flops_per_token(cfg) -> dict:
-    """Training FLOPs per token: forward 2 per matmul weight + attention scores; backward 2x forward.
+def low_rank_elements(params: list[dict], rank: int) -> int:
+    """Elements PowerSGD sends per step for `params` (each with its `shape`): a matrix n x m as its rank-r
+    factors P (n x r) and Q (m x r) where they are smaller, everything else whole."""
+    total = 0
+    for p in params:
+        shape = p["shape"]
+        n, m = (shape[0], p["numel"] // shape[0]) if len(shape) >= 2 else (0, 0)
+        r = min(rank, n, m)
+        total += (n + m) * r if len(shape) >= 2 and n * m > (n + m) * r else p["numel"]
+    return total
 
-    Attention's QK^T and AV add 2 * 2 * context * d per layer per token forward (the full
-    square, as a non-flash kernel computes it; causal masking could halve it).
-    """
-    attention = 4 * cfg.num_layers * cfg.context_length * cfg.d_model if _is_transformer(cfg) else 0
-    forward = 2 * count_parameters(cfg)["matmul"] + attention
-    return {"forward": forward, "backward": 2 * forward, "step": 3 * forward}
+
+def link_bytes(spec: StrategySpec, plan: Schedule, model_cfg, n_params: int, dtype: str, world_size: int) -> float:
+    """Bytes over each rank's link per step for the strategy's schedule (nccl-tests' bus convention)."""
+    wire = DTYPE_BYTES[dtype][1]
+    nbytes = plan.link_bytes(wire * n_params, wire * n_params, world_size)
+    if nbytes is None and plan.low_rank is not None and plan.gradients is not None:  # compressed steps
+        elements = low_rank_elements(parameter_facts(model_cfg), plan.low_rank.rank)
+        nbytes = 2 * (world_size - 1) / world_size * wire * elements
+    return nbytes
 
 
-def compute_bound_batch(cfg, comm_bytes: float, flops: float, bandwidth: float, overlap: str = "backward") -> float:
+def compute_bound_batch(model_cfg, comm_bytes: float, flops: float, bandwidth: float, overlap: str = "backward"
+                        ) -> float:
     """Sequences per device at which compute time equals communication time.
 
     Compute time for B sequences: B * context * flops_per_token / flops; communication: comm_bytes
@@ -87,42 +87,48 @@ def compute_bound_batch(cfg, comm_bytes: float, flops: float, bandwidth: float, 
     all-reduce can overlap with; "step" with forward + backward.
     Asymptotically for ddp in bf16: tokens = 4P*(N-1)/N * flops / (bandwidth * 4P) ~ flops / bandwidth.
     """
-    per_token = flops_per_token(cfg)[overlap]
-    comm_s = comm_bytes / bandwidth
-    return comm_s * flops / (per_token * cfg.context_length)
+    per_token = flops_per_token(model_cfg)[overlap]
+    return comm_bytes / bandwidth * flops / (per_token * model_cfg.context_length)
 
 
-def calculate(cfg, world_size: int = 8, dtype: str = "bf16", flops: float = 989e12,
-              bandwidth: float = 450e9) -> dict:
-    """Everything the CLI prints, as a dict (bytes, FLOPs, sequences)."""
-    params = count_parameters(cfg)
+def calculate(model_cfg, world_size: int = 8, dtype: str = "bf16", flops: float = 989e12,
+              bandwidth: float = 450e9, strategies=None, knobs: dict | None = None) -> dict:
+    """Everything the CLI prints, as a dict (bytes, FLOPs, sequences); a row per strategy."""
+    params = parameter_counts(model_cfg)
     n = params["total"]
-    fpt = flops_per_token(cfg)
     rows = {}
-    for strategy in ("ddp", "zero1", "zero1_cs336", "zero2", "zero3"):
-        stage = STAGES.get(strategy, 1)
-        comm = comm_bytes_per_step(n, dtype, world_size, strategy)
-        rows[strategy] = {
-            "memory": model_state_bytes(n, dtype, world_size, stage),
+    for spec in strategy_specs(strategies or list(SPECS), knobs):
+        plan = spec.schedule()
+        comm = link_bytes(spec, plan, model_cfg, n, dtype, world_size) if plan is not None else None
+        rows[spec.name] = {
+            "knobs": {k: str(v) for k, v in spec.used_knobs().items()},
+            "zero_stage": spec.zero_stage,
+            "memory": model_state_bytes(n, dtype, world_size, spec.zero_stage),
             "comm_bytes": comm,
-            "comm_s": comm / bandwidth,
-            "compute_bound_batch": compute_bound_batch(cfg, comm, flops, bandwidth, "backward"),
-            "compute_bound_batch_step": compute_bound_batch(cfg, comm, flops, bandwidth, "step"),
+            "comm_s": None if comm is None else comm / bandwidth,
+            "compute_bound_batch": None if comm is None else compute_bound_batch(model_cfg, comm, flops, bandwidth),
+            "compute_bound_batch_step": None if comm is None else compute_bound_batch(model_cfg, comm, flops,
+                                                                                       bandwidth, "step"),
         }
-    return {"model": cfg.get("name", "?"), "params": params, "dtype": dtype, "world_size": world_size,
-            "flops": flops, "bandwidth": bandwidth, "context_length": cfg.context_length,
-            "flops_per_token": fpt, "bytes_per_param": sum(DTYPE_BYTES[dtype]), "strategies": rows}
+    return {"model": model_cfg.get("name", "?"), "params": params, "dtype": dtype, "world_size": world_size,
+            "flops": flops, "bandwidth": bandwidth, "context_length": model_cfg.context_length,
+            "flops_per_token": flops_per_token(model_cfg), "bytes_per_param": sum(DTYPE_BYTES[dtype]),
+            "strategies": rows}
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:9.3f}"
+def _gb(x: float | None) -> str:
+    return f"{'-':>9}" if x is None else f"{x / 1e9:9.3f}"
+
+
+def _num(x: float | None, width: int, decimals: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:{width}.{decimals}f}"
 
 
 def format_report(r: dict) -> str:
     p = r["params"]
     lines = [
-        f"model {r['model']}: {p['total']:,} parameters ("
-        + ", ".join(f"{k} {v:,}" for k, v in p.items() if k not in ("total", "matmul")) + ")",
+        f"model {r['model']}: {p['total']:,} parameters (lookup {p['lookup']:,}, matmul weights {p['matmul']:,}, "
+        f"other {p['other']:,})",
         f"dtype {r['dtype']} ({r['bytes_per_param']} bytes/param with Adam: "
         + "/".join(str(b) for b in DTYPE_BYTES[r['dtype']]) + " params/grads/optimizer), "
         f"world_size {r['world_size']}, context {r['context_length']}, "
@@ -130,32 +136,50 @@ def format_report(r: dict) -> str:
         f"training FLOPs/token: forward {r['flops_per_token']['forward']:.3e}, "
         f"backward {r['flops_per_token']['backward']:.3e}",
         "",
-        f"{'strategy':<12} {'params GB':>9} {'grads GB':>9} {'optim GB':>9} {'total GB':>9} "
+        f"{'strategy':<12} {'ZeRO':>4} {'params GB':>9} {'grads GB':>9} {'optim GB':>9} {'total GB':>9} "
         f"{'comm GB':>9} {'comm ms':>9} {'bound@bwd':>10} {'bound@step':>10}",
     ]
     for name, row in r["strategies"].items():
         m = row["memory"]
-        lines.append(f"{name:<12} {_gb(m['params'])} {_gb(m['grads'])} {_gb(m['optimizer'])} {_gb(m['total'])} "
-                     f"{_gb(row['comm_bytes'])} {row['comm_s'] * 1e3:9.3f} "
-                     f"{row['compute_bound_batch']:10.2f} {row['compute_bound_batch_step']:10.2f}")
+        lines.append(f"{name:<12} {row['zero_stage']:>4} {_gb(m['params'])} {_gb(m['grads'])} {_gb(m['optimizer'])} "
+                     f"{_gb(m['total'])} {_gb(row['comm_bytes'])} "
+                     f"{_num(None if row['comm_s'] is None else row['comm_s'] * 1e3, 9, 3)} "
+                     f"{_num(row['compute_bound_batch'], 10, 2)} {_num(row['compute_bound_batch_step'], 10, 2)}")
     lines += ["", "memory: model state per device (no activations); GB = 1e9 bytes. comm: bytes over each "
-              "rank's link per step (nccl-tests bus convention).",
+              "rank's link per step (nccl-tests bus convention), from the strategy's declared schedule ('-': none "
+              "declared); powersgd: its compressed steps.",
               "bound@bwd / bound@step: sequences per device above which backward (or the whole step) "
-              "takes longer than the communication, i.e. the device is compute-bound."]
+              "takes longer than the communication, i.e. the device is compute-bound.",
+              "knobs: each strategy's spec defaults" + "".join(
+                  f"; {name} " + ", ".join(f"{k}={v}" for k, v in row["knobs"].items())
+                  for name, row in r["strategies"].items() if row["knobs"])]
     return "\n".join(lines)
 
 
 def _normalize_argv(argv: list[str]) -> list[str]:
-    """Accept Hydra-style key=value (model=small world_size=8 model.context_length=512) as well as --flags."""
+    """Accept Hydra-style key=value (model=small world_size=8 model.context_length=512 strategy.comm=...) as
+    well as --flags."""
     out = []
     for tok in argv:
         if tok.startswith("-") or "=" not in tok:
             out.append(tok)
         elif tok.startswith("model."):
             out.append(f"--set={tok[len('model.'):]}")
+        elif tok.startswith("strategy."):
+            out.append(f"--knob={tok[len('strategy.'):]}")
         else:
             key, value = tok.split("=", 1)
             out += [f"--{key.replace('_', '-')}", value]
+    return out
+
+
+def _pairs(items: list[str], what: str) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{what} takes KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(value)
     return out
 
 
@@ -168,21 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flops", type=float, default=989e12, help="FLOP/s per device (default: H100 bf16 dense)")
     parser.add_argument("--bandwidth", type=float, default=450e9,
                         help="bus bandwidth per device, bytes/s (default: H100 NVLink, 450 GB/s one way)")
+    parser.add_argument("--strategy", default=",".join(SPECS),
+                        help=f"comma-separated, of {', '.join(SPECS)} (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model key, e.g. context_length=512 (or model.context_length=512)")
+    parser.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a strategy knob on every listed strategy that has it (or strategy.KEY=VALUE)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(_normalize_argv(sys.argv[1:] if argv is None else argv))
     if args.world_size < 1:
         parser.error("world size must be >= 1")
-    overrides = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key] = int(value) if value.lstrip("-").isdigit() else value
     try:
-        cfg = load_model_config(args.model, overrides)
+        cfg = load_model_config(args.model, _pairs(args.set, "--set"))
+        report = calculate(cfg, args.world_size, args.dtype, args.flops, args.bandwidth,
+                           [s for s in args.strategy.split(",") if s], _pairs(args.knob, "--knob"))
     except ValueError as exc:
         parser.error(str(exc))
-    report = calculate(cfg, args.world_size, args.dtype, args.flops, args.bandwidth)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

@@ -96,11 +96,13 @@ def _validate_train(cfg: DictConfig) -> None:
              f"train.grad_accum_steps={t.grad_accum_steps} micro-batches")
     _require(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
     _require(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
-    _require(m.context_length >= 1, f"model.context_length must be >= 1, got {m.context_length}")
-    for key in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads"):
-        _require(m[key] >= 1, f"model.{key} must be >= 1, got {m[key]}")
-    _require(m.d_model % m.num_heads == 0,
-             f"model.d_model={m.d_model} does not divide by model.num_heads={m.num_heads}")
+    for key in ("context_length", "vocab_size"):  # every model takes them: the data is drawn from them
+        _require(key in m, f"model={m.get('name')} has no {key}: every model takes vocab_size and context_length")
+    for key in ("context_length", "vocab_size", "d_model", "d_ff", "num_layers", "num_heads"):
+        _require(key not in m or not isinstance(m[key], int) or m[key] >= 1, f"model.{key} must be >= 1, got "
+                 f"{m.get(key)}")
+    _require(not {"d_model", "num_heads"} <= set(m) or m.d_model % m.num_heads == 0,
+             f"model.d_model={m.get('d_model')} does not divide by model.num_heads={m.get('num_heads')}")
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     spec = _strategy_spec(cfg.strategy)
@@ -110,7 +112,7 @@ def _validate_train(cfg: DictConfig) -> None:
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     module = _meta_model(cfg)
     _validate_model_for_strategy(cfg, spec, module)
-    _validate_memory(cfg, sum(p.numel() for p in module.parameters()), spec.zero_stage)
+    _validate_memory(cfg, spec.zero_stage)
 
 
 def _strategy_spec(strategy: DictConfig) -> StrategySpec:
@@ -178,9 +180,9 @@ def _validate_collective(cfg: DictConfig) -> None:
              f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
 
 
-def _validate_memory(cfg: DictConfig, num_params: int, zero_stage: int) -> None:
+def _validate_memory(cfg: DictConfig, zero_stage: int) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
-    per_rank = estimate_rank_bytes(cfg, num_params, zero_stage)
+    per_rank = estimate_rank_bytes(cfg, zero_stage)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):
         need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"

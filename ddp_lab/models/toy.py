@@ -8,11 +8,10 @@ class ToyMLP(nn.Module):
     """Embedding -> num_layers x (Linear, GELU) -> untied output projection.
 
     Takes the same token batches and loss as the Transformer, so every strategy and test can swap
-    one model for the other. `num_heads` and `rope_theta` are accepted for a shared config schema.
+    one model for the other.
     """
 
-    def __init__(self, vocab_size: int, context_length: int, d_model: int, d_ff: int,
-                 num_layers: int, num_heads: int = 1, rope_theta: float = 10000.0):
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, d_ff: int, num_layers: int):
         super().__init__()
         self.context_length = context_length
         self.embed = nn.Embedding(vocab_size, d_model)

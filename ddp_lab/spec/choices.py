@@ -23,7 +23,7 @@ class Dtype(Choice):
 
 
 class ShardPolicy(Choice):
-    """fsdp: which parameters are sharded (ddp_lab/strategies/fsdp/policy.py)."""
+    """fsdp: which parameters are sharded (ddp_lab/spec/strategies/fsdp_units.py)."""
 
     linear_embedding = "linear_embedding"
     """Weight matrices of Linear and Embedding layers; norms and biases replicated (CS336's split)."""

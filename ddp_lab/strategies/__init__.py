@@ -13,7 +13,7 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | zero1 | Zero1 + ShardedOptimizer | zero1/strategy.py, zero1/optimizer.py |
 | zero1_torch | TorchZero1 (torch DDP + ZeroRedundancyOptimizer) | zero1/torch_reference.py |
 | zero2 | Zero2 + Zero2Optimizer | zero2.py (on bucketed.py's buckets) |
-| fsdp | FSDP (hand-written ZeRO-3) | fsdp/ (policy.py, unit.py, wrapper.py) |
+| fsdp | FSDP (hand-written ZeRO-3) | fsdp/ (unit.py, wrapper.py; its unit plan: spec/strategies/fsdp_units.py) |
 | fsdp_torch | TorchFSDP (torch's fully_shard, FSDP2) | fsdp_torch.py |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |

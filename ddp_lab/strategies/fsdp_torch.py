@@ -41,7 +41,7 @@ from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.comm_stats import CommStats, Stamp, record_intervals
-from ddp_lab.strategies.fsdp.policy import plan_units
+from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
 from ddp_lab.units import tensor_bytes
 
@@ -176,7 +176,7 @@ class TorchFSDP(DataParallelBase):
             fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm))
             fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm))
         for plan in plans:
-            if not plan.needed_in_backward:  # fsdp's rule (policy.py): a unit of embeddings only
+            if not plan.needed_in_backward:  # fsdp's rule (spec/strategies/fsdp_units.py): a unit of embeddings only
                 plan.module.set_unshard_in_backward(False)
         self._units = units
 

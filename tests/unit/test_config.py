@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ddp_lab.analysis.calculator import count_parameters
 from ddp_lab.config import register_configs
 from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.models.facts import parameter_counts
 from ddp_lab.spec.labels import knob_label
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -60,7 +60,7 @@ def test_parameter_count_of_small_by_hand():
     # per layer: qkv+proj 4*d^2, SwiGLU 3*d*d_ff, two RMSNorm weights 2*d; plus embed, lm_head, final norm
     d, ff, layers, vocab = 768, 3072, 12, 10000
     expected = layers * (4 * d * d + 3 * d * ff + 2 * d) + 2 * vocab * d + d
-    assert count_parameters(_compose("model=small").model)["total"] == expected
+    assert parameter_counts(_compose("model=small").model)["total"] == expected
 
 
 def test_memory_check_refuses_xl_on_four_cpu_ranks():

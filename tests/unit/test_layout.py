@@ -85,21 +85,13 @@ def _in(folder: str):
             or name == f"ddp_lab.{folder}"}
 
 
-# What an offline folder may still read of a strategy: fsdp's unit plan (pure functions over an
-# nn.Module), which the step-time predictor replays, so its units are the strategy's own. A stopgap
-# until strategies describe themselves in a layer every process reads (issue 20); importing it still
-# loads the strategies package.
-READS = ("ddp_lab.strategies.fsdp.policy",)
-
-
 @pytest.mark.parametrize("folder, forbidden", [
     ("analysis", ("torch.distributed", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies", "ddp_lab.tasks")),
     ("rank", ("ddp_lab.launcher",)),
     ("launcher", ("ddp_lab.rank",)),
 ])
 def test_folders_import_only_what_their_process_runs(folder, forbidden):
-    offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden) and not m.startswith(READS))
-                 for name, path in _in(folder).items()}
+    offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden)) for name, path in _in(folder).items()}
     assert not {k: v for k, v in offending.items() if v}
 
 

@@ -173,7 +173,7 @@ def test_replay_gate_makes_compute_wait():
 
 
 def test_fsdp_schedule_hand_computed_on_the_strategys_own_plan():
-    # UnitsNet's plan (strategies/fsdp/policy.py): units embed (a lookup: no forward work, not gathered
+    # UnitsNet's plan (spec/strategies/fsdp_units.py): units embed (a lookup: no forward work, not gathered
     # for backward), blocks.0, blocks.1, head (kept after forward); the root holds norm.weight (replicated).
     model = _model()
     one = {"numel": 250000, "bytes": 1e6, "dtype": "float32"}
@@ -342,13 +342,16 @@ def test_scale_prints_a_row_per_strategy_and_world_size(capsys):
                  "--strategy", "bucketed,fsdp"]) == 0
     out = capsys.readouterr().out
     assert "| bucketed | 64 |" in out and "| fsdp | 8 |" in out and "anchor" not in out
+    assert main(["scale", "--model", "toy", "--world-size", "8", "--strategy", "torch_ddp,zero2"]) == 0  # any model
+    assert "| torch_ddp | 8 |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
     (["scale", "--system", "tpu-v9"], "unknown system"),
     (["scale", "--model", "gpt5"], "unknown model"),
     (["scale", "--world-size", "0,8"], "world sizes must be >= 1"),
-    (["scale", "--model", "toy"], "Transformer"),
+    (["scale", "--strategy", "powersgd"], "scale does not replay strategy 'powersgd'"),
+    (["scale", "--strategy", "fsdp_torch"], "scale does not replay strategy 'fsdp_torch'"),
 ])
 def test_scale_bad_input(argv, message, capsys):
     assert main(argv) == 2

@@ -1,8 +1,8 @@
 """`scale`: a strategy's step on a named GPU system at any world size, from formulas alone.
 
-Compute: the calculator's FLOPs per token (ddp_lab/analysis/calculator.py) at the system's peak
-times its MFU; backward is twice forward, and each parameter's gradient is ready when backward has
-done the FLOPs of everything after it (output first). Mixed precision (bf16 weights and gradients
+Compute: the model's FLOPs per token, counted on the model built on the meta device
+(ddp_lab/models/facts.py), at the system's peak times its MFU; each parameter's gradient is ready when
+backward has done the FLOPs of everything after it (output first). Mixed precision (bf16 weights and gradients
 on the wire, fp32 master weights and AdamW: 16 bytes per parameter, ZeRO's accounting); the
 optimizer is memory-bound: 28 bytes per parameter it updates (read fp32 master, m, v and the bf16
 gradient, write master, m, v and the bf16 weight) at the GPU's memory bandwidth. Collectives: the
@@ -21,13 +21,15 @@ after its backward). Low-rank compression and averaging every k steps are not re
 
 from __future__ import annotations
 
-from ddp_lab.analysis.calculator import flops_per_token, load_model_config
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.systems import System, busbw, collective_s
+from ddp_lab.config import compose_model
+from ddp_lab.models.facts import flops_per_token, meta_model, parameter_facts
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 from ddp_lab.spec.schedule import Schedule
 from ddp_lab.spec.strategies import SPECS
+from ddp_lab.spec.strategies.fsdp_units import plan_units
 
 BUCKET_MB = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 WIRE_BYTES = 2          # bf16 gradients and parameters on the wire
@@ -35,32 +37,23 @@ OPTIMIZER_BYTES = 28    # per updated parameter, see module docstring
 
 
 def load_model(name: str, context_length: int | None = None):
+    """conf/model/NAME.yaml, composed as launch.py composes it (any model: its facts are counted from it)."""
     try:
-        cfg = load_model_config(name, {"context_length": context_length} if context_length else None)
+        return compose_model(name, {"context_length": context_length} if context_length else None)
     except ValueError as exc:
         raise PredictError(str(exc)) from None
-    if not str(cfg._target_).endswith("Transformer"):
-        raise PredictError(f"scale needs a Transformer model; {name!r} is not one")
-    return cfg
 
 
 def parameters(cfg) -> list[dict]:
-    """The Transformer's parameters in `parameters()` order (ddp_lab/models/transformer.py), each
-    with its backward FLOPs per token (a matmul weight: 4 per element; the attention scores' backward,
-    8 * context * d per layer, counted with qkv, whose gradient comes after it)."""
-    V, d, f, L, ctx = cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.context_length
-    out = [{"name": "embed", "numel": V * d, "bwd": 0.0, "unit": "embed"}]
-    for i in range(L):
-        unit = f"block{i}"
-        out += [{"name": f"blocks.{i}.ln1", "numel": d, "bwd": 0.0, "unit": unit},
-                {"name": f"blocks.{i}.attn.qkv", "numel": 3 * d * d, "bwd": 4 * 3 * d * d + 8 * ctx * d, "unit": unit},
-                {"name": f"blocks.{i}.attn.proj", "numel": d * d, "bwd": 4 * d * d, "unit": unit},
-                {"name": f"blocks.{i}.ln2", "numel": d, "bwd": 0.0, "unit": unit}]
-        out += [{"name": f"blocks.{i}.ffn.{w}", "numel": d * f, "bwd": 4 * d * f, "unit": unit}
-                for w in ("w1", "w3", "w2")]
-    out += [{"name": "ln_final", "numel": d, "bwd": 0.0, "unit": "head"},
-            {"name": "lm_head", "numel": V * d, "bwd": 4 * V * d, "unit": "head"}]
-    return out
+    """The model's parameters in `parameters()` order, counted on the meta device (models/facts.py): each
+    with its backward FLOPs per token (`bwd`) and the ZeRO-3 unit of fsdp's own plan it belongs to
+    (the root's parameters in the unit "root")."""
+    try:
+        plans = plan_units(meta_model(cfg))
+    except ValueError:  # nothing to shard: every parameter in the root
+        plans = []
+    unit_of = {p.name: plan.name or "root" for plan in plans for p in plan.params}
+    return [{**p, "unit": unit_of.get(p["name"], "root")} for p in parameter_facts(cfg)]
 
 
 def _collective(system: System, op: str, nbytes: float, n: int) -> float:

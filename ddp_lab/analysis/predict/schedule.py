@@ -241,7 +241,7 @@ def fsdp_units(cfg: dict, params: list[dict], policy: str = "linear_embedding") 
     from omegaconf import OmegaConf
 
     from ddp_lab.models import build_model
-    from ddp_lab.strategies.fsdp.policy import plan_units
+    from ddp_lab.spec.strategies.fsdp_units import plan_units
 
     try:
         with torch.device("meta"):

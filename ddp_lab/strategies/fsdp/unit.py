@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.collectives import all_gather_single, launch_stamped, reduce_scatter_single
-from ddp_lab.strategies.fsdp.policy import ParamPlan, UnitPlan
+from ddp_lab.spec.strategies.fsdp_units import ParamPlan, UnitPlan
 from ddp_lab.units import tensor_bytes
 
 

@@ -2,7 +2,7 @@
 
 `FSDP(module, compute_dtype=None, reshard_after_forward=True, policy="linear_embedding",
 comm_dtype=None)`. The
-model is split into units (policy.py) and each unit's parameters are held as local shards
+model is split into units (spec/strategies/fsdp_units.py) and each unit's parameters are held as local shards
 (unit.py). One step:
 
 - forward: before a unit's forward its parameters are all-gathered (waiting for the all-gather
@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.comm_stats import record_intervals
-from ddp_lab.strategies.fsdp.policy import Policy, plan_units
+from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
 from ddp_lab.strategies.fsdp.unit import Unit
 
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16)

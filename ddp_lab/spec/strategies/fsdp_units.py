@@ -23,17 +23,28 @@ Named policies (`strategy.policy`):
 
 A parameter lies in a unit when every module that holds it does (a weight tied across two units
 belongs to neither); parameters in no unit form the *root* unit, gathered for the whole forward
-and backward. `plan_units` is shared by fsdp and fsdp_torch, so both run on the same units.
+and backward. `plan_units` is shared by fsdp and fsdp_torch, so both run on the same units, and by
+the step-time predictor, which replays them.
+
+It lives with the specs because every process asks it: the ranks shard by it, the launcher checks
+a model has something to shard, the predictor replays the units. It works on a model handed to it
+and imports torch only then: the module itself loads none, like every spec.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
-CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+def _nn():
+    """torch.nn, imported when a model is handed in (so torch is loaded already)."""
+    from torch import nn
+
+    return nn
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class Policy:
 
 def linear_embedding_weights(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
     """torch's Linear/Embedding weight, or a 2-D parameter of any leaf module (module docstring)."""
+    nn = _nn()
     if isinstance(module, (nn.Linear, nn.Embedding)):
         return attr == "weight" and param.dim() >= 2
     return param.dim() == 2 and next(module.children(), None) is None
@@ -56,7 +68,8 @@ def every_parameter(module: nn.Module, attr: str, param: nn.Parameter) -> bool:
 def children_and_list_items(parent: nn.Module | None, module: nn.Module) -> bool:
     """Direct children of the wrapped model (given as parent=None) and items of a container; a
     container itself is never a unit (its items are)."""
-    return not isinstance(module, CONTAINERS) and (parent is None or isinstance(parent, CONTAINERS))
+    containers = (_nn().ModuleList, _nn().Sequential)
+    return not isinstance(module, containers) and (parent is None or isinstance(parent, containers))
 
 
 POLICIES = {
@@ -93,7 +106,7 @@ class ParamPlan:
     def lookup_only(self) -> bool:
         """Held by embeddings only: its backward reads the indices, never the weight, and its forward is
         a lookup, not a matmul."""
-        return all(isinstance(s.module, nn.Embedding) for s in self.slots)
+        return all(isinstance(s.module, _nn().Embedding) for s in self.slots)
 
 
 @dataclass
