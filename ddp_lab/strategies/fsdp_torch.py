@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.comm_stats import CommStats, Stamp, record_intervals
-from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
 from ddp_lab.units import tensor_bytes
 

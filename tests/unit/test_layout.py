@@ -91,7 +91,8 @@ def _in(folder: str):
     ("launcher", ("ddp_lab.rank",)),
 ])
 def test_folders_import_only_what_their_process_runs(folder, forbidden):
-    offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden)) for name, path in _in(folder).items()}
+    offending = {name: sorted(m for m in _imports(path) if m.startswith(forbidden))
+                 for name, path in _in(folder).items()}
     assert not {k: v for k, v in offending.items() if v}
 
 

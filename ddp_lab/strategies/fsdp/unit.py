@@ -46,8 +46,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.strategies.collectives import all_gather_single, launch_stamped, reduce_scatter_single
 from ddp_lab.spec.strategies.fsdp_units import ParamPlan, UnitPlan
+from ddp_lab.strategies.collectives import all_gather_single, launch_stamped, reduce_scatter_single
 from ddp_lab.units import tensor_bytes
 
 

@@ -45,9 +45,9 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.comm_stats import record_intervals
-from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
 from ddp_lab.strategies.fsdp.unit import Unit
 
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16)
