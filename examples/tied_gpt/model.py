@@ -1,7 +1,8 @@
 """`model=tied_gpt`: a model written outside ddp_lab, GPT-2's shape at small sizes.
 
-Learned position embeddings, pre-LayerNorm blocks (causal attention, a 4x GELU MLP, biases everywhere)
-and an output head tied to the token embedding, the weight GPT-2 shares between input and output. Any
+Learned position embeddings, pre-LayerNorm blocks (causal attention, a 4x GELU MLP, biases everywhere),
+an output head tied to the token embedding (the weight GPT-2 shares between input and output), GPT-2's
+initialisation. Any
 `nn.Module` that maps a (batch, context) tensor of token ids to (batch, context, vocab) logits trains
 here; its arguments are its YAML's keys (examples/conf/model/tied_gpt.yaml), and `vocab_size` and
 `context_length` are the two every model takes (the data is drawn from them).
@@ -41,6 +42,11 @@ class TiedGPT(nn.Module):
         self.ln_final = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied: one parameter, used by the lookup and the output matmul
+        for module in self.modules():  # GPT-2's initialisation: N(0, 0.02) weights, zero biases
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)

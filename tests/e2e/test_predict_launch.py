@@ -1,5 +1,6 @@
 """The predictor on real runs through launch.py: a small collective sweep and one profiled run make a
-model file, and `validate` on those runs plus a naive one prints a row per training job and its error line."""
+model file, and `validate` on those runs plus a naive one and one of the example strategy from outside the
+package (replayed from the schedule its spec declares) prints a row per training job and its error line."""
 
 import json
 import math
@@ -28,7 +29,9 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     assert [len(r) for r in phases["compute_alone"]] == [10, 10]  # forward and backward with no comm in flight
     assert all(p["forward_ms"] > 0 and p["backward_ms"] > 0 for r in phases["compute_alone"] for p in r)
     assert all(p["numel"] == math.prod(p["shape"]) for p in phases["params"])  # powersgd's matrices
-    proc = launch(*FAST, "strategy=naive", "logger=none", tmp_path=train)
+    examples = f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}]"
+    proc = launch(examples, *FAST, "strategy=naive,bucketed_after_backward", "logger=none", tmp_path=train,
+                  multirun=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
     model = tmp_path / "model.json"
@@ -42,7 +45,7 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     work = fitted["host"]["powersgd"]  # its compressed step's work on the model's matrices, timed on this host
     assert work["numel"] == sum(p["numel"] for p in phases["params"] if len(p["shape"]) >= 2)
     assert len(work["phase_ms"]) == 3 and min(work["phase_ms"]) > 0
-    compressed = json.loads((train / "run" / "results.json").read_text())["config"]
+    compressed = json.loads((train / "multirun" / "0" / "results.json").read_text())["config"]
     compressed["strategy"] = {"name": "powersgd", "bucket_mb": 25.0, "rank": 1, "start_iter": 0}
     step, replayed = job_step(fitted, compressed)
     assert any(c.label == "phase 3 work" for c in step.collectives) and replayed.step_ms > 0
@@ -51,5 +54,7 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any("naive" in line for line in lines) and any("overlap" in line for line in lines)
+    example = next(line for line in lines if "bucketed_after_backward" in line)
+    assert "not predicted" not in example and "error" not in example.lower(), example
     scores = next(i for i, line in enumerate(lines) if line.startswith("mean |error|: step "))
     assert "exposed comm" in lines[scores] and lines[scores + 1].strip().startswith(("naive:", "overlap:"))

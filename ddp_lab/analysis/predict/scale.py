@@ -125,11 +125,11 @@ def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: f
         comms = [coll("all_reduce", grad[i], ready[i] if g.launch == "ready" else None) for i in order]
     elif g is not None and g.group == "all":
         comms = [coll("all_reduce", sum(grad))]
-        if g.host_copies:
-            comms.append(Collective(2 * 2 * sum(grad) / system.hbm_Bps * 1e3, None))
     elif g is not None:
         comms = [coll(g.op, sum(grad[i] for i in b), max(ready[i] for i in b) if g.launch == "ready" else None)
                  for b in buckets]
+    if g is not None and g.host_copies:  # into buffers allocated for them and back: read and write, twice
+        comms.append(Collective(2 * 2 * sum(grad) / system.hbm_Bps * 1e3, None))
     q = plan.parameters
     if q is not None and n > 1:
         if q.group == "bucket":

@@ -11,8 +11,9 @@ alpha-beta of its op at the job's world size:
   reduce to its owner); `blocking`: timed back to back where the sweep timed them so;
 - gradients per tensor, when ready: one all-reduce per gradient, launched when it is ready, in
   reverse parameter order;
-- gradients all at once: one all-reduce after backward; `host_copies`: the copy into a new buffer
-  and back, as compute work;
+- gradients all at once: one all-reduce after backward;
+- `host_copies`: the gradients copied into buffers allocated for them and back, as compute work after
+  backward (flat's, and any strategy that flattens);
 - gradients per bucket: one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is
   full; reduce-scattered: N reduces of 1/N of it (gloo's reduce-scatter);
 - low rank (PowerSGD): the bucket all-reduces while most measured steps come before `start_iter`;
@@ -130,7 +131,16 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         return nbytes / rate / 1e6 * core if rate else 0.0
 
     def gradient_collectives(sync: GradientSync) -> list[Collective]:
-        """The collectives of `sync` (spec/schedule.py) on this job's gradients."""
+        """The collectives of `sync` (spec/schedule.py) on this job's gradients; with `host_copies`, the
+        gradients' copy into buffers allocated for them and back, after backward."""
+        out = _gradient_collectives(sync)
+        if sync.host_copies:
+            total = sum(grad_bytes)
+            out.append(Collective(host_ms("fresh_copy", total) + host_ms("copy", total), None,
+                                  "flatten + unflatten copies"))
+        return out
+
+    def _gradient_collectives(sync: GradientSync) -> list[Collective]:
         at = ready if sync.launch == "ready" else [None] * len(params)
         if sync.group == "tensor":  # reduce-scattered whole tensors: on gloo one reduce to each one's owner
             order = reversed(range(len(params))) if sync.launch == "ready" else range(len(params))
@@ -138,12 +148,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             return [coll(op, grad_bytes[i], at[i], f"{prefix}{params[i]['name']}", back_to_back=sync.blocking)
                     for i in order]
         if sync.group == "all" and sync.op == "all_reduce":
-            total = sum(grad_bytes)
-            out = [coll("all_reduce", total, None, "flat")]
-            if sync.host_copies:  # flatten into a new buffer, copy back into the gradients
-                out.append(Collective(host_ms("fresh_copy", total) + host_ms("copy", total), None,
-                                      "flatten + unflatten copies"))
-            return out
+            return [coll("all_reduce", sum(grad_bytes), None, "flat")]
         if sync.group == "bucket" and sync.op == "all_reduce":
             return [coll("all_reduce", padded(b, 1), max(at[i] for i in b) if sync.launch == "ready" else None,
                          f"bucket {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
