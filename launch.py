@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ddp_lab.analysis.tables import print_tables
+from ddp_lab.analysis.end_of_run import job_ended
 from ddp_lab.config import register_configs
 from ddp_lab.jobdir import CONFIG, node_file, write_text_atomic
 from ddp_lab.launcher.cluster import place_node
@@ -89,7 +89,7 @@ def main(cfg: DictConfig) -> float:
         print(f"node {node} of {cfg.launcher.nnodes}: {results['status']} ({job_dir / node_file(node)}); "
               "results.json is written by node_rank 0")
     else:
-        print_tables([(job_dir.name, results)], f"{job_dir}")
+        job_ended(job_dir, results)  # the table, and a profiled job's timeline picture
     if results["status"] != "ok":
         print(f"job {results['status']}: {results['error']}", file=sys.stderr)
     if under_submitit(hc):

@@ -36,7 +36,7 @@ from ddp_lab.jobdir import (
 )
 from ddp_lab.launcher.failures import diagnose, oom_kills
 from ddp_lab.launcher.resume import set_aside_previous_attempt
-from ddp_lab.tasks import TASKS
+from ddp_lab.spec.stats import summarize_steps
 
 GRACE_S = 15  # torchrun's own SIGTERM-to-SIGKILL wait is 30 s: the launcher does not wait that long
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: st
     if status == "ok":
         return results
     steps = results["steps"] if results else read_steps(job_dir)
-    summary = results["summary"] if results else (TASKS[cfg.task.name].summarize(steps, cfg) if steps else {})
+    summary = results["summary"] if results else (summarize_steps(steps, cfg) if steps else {})
     env = results["env"] if results else {"world_size": cfg.world_size}
     results = make_results(status, error, OmegaConf.to_container(cfg, resolve=True), env, summary, steps)
     write_json_atomic(job_dir / RESULTS, results)

@@ -146,10 +146,10 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module:
 
 
 def _validate_model_for_strategy(cfg: DictConfig, spec: StrategySpec, module: torch.nn.Module) -> None:
-    """The runtime class's `check_model(module, **knobs)` (fsdp: is there a unit to shard?) sees the
-    model, built on the meta device."""
+    """The spec's `check_model(module)` (fsdp: is there a unit to shard?) sees the model, built on the
+    meta device."""
     try:
-        spec.runtime_class().check_model(module, **spec.knobs())
+        spec.check_model(module)
     except ValueError as exc:
         raise ConfigError(f"strategy={spec.name} with model={cfg.model.name}: {exc}") from None
 

@@ -2,10 +2,11 @@
 
 Kept out of the train loop, which only enters `StepProfiler` and calls `profiler.step()` once per
 step. Each rank writes a Chrome/Perfetto trace to JOB/traces/rank{R}.json (open it in
-https://ui.perfetto.dev or chrome://tracing). When the loop ends, rank 0 reads every rank's trace,
-computes the overlap of communication with computation (`analysis.traces.analyze_run`: compute
-during comm over comm, per rank, then the mean) for results.json's `summary.trace_overlap`, and
-draws JOB/timeline.png with a compute and a comm lane per rank.
+https://ui.perfetto.dev or chrome://tracing). When the loop ends, rank 0 reads every rank's trace and
+computes the overlap of communication with computation (`spec.traces.analyze_run`: compute during
+comm over comm, per rank, then the mean) for results.json's `summary.trace_overlap`. The picture of
+it (JOB/timeline.png, a compute and a comm lane per rank) is drawn from those files by launch.py when
+the job has ended (analysis/timeline.py): a rank records, it does not plot.
 
 Profiled steps are slower (the profiler records every op), so a profiled run's step times are not
 the numbers to compare: profile one run, measure another. On several nodes rank 0 sees only the
@@ -21,7 +22,9 @@ After the last step, `time_compute_alone` runs forward and backward of a fresh c
 no strategy on every rank at once: compute with no communication in flight. On shared cores a
 collective in flight slows backward, and from the training steps alone that slowdown cannot be told
 apart from backward's own length (a longer backward with no slowdown replays the same); phases.json's
-`compute_alone` pins it.
+`compute_alone` pins it. Rank 0 then times the host work the predictor needs and a step does not time
+(rank/host_timing.py: copies, adds, zeroing, PowerSGD's phases on this model's matrices) into
+phases.json's `host`, so `predict fit` reads every measurement from files.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from ddp_lab.analysis.traces import analyze_run, find_traces
-from ddp_lab.jobdir import PHASES, TIMELINE, TRACES, trace_file, write_json_atomic
+from ddp_lab.jobdir import PHASES, TRACES, trace_file, write_json_atomic
+from ddp_lab.rank.host_timing import host_timings
 from ddp_lab.rank.process_group import synchronize
+from ddp_lab.spec.traces import analyze_run, find_traces
 
 PROFILED_STEPS = 3
 COMPUTE_ALONE_WARMUP, COMPUTE_ALONE_REPEATS = 2, 10
@@ -87,9 +91,9 @@ class StepProfiler:
     """`with StepProfiler(cfg, job_dir, device) as profiler: ... profiler.step()`; a no-op unless
     `cfg.profile`. After a profiled run, `overlap` holds rank 0's trace analysis (else None)."""
 
-    def __init__(self, cfg, job_dir, device: torch.device, label: str = "run"):
+    def __init__(self, cfg, job_dir, device: torch.device):
         self.enabled = bool(cfg.profile)
-        self.job_dir, self.label = Path(job_dir), label
+        self.job_dir = Path(job_dir)
         self.plan = profile_schedule(cfg.train.steps, cfg.train.warmup_steps)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self._prof = profile(activities=activities, schedule=schedule(**self.plan),
@@ -160,7 +164,8 @@ class StepProfiler:
         prof.export_chrome_trace(str(path))
 
     def _analyze(self) -> dict | None:
-        """Rank 0, once every rank's trace is on disk: phases.json, overlap figures and the timeline picture."""
+        """Rank 0, once every rank's trace is on disk: phases.json (with the host timings) and the overlap
+        figures."""
         dist.barrier()
         clocks = [None] * dist.get_world_size()
         mine = ({"params": self.clock.params, "steps": self.clock.steps, "compute_alone": self.compute_alone}
@@ -173,7 +178,8 @@ class StepProfiler:
                 "params": clocks[0]["params"], "profiled_steps": self.plan, "cpus": len(os.sched_getaffinity(0)),
                 "threads_per_rank": torch.get_num_threads(),
                 "ranks": [c["steps"] for c in clocks],
-                "compute_alone": [c["compute_alone"] for c in clocks] if clocks[0]["compute_alone"] else None})
+                "compute_alone": [c["compute_alone"] for c in clocks] if clocks[0]["compute_alone"] else None,
+                "host": host_timings([p["shape"] for p in clocks[0]["params"]])})
         traces = find_traces(self.job_dir / TRACES)
         if not traces:
             return None
@@ -181,9 +187,4 @@ class StepProfiler:
         stats = analyze_run(traces)
         stats["profiled_steps"] = list(range(first, first + self.plan["active"]))
         stats["traces"] = [str(Path(p).relative_to(self.job_dir)) for p in traces]
-        steps = stats["profiled_steps"]
-        from ddp_lab.analysis.timeline import plot_timeline  # matplotlib: ~0.4 s, only for profiled runs
-
-        plot_timeline({self.label: traces}, self.job_dir / TIMELINE,
-                      title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}")
         return stats

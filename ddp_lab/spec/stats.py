@@ -1,4 +1,6 @@
-"""Summaries of per-step measurements: the figures every table, W&B summary and report share."""
+"""Summaries of per-step measurements: the figures every table, W&B summary and report share, and the
+summary of a training job's steps, which the rank writes into results.json and the launcher makes for
+a job that failed after streaming some steps."""
 
 from __future__ import annotations
 
@@ -15,3 +17,34 @@ def summarize(values) -> dict | None:
     p50, p90, p95 = np.percentile(a, [50, 90, 95])
     return {"mean": float(a.mean()), "std": float(a.std()), "p50": float(p50), "p90": float(p90),
             "p95": float(p95), "min": float(a.min()), "max": float(a.max())}
+
+
+TRAINING_SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms",
+                       "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms",
+                       "grad_error")
+"""Per-step figures a training job's summary gives mean, std and percentiles of (a step's phases are the
+timer's laps: fwd_bwd, sync, optimizer)."""
+
+
+def summarize_training(steps: list[dict], warmup_steps: int) -> dict:
+    """Summaries over the measured (post-warm-up) steps, plus overlap % where comm was in flight."""
+    measured = [s for s in steps if s["step"] >= warmup_steps]
+    summary = {key: summarize(s.get(key) for s in measured) for key in TRAINING_SUMMARIZED}
+    total = sum(s.get("comm_ms", 0.0) for s in measured)
+    exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
+    summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
+    summary["measured_steps"] = len(measured)
+    summary["final_loss"] = steps[-1].get("loss") if steps else None
+    if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
+        for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
+            values = [s[key] for s in measured if s.get(key) is not None]
+            summary[out] = sum(values) / len(values) if values else None
+    return summary
+
+
+def summarize_steps(steps: list[dict], cfg) -> dict:
+    """A job's summary from its streamed steps (steps.jsonl), for a job that ended before writing one: a
+    training job's figures; {} for the collective benchmark, where a partial sweep of sizes is no figure."""
+    if cfg["task"]["name"] != "train":
+        return {}
+    return summarize_training(steps, cfg["train"]["warmup_steps"])

@@ -23,7 +23,10 @@ instead of probing the runtime class or matching its name:
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
 - `schedule()`: its collectives as data (spec/schedule.py) for the predictor and the calculator;
-  None: not replayed.
+  None: not replayed;
+- `check_model(module)`: the model it needs: raise ValueError (one line) for a model it cannot wrap
+  (fsdp: nothing to shard); the launcher asks before any rank starts, on the model built on the meta
+  device.
 
 Nothing here imports torch: the launcher, analysis and any offline tool read specs freely.
 """
@@ -77,6 +80,10 @@ class StrategySpec:
     def schedule(self) -> Optional[Schedule]:
         """The collectives of one step (spec/schedule.py); None for a strategy the predictor does not replay."""
         return None
+
+    def check_model(self, module) -> None:
+        """Raise ValueError, one line, when the strategy cannot wrap `module` (a torch model, on the meta
+        device before launch); every model is fine by default."""
 
     @classmethod
     def runtime_class(cls) -> type:

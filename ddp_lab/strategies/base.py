@@ -24,12 +24,10 @@ each with its default here, so nothing is probed with getattr:
   gradients and optimizer state (buckets, error feedback, anchors), for the memory accounting
   (rank/memory.py counts each storage once, and none that holds model state); `[]` when nothing;
 - `peak_gathered_bytes`: the most bytes of gathered parameters held at once (ZeRO-3), None where
-  nothing is gathered;
-- `check_model(module, **knobs)`, a class method: raise ValueError (one line) when the model cannot
-  be wrapped (fsdp: nothing to shard); the launcher calls it on the model built on the meta device.
+  nothing is gathered.
 
-What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule) is its
-spec's to say, not the runtime class's.
+What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule, the model
+it needs) is its spec's to say, not the runtime class's.
 
 `comm_dtype` (`strategy.comm_dtype`: fp32, bf16, fp16) is the dtype gradients travel in; the
 average lands in the fp32 `.grad` (strategies/collectives.py's `to_wire` / `from_wire`).
@@ -69,10 +67,6 @@ class DataParallelBase(nn.Module):
         self.require_sync = True
         if broadcast:
             broadcast_module_state(module)
-
-    @classmethod
-    def check_model(cls, module: nn.Module, **knobs) -> None:
-        """Raise ValueError when `module` (built on the meta device) cannot be wrapped with these knobs."""
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

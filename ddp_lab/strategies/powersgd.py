@@ -71,6 +71,32 @@ def orthonormalize_(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.copy_(q)
 
 
+# One compressed matrix M (n x m) through the three phases, with its factors P (n x r), Q (m x r) and its
+# error (n x m). The strategy runs them on views into its buckets; the profiler times them
+# (rank/host_timing.py) for the step-time predictor.
+
+def compress_p_(matrix, p, q, error, grad_scale: float = 1.0) -> None:
+    """Phase 1: the kept error (unscaled) added into M, then P = M Q with Q orthonormalized."""
+    matrix.add_(error, alpha=grad_scale)
+    torch.mm(matrix, orthonormalize_(q), out=p)
+
+
+def compress_q_(matrix, p, q) -> None:
+    """Phase 2, once P is summed over ranks: Q = M^T P with P orthonormalized."""
+    torch.mm(matrix.t(), orthonormalize_(p), out=q)
+
+
+def decompress_(matrix, p, q, error, keep_error: bool = True, grad_scale: float = 1.0) -> None:
+    """Phase 3: M = P Q^T, and (unless the step overflowed) the error M - P Q^T kept, divided by the scale."""
+    if keep_error:
+        error.copy_(matrix)
+    torch.mm(p, q.t(), out=matrix)  # non-finite when overflowed: the scaler skips the step
+    if keep_error:
+        error.sub_(matrix)
+        if grad_scale != 1.0:
+            error.div_(grad_scale)
+
+
 class _Matrix:
     """One compressed gradient: its n x m view into the bucket and its rank."""
 
@@ -194,8 +220,7 @@ class PowerSGD(BucketedDDP):
                 at += param.numel()
             send[:at].div_(self.world_size)
             for matrix, p, q, error in self._views(index):
-                matrix.add_(error, alpha=self.grad_scale)  # the error is kept unscaled
-                torch.mm(matrix, orthonormalize_(q), out=p)
+                compress_p_(matrix, p, q, error, self.grad_scale)
         self._pending_q.append(index)
         return self._all_reduce(send)
 
@@ -217,7 +242,7 @@ class PowerSGD(BucketedDDP):
                     self._view_of[id(param)].copy_(send[at:at + param.numel()].view_as(param))
                     at += param.numel()
                 for matrix, p, q, _ in self._views(index):
-                    torch.mm(matrix.t(), orthonormalize_(p), out=q)
+                    compress_q_(matrix, p, q)
                 q = self._q[index].div_(self.world_size)
             self._q_in_flight.append((index, *self._all_reduce(q)))
 
@@ -241,13 +266,7 @@ class PowerSGD(BucketedDDP):
         with self.comm.arithmetic():
             for index, *_ in self._q_in_flight:
                 for matrix, p, q, error in self._views(index):
-                    if not overflowed:
-                        error.copy_(matrix)
-                    torch.mm(p, q.t(), out=matrix)  # non-finite when overflowed: the scaler skips the step
-                    if not overflowed:
-                        error.sub_(matrix)
-                        if self.grad_scale != 1.0:
-                            error.div_(self.grad_scale)
+                    decompress_(matrix, p, q, error, keep_error=not overflowed, grad_scale=self.grad_scale)
                 if overflowed:
                     self._q[index].copy_(self._q_before[index])
         record_intervals([stamp for *_, stamp in self._q_in_flight], self.comm)

@@ -82,11 +82,6 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def summarize(steps: list[dict], cfg) -> dict:
-    """A failed benchmark job keeps its steps but gets no summary: a partial sweep of sizes is no figure."""
-    return {}
-
-
 def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.float32,
                        group=None) -> tuple[Callable[[], None], str, dict]:
     """Buffers and a zero-argument callable running `op` once, plus the name of the API it uses.

@@ -27,13 +27,8 @@ from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
-from ddp_lab.spec.labels import run_name
-from ddp_lab.spec.stats import summarize as summarize_values
+from ddp_lab.spec.stats import summarize_training
 from ddp_lab.spec.strategies import spec_of
-
-# A step's phases (timer laps): fwd_bwd (zero_grad, forward, backward), sync, optimizer.
-SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms", "exposed_optimizer_comm_ms",
-              "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms", "grad_error")
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -94,7 +89,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             measured.update(probe.measure(optimizer))
 
     recorder.start(cfg.train.steps)
-    with StepProfiler(cfg, job_dir, device, label=run_name(cfg)) as profiler:  # no-op unless profile=true
+    with StepProfiler(cfg, job_dir, device) as profiler:  # no-op unless profile=true
         profiler.watch(model.module)
         for step in range(cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
@@ -117,24 +112,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
         state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
         if rank == 0:
             torch.save(state, job_dir / MODEL)
-    summary = summarize(steps, cfg)
+    summary = summarize_training(steps, cfg.train.warmup_steps)
     summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
     return {"summary": summary, "steps": steps}
-
-
-def summarize(steps: list[dict], cfg) -> dict:
-    """Summaries over the measured (post-warm-up) steps, plus overlap % where comm was in flight."""
-    measured = [s for s in steps if s["step"] >= cfg.train.warmup_steps]
-    summary = {key: summarize_values(s.get(key) for s in measured) for key in SUMMARIZED}
-    total = sum(s.get("comm_ms", 0.0) for s in measured)
-    exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
-    summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
-    summary["measured_steps"] = len(measured)
-    summary["final_loss"] = steps[-1].get("loss") if steps else None
-    if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
-        for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
-            values = [s[key] for s in measured if s.get(key) is not None]
-            summary[out] = sum(values) / len(values) if values else None
-    return summary

@@ -3,10 +3,11 @@
 - no import cycle inside ddp_lab (imports inside functions count too);
 - analysis/ is offline: it imports neither torch.distributed nor code from launcher/, rank/,
   strategies/ or tasks/;
-- spec/ (the description layer every process reads) loads no torch and none of the folders that
-  read it, and strategies/ loads nothing of analysis/: checked on the modules a fresh interpreter
-  has loaded after importing every module of the package (`sys.modules`), so an import through
-  another module counts too;
+- checked on the modules a fresh interpreter has loaded after importing every module of a package
+  (`sys.modules`), so an import through another module counts too: spec/ (the description layer
+  every process reads) loads no torch and none of the folders that read it; nothing that runs in a
+  rank or the launcher (rank/, strategies/, tasks/, launcher/) loads analysis/, which is a leaf; the
+  launcher loads no rank code (not rank/, strategies/ or tasks/);
 - rank/ never imports launcher/ (a rank does not run the launcher's code), and the launcher never
   imports rank/;
 - at most 10 modules directly in ddp_lab/;
@@ -110,6 +111,9 @@ def _loaded_after_importing(package: str) -> set[str]:
     ("ddp_lab.spec", ("torch", "ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies",
                       "ddp_lab.tasks")),
     ("ddp_lab.strategies", ("ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.tasks", "rich", "matplotlib")),
+    ("ddp_lab.rank", ("ddp_lab.analysis", "ddp_lab.launcher", "matplotlib")),
+    ("ddp_lab.tasks", ("ddp_lab.analysis", "ddp_lab.launcher", "matplotlib")),
+    ("ddp_lab.launcher", ("ddp_lab.analysis", "ddp_lab.rank", "ddp_lab.strategies", "ddp_lab.tasks", "matplotlib")),
 ])
 def test_what_a_package_loads(package, forbidden):
     loaded = _loaded_after_importing(package)

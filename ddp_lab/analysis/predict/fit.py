@@ -23,16 +23,15 @@ Two halves, written to one JSON file a person can read (`save` / `load`):
   alone, a pair the data cannot pin, and no launch cost (`identified_by` says which). Other world
   sizes scale them with a processor-sharing model of the cores (costs.slowdowns).
 
-And `host`, timed by `fit` itself on this machine with a rank's threads: copies into a used and a
-new buffer (flat's and fsdp's), adding into and zeroing a buffer (gradients as bucket views), and
-PowerSGD's three phases on the profiled model's matrices.
+And `host`, timed by the profiled run's rank 0 with a rank's threads (phases.json, rank/host_timing.py):
+copies into a used and a new buffer (flat's and fsdp's), adding into and zeroing a buffer (gradients as
+bucket views), and PowerSGD's three phases on the profiled model's matrices. fit itself runs nothing of
+torch's: every figure comes from the files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -273,94 +272,13 @@ def _compute_fields(prof: dict) -> dict:
             "measured_step_ms": prof["step"]}
 
 
-@contextlib.contextmanager
-def _torch_threads(threads: int):
-    """Run the block with torch on `threads` intra-op threads (a rank's), then restore the count."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-HOST_OPS = {
-    "copy": "torch.cat into a buffer used before (flat's copy back into the gradients)",
-    "fresh_copy": "torch.cat into a buffer allocated for it (flat's flatten, fsdp's copies: a new buffer every "
-                  "step, the first touch of each page costs a fault, several times the copy)",
-    "add": "a.add_(b) (autograd accumulating a gradient into a bucket slice instead of keeping it)",
-    "zero": "a.zero_() (a bucket zeroed before the forward that fills it)",
-}
-
-
-def host_GBps(op: str, nbytes: int = 64 * 2**20, repeats: int = 5, threads: int = 1) -> float:
-    """Bytes (of the destination) per second of `op` (HOST_OPS) on this host with a rank's threads,
-    the best of `repeats`."""
-    import time
-
-    import torch
-
-    with _torch_threads(threads):
-        parts = list(torch.ones(nbytes // 4).chunk(8))
-        out, other = torch.cat(parts), torch.ones(nbytes // 4)
-        run = {"copy": lambda: torch.cat(parts, out=out), "fresh_copy": lambda: torch.cat(parts),
-               "add": lambda: out.add_(other), "zero": lambda: out.zero_()}[op]
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - start)
-    return nbytes / best / 1e9
-
-
-def powersgd_work(params: list[dict], threads: int = 1, repeats: int = 5) -> dict:
-    """PowerSGD's compute on this host for the profiled model's matrices (strategies/powersgd.py at rank
-    1; a thin factor's matmul costs about a pass over the matrix at any small rank), each phase over
-    every matrix in turn as the strategy runs it, so each matrix comes from memory, not cache (one at a
-    time, repeated, the tiny model's came out at half): 1, the error added and P = M Q (with Q's QR);
-    2, P's QR and Q = M^T P; 3, the error kept and M = P Q^T written. `phase_ms` the median of
-    `repeats` with a rank's threads, over `numel` elements; a bucket's share is its matrices' share."""
-    import time
-
-    shapes = [p["shape"] for p in params if len(p.get("shape") or []) >= 2]
-    if not shapes:
-        return {"phase_ms": [0.0, 0.0, 0.0], "numel": 0}
-    with _torch_threads(threads):
-        matrices = [_powersgd_phases(s[0], math.prod(s[1:])) for s in shapes]
-        phase_ms = []
-        for k in range(3):
-            laps = []
-            for _ in range(repeats + 1):  # the first touches every buffer once
-                start = time.perf_counter()
-                for phases in matrices:
-                    phases[k]()
-                laps.append((time.perf_counter() - start) * 1e3)
-            phase_ms.append(statistics.median(laps[1:]))
-    return {"phase_ms": phase_ms, "numel": sum(math.prod(s) for s in shapes)}
-
-
-def _powersgd_phases(n: int, m: int) -> list:
-    """PowerSGD's three phases on one n x m matrix at rank 1, as callables: the operations of
-    strategies/powersgd.py (analysis/ does not import the strategies, which need torch.distributed)."""
-    import torch
-
-    def orthonormalize_(matrix):  # strategies/powersgd.py's: a reduced QR, written back
-        return matrix.copy_(torch.linalg.qr(matrix)[0])
-
-    matrix, error, p, q = torch.randn(n, m), torch.randn(n, m), torch.randn(n, 1), torch.randn(m, 1)
-    return [lambda: (matrix.add_(error), torch.mm(matrix, orthonormalize_(q), out=p)),
-            lambda: torch.mm(matrix.t(), orthonormalize_(p), out=q),
-            lambda: (error.copy_(matrix), torch.mm(p, q.t(), out=matrix), error.sub_(matrix))]
-
-
 def fit(collective_sweep, profiled_run) -> dict:
     collectives = fit_collectives(collective_sweep)
     phases = json.loads((_profiled_job(profiled_run) / PHASES).read_text())
-    threads = int(phases.get("threads_per_rank") or 1)
-    host = {**{f"{op}_GBps": host_GBps(op, threads=threads) for op in HOST_OPS},
-            "powersgd": powersgd_work(phases["params"], threads=threads)}
+    host = phases.get("host")
+    if not host:
+        raise PredictError(f"{profiled_run}: phases.json has no host timings (`host`, written by profile=true "
+                           "runs of this version): profile again")
     compute, contention = fit_profile(profiled_run, collectives, host)
     return {"version": VERSION,
             "what": "ddp-lab step-time model: alpha-beta collectives, a profiled step as compute work, core sharing "

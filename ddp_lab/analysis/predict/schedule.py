@@ -18,7 +18,7 @@ alpha-beta of its op at the job's world size:
   full; reduce-scattered: N reduces of 1/N of it (gloo's reduce-scatter);
 - low rank (PowerSGD): the bucket all-reduces while most measured steps come before `start_iter`;
   else per bucket the all-reduces of [plain, P's] and of the Q's, each phase's work timed by
-  `fit.powersgd_work`;
+  `rank/host_timing.powersgd_work` (phases.json `host`);
 - parameters per tensor (broadcast, or all-gathered whole tensors): one broadcast per parameter
   after the update, from its owner;
 - parameters per bucket, all-gathered: per bucket N broadcasts of 1/N of it after the update;
@@ -123,9 +123,9 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             return per_rank_calls_ms("broadcast" if op == "all_gather" else "reduce", nbytes)
 
     def host_ms(op, nbytes):
-        """`nbytes` through `op` (fit.HOST_OPS: a copy into a used or a new buffer, an add, a zeroing) on
-        a rank's compute thread. An op an older model file did not time: a copy's figure for a copy
-        into a new buffer, nothing for the others."""
+        """`nbytes` through `op` (rank/host_timing.HOST_OPS: a copy into a used or a new buffer, an add, a
+        zeroing) on a rank's compute thread. An op an older model file did not time: a copy's figure for a
+        copy into a new buffer, nothing for the others."""
         host = model["host"]
         rate = host.get(f"{op}_GBps") or (host["copy_GBps"] if op == "fresh_copy" else None)
         return nbytes / rate / 1e6 * core if rate else 0.0

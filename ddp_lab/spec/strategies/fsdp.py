@@ -7,6 +7,7 @@ from typing import Optional
 
 from ddp_lab.spec.choices import Dtype, ShardPolicy
 from ddp_lab.spec.schedule import Schedule, ShardedUnits
+from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.spec.strategy import StrategySpec
 
 
@@ -30,6 +31,9 @@ class FSDPSpec(StrategySpec):
     runtime = "ddp_lab.strategies.FSDP"
     zero_stage = 3
     casts_itself = True
+
+    def check_model(self, module) -> None:
+        plan_units(module, str(self.policy))  # ValueError when it has nothing to shard
 
     def schedule(self) -> Schedule:
         return Schedule(update="shard", units=ShardedUnits(str(self.policy), self.reshard_after_forward))

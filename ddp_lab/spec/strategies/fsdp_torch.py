@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ddp_lab.spec.choices import Dtype
+from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.spec.strategy import StrategySpec
 
 
@@ -26,3 +27,6 @@ class TorchFSDPSpec(StrategySpec):
     runtime = "ddp_lab.strategies.TorchFSDP"
     zero_stage = 3
     casts_itself = True
+
+    def check_model(self, module) -> None:
+        plan_units(module)  # fsdp's units under its default policy: ValueError when nothing is sharded

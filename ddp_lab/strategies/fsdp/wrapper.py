@@ -108,12 +108,6 @@ class FSDP(DataParallelBase):
         self._callback_queued = False
         self.peak_gathered_bytes = 0
 
-    @classmethod
-    def check_model(cls, module: nn.Module, policy: str | Policy = "linear_embedding", **knobs) -> None:
-        """Raise ValueError when `module` has nothing to shard under `policy` (launch.py asks before any
-        rank starts, on a meta-device model)."""
-        plan_units(module, policy)
-
     # --- what the trainer and users call ------------------------------------------------------------
 
     def forward(self, *args, **kwargs):

@@ -1,0 +1,49 @@
+"""What a user sees when a job or a sweep ends, read from the files the jobs wrote.
+
+- `job_ended(job_dir, results)`, called by launch.py after each job: the job's table and, for a
+  profiled job (profile=true), its timeline picture (JOB/timeline.png, drawn from the ranks' traces:
+  the ranks record, this draws).
+- `SweepSummary`, a Hydra callback registered in conf/config.yaml under hydra.callbacks: one
+  comparison table at the end of every sweep, and the sweep's exit code. Every job appears, failed
+  ones as failed rows (training and task=allreduce jobs each get their table); if any job did not end
+  ok the sweep exits 1, so scripts and CI notice. Plots and files: `python -m ddp_lab.report SWEEP_DIR`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ddp_lab.analysis.tables import print_tables
+from ddp_lab.jobdir import TIMELINE, read_results
+from ddp_lab.spec.labels import run_name
+
+
+def job_ended(job_dir: Path, results: dict) -> None:
+    """The job's table; a profiled job's timeline picture beside its traces."""
+    print_tables([(job_dir.name, results)], f"{job_dir}")
+    overlap = (results.get("summary") or {}).get("trace_overlap")
+    if overlap and overlap.get("traces"):
+        from ddp_lab.analysis.timeline import plot_timeline  # matplotlib: ~0.4 s, only for profiled runs
+
+        steps = overlap["profiled_steps"]
+        path = plot_timeline({run_name(results["config"]): [job_dir / t for t in overlap["traces"]]},
+                             job_dir / TIMELINE,
+                             title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}")
+        print(f"timeline: {path}")
+
+
+class SweepSummary(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        runs = [(job.name, read_results(job) or {"status": "missing", "config": {}}) for job in jobs]
+        print_tables(runs, f"sweep {sweep_dir}")
+        print(f"plots and report.md: python -m ddp_lab.report {sweep_dir}")
+        failed = [name for name, res in runs if res.get("status") != "ok"]
+        if failed:
+            print(f"{len(failed)} of {len(runs)} jobs did not end ok: {', '.join(failed)}", file=sys.stderr)
+            sys.exit(1)
