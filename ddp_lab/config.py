@@ -261,6 +261,20 @@ def compose_model(name: str, overrides: dict | None = None) -> DictConfig:
         raise ValueError(f"model={name} with {overrides}: {str(exc).splitlines()[0]}") from None
 
 
+def key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """`KEY=VALUE` items of a command-line flag (`--set`, `--knob`), each value read as YAML (10 -> int,
+    1e-3 -> float, true -> bool, fp16 -> str); ValueError naming the flag for an item without `=`."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def build(node: DictConfig, *args, **kwargs) -> Any:
     """Instantiate a model node: `_target_(*args, **set_knobs(node), **kwargs)`."""
     args_node = OmegaConf.masked_copy(node, ["_target_", *set_knobs(node)])

@@ -22,9 +22,7 @@ import json
 import sys
 from dataclasses import fields
 
-import yaml
-
-from ddp_lab.config import compose_model
+from ddp_lab.config import compose_model, key_values
 from ddp_lab.models.facts import flops_per_token, parameter_counts, parameter_facts
 from ddp_lab.spec.schedule import Schedule
 from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
@@ -173,16 +171,6 @@ def _normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _pairs(items: list[str], what: str) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{what} takes KEY=VALUE, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.calculator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small", help="a conf/model name (toy, tiny, small, ... 2.7b)")
@@ -203,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         parser.error("world size must be >= 1")
     try:
-        cfg = load_model_config(args.model, _pairs(args.set, "--set"))
+        cfg = load_model_config(args.model, key_values(args.set, "--set"))
         report = calculate(cfg, args.world_size, args.dtype, args.flops, args.bandwidth,
-                           [s for s in args.strategy.split(",") if s], _pairs(args.knob, "--knob"))
+                           [s for s in args.strategy.split(",") if s], key_values(args.knob, "--knob"))
     except ValueError as exc:
         parser.error(str(exc))
     print(json.dumps(report, indent=2) if args.json else format_report(report))

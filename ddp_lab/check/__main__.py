@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
-
 from ddp_lab.check.cases import CASES, first_difference, locate, run_cases, skip_reason
 from ddp_lab.check.parity import ATOL, RTOL
 from ddp_lab.check.ranks import RanksFailed, run_ranks
+from ddp_lab.config import key_values
 
 
 def _world_sizes(text: str) -> list[int]:
@@ -32,16 +31,6 @@ def _world_sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 2:
         raise ValueError(f"--world-size takes ranks >= 2, comma-separated, got {text!r}")
     return sizes
-
-
-def _kwargs(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set takes KEY=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def _failure(exc: BaseException, timeout_s: float) -> str:
@@ -99,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in CASES]
         if unknown or not names:
             raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(CASES)}")
-        lines = check(args.target, world_sizes, names, _kwargs(args.set), args.timeout)
+        lines = check(args.target, world_sizes, names, key_values(args.set, "--set"), args.timeout)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
