@@ -1,0 +1,49 @@
+"""`python -m ddp_lab.spec`: every strategy, its one-liner and its knobs, read from the specs themselves.
+
+    python -m ddp_lab.spec                      # text: a strategy, its one-liner, its knobs (type, default, meaning)
+    python -m ddp_lab.spec --markdown           # the two tables docs/strategies.md and docs/configuration.md show
+
+The specs are the one home of these facts: the docs' tables are this command's output (tests/unit/
+test_spec_docs.py checks they still are), so a knob added to a spec shows in both without a second copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ddp_lab.spec.docs import knob_rows, strategy_rows
+
+BEGIN, END = "<!-- python -m ddp_lab.spec --markdown {}: begin -->", "<!-- python -m ddp_lab.spec --markdown {}: end -->"
+
+
+def markdown(table: str) -> str:
+    """The `strategies` or `knobs` table in Markdown, between the markers the docs keep it in."""
+    if table == "strategies":
+        lines = ["| strategy | spec | runtime class | what it does |", "|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['summary']} |" for r in strategy_rows()]
+    else:
+        lines = ["| knob | strategies | type (default) | meaning |", "|---|---|---|---|"]
+        lines += [f"| `strategy.{r['knob']}` | {', '.join(r['strategies'])} | {r['type']} | {r['doc']} |"
+                  for r in knob_rows()]
+    return "\n".join([BEGIN.format(table), *lines, END.format(table)])
+
+
+def text() -> str:
+    out = []
+    for row in strategy_rows():
+        out.append(f"{row['name']}: {row['summary']}")
+        out += [f"    {k['knob']}: {k['type']}  {k['doc']}" for k in row["knobs"]] or ["    (no knobs)"]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_lab.spec", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="the strategies and knobs tables, in Markdown")
+    args = parser.parse_args(argv)
+    print("\n\n".join(markdown(t) for t in ("strategies", "knobs")) if args.markdown else text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
