@@ -14,7 +14,8 @@ import sys
 
 from ddp_lab.spec.docs import knob_rows, strategy_rows
 
-BEGIN, END = "<!-- python -m ddp_lab.spec --markdown {}: begin -->", "<!-- python -m ddp_lab.spec --markdown {}: end -->"
+BEGIN = "<!-- python -m ddp_lab.spec --markdown {}: begin -->"
+END = "<!-- python -m ddp_lab.spec --markdown {}: end -->"
 
 
 def markdown(table: str) -> str:
