@@ -30,10 +30,10 @@ from ddp_lab.analysis.end_of_run import job_ended
 from ddp_lab.config import register_configs
 from ddp_lab.jobdir import CONFIG, node_file, write_text_atomic
 from ddp_lab.launcher.cluster import place_node
+from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.launcher.job import run_job
 from ddp_lab.launcher.preflight import check_command_line
 from ddp_lab.launcher.resume import resume_command_line
-from ddp_lab.launcher.validate import ConfigError, validate
 
 register_configs()
 # A unique folder per launch: two sweeps started in the same second must not share one. Under a

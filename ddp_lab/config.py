@@ -3,7 +3,7 @@
 Hydra merges each group's YAML and every command-line override into these dataclasses, so a wrong
 type (`train.lr=abc`), an unknown key (`train.stepz=3`) or an unknown option (`backend.name=mpi`)
 is refused by Hydra itself before launch.py runs a line of its own. Checks that need more than a
-type (world_size > 0, a batch that divides by the ranks, memory) live in launcher/validate.py.
+type (world_size > 0, a batch that divides by the ranks, memory) live in launcher/config_checks.py.
 
 Options are `Choice` enums: a `str` that prints as its value, so code compares them with plain
 strings and the config saved for the ranks holds plain strings.

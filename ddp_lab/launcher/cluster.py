@@ -15,7 +15,7 @@ import zlib
 
 from omegaconf import DictConfig, open_dict
 
-from ddp_lab.launcher.validate import ConfigError
+from ddp_lab.launcher.config_checks import ConfigError
 
 
 def rendezvous_port(job_id: str) -> int:

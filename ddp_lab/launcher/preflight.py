@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.spec.strategies import not_a_knob
 from ddp_lab.spec.strategy import StrategySpec
 

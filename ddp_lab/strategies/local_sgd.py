@@ -24,9 +24,9 @@ averaging all-reduce is exposed communication inside the optimizer step (as zero
 are): `comm_bytes` is the whole model's bytes on sync steps and 0 on the others, so a run's mean
 per step is 1/sync_every of a gradient all-reduce's.
 
-Bad input: `sync_every` < 1 and an unknown `outer` are refused (validate.py, before launch, and
+Bad input: `sync_every` < 1 and an unknown `outer` are refused (its spec, before launch, and
 here). There is no gradient collective, so `strategy.comm_dtype` means nothing here
-(`reduces_gradients = False`).
+(its spec: `reduces_gradients = False`).
 """
 
 from __future__ import annotations

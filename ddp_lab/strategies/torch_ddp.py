@@ -20,7 +20,7 @@ So every sweep can include the production implementation next to ours, measured 
   bucket's in-flight interval as for our strategies (collectives.py), so `comm_ms` is comparable.
 - `comm_dtype`: fp16 runs torch's own `fp16_compress_hook` (cast, divide, all-reduce, copy back)
   inside the stamping hook; bf16 runs torch's `bf16_compress_hook`, which torch allows only with
-  CUDA and NCCL 2.10+ (a name check in `register_comm_hook`), so launcher/validate.py refuses bf16
+  CUDA and NCCL 2.10+ (a name check in `register_comm_hook`), so launcher/config_checks.py refuses bf16
   on gloo before any rank starts. torch's hooks cast *before* dividing: an fp32 gradient above
   fp16's maximum (65504) becomes inf there, where ours (collectives.py) divide first.
 - Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in

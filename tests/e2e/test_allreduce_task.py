@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ddp_lab.config import register_configs
-from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.tasks.allreduce import MIN_ITERS, planned_iters
 from tests.helpers.launching import launch, results
 
@@ -22,7 +22,7 @@ def _compose(*overrides):
 
 def test_the_issue_sweep_validates_on_this_machine():
     """world_size=2,4,6 x task.size_mb=1..1000 must be accepted where it fits (13 GiB at 6 ranks)."""
-    from ddp_lab.launcher import validate as v
+    from ddp_lab.launcher import config_checks as v
 
     need = 6 * (v.GLOO_SCRATCH * 1000 * 2**20 + v.RANK_BASELINE_BYTES)
     if need > v.MEMORY_HEADROOM * v.host_available_bytes():

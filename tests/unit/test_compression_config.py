@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from ddp_lab.config import register_configs
+from ddp_lab.launcher.config_checks import validate
 from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
-from ddp_lab.launcher.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 register_configs()

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ddp_lab.config import register_configs
-from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.models.facts import parameter_counts
 from ddp_lab.spec.labels import knob_label
 

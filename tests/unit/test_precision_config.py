@@ -10,8 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from ddp_lab.config import register_configs
-from ddp_lab.launcher import validate as validate_module
-from ddp_lab.launcher.validate import ConfigError, validate
+from ddp_lab.launcher import config_checks as validate_module
+from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.spec.choices import Dtype
 from ddp_lab.spec.strategy import StrategySpec
 
