@@ -1,5 +1,6 @@
-"""A sweep's jobs found on disk and flattened into one record each: what report.csv holds and the
-plots, the cost model and the predictor read.
+"""A sweep's jobs found on disk and flattened into one record each: what every table shows (the
+terminal's, report.md's: analysis/columns.py), report.csv holds, and the plots, the cost model and the
+predictor read. One key per figure, whatever reads it.
 
 A failed or missing job is a record too (status and error), never a gap.
 """
@@ -11,11 +12,25 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ddp_lab.analysis.tables import _get, task_of
+from ddp_lab.analysis.accuracy import accuracy
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
 from ddp_lab.spec.labels import collective_label, row_label
 from ddp_lab.spec.zero_bytes import model_state_bytes
 from ddp_lab.units import MiB
+
+
+def _get(d: dict | None, *path, default=None):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return default
+        d = d[key]
+    return d
+
+
+def task_of(results: dict) -> str:
+    """'train' or 'allreduce'; a job that died before saving its config counts as training."""
+    return _get(results, "config", "task", "name", default="train") or "train"
+
 
 # --- finding jobs --------------------------------------------------------------------------------
 
@@ -175,3 +190,16 @@ def bucket_groups(records: list[dict]) -> dict:
         groups[(*base, backend)].append(r)
     return {k: sorted(v, key=lambda r: r["bucket_mb"]) for k, v in groups.items()
             if len({r["bucket_mb"] for r in v}) >= 2}
+
+
+def job_records(runs: list[tuple[str, dict]], target_loss: float | None = None,
+                reference: str | None = None) -> list[dict]:
+    """Every job's record, with the accuracy figures (analysis/accuracy.py: against each row's exact
+    reference, `reference` naming one, and `target_loss` if given) and the wire bytes in MiB."""
+    figures = accuracy(runs, target_loss, reference)
+    records = [record(name, res) for name, res in runs]
+    for rec in records:
+        rec.update(figures.get(rec["job"], {}))
+        if rec.get("comm_bytes_per_step") is not None:
+            rec["comm_mib_per_step"] = rec["comm_bytes_per_step"] / MiB
+    return records

@@ -35,18 +35,13 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis import plots
-from ddp_lab.analysis.accuracy import TARGET_MARGIN, accuracy
+from ddp_lab.analysis.accuracy import TARGET_MARGIN
+from ddp_lab.analysis.columns import Column, markdown, table
 from ddp_lab.analysis.cost_model import bucket_predictions
 from ddp_lab.analysis.predict import fit as predict_fit
 from ddp_lab.analysis.predict import validate as predict_validate
-from ddp_lab.analysis.records import load_runs, record
-from ddp_lab.analysis.tables import (
-    check_columns,
-    collective_rows,
-    print_tables,
-    task_of,
-    train_rows,
-)
+from ddp_lab.analysis.records import job_records, load_runs, task_of
+from ddp_lab.analysis.tables import COLLECTIVES, TRAINING, check_columns, print_records
 from ddp_lab.jobdir import CONFIG, RESULTS
 from ddp_lab.units import MiB
 
@@ -64,55 +59,50 @@ def write_csv(records: list[dict], path: Path) -> Path:
 
 # --- report.md ------------------------------------------------------------------------------------
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for cells in rows:
-        status = cells[header.index("status")]
-        cells = [f"**{c}**" if c == status and status != "ok" else c for c in cells]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
+COST_MODEL = [  # the cost model's prediction per bucket sweep (analysis/cost_model.py's predictions)
+    Column("strategy", "strategy"), Column("model", "model", "{}"), Column("ranks", "world_size", "{}"),
+    Column("gradient MiB", "total_mib", "{:.3g}", "fit"), Column("fit: o (ms)", "overhead_ms", "{:.3g}", "fit"),
+    Column("fit: w (GB/s)", "bandwidth_GBps", "{:.3g}", "fit"), Column("fit rel. RMS", "rel_rms", "{:.2f}", "fit"),
+    Column("predicted best bucket MiB (n_b)", "predicted_best", group="fit"),
+    Column("measured best by step p50", "measured_best_step_mb", "{:g}", "fit"),
+    Column("measured best by exposed p50", "measured_best_exposed_mb", "{:g}", "fit"),
+]
 
 
 def cost_model_markdown(predictions: list[dict]) -> str:
-    header = ["strategy", "model", "ranks", "gradient MiB", "fit: o (ms)", "fit: w (GB/s)", "fit rel. RMS",
-              "predicted best bucket MiB (n_b)", "measured best by step p50", "measured best by exposed p50"]
-    rows = [[p["strategy"], str(p["model"]), str(p["world_size"]), f"{p['total_bytes'] / MiB:.3g}",
-             f"{p['overhead_s'] * 1e3:.3g}", f"{p['bandwidth_Bps'] / 1e9:.3g}", f"{p['rel_rms']:.2f}",
-             f"{p['best_bucket_mb']:.3g} ({p['best_n_buckets']})", f"{p['measured_best_step_mb']:g}",
-             f"{p['measured_best_exposed_mb']:g}"] for p in predictions]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    rows = [{**p, "total_mib": p["total_bytes"] / MiB, "overhead_ms": p["overhead_s"] * 1e3,
+             "bandwidth_GBps": p["bandwidth_Bps"] / 1e9,
+             "predicted_best": f"{p['best_bucket_mb']:.3g} ({p['best_n_buckets']})"} for p in predictions]
+    return markdown(*table(rows, COST_MODEL, keep_empty=True))
 
 
-MEMORY_COLUMNS = [  # (header, record key, digits); MiB of the largest rank
-    ("params", "params_mib_per_rank", 1), ("grads", "grads_mib_per_rank", 1), ("optimizer", "opt_mib_per_rank", 1),
-    ("model state", "model_state_mib_per_rank", 1), ("paper: params", "paper_params_mib", 1),
-    ("paper: grads", "paper_grads_mib", 1), ("paper: optimizer", "paper_opt_mib", 1),
-    ("paper: model state", "paper_model_state_mib", 1), ("× paper", "model_state_vs_paper", 3),
-    ("paper, mixed 2+2+12", "paper_mixed_model_state_mib", 1),
-    ("strategy state", "strategy_state_mib_per_rank", 1), ("total", "state_total_mib_per_rank", 1),
-    ("live tensors", "live_tensors_mib", 1),
-    ("peak gathered", "peak_gathered_mib", 1), ("max allocated", "max_memory_allocated_mib", 1),
+IDENTITY_MD = [Column("job", "job"), Column("strategy", "label"), Column("ranks", "world_size", "{}")]
+MEMORY = IDENTITY_MD + [  # MiB of the largest rank
+    Column("stage", "zero_stage", "{}"), Column("dtype", "state_dtype"),
+    Column("params", "params_mib_per_rank", group="memory"), Column("grads", "grads_mib_per_rank", group="memory"),
+    Column("optimizer", "opt_mib_per_rank", group="memory"),
+    Column("model state", "model_state_mib_per_rank", group="memory"),
+    Column("paper: params", "paper_params_mib", group="memory"),
+    Column("paper: grads", "paper_grads_mib", group="memory"),
+    Column("paper: optimizer", "paper_opt_mib", group="memory"),
+    Column("paper: model state", "paper_model_state_mib", group="memory"),
+    Column("× paper", "model_state_vs_paper", "{:.3f}", "memory"),
+    Column("paper, mixed 2+2+12", "paper_mixed_model_state_mib", group="memory"),
+    Column("strategy state", "strategy_state_mib_per_rank", group="memory"),
+    Column("total", "state_total_mib_per_rank", group="memory"),
+    Column("live tensors", "live_tensors_mib", group="memory"),
+    Column("peak gathered", "peak_gathered_mib", group="memory"),
+    Column("max allocated", "max_memory_allocated_mib", group="memory"),
 ]
 
 
 def memory_markdown(records: list[dict]) -> str | None:
     """Measured model state per rank beside the ZeRO paper's figure for each training job's stage."""
     rows = [r for r in records if r["task"] != "allreduce" and r.get("model_state_mib_per_rank") is not None]
-    if not rows:
-        return None
-    columns = [c for c in MEMORY_COLUMNS if any(r.get(c[1]) is not None for r in rows)]
-    header = ["job", "strategy", "ranks", "stage", "dtype"] + [h for h, _, _ in columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        cells = [r["job"], r["label"], str(r.get("world_size")), str(r.get("zero_stage")), str(r.get("state_dtype"))]
-        cells += ["-" if r.get(key) is None else f"{r[key]:.{digits}f}" for _, key, digits in columns]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)
+    return markdown(*table(rows, MEMORY)) if rows else None
 
 
-ACCURACY_MD = [  # (header, record key, format)
+ACCURACY = IDENTITY_MD + [Column("status", "status")] + [Column(h, k, f, "accuracy") for h, k, f in (
     ("final loss", "final_loss", "{:.4f}"), ("exact run", "reference_job", "{}"),
     ("chosen as", "reference_why", "{}"),
     ("exact final loss", "reference_loss", "{:.4f}"), ("Δ loss", "loss_gap", "{:+.4f}"),
@@ -120,7 +110,7 @@ ACCURACY_MD = [  # (header, record key, format)
     ("× exact bytes", "bytes_vs_reference", "{:.2f}"), ("step p50 ms", "step_p50_ms", "{:.1f}"),
     ("target loss", "target_loss", "{:.4f}"), ("s to target", "time_to_target_s", "{:.2f}"),
     ("step at target", "steps_to_target", "{}"), ("grad error (mean)", "grad_error_mean", "{:.2e}"),
-]
+)]
 
 
 def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | None:
@@ -128,12 +118,6 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
     rows = [r for r in records if r["task"] != "allreduce" and r.get("final_loss") is not None]
     if not rows:
         return None
-    header = ["job", "strategy", "ranks", "status"] + [h for h, _, _ in ACCURACY_MD]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        cells = [r["job"], r["label"], str(r.get("world_size")), r["status"]]
-        cells += ["-" if r.get(key) is None else form.format(r[key]) for _, key, form in ACCURACY_MD]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     target = (f"the target loss is {target_loss:g} (--target-loss)" if target_loss is not None else
               f"the target loss is the exact run's final loss + {TARGET_MARGIN:.0%}")
     intro = ("The exact run: a job with fp32 compute, fp32 on the wire and an exact average (no powersgd rank or "
@@ -144,23 +128,22 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
              f"Time to target: the sum of step times until the first step at or below the target; {target}. "
              "Loss is the per-step training loss (raw, not smoothed); grad error: measure.grad_error's "
              "||delivered − exact|| / ||exact|| per step, averaged.")
-    return intro + "\n\n" + "\n".join(lines)
+    return intro + "\n\n" + markdown(*table(rows, ACCURACY, keep_empty=True))
 
 
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
-                   records: list[dict] | None = None, step_model: str | None = None,
-                   target_loss: float | None = None, reference: str | None = None) -> Path:
-    train = [(n, r) for n, r, _ in runs if task_of(r) != "allreduce"]
-    collective = [(n, r) for n, r, _ in runs if task_of(r) == "allreduce"]
+                   records: list[dict], step_model: str | None = None, target_loss: float | None = None) -> Path:
+    train = [r for r in records if r["task"] != "allreduce"]
+    collective = [r for r in records if r["task"] == "allreduce"]
     parts = [f"# Report: {root}", "",
              f"{len(runs)} jobs, {sum(r.get('status') == 'ok' for _, r, _ in runs)} ok. "
              "Times in ms (training: warm-up steps excluded, slowest rank per step); GB/s = 1e9 bytes/s.", ""]
     if train:
-        parts += ["## Training", "", markdown_table(*train_rows(train, target_loss, reference)), ""]
-    cost = accuracy_markdown(records or [], target_loss)
+        parts += ["## Training", "", markdown(*table(train, TRAINING)), ""]
+    cost = accuracy_markdown(records, target_loss)
     if cost:
         parts += ["## Accuracy cost", "", cost, ""]
-    memory = memory_markdown(records or [])
+    memory = memory_markdown(records)
     if memory:
         parts += ["## Model state per rank: measured vs ZeRO paper", "",
                   "MiB (2^20 bytes) on the rank holding the most model state (params + grads + optimizer state, "
@@ -175,7 +158,7 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
                   "fsdp held gathered at once.", "",
                   memory, ""]
     if collective:
-        parts += ["## Collectives", "", markdown_table(*collective_rows(collective)), ""]
+        parts += ["## Collectives", "", markdown(*table(collective, COLLECTIVES, keep_empty=True)), ""]
     failed = [(n, r) for n, r, _ in runs if r.get("status") != "ok"]
     if failed:
         parts += ["## Jobs that did not end ok", ""]
@@ -218,16 +201,11 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
     runs = load_runs(root)
     if not runs:
         raise FileNotFoundError(f"no job folders (with {RESULTS} or {CONFIG}) under {root}")
-    figures = accuracy([(n, r) for n, r, _ in runs], target_loss, reference)  # ValueError: a bad --reference
+    records = job_records([(n, r) for n, r, _ in runs], target_loss, reference)  # ValueError: a bad --reference
     out = Path(out) if out else root
     out.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print_tables([(n, r) for n, r, _ in runs], f"{root}", target_loss, reference, columns)
-    records = [record(n, r) for n, r, _ in runs]
-    for rec in records:
-        rec.update(figures.get(rec["job"], {}))
-        if rec.get("comm_bytes_per_step") is not None:
-            rec["comm_mib_per_step"] = rec["comm_bytes_per_step"] / MiB
+        print_records(records, f"{root}", columns)
     bench = [r for _, r, _ in runs if task_of(r) == "allreduce"]
     if collectives:
         bench += [r for _, r, _ in load_runs(collectives) if task_of(r) == "allreduce"]
@@ -246,7 +224,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
             pictures[title] = out / name
     written = {"csv": write_csv(records, out / "report.csv"),
                "md": write_markdown(out / "report.md", root, runs, pictures, predictions, notes, records, step_model,
-                                    target_loss, reference),
+                                    target_loss),
                "png": list(pictures.values())}
     return {**written, "predictions": predictions, "notes": notes, "records": records}
 

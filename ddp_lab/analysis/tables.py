@@ -1,6 +1,8 @@
-"""The comparison table printed after a job, at the end of a sweep, and by the report.
+"""The comparison tables printed after a job, at the end of a sweep, and by the report.
 
-One row per job, failed jobs included (a failed row says so instead of leaving a gap).
+One row per job, failed jobs included (a failed row says so instead of leaving a gap). Every table is a
+list of columns over the jobs' records (analysis/columns.py, analysis/records.py): the same columns
+at the terminal and in report.md's "Training" and "Collectives".
 """
 
 from __future__ import annotations
@@ -10,122 +12,58 @@ import textwrap
 from rich.console import Console
 from rich.table import Table
 
-from ddp_lab.analysis.accuracy import accuracy
-from ddp_lab.spec.labels import collective_label, row_label
-from ddp_lab.units import MiB
+from ddp_lab.analysis.columns import Column
+from ddp_lab.analysis.columns import table as column_table
+from ddp_lab.analysis.records import job_records
 
-# The accuracy columns (analysis/accuracy.py), after TRAIN_COLUMNS: (header, key, format).
-ACCURACY_COLUMNS = [
-    ("final loss", "final_loss", "{:.3f}"),
-    ("Δ loss vs exact", "loss_gap", "{:+.3f}"),
-    ("wire MiB/step", "comm_bytes_per_step", None),
-    ("s to target", "time_to_target_s", "{:.1f}"),
-    ("grad err", "grad_error_mean", "{:.1e}"),
-]
-
-
-def _get(d: dict | None, *path, default=None):
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return default
-        d = d[key]
-    return d
-
-
-def _fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-TRAIN_COLUMNS = [  # (header, path into results.json); times in ms
-    ("step p50", ("summary", "step_time_ms", "p50")),
-    ("step p90", ("summary", "step_time_ms", "p90")),
-    ("comm p50", ("summary", "comm_ms", "p50")),
-    ("exposed p50", ("summary", "exposed_comm_ms", "p50")),
-    ("overlap %", ("summary", "overlap_pct")),
-    ("colls/step", ("summary", "collectives_per_step")),
-    ("model state MiB/rank", ("summary", "memory", "model_state_max_rank")),
-    ("× ZeRO paper", ("summary", "memory", "model_state_ratio")),
-    ("strategy state MiB/rank", ("summary", "memory", "strategy_state_max_rank")),
+ROW = [Column("job", "job"), Column("strategy", "label"), Column("model", "model"),
+       Column("ranks", "world_size", "{}"), Column("status", "status")]
+TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the largest rank
+    Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
+    Column("comm p50", "comm_p50_ms", group="speed"), Column("exposed p50", "exposed_p50_ms", group="speed"),
+    Column("overlap %", "overlap_pct", group="speed"), Column("colls/step", "collectives_per_step", group="speed"),
+    Column("model state MiB/rank", "model_state_mib_per_rank", group="memory"),
+    Column("× ZeRO paper", "model_state_vs_paper", "{:.3f}", group="memory"),  # the bar (1.05) needs 3 digits
+    Column("strategy state MiB/rank", "strategy_state_mib_per_rank", group="memory"),
+    # the accuracy figures (analysis/accuracy.py)
+    Column("final loss", "final_loss", "{:.4f}", group="accuracy"),
+    Column("Δ loss vs exact", "loss_gap", "{:+.4f}", group="accuracy"),
+    Column("wire MiB/step", "comm_mib_per_step", "{:.2f}", group="accuracy"),
+    Column("s to target", "time_to_target_s", "{:.2f}", group="accuracy"),
+    Column("grad err", "grad_error_mean", "{:.2e}", group="accuracy"),
 ]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
-MIB_COLUMNS = {"model state MiB/rank", "strategy state MiB/rank"}
-DIGITS = {"× ZeRO paper": 3}  # the bar (1.05) needs more than one decimal
+COLLECTIVES = [
+    Column("job", "job"), Column("op", "op_label"), Column("MiB", "size_mb", "{:g}"),
+    Column("ranks", "world_size", "{}"), Column("backend", "backend"), Column("status", "status"),
+    Column("lat p50 ms", "latency_p50_ms", "{:.3f}", "collectives"),
+    Column("lat min ms", "latency_min_ms", "{:.3f}", "collectives"),
+    Column("lat max ms", "latency_max_ms", "{:.3f}", "collectives"),
+    Column("algbw GB/s", "algbw_GBps", "{:.3f}", "collectives"),
+    Column("busbw GB/s", "busbw_GBps", "{:.3f}", "collectives"), Column("iters", "iters", "{}", "collectives"),
+]
 
 
 def train_rows(runs: list[tuple[str, dict]], target_loss: float | None = None,
                reference: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and string cells for training runs: (job name, results) pairs in sweep order; the
     accuracy columns against each row's exact reference (analysis/accuracy.py; `reference` names
-    one) and `target_loss` if given, at the end."""
-    figures = accuracy(runs, target_loss, reference)
-    header = ["job", "strategy", "model", "ranks", "status"] + [h for h, _ in TRAIN_COLUMNS]
-    header += [h for h, _, _ in ACCURACY_COLUMNS]
-    rows = []
-    for job, res in runs:
-        cfg = res.get("config") or {}
-        status = res.get("status", "missing")
-        cells = [job, row_label(res), _fmt(_get(cfg, "model", "name")), _fmt(cfg.get("world_size")), status]
-        for header_name, path in TRAIN_COLUMNS:
-            value = _get(res, *path)
-            if header_name in MIB_COLUMNS and value is not None:
-                value = value / MiB
-            cells.append(_fmt(value, DIGITS.get(header_name, 1)))
-        for _, key, form in ACCURACY_COLUMNS:
-            value = figures.get(job, {}).get(key)
-            if key == "comm_bytes_per_step" and value is not None:
-                value, form = value / MiB, "{:.2f}"
-            cells.append("-" if value is None else form.format(value))
-        rows.append(cells)
-    # An accuracy column no job has a figure for (no exact run, no grad_error) only takes width.
-    first = len(header) - len(ACCURACY_COLUMNS)
-    empty = [i for i in range(first, len(header)) if all(row[i] == "-" for row in rows)]
-    keep = [i for i in range(len(header)) if i not in empty]
-    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
-
-
-COLLECTIVE_COLUMNS = [  # (header, path into results.json)
-    ("lat p50 ms", ("summary", "latency_ms", "p50")),
-    ("lat min ms", ("summary", "latency_ms", "min")),
-    ("lat max ms", ("summary", "latency_ms", "max")),
-    ("algbw GB/s", ("summary", "algbw_GBps")),
-    ("busbw GB/s", ("summary", "busbw_GBps")),
-    ("iters", ("summary", "iters")),
-]
-
-
-def task_of(results: dict) -> str:
-    """'train' or 'allreduce'; a job that died before saving its config counts as training."""
-    return _get(results, "config", "task", "name", default="train") or "train"
+    one) and `target_loss` if given. A figure no job has (no exact run, no grad_error) is left out."""
+    return column_table(job_records(runs, target_loss, reference), TRAINING)
 
 
 def collective_rows(runs: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
     """Header and string cells for task=allreduce jobs, one row per (op, size, ranks, backend)."""
-    header = ["job", "op", "MiB", "ranks", "backend", "status"] + [h for h, _ in COLLECTIVE_COLUMNS]
-    rows = []
-    for job, res in runs:
-        cfg = res.get("config") or {}
-        backend = _get(res, "summary", "backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name")
-        size = _get(cfg, "task", "size_mb")
-        cells = [job, collective_label(cfg.get("task") or {}), "-" if size is None else f"{size:g}",
-                 _fmt(cfg.get("world_size")), _fmt(backend), res.get("status", "missing")]
-        cells += [_fmt(_get(res, *path), 3) for _, path in COLLECTIVE_COLUMNS]
-        rows.append(cells)
-    return header, rows
+    return column_table(job_records(runs), COLLECTIVES, keep_empty=True)
 
 
 # The figures a terminal shows, in groups that each get a table of their own (report.md and report.csv
 # keep every column): `python -m ddp_lab.report SWEEP --columns speed,final loss` chooses.
-GROUPS = {
-    "speed": ("step p50", "step p90", "comm p50", "exposed p50", "overlap %", "colls/step"),
-    "memory": ("model state MiB/rank", "× ZeRO paper", "strategy state MiB/rank"),
-    "accuracy": tuple(h for h, _, _ in ACCURACY_COLUMNS),
-    "collectives": tuple(h for h, _ in COLLECTIVE_COLUMNS),
-}
+GROUPS: dict[str, tuple[str, ...]] = {}
+for _column in TRAINING + COLLECTIVES:
+    if _column.group:
+        GROUPS[_column.group] = (*GROUPS.get(_column.group, ()), _column.header)
 # What names a row rather than measures it. Shown when it differs between rows, else in the title.
-IDENTITY = ("job", "strategy", "model", "ranks", "op", "MiB", "backend", "status")
+IDENTITY = tuple(dict.fromkeys(c.header for c in TRAINING + COLLECTIVES if not c.group))
 TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend")
 FOLD_WIDTH = 24  # a text column wider than this wraps onto more lines (a figure never does)
 
@@ -230,24 +168,31 @@ def terminal_tables(title: str, header: list[str], rows: list[list[str]], width:
             for i, (name, chunk) in enumerate(chunks or [("no figures", [])])]
 
 
-def comparison_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None,
-                      reference: str | None = None, width: int = 80, columns: list[str] | None = None) -> list[Table]:
-    """The terminal's tables, one set per task present (training and collective jobs have different columns)."""
+def comparison_tables(records: list[dict], title: str, width: int = 80,
+                      columns: list[str] | None = None) -> list[Table]:
+    """The terminal's tables of job records, one set per task present (training and collective jobs have
+    different columns)."""
     tables = []
-    train = [(job, res) for job, res in runs if task_of(res) != "allreduce"]
-    collective = [(job, res) for job, res in runs if task_of(res) == "allreduce"]
+    train = [r for r in records if r["task"] != "allreduce"]
+    collective = [r for r in records if r["task"] == "allreduce"]
     if train:
-        tables += terminal_tables(title, *train_rows(train, target_loss, reference), width, columns)
+        tables += terminal_tables(title, *column_table(train, TRAINING), width, columns)
     if collective:
-        tables += terminal_tables(title if not train else f"{title} (collectives)", *collective_rows(collective),
-                                  width, columns)
+        tables += terminal_tables(title if not train else f"{title} (collectives)",
+                                  *column_table(collective, COLLECTIVES, keep_empty=True), width, columns)
     return tables
+
+
+def print_records(records: list[dict], title: str, columns: list[str] | None = None,
+                  console: Console | None = None) -> None:
+    """Print the comparison at the terminal's width (80 when output is not a terminal, or $COLUMNS)."""
+    console = console or Console()
+    for rich_table in comparison_tables(records, title, console.width, columns):
+        console.print(rich_table)
 
 
 def print_tables(runs: list[tuple[str, dict]], title: str, target_loss: float | None = None,
                  reference: str | None = None, columns: list[str] | None = None,
                  console: Console | None = None) -> None:
-    """Print the comparison at the terminal's width (80 when output is not a terminal, or $COLUMNS)."""
-    console = console or Console()
-    for table in comparison_tables(runs, title, target_loss, reference, console.width, columns):
-        console.print(table)
+    """`print_records` of (job name, results) pairs, with their accuracy figures (analysis/accuracy.py)."""
+    print_records(job_records(runs, target_loss, reference), title, columns, console)

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from ddp_lab.analysis.end_of_run import SweepSummary
-from ddp_lab.analysis.records import bucket_groups, load_runs, train_record
+from ddp_lab.analysis.records import bucket_groups, load_runs, task_of, train_record
 from ddp_lab.analysis.report import main, make_report
-from ddp_lab.analysis.tables import IDENTITY, collective_rows, print_tables, task_of, train_rows
+from ddp_lab.analysis.tables import IDENTITY, collective_rows, print_tables, train_rows
 from tests.helpers.launching import launch, results
 from tests.helpers.report_fixtures import (
     LADDER,

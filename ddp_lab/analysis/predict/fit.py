@@ -41,8 +41,7 @@ import numpy as np
 from ddp_lab.analysis.cost_model import fit_link
 from ddp_lab.analysis.predict.costs import PredictError, ring_steps, tokens_per_rank
 from ddp_lab.analysis.predict.schedule import job_step
-from ddp_lab.analysis.records import collective_record, load_runs
-from ddp_lab.analysis.tables import task_of
+from ddp_lab.analysis.records import collective_record, load_runs, task_of
 from ddp_lab.jobdir import PHASES, read_results
 from ddp_lab.spec.bandwidth import bus_factor
 from ddp_lab.spec.intervals import intersect, merge, total

@@ -27,8 +27,7 @@ import statistics
 
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
-from ddp_lab.analysis.records import bucket_groups, load_runs, record
-from ddp_lab.analysis.tables import task_of
+from ddp_lab.analysis.records import bucket_groups, load_runs, record, task_of
 
 
 def predict_records(model: dict, sweep_dir) -> tuple[list[dict], list[str]]:
