@@ -45,9 +45,13 @@ from ddp_lab.spec.strategies.zero2 import Zero2Spec
 from ddp_lab.spec.strategy import NOT_KNOBS, StrategySpec
 
 
+def _default(cls: type, field_name: str):
+    return {f.name: f.default for f in fields(cls)}.get(field_name)
+
+
 def option(spec_cls: type[StrategySpec]) -> str:
     """The spec's option in the `strategy` group (its `name` field's default)."""
-    return {f.name: f.default for f in fields(spec_cls)}["name"]
+    return _default(spec_cls, "name")
 
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
@@ -112,16 +116,12 @@ def spec_of(node: Mapping[str, Any]) -> StrategySpec:
 
 def not_a_knob(cls: type[StrategySpec], key: str) -> str:
     """One line for `strategy.KEY` set on a strategy whose spec has no such knob (or one it refuses)."""
-    name = _default(cls, "name")
+    name = option(cls)
     if key == "comm_dtype" and not cls.reduces_gradients:
         return (f"strategy.comm_dtype does not apply to strategy={name}: it sends no gradients (it averages "
                 "parameters, in their own dtype)")
     takes = [f.name for f in fields(cls) if f.name not in NOT_KNOBS]
     return f"strategy.{key} is not a knob of strategy={name} (its knobs: {', '.join(takes) or 'none'})"
-
-
-def _default(cls: type, field_name: str):
-    return {f.name: f.default for f in fields(cls)}.get(field_name)
 
 
 __all__ = ["SPECS", "SpecError", "StrategySpec", "not_a_knob", "option", "register", "spec_class", "spec_of"]
