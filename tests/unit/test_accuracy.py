@@ -91,9 +91,10 @@ def test_failed_job_without_steps_is_a_row_not_a_crash():
 def test_sweep_table_has_the_accuracy_columns():
     header, rows = train_rows(RUNS)
     at = {h: i for i, h in enumerate(header)}
-    assert rows[1][at["final loss"]] == "1.100" and rows[1][at["Δ loss vs exact"]] == "+0.100"
-    assert rows[1][at["s to target"]] == "0.2" and rows[2][at["s to target"]] == "-"
-    assert rows[1][at["grad err"]] == "3.0e-03" and rows[0][at["grad err"]] == "-"
+    # one format per figure, the terminal's and report.md's alike (analysis/tables.py, report.py)
+    assert rows[1][at["final loss"]] == "1.1000" and rows[1][at["Δ loss vs exact"]] == "+0.1000"
+    assert rows[1][at["s to target"]] == "0.24" and rows[2][at["s to target"]] == "-"
+    assert rows[1][at["grad err"]] == "3.00e-03" and rows[0][at["grad err"]] == "-"
     assert "precision=bf16" in rows[2][header.index("strategy")]        # compute dtype tells rows apart
 
 

@@ -235,7 +235,8 @@ def test_real_sweep_report(real_sweep):
     rows = read_csv(sweep / "report.csv")
     assert len(rows) == 4 and sorted(r["status"] for r in rows) == ["failed", "failed", "ok", "ok"]
     md = (sweep / "report.md").read_text()
-    assert md.count("**failed**") == 2 and "injected crash at step 2" in md
+    training = md.split("## Training")[1].split("\n## ")[0]
+    assert training.count("**failed**") == 2 and "injected crash at step 2" in md  # failed rows in bold
     assert len(bucket_groups(report["records"])) == 1  # the crashed jobs belong to their bucket sweep
     names = {p.name for p in report["png"]}
     assert names == {"report_phases.png", "report_buckets.png", "report_timelines.png", "report_loss.png"}
