@@ -15,7 +15,7 @@ from omegaconf.errors import ConfigKeyError
 from ddp_lab.config import Config
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
-from ddp_lab.models import build_model
+from ddp_lab.models.facts import meta_model
 from ddp_lab.spec.bandwidth import bytes_per_rank
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec
@@ -139,8 +139,7 @@ def _validate_comm_dtype(cfg: DictConfig, spec: StrategySpec) -> None:
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The model, built on the meta device: no memory, no time, whatever its size."""
     try:
-        with torch.device("meta"):
-            return build_model(cfg.model)
+        return meta_model(cfg.model)
     except (TypeError, ValueError, InstantiationException) as exc:
         raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {exc}") from None
 

@@ -242,16 +242,13 @@ def fsdp_units(cfg: dict, params: list[dict], policy: str = "linear_embedding") 
     """fsdp's units in registration order (its forward order on the models here) and its root, taken
     from the strategy's own plan (`plan_units` under `policy`) of the job's model built on the meta
     device: no memory, no time."""
-    import torch
     from omegaconf import OmegaConf
 
-    from ddp_lab.models import build_model
+    from ddp_lab.models.facts import meta_model
     from ddp_lab.spec.strategies.fsdp_units import plan_units
 
     try:
-        with torch.device("meta"):
-            module = build_model(OmegaConf.create(cfg["model"]))
-        plans = plan_units(module, policy)
+        plans = plan_units(meta_model(OmegaConf.create(cfg["model"])), policy)
     except Exception as exc:  # noqa: BLE001 - a config this version cannot build: say why, predict the rest
         raise PredictError(f"fsdp's unit plan of model {cfg['model'].get('name')!r}: {exc}") from None
     index = {p["name"]: i for i, p in enumerate(params)}
