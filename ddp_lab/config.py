@@ -53,6 +53,24 @@ class LoggerMode(Choice):
     disabled = "disabled"
 
 
+class DataName(Choice):
+    synthetic = "synthetic"
+    text = "text"
+    tokens = "tokens"
+
+
+class TokenFormat(Choice):
+    auto = "auto"
+    raw = "raw"
+    llmc = "llmc"
+    npy = "npy"
+
+
+class TokenDtype(Choice):
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
 class FaultKind(Choice):
     none = "none"
     crash = "crash"
@@ -90,7 +108,7 @@ class ModelConfig:
     _target_: str = MISSING
     name: str = MISSING
     vocab_size: int = 10000
-    """Token ids are drawn below it."""
+    """Token ids the model embeds; data=text sets 256 (its bytes); a token file's ids must be below it."""
     context_length: int = 128
     """Tokens per sequence."""
 
@@ -127,6 +145,51 @@ MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig}
 
 
 @dataclass
+class DataConfig:
+    """What every data source's node has; each source (conf/data/NAME.yaml) extends its own node below,
+    stored as `schema/data/NAME`. How each is read: ddp_lab/data/ and docs/data.md."""
+
+    name: DataName = MISSING
+
+
+@dataclass
+class SyntheticData(DataConfig):
+    """Counting sequences drawn from (seed, step) below model.vocab_size: no file, a sanity check."""
+
+    name: DataName = DataName.synthetic
+
+
+@dataclass
+class TextData(DataConfig):
+    """UTF-8 text read as bytes (token ids 0-255: model.vocab_size is 256)."""
+
+    name: DataName = DataName.text
+    path: Optional[str] = None
+    """A UTF-8 text file, a folder or a glob of them; None: the built-in corpus (Python's help() topics)."""
+    val_path: Optional[str] = None
+    """Text to validate on instead of holding out data.val_fraction of data.path."""
+    val_fraction: float = 0.1
+    """The last share of the tokens held out for the validation loss (0: none)."""
+
+
+@dataclass
+class TokensData(TextData):
+    """Token files: nanoGPT/CS336 raw arrays, llm.c shards, .npy (ddp_lab/data/files.py)."""
+
+    name: DataName = DataName.tokens
+    path: Optional[str] = MISSING
+    """A token file, a folder of shards (its .bin and .npy files) or a glob."""
+    format: TokenFormat = TokenFormat.auto
+    """auto: .npy by its suffix, an llm.c magic in the first 4 bytes as llm.c, anything else raw."""
+    dtype: TokenDtype = TokenDtype.uint16
+    """Token dtype of a raw (headerless) file; llm.c and .npy files say their own."""
+
+
+DATA_SCHEMAS = {"synthetic": SyntheticData, "text": TextData, "tokens": TokensData}
+"""Each data source's node, stored as `schema/data/NAME` (conf/data/*.yaml list it in their defaults)."""
+
+
+@dataclass
 class BackendConfig:
     name: BackendName = BackendName.auto
     """auto: nccl when this node has a CUDA GPU per rank, else gloo on CPU."""
@@ -146,6 +209,10 @@ class TrainConfig:
     seed: int = 0
     grad_accum_steps: int = 1
     """Micro-batches per step; communication only on the last."""
+    eval_every: int = 0
+    """The validation loss every N steps (0: after the last step only); it is not timed as a step."""
+    eval_batches: int = 4
+    """Global batches (train.batch_size sequences each) the validation loss averages; 0: no validation loss."""
     save_model: bool = False
     """Rank 0 writes the final weights to JOB_DIR/model.pt."""
     precision: Dtype = Dtype.fp32
@@ -205,6 +272,8 @@ class Config:
     task: TaskConfig = MISSING
     model: Any = MISSING
     """A model's node (a ModelConfig of its class's, or a YAML naming any class)."""
+    data: Any = MISSING
+    """A data source's node (synthetic, text, tokens)."""
     strategy: Any = MISSING
     """A strategy's spec (ddp_lab/spec/strategies/): its knobs, typed, composed from conf/strategy/NAME.yaml."""
     backend: BackendConfig = MISSING
@@ -229,6 +298,8 @@ def register_configs() -> None:
     store.store(name="base_config", node=Config)
     for name, node in MODEL_SCHEMAS.items():
         store.store(group="schema/model", name=name, node=node)
+    for name, node in DATA_SCHEMAS.items():
+        store.store(group="schema/data", name=name, node=node)
     register_strategy_specs(store)
 
 

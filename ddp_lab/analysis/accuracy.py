@@ -1,12 +1,14 @@
 """What a precision or compression choice costs in accuracy, beside what it saves: per training job,
 from its results.json alone (offline, no torch).
 
-- final loss: the last step's loss;
+- the loss: the validation loss where the job measured it at two or more steps (`train.eval_every`),
+  else the per-step training loss (`loss_kind` says which); final loss: its last value. The
+  validation loss after the last step is its own column (`final_val_loss`) either way;
 - the reference (`reference_job`, and `reference_why`: how it was chosen): an *exact* run (fp32
   compute, fp32 on the wire, a strategy that delivers the exact average: no `rank` or `sync_every`
   knob, the marks of powersgd and local_sgd) that differs from the row only in what is compared:
-  the strategy and its knobs, and `train.precision` (`comparable`: same model, world size, training
-  settings and fault). Among those, the row's own strategy with its knobs (a bucket sweep's row is
+  the strategy and its knobs, and `train.precision` (`comparable`: same model, data, world size,
+  training settings and fault). Among those, the row's own strategy with its knobs (a bucket sweep's row is
   its own reference), else its own strategy, else the only configuration that fits (jobs alike in
   all that shapes training count as one: the first is taken). Where several configurations fit and
   none is the row's own strategy, or none fits, the row has no reference and says why; `--reference
@@ -14,7 +16,8 @@ from its results.json alone (offline, no torch).
 - loss gap: final loss minus the reference's (and as % of it);
 - bytes on the wire per step (`comm_bytes_per_step`) and as a multiple of the reference's;
 - time to target: the wall time (the sum of the steps' times, warm-up included: a run pays for
-  them too) until the first step whose loss is at or below the target, and that step's number;
+  them too; validation is not timed) until the first step whose loss is at or below the target,
+  and that step's number;
   the target is the reference's final loss + 5% (`TARGET_MARGIN`), or what `--target-loss` says.
   Raw per-step losses, not smoothed: a noisy run may touch the target early.
 - grad error: the mean of `measure.grad_error` over the steps, where it was measured.
@@ -45,17 +48,29 @@ def is_exact(results: dict) -> bool:
     return precision == "fp32" and comm_dtype == "fp32" and all(strategy.get(k) is None for k in LOSSY_KNOBS)
 
 
+def loss_kind(results: dict) -> str:
+    """"validation" where the job measured its held-out loss at two or more steps, else "training"."""
+    held_out = [s for s in results.get("steps") or [] if s.get("val_loss") is not None]
+    return "validation" if len(held_out) >= 2 else "training"
+
+
+def _loss_key(results: dict) -> str:
+    return "val_loss" if loss_kind(results) == "validation" else "loss"
+
+
 def losses(results: dict) -> list[tuple[int, float]]:
-    return [(s["step"], s["loss"]) for s in results.get("steps") or [] if s.get("loss") is not None]
+    """(step, loss) of the job's loss curve (`loss_kind`)."""
+    key = _loss_key(results)
+    return [(s["step"], s[key]) for s in results.get("steps") or [] if s.get(key) is not None]
 
 
 def elapsed_s(results: dict) -> list[tuple[float, float]]:
-    """(wall seconds since the start, loss) at the end of each step."""
-    out, total = [], 0.0
+    """(wall seconds since the start, loss) at the end of each step of the loss curve."""
+    out, total, key = [], 0.0, _loss_key(results)
     for s in results.get("steps") or []:
         total += (s.get("step_time_ms") or 0.0) / 1e3
-        if s.get("loss") is not None:
-            out.append((total, s["loss"]))
+        if s.get(key) is not None:
+            out.append((total, s[key]))
     return out
 
 
@@ -77,8 +92,8 @@ def comparable(results: dict) -> dict:
     train.precision (the knobs being compared)."""
     cfg = results.get("config") or {}
     train = {k: v for k, v in (cfg.get("train") or {}).items() if k not in NOT_TRAINING}
-    return {"model": cfg.get("model"), "world_size": cfg.get("world_size"), "train": train,
-            "fault": cfg.get("fault")}
+    return {"model": cfg.get("model"), "data": cfg.get("data"), "world_size": cfg.get("world_size"),
+            "train": train, "fault": cfg.get("fault")}
 
 
 def _differences(a: dict, b: dict) -> list[str]:
@@ -148,6 +163,7 @@ def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None,
         errors = [s["grad_error"] for s in res.get("steps") or [] if s.get("grad_error") is not None]
         out[name] = {
             "exact": is_exact(res), "reference_job": ref_name, "reference_why": why, "final_loss": loss,
+            "loss_kind": loss_kind(res), "final_val_loss": _at(res, "summary", "final_val_loss"),
             "reference_loss": ref_loss,
             "loss_gap": None if None in (loss, ref_loss) else loss - ref_loss,
             "loss_gap_pct": None if None in (loss, ref_loss) or not ref_loss else 100 * (loss - ref_loss) / ref_loss,

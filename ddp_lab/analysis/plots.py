@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from ddp_lab.analysis.accuracy import elapsed_s, is_exact, losses  # noqa: E402
+from ddp_lab.analysis.accuracy import elapsed_s, is_exact, loss_kind, losses  # noqa: E402
 from ddp_lab.analysis.records import bucket_groups, record  # noqa: E402
 from ddp_lab.analysis.timeline import plot_timeline  # noqa: E402
 from ddp_lab.jobdir import TRACES  # noqa: E402
@@ -276,7 +276,8 @@ def plot_timelines(runs, path) -> bool:
 def plot_loss(runs, records: list[dict], path) -> bool:
     """Loss against wall time (the sum of step times) and against step, one line per training job
     with losses; the exact reference's lines are solid, every other job's dashed. Drawn for any
-    training job with two or more steps."""
+    training job with two or more steps. The validation loss where a job measured it at two or more
+    steps (analysis/accuracy.py), else the training loss: the axis says which."""
     jobs = [(rec, res) for rec, (_, res, _) in zip(records, runs)
             if rec["task"] != "allreduce" and len(losses(res)) >= 2]
     if not jobs:
@@ -294,8 +295,9 @@ def plot_loss(runs, records: list[dict], path) -> bool:
     by_time.set_xlabel("wall time (s): sum of step times, warm-up included")
     by_step.set_xlabel("step")
     positive = all(v > 0 for _, res in jobs for _, v in losses(res))
+    kinds = sorted({loss_kind(res) for _, res in jobs})
     for ax in (by_time, by_step):
-        ax.set_ylabel("training loss" + (" (log scale)" if positive else ""))
+        ax.set_ylabel(" or ".join(kinds) + " loss" + (" (log scale)" if positive else ""))
         if positive:  # the gaps that matter are near the end, where the loss is small
             ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")

@@ -96,7 +96,8 @@ def memory_markdown(records: list[dict]) -> str | None:
 
 
 ACCURACY = IDENTITY_MD + [Column("status", "status")] + [Column(h, k, f, "accuracy") for h, k, f in (
-    ("final loss", "final_loss", "{:.4f}"), ("exact run", "reference_job", "{}"),
+    ("loss", "loss_kind", "{}"), ("final loss", "final_loss", "{:.4f}"),
+    ("val loss after the last step", "final_val_loss", "{:.4f}"), ("exact run", "reference_job", "{}"),
     ("chosen as", "reference_why", "{}"),
     ("exact final loss", "reference_loss", "{:.4f}"), ("Δ loss", "loss_gap", "{:+.4f}"),
     ("Δ loss %", "loss_gap_pct", "{:+.2f}"), ("wire MiB/step", "comm_mib_per_step", "{:.3f}"),
@@ -115,12 +116,13 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
               f"the target loss is the exact run's final loss + {TARGET_MARGIN:.0%}")
     intro = ("The exact run: a job with fp32 compute, fp32 on the wire and an exact average (no powersgd rank or "
              "local_sgd sync_every) that differs from the row only in the strategy and train.precision (same model, "
-             "world size and training settings): the one `--reference JOB` names when given, else the row's own "
+             "data, world size and training settings): the one `--reference JOB` names when given, else the row's own "
              "strategy where the sweep has it, else the only such configuration; \"chosen as\" says which rule, or "
              "why a row has none. Δ = final loss − its final loss. "
              f"Time to target: the sum of step times until the first step at or below the target; {target}. "
-             "Loss is the per-step training loss (raw, not smoothed); grad error: measure.grad_error's "
-             "||delivered − exact|| / ||exact|| per step, averaged.")
+             "Loss (the \"loss\" column says which) is the validation loss where the job measured it every "
+             "train.eval_every steps, else the per-step training loss (raw, not smoothed); grad error: "
+             "measure.grad_error's ||delivered − exact|| / ||exact|| per step, averaged.")
     return intro + "\n\n" + markdown(*table(rows, ACCURACY, keep_empty=True))
 
 

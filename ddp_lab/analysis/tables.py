@@ -26,7 +26,8 @@ TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the larg
     Column("× ZeRO paper", "model_state_vs_paper", "{:.3f}", group="memory"),  # the bar (1.05) needs 3 digits
     Column("strategy state MiB/rank", "strategy_state_mib_per_rank", group="memory"),
     # the accuracy figures (analysis/accuracy.py)
-    Column("final loss", "final_loss", "{:.4f}", group="accuracy"),
+    Column("final loss", "final_loss", "{:.4f}", group="accuracy"),  # validation where it is a curve
+    Column("val loss", "final_val_loss", "{:.4f}", group="accuracy"),
     Column("Δ loss vs exact", "loss_gap", "{:+.4f}", group="accuracy"),
     Column("wire MiB/step", "comm_mib_per_step", "{:.2f}", group="accuracy"),
     Column("s to target", "time_to_target_s", "{:.2f}", group="accuracy"),

@@ -8,6 +8,7 @@ from ddp_lab.models import Transformer
 from ddp_lab.models.transformer import RMSNorm
 
 VOCAB = 64
+BYTE_VOCAB = 256  # data=text: a token is a byte
 CONTEXT = 8
 
 
@@ -171,12 +172,18 @@ class UnitsNet(nn.Module):
         return self.head(self.norm(x))
 
 
-def tiny_transformer():
-    return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2, num_heads=4)
+def tiny_transformer(vocab_size: int = VOCAB):
+    return Transformer(vocab_size=vocab_size, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=2,
+                       num_heads=4)
+
+
+def byte_transformer():
+    """tiny_transformer over bytes: the parity proofs on data=text."""
+    return tiny_transformer(BYTE_VOCAB)
 
 
 MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
-          "own_classes": OwnClassesNet, "unused": UnusedNet}
+          "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer}
 
 
 def mid_mb(model) -> float:

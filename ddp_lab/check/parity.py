@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from ddp_lab.check.models import CONTEXT, MODELS, VOCAB
+from ddp_lab.check.models import BYTE_VOCAB, CONTEXT, MODELS, VOCAB
 from ddp_lab.rank.data import global_batch as data_global_batch
 from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.precision import Precision
@@ -32,10 +32,13 @@ ATOL = 1e-5
 RTOL = 1e-4
 
 
-def data_cfg(grad_accum_steps: int = 1, batch_size: int = GLOBAL_BATCH):
-    """The keys of a run's config that `rank_micro_batches` reads, for the test models."""
+def data_cfg(grad_accum_steps: int = 1, batch_size: int = GLOBAL_BATCH, data: dict | None = None):
+    """The keys of a run's config that `rank_micro_batches` reads, for the test models; `data`: a data
+    source's node (conf/data/), synthetic without one (text: bytes, for models.byte_transformer)."""
+    vocab = BYTE_VOCAB if data and data["name"] == "text" else VOCAB
     return OmegaConf.create({"train": {"batch_size": batch_size, "seed": SEED, "grad_accum_steps": grad_accum_steps},
-                             "model": {"context_length": CONTEXT, "vocab_size": VOCAB}})
+                             "model": {"context_length": CONTEXT, "vocab_size": vocab},
+                             **({"data": data} if data else {})})
 
 
 def global_batch(step: int) -> torch.Tensor:
@@ -67,12 +70,12 @@ class SingleProcess(nn.Module):
 
 
 def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH,
-                    precision: str = "fp32", reference_wrapper=SingleProcess):
+                    precision: str = "fp32", reference_wrapper=SingleProcess, data: dict | None = None):
     """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches,
     autocast (and loss-scaled) as `precision` says."""
     reference = reference_wrapper(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
-    cfg = data_cfg(micro_batches, batch_size)
+    cfg = data_cfg(micro_batches, batch_size, data)
     mixed = Precision(precision)
     for step in range(steps):
         train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))),
@@ -98,7 +101,7 @@ def optimizer_of(ddp, optimizer_cls, **kwargs):
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32"):
+                      precision="fp32", data=None):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -108,7 +111,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     `reference_wrapper`: what runs the reference model (SingleProcess; a compute-dtype test casts).
     `precision`: train.precision on both sides; the loss scaler agrees over ranks whatever the wrapper
     (needed where a sharded optimizer sees only its share, the same decision where every rank holds the
-    whole average).
+    whole average). `data`: a data source's node (conf/data/; synthetic without one), on both sides.
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
@@ -118,14 +121,14 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     if reference is not None:
         reference.load_state_dict(start)
     optimizer = optimizer_of(ddp, optimizer_cls, **opt_kwargs)
-    cfg = data_cfg(grad_accum_steps, batch_size)
+    cfg = data_cfg(grad_accum_steps, batch_size, data)
     mixed = Precision(precision, agree_over_ranks=True)
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
-                        precision=precision, reference_wrapper=reference_wrapper)
+                        precision=precision, reference_wrapper=reference_wrapper, data=data)
     state = full_state(ddp)
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))

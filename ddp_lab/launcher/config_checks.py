@@ -13,6 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from ddp_lab.config import Config
+from ddp_lab.data.files import DataError
+from ddp_lab.data.split import open_data
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models.facts import meta_model
@@ -103,6 +105,7 @@ def _validate_train(cfg: DictConfig) -> None:
                  f"{m.get(key)}")
     _require(not {"d_model", "num_heads"} <= set(m) or m.d_model % m.num_heads == 0,
              f"model.d_model={m.get('d_model')} does not divide by model.num_heads={m.get('num_heads')}")
+    _validate_data(cfg)
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     spec = _strategy_spec(cfg.strategy)
@@ -113,6 +116,28 @@ def _validate_train(cfg: DictConfig) -> None:
     module = _meta_model(cfg)
     _validate_model_for_strategy(cfg, spec, module)
     _validate_memory(cfg, spec.zero_stage)
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    """The data source opens (every file read, its header checked, memory-mapped), both splits hold a
+    sequence, and every token id is below the model's vocabulary (ddp_lab/data/)."""
+    t, d = cfg.train, cfg.data
+    _require(t.eval_every >= 0,
+             f"train.eval_every must be >= 0 steps (0: after the last step only), got {t.eval_every}")
+    _require(t.eval_batches >= 0, f"train.eval_batches must be >= 0 (0: no validation loss), got {t.eval_batches}")
+    if d.name == "synthetic":
+        return
+    _require(not OmegaConf.is_missing(d, "path"),
+             f"data={d.name} needs data.path=FILE: a token file, a folder of shards, or a glob")
+    _require(0 <= d.val_fraction < 1, f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    try:
+        data = open_data(d, cfg.model.context_length)
+        top = data.max_token()
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
+    _require(top < cfg.model.vocab_size,
+             f"data={d.name} has token ids up to {top}, but model.vocab_size={cfg.model.vocab_size}: set "
+             f"model.vocab_size to at least {top + 1} (your tokenizer's vocabulary)")
 
 
 def _strategy_spec(strategy: DictConfig) -> StrategySpec:

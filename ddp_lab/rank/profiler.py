@@ -109,6 +109,11 @@ class StepProfiler:
         if self.enabled:
             self.clock = GradientClock(module)
 
+    def records(self, step: int) -> bool:
+        """Is `step` one the profiler traces (its warm-up or active steps)?"""
+        first = self.plan["wait"]
+        return self.enabled and first <= step < first + self.plan["warmup"] + self.plan["active"]
+
     def end_step(self, timer, comm_intervals) -> None:
         """After the step's timer stopped, before its comm figures are popped (see GradientClock)."""
         if self.clock is not None:

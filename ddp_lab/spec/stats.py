@@ -35,6 +35,8 @@ def summarize_training(steps: list[dict], warmup_steps: int) -> dict:
     summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
     summary["measured_steps"] = len(measured)
     summary["final_loss"] = steps[-1].get("loss") if steps else None
+    held_out = [s["val_loss"] for s in steps if s.get("val_loss") is not None]
+    summary["final_val_loss"] = held_out[-1] if held_out else None
     if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
         for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
             values = [s[key] for s in measured if s.get(key) is not None]

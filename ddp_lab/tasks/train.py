@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
-from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.rank.data import rank_micro_batches, token_data_facts
 from ddp_lab.rank.faults import maybe_inject_fault
 from ddp_lab.rank.grad_error import GradErrorProbe
+from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.memory import memory_report, memory_snapshot
 from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
@@ -78,9 +79,10 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     precision = Precision(compute, device.type, autocast=not casts_itself,
                           agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
-    recorder.log_once({"num_params": num_params, **facts})
+    recorder.log_once({"num_params": num_params, **facts, **token_data_facts(cfg)})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
+    held_out = HeldOutLoss(cfg, rank, world_size, device)
 
     def before_step():
         if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
@@ -103,11 +105,15 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
                 memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
             record = {"step": step, **reduce_over_ranks({"step_time_ms": step_ms, "loss": loss.item(), **timer.laps,
                                                          **model.comm.pop(), **precision.record(), **measured}, device)}
+            if held_out.due(step) and not profiler.records(step):
+                record["val_loss"] = held_out.measure(model, loss_fn, precision)
             steps.append(record)
             recorder.step(record)
             profiler.step()
         profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
                                     precision.autocast)
+    if held_out.due(steps[-1]["step"]) and "val_loss" not in steps[-1]:  # the last step was profiled
+        steps[-1]["val_loss"] = held_out.measure(model, loss_fn, precision)
     if cfg.train.save_model:
         state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
         if rank == 0:
@@ -116,4 +122,5 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
+    summary.update(token_data_facts(cfg))
     return {"summary": summary, "steps": steps}

@@ -119,10 +119,11 @@ def test_report_cli_takes_a_target_loss_and_a_reference(sweep, tmp_path, capsys)
     assert main([str(sweep), "--target-loss", "2.5"]) == 0
     md = (sweep / "report.md").read_text()
     assert "the target loss is 2.5 (--target-loss)" in md
-    assert ("| 3 | powersgd-bucket_mb=25.0-rank=4-start_iter=10 | 2 | ok | 1.2000 | 0 | the one exact configuration "
-            "like it |") in md  # the label: the knobs of the strategy's spec, defaults included
+    assert ("| 3 | powersgd-bucket_mb=25.0-rank=4-start_iter=10 | 2 | ok | training | 1.2000 | - | 0 | the one "
+            "exact configuration like it |") in md  # the label: the knobs of the strategy's spec, defaults included
     assert main([str(sweep), "--reference", "5"]) == 0
-    assert "| 0 | bucketed-bucket_mb=25.0 | 2 | ok | 1.0000 | 5 | --reference |" in (sweep / "report.md").read_text()
+    row = "| 0 | bucketed-bucket_mb=25.0 | 2 | ok | training | 1.0000 | - | 5 | --reference |"
+    assert row in (sweep / "report.md").read_text()
     capsys.readouterr()
     assert main([str(sweep), "--reference", "9", "-o", str(tmp_path / "not_written")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -134,3 +135,32 @@ def test_columns_no_job_has_a_figure_for_are_left_out():
     header, rows = train_rows([("0", job()), ("1", job(model="toy"))])
     assert "final loss" in header and "grad err" not in header
     assert all(len(row) == len(header) for row in rows)
+
+
+def _with_val(res, val_losses, data="text"):
+    """The job with a validation loss on the steps `val_losses` names ({step: loss}) and its data source."""
+    out = {**res, "steps": [{**s, **({"val_loss": val_losses[s["step"]]} if s["step"] in val_losses else {})}
+                            for s in res["steps"]],
+           "config": {**res["config"], "data": {"name": data}}}
+    out["summary"] = {**res["summary"], "final_val_loss": val_losses.get(len(res["steps"]) - 1)}
+    return out
+
+
+def test_a_validation_curve_replaces_the_training_loss_everywhere():
+    """Two or more held-out points: final loss, gap and time to target are the validation loss's; one point
+    (eval after the last step only) leaves the training loss and shows the validation loss beside it."""
+    runs = [("exact", _with_val(job(), {1: 3.5, 3: 2.0})),
+            ("bf16", _with_val(job(comm_dtype="bf16", loss=(4.0, 3.0, 2.0, 0.5)), {1: 2.05, 3: 2.2})),
+            ("once", _with_val(job(comm_dtype="fp16"), {3: 2.3}))]
+    figures = accuracy(runs)
+    exact, bf16, once = figures["exact"], figures["bf16"], figures["once"]
+    assert exact["loss_kind"] == bf16["loss_kind"] == "validation" and once["loss_kind"] == "training"
+    assert bf16["final_loss"] == 2.2 and math.isclose(bf16["loss_gap"], 0.2)   # not the training loss 0.5
+    assert math.isclose(bf16["target_loss"], 2.1) and bf16["steps_to_target"] == 1   # 2.05 at step 1
+    assert math.isclose(bf16["time_to_target_s"], 0.2)
+    assert once["final_loss"] == 1.0 and once["final_val_loss"] == 2.3
+
+
+def test_jobs_on_other_data_are_never_each_others_reference():
+    runs = [("synthetic", _with_val(job(), {}, data="synthetic")), ("text", _with_val(job(comm_dtype="bf16"), {}))]
+    assert accuracy(runs)["text"]["reference_job"] is None
