@@ -41,7 +41,7 @@ def _every_strategy(rank, world_size):
         sgd = name in EXACT_KNOBS
         held_out = HeldOutLoss(_held_out_cfg(world_size), rank, world_size, torch.device("cpu"))
 
-        def inspect(wrapper, optimizer):
+        def inspect(wrapper, optimizer, held_out=held_out):
             return held_out.measure(wrapper, loss_fn, FP32)
 
         out[name] = train_distributed(rank, world_size, spec.build, "byte_transformer", batch_size=2 * world_size,
