@@ -23,6 +23,17 @@ def precision_label(cfg) -> str:
     return "" if precision == "fp32" else f"-precision={precision}"
 
 
+def data_label(cfg) -> str:
+    """`-data=text`, `-data=text(corpus.txt)`, `-data=tokens(train.bin)`: the data when it is not the
+    default synthetic sequences, else nothing."""
+    data = cfg.get("data") if hasattr(cfg, "get") else None
+    name = str((data or {}).get("name") or "synthetic")
+    if name == "synthetic":
+        return ""
+    path = (data or {}).get("path")
+    return f"-data={name}" + (f"({str(path).rstrip('/').rsplit('/', 1)[-1]})" if path else "")
+
+
 def collective_label(task) -> str:
     """`all_reduce`, or `all_reduce back-to-back` when the calls were timed without a barrier between
     them (task.barrier=false): a different measurement of the same op, kept apart in tables and fits."""
@@ -31,13 +42,14 @@ def collective_label(task) -> str:
 
 
 def run_name(cfg) -> str:
-    """`bucketed-bucket_mb=25-tiny-ws2` (`...-precision=bf16-tiny-ws2`): what the run measured, readable
-    in a W&B table."""
+    """`bucketed-bucket_mb=25-tiny-ws2` (`...-precision=bf16-data=text-tiny-ws2`): what the run measured,
+    readable in a W&B table."""
     if cfg["task"]["name"] == "allreduce":
         task = cfg["task"]
         op = collective_label(task).replace(" ", "-")
         return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
-    return f"{knob_label(cfg['strategy'])}{precision_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}"
+    return (f"{knob_label(cfg['strategy'])}{precision_label(cfg)}{data_label(cfg)}-{cfg['model']['name']}"
+            f"-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -47,4 +59,4 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{collective_label(task)} {task.get('size_mb')} MiB"
     strategy = cfg.get("strategy")
-    return knob_label(strategy) + precision_label(cfg) if strategy else "?"
+    return knob_label(strategy) + precision_label(cfg) + data_label(cfg) if strategy else "?"

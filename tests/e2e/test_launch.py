@@ -34,6 +34,10 @@ def test_single_run_writes_results_and_wandb(tmp_path):
     assert run["run"].run_group and run["run"].display_name.startswith("naive-toy-ws2")
     assert run["config"]["strategy"]["name"] == "naive"
     assert run["summary"]["step_time_ms/p50"] == pytest.approx(summary["step_time_ms"]["p50"])
+    # The held-out loss after the last step (train.eval_every=0): in its step's record and the summary.
+    assert [s["step"] for s in res["steps"] if "val_loss" in s] == [3]
+    assert logged[-1]["val_loss"] == pytest.approx(res["steps"][-1]["val_loss"])
+    assert run["summary"]["final_val_loss"] == pytest.approx(summary["final_val_loss"])
 
 
 def test_two_job_sweep_one_group(tmp_path):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from ddp_lab.config import register_configs
 from ddp_lab.launcher.config_checks import ConfigError, validate
@@ -38,6 +39,18 @@ def test_every_strategy_composes_and_names_itself(strategy):
 ])
 def test_run_names_carry_the_knobs_in_use(overrides, label):
     assert knob_label(_compose(*overrides).strategy) == label
+
+
+@pytest.mark.parametrize("overrides, name", [
+    (["strategy=flat"], "flat-tiny-ws2"),
+    (["strategy=flat", "data=text"], "flat-data=text-tiny-ws2"),
+    (["strategy=flat", "data=tokens", "data.path=/data/owt/train.bin"], "flat-data=tokens(train.bin)-tiny-ws2"),
+])
+def test_run_names_say_the_data_unless_synthetic(overrides, name):
+    """Rows of a sweep over data sources or token files tell apart (spec/labels.py)."""
+    from ddp_lab.spec.labels import run_name
+
+    assert run_name(OmegaConf.to_container(_compose(*overrides), resolve=True)) == name
 
 
 @pytest.mark.parametrize("model", ["toy", "tiny", "small"])

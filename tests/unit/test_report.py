@@ -220,6 +220,8 @@ def test_real_sweep_profile_writes_traces_overlap_and_timeline(real_sweep):
         assert sorted(p.name for p in (job / "traces").glob("*.json")) == ["rank0.json", "rank1.json"]
         overlap = summary["trace_overlap"]
         assert overlap["profiled_steps"] == [2, 3] and len(overlap["ranks"]) == 2
+        # The last step is profiled: its validation loss is measured after the profiler stopped.
+        assert [s["step"] for s in jobs[i]["steps"] if "val_loss" in s] == [3]
         assert overlap["comm_ms"] > 0 and overlap["compute_ms"] > 0 and 0 <= overlap["overlap_pct"] <= 100
         assert_png(job / "timeline.png")
         # The step's phases are recorded and fill it (rank means; timers add a little).
