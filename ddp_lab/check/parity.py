@@ -101,7 +101,7 @@ def optimizer_of(ddp, optimizer_cls, **kwargs):
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32", data=None):
+                      precision="fp32", data=None, after_step=None):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -112,6 +112,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     `precision`: train.precision on both sides; the loss scaler agrees over ranks whatever the wrapper
     (needed where a sharded optimizer sees only its share, the same decision where every rank holds the
     whole average). `data`: a data source's node (conf/data/; synthetic without one), on both sides.
+    `after_step(wrapper)`: called on every rank after each step (the held-out loss between steps).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(rank)  # different init on every rank, on purpose
@@ -126,6 +127,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     for step in range(steps):
         micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
         train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
+        if after_step is not None:
+            after_step(ddp)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper, data=data)

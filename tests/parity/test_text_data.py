@@ -6,14 +6,18 @@ memory-mapped windows of 9 tokens) instead of the synthetic sequences, for every
 with its default knobs, at 3 ranks (an odd world size: each rank's slice of a batch is its own rows of
 the windows). Two lossy strategies run where they are exact: powersgd at a rank no matrix is worth
 compressing at (each is sent exactly), local_sgd averaging after every step with SGD (linear in the
-gradient). After training, the held-out loss measured through the strategy's own forward
-(rank/held_out.py: no gradients; fsdp gathers) equals the reference model's on the same held-out batches.
+gradient). The held-out loss is measured through the strategy's own forward after every step
+(rank/held_out.py: no gradients; fsdp gathers), as `train.eval_every=1` does: training still ends on
+the single-process weights (measuring changed nothing), and the last measurement equals the reference
+model's loss on the same held-out batches. fsdp and fsdp_torch run once more keeping their parameters
+gathered after forward (`reshard_after_forward=False`), where a forward without backward is the case
+to get right.
 """
 
 import pytest
 import torch
 
-from ddp_lab.check.parity import ATOL, RTOL, assert_parity, data_cfg, train_distributed
+from ddp_lab.check.parity import ATOL, RTOL, STEPS, assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.data.text import python_docs
 from ddp_lab.rank.data import rank_held_out_batches
@@ -25,6 +29,8 @@ from ddp_lab.tasks.train import loss_fn
 TEXT = {"name": "text", "path": None, "val_path": None, "val_fraction": 0.1}
 WORLD_SIZE = 3
 EXACT_KNOBS = {"powersgd": {"rank": 10**6, "start_iter": 0}, "local_sgd": {"sync_every": 1}}
+SCENARIOS = {**{name: (name, EXACT_KNOBS.get(name, {})) for name in SPECS},
+             **{f"{name}_kept_gathered": (name, {"reshard_after_forward": False}) for name in ("fsdp", "fsdp_torch")}}
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}  # where the strategy is exact for a linear update only
 
 
@@ -36,17 +42,15 @@ def _held_out_cfg(world_size):
 
 def _every_strategy(rank, world_size):
     out = {}
-    for name, spec_cls in SPECS.items():
-        spec = spec_cls(**EXACT_KNOBS.get(name, {}))
-        sgd = name in EXACT_KNOBS
+    for scenario, (name, knobs) in SCENARIOS.items():
+        spec = SPECS[name](**knobs)
         held_out = HeldOutLoss(_held_out_cfg(world_size), rank, world_size, torch.device("cpu"))
-
-        def inspect(wrapper, optimizer, held_out=held_out):
-            return held_out.measure(wrapper, loss_fn, FP32)
-
-        out[name] = train_distributed(rank, world_size, spec.build, "byte_transformer", batch_size=2 * world_size,
-                                      data=TEXT, inspect=inspect, **({"optimizer_cls": torch.optim.SGD,
-                                                                      "opt_kwargs": SGD} if sgd else {}))
+        measured = []
+        sgd = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD} if name in EXACT_KNOBS else {}
+        out[scenario] = train_distributed(
+            rank, world_size, spec.build, "byte_transformer", batch_size=2 * world_size, data=TEXT,
+            after_step=lambda wrapper, h=held_out, m=measured: m.append(h.measure(wrapper, loss_fn, FP32)),
+            inspect=lambda wrapper, optimizer, m=measured: m, **sgd)
     return out
 
 
@@ -56,12 +60,12 @@ def results():
     return run_ranks(_every_strategy, WORLD_SIZE)
 
 
-@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("name", list(SCENARIOS))
 def test_same_weights_as_single_process_on_text(results, name):
     assert_parity([r[name][:2] for r in results])
 
 
-@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("name", list(SCENARIOS))
 def test_validation_loss_through_the_strategy_is_the_models(results, name):
     from ddp_lab.check.models import MODELS
 
@@ -72,4 +76,6 @@ def test_validation_loss_through_the_strategy_is_the_models(results, name):
                                                                          torch.device("cpu"))]
     expected = float(torch.stack(losses).mean())
     for rank in range(WORLD_SIZE):
-        assert results[rank][name][2] == pytest.approx(expected, rel=RTOL, abs=ATOL)
+        measured = results[rank][name][2]
+        assert len(measured) == STEPS and measured[-1] == pytest.approx(expected, rel=RTOL, abs=ATOL)
+        assert measured[-1] < measured[0]  # it trained
