@@ -185,6 +185,41 @@ class TokensData(TextData):
     """Token dtype of a raw (headerless) file; llm.c and .npy files say their own."""
 
 
+class NetworkName(Choice):
+    host = "host"
+    emulated = "emulated"
+
+
+@dataclass
+class NetworkConfig:
+    """How the ranks' nodes are joined; each option (conf/network/NAME.yaml) extends its own node below."""
+
+    name: NetworkName = MISSING
+
+
+@dataclass
+class HostNetwork(NetworkConfig):
+    """The machine's own network: ranks of one node talk over loopback, nodes over the real network."""
+
+    name: NetworkName = NetworkName.host
+
+
+@dataclass
+class EmulatedNetwork(NetworkConfig):
+    """Nodes emulated on this machine: network namespaces joined by shaped links
+    (ddp_lab/launcher/emulated_network.py; needs root and iproute2)."""
+
+    name: NetworkName = NetworkName.emulated
+    nodes: int = 2
+    """Emulated nodes; world_size splits evenly over them."""
+    gbps: Optional[float] = None
+    """Each node's link rate in Gbit/s, both directions (a tbf qdisc on both ends); None: unshaped."""
+    latency_ms: Optional[float] = None
+    """Added one-way delay on each node's link (the netem qdisc: refused where the kernel lacks it)."""
+
+
+NETWORK_SCHEMAS = {"host": HostNetwork, "emulated": EmulatedNetwork}
+
 DATA_SCHEMAS = {"synthetic": SyntheticData, "text": TextData, "tokens": TokensData}
 """Each data source's node, stored as `schema/data/NAME` (conf/data/*.yaml list it in their defaults)."""
 
@@ -277,6 +312,8 @@ class Config:
     strategy: Any = MISSING
     """A strategy's spec (ddp_lab/spec/strategies/): its knobs, typed, composed from conf/strategy/NAME.yaml."""
     backend: BackendConfig = MISSING
+    network: Any = MISSING
+    """How the nodes are joined: host, or emulated nodes on this machine."""
     logger: LoggerConfig = MISSING
     world_size: int = 2
     """Total ranks, split over launcher.nnodes."""
@@ -300,6 +337,8 @@ def register_configs() -> None:
         store.store(group="schema/model", name=name, node=node)
     for name, node in DATA_SCHEMAS.items():
         store.store(group="schema/data", name=name, node=node)
+    for name, node in NETWORK_SCHEMAS.items():
+        store.store(group="schema/network", name=name, node=node)
     register_strategy_specs(store)
 
 

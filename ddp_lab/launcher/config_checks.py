@@ -15,6 +15,8 @@ from omegaconf.errors import ConfigKeyError
 from ddp_lab.config import Config
 from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
+from ddp_lab.launcher.emulated_network import problem as emulation_problem
+from ddp_lab.launcher.emulated_network import qdisc_problem
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models.facts import meta_model
@@ -54,6 +56,7 @@ def validate(cfg: DictConfig) -> None:
     _require(-1 <= cfg.fault.rank < ws,
              f"fault.rank={cfg.fault.rank} must be a rank in [0, {ws - 1}], or -1 for every rank")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
+    _validate_network(cfg)
     if cfg.backend.name == "nccl":
         local_ranks, gpus = ws // nnodes, cuda_devices()
         _require(gpus >= local_ranks,
@@ -63,6 +66,29 @@ def validate(cfg: DictConfig) -> None:
         _validate_train(cfg)
     else:
         _validate_collective(cfg)
+
+
+def _validate_network(cfg: DictConfig) -> None:
+    """network=emulated: this machine can make namespaces and shape links, the ranks split over the nodes,
+    and nothing else places nodes (launcher/emulated_network.py)."""
+    net = cfg.network
+    if net.name != "emulated":
+        return
+    _require(net.nodes >= 1, f"network.nodes must be >= 1, got {net.nodes}")
+    _require(cfg.world_size % net.nodes == 0,
+             f"world_size={cfg.world_size} does not split evenly over network.nodes={net.nodes}")
+    _require(cfg.launcher.nnodes == 1 and not _scheduler_places_nodes(cfg),
+             "network=emulated runs every node on this machine: use launcher.nnodes=1 (its nodes are "
+             "network.nodes) and no SLURM launcher")
+    _require(cfg.backend.name != "nccl", "network=emulated runs gloo between namespaces: use backend=gloo or auto")
+    _require(net.gbps is None or net.gbps > 0, f"network.gbps must be > 0 Gbit/s (unset: unshaped), got {net.gbps}")
+    _require(net.latency_ms is None or net.latency_ms > 0,
+             f"network.latency_ms must be > 0 ms (unset: none), got {net.latency_ms}")
+    problem = emulation_problem()
+    _require(problem is None, str(problem))
+    if net.latency_ms is not None:
+        missing = qdisc_problem("netem")
+        _require(missing is None, f"network.latency_ms={net.latency_ms}: {missing}; network.gbps alone shapes rate")
 
 
 def _validate_keys(cfg: DictConfig) -> None:

@@ -8,6 +8,10 @@ rank in a session of its own too, so they are found by a mark in their environme
 launcher's children carry (`DDP_LAB_LAUNCHER`), never by a broad name: the nodes of a job may
 share its folder and, under slurm_local, this machine. Nothing this job started outlives it.
 
+network=emulated (launcher/emulated_network.py): one launch.py runs every node of the job, one torchrun
+per node inside the node's network namespace, each with the command a real node would run; it waits
+for all of them and stops all of them, and the namespaces and links go with the job.
+
 Multi-node: torchrun's *static* rendezvous, not c10d. c10d numbers the nodes in order of
 (hostname, pid) and ignores `--node-rank` (torchrun warns so), which could put global rank 0, the
 one that writes results.json and the W&B run, on any node. Static makes node_rank N own ranks
@@ -21,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +39,7 @@ from ddp_lab.jobdir import (
     torchrun_log,
     write_json_atomic,
 )
+from ddp_lab.launcher.emulated_network import NODE_IF, EmulatedNodes
 from ddp_lab.launcher.failures import diagnose, oom_kills
 from ddp_lab.launcher.resume import set_aside_previous_attempt
 from ddp_lab.spec.stats import summarize_steps
@@ -61,9 +67,9 @@ def torchrun_command(cfg: DictConfig, job_dir: Path) -> list[str]:
     return cmd + ["-m", "ddp_lab.rank.worker", str(job_dir)]
 
 
-def worker_env(cfg: DictConfig) -> dict:
+def worker_env(cfg: DictConfig, ranks_on_this_machine: int | None = None) -> dict:
     env = dict(os.environ)
-    local_ranks = cfg.world_size // cfg.launcher.nnodes
+    local_ranks = ranks_on_this_machine or cfg.world_size // cfg.launcher.nnodes
     # torchrun would set 1 and warn; share this machine's cores among its ranks instead.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_ranks)))
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -112,39 +118,74 @@ def _stop(child: subprocess.Popen, job_dir: Path, hurry: list) -> None:
     child.wait()
 
 
+def node_launches(cfg: DictConfig, job_dir: Path, net: EmulatedNodes | None) -> list[tuple[int, list[str], dict]]:
+    """(node rank, command, environment) of each torchrun this launcher starts: its own node's, or on
+    emulated nodes every node's, inside the node's namespace, with gloo on the node's link."""
+    if net is None:
+        return [(cfg.launcher.node_rank, torchrun_command(cfg, job_dir), worker_env(cfg))]
+    launches = []
+    for node in range(net.nodes):
+        node_cfg = OmegaConf.merge(cfg, {"launcher": {"nnodes": net.nodes, "node_rank": node,
+                                                      "rdzv_endpoint": net.rdzv_endpoint}})
+        env = {**worker_env(node_cfg, ranks_on_this_machine=cfg.world_size), "GLOO_SOCKET_IFNAME": NODE_IF}
+        launches.append((node, net.exec_prefix(node) + torchrun_command(node_cfg, job_dir), env))
+    return launches
+
+
+def _emulated(cfg: DictConfig):
+    """The emulated nodes of network=emulated, set up for the job; nothing for network=host."""
+    network = OmegaConf.select(cfg, "network")
+    if network is None or network.name != "emulated":
+        return nullcontext()
+    return EmulatedNodes(network.nodes, network.gbps, network.latency_ms)
+
+
+def _wait(children: list[subprocess.Popen], timeout_s: float) -> None:
+    """Until every child has ended; TimeoutExpired after `timeout_s` (0: no limit)."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    while any(child.poll() is None for child in children):
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired("torchrun", timeout_s)
+        time.sleep(0.1)
+
+
 def run_job(cfg: DictConfig, job_dir: Path) -> dict:
     """Start the ranks, wait, and return the job's results (also written to JOB_DIR/results.json)."""
     job_dir = Path(job_dir).resolve()
     local = cfg.world_size // cfg.launcher.nnodes
     node_ranks = range(cfg.launcher.node_rank * local, (cfg.launcher.node_rank + 1) * local)
     set_aside_previous_attempt(job_dir, cfg.launcher.node_rank, node_ranks)  # a re-run starts clean
-    log_path = job_dir / torchrun_log(cfg.launcher.node_rank)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    (job_dir / torchrun_log(0)).parent.mkdir(parents=True, exist_ok=True)
     oom_before = oom_kills()
-    stopped, child, late = None, None, []  # stopped: None, "interrupted" or "watchdog"
+    stopped, children, late = None, [], []  # stopped: None, "interrupted" or "watchdog"
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted)}
     try:
-        with open(log_path, "ab") as log:
-            child = subprocess.Popen(torchrun_command(cfg, job_dir), env=worker_env(cfg), stderr=log,
-                                     start_new_session=True)
-        child.wait(timeout=cfg.launcher.watchdog_s or None)
-    except subprocess.TimeoutExpired:
-        stopped = "watchdog"
-    except (KeyboardInterrupt, Interrupted):
-        stopped = "interrupted"
+        with _emulated(cfg) as net:  # network=emulated: removed on every way out of this block
+            try:
+                for node, command, env in node_launches(cfg, job_dir, net):
+                    with open(job_dir / torchrun_log(node), "ab") as log:
+                        children.append((node, subprocess.Popen(command, env=env, stderr=log,
+                                                                start_new_session=True)))
+                _wait([child for _, child in children], cfg.launcher.watchdog_s)
+            except subprocess.TimeoutExpired:
+                stopped = "watchdog"
+            except (KeyboardInterrupt, Interrupted):
+                stopped = "interrupted"
+            finally:
+                # While stopping, a signal must not cut the clean-up short: note it and go on.
+                previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: late.append(signum))
+                signal.signal(signal.SIGTERM, lambda signum, frame: late.append(signum))
+                for _, child in children:
+                    _stop(child, job_dir, hurry=late)
     finally:
-        # While stopping, a signal must not cut the clean-up short: note it and go on.
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: late.append(signum))
-        signal.signal(signal.SIGTERM, lambda signum, frame: late.append(signum))
-        try:
-            if child is not None:
-                _stop(child, job_dir, hurry=late)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    if late and stopped is None and child.returncode != 0:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = [(node, child.returncode) for node, child in children if child.returncode != 0]
+    returncode = failed[0][1] if failed else (0 if children else None)
+    if late and stopped is None and returncode != 0:
         stopped = "interrupted"
-    results = finalize(cfg, job_dir, child.returncode if child else None, stopped, oom_kills() > oom_before)
+    results = finalize(cfg, job_dir, returncode, stopped, oom_kills() > oom_before,
+                       log_node=failed[0][0] if failed else cfg.launcher.node_rank)
     if late and stopped != "interrupted":
         signal.raise_signal(late[0])  # the job was over when it came: pass it on to the sweep
     return results
@@ -155,9 +196,10 @@ def _raise_interrupted(signum, frame):
 
 
 def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: str | None,
-             oom_killed: bool = False) -> dict:
+             oom_killed: bool = False, log_node: int | None = None) -> dict:
     """Keep rank 0's results when the job succeeded; otherwise write a failed/interrupted record
-    that keeps every step already measured. A node other than node_rank 0 writes node{N}.json."""
+    that keeps every step already measured. A node other than node_rank 0 writes node{N}.json.
+    `log_node`: the node whose torchrun log explains a failure (an emulated job's failing node)."""
     node = cfg.launcher.node_rank
     results = read_results(job_dir) if node == 0 else None
     if returncode == 0 and stopped is None and (results is not None or node > 0):
@@ -171,7 +213,7 @@ def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: st
                  f"{cfg.launcher.watchdog_s:g} s and was stopped (no collective timeout ended it)")
     else:
         status = "failed"
-        log = job_dir / torchrun_log(node)
+        log = job_dir / torchrun_log(node if log_node is None else log_node)
         error = diagnose(job_dir, returncode, log.read_text(errors="replace") if log.exists() else "",
                          oom_killed, cfg.backend.timeout_s)
     if node > 0:

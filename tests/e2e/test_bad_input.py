@@ -57,6 +57,13 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
     "strategy=zero1 strategy.comm=reduce_scatter strategy.bucket_mb=10":
         "strategy.bucket_mb=10.0 has no effect with strategy.comm=reduce_scatter",
+    "network=emulated world_size=3": "world_size=3 does not split evenly over network.nodes=2",
+    "network=emulated network.nodes=0": "network.nodes must be >= 1",
+    "network=emulated network.gbps=0": "network.gbps must be > 0 Gbit/s",
+    "network=emulated launcher.nnodes=2 world_size=4 launcher.rdzv_endpoint=h:1": "use launcher.nnodes=1",
+    "network=emulated backend=nccl": "network=emulated runs gloo between namespaces",
+    "network=lan": "Available options in 'network': emulated, host",
+    "network=host network.gbps=1": "gbps",
     "strategy=zero1 strategy.comm=reduce_scatter strategy.grad_sync=naive":
         "strategy.grad_sync=naive has no effect with strategy.comm=reduce_scatter",
 }
@@ -116,3 +123,20 @@ def test_bad_sweep_point_stops_sweep_before_any_job(tmp_path):
     assert proc.returncode == 2
     assert "world_size=3" in proc.stderr and "does not divide" in proc.stderr
     assert not list((tmp_path / "multirun").glob("*/results.json"))  # not even the good point ran
+
+
+@pytest.mark.parametrize("euid, which, message", [
+    (1000, "/usr/sbin/ip", "network=emulated needs root"),
+    (0, None, "network=emulated needs iproute2 (ip, tc not found)"),
+])
+def test_emulated_network_without_root_or_iproute2_is_refused(euid, which, message, monkeypatch, tmp_path, capsys):
+    from ddp_lab.launcher import emulated_network
+
+    monkeypatch.setattr(emulated_network.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(emulated_network.shutil, "which", lambda tool: which)
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(ROOT / "conf", "config", ["network=emulated", "world_size=4",
+                                                     f"hydra.run.dir={tmp_path / 'run'}"])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

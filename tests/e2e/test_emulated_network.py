@@ -1,0 +1,91 @@
+"""network=emulated: nodes as network namespaces joined by shaped links (ddp_lab/launcher/emulated_network.py).
+
+Each way a job can end leaves no namespace, link or qdisc behind: ok and a crashed rank (one sweep), a
+rank hung in a collective (the collective timeout), every rank hung outside one (the watchdog),
+Ctrl-C; and what a SIGKILLed launcher left is removed by the next emulated launch, which knows it is
+stale by the pid and start time in its names. Needs root and iproute2: skipped without them.
+"""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ddp_lab.launcher.emulated_network import EmulatedNodes, ours, problem, remove_stale
+from tests.helpers.launching import FAST, ROOT, launch, results
+from tests.helpers.processes import leftovers, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(problem() is not None, reason=str(problem()))]
+EMULATED = [*FAST, "logger=none", "network=emulated", "network.nodes=2", "world_size=4", "network.gbps=1"]
+
+
+def network_state() -> tuple[int, int, int]:
+    """How many namespaces, links and qdiscs this machine has (before and after a job: the same)."""
+    count = lambda *cmd: len(subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines())  # noqa: E731
+    return count("ip", "netns", "list"), count("ip", "-o", "link", "show"), count("tc", "qdisc", "show")
+
+
+@pytest.fixture
+def untouched():
+    """The machine's namespaces, links and qdiscs are the same after the test as before it."""
+    before = network_state()
+    yield
+    assert ours() == ([], []) and network_state() == before
+
+
+def test_ok_and_a_crashed_rank_across_emulated_nodes(tmp_path, untouched):
+    proc = launch(*EMULATED, "fault.rank=3", "fault.step=1", "fault.kind=none,crash", tmp_path=tmp_path,
+                  multirun=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # a sweep with a failed job
+    ok, crashed = results(tmp_path / "multirun" / "0"), results(tmp_path / "multirun" / "1")
+    assert ok["status"] == "ok" and ok["env"]["world_size"] == 4 and ok["summary"]["comm_ms"]["p50"] > 0
+    assert {p.name for p in (tmp_path / "multirun" / "0" / "logs").glob("torchrun-node*.log")} == \
+        {"torchrun-node0.log", "torchrun-node1.log"}  # one torchrun per emulated node
+    assert crashed["status"] == "failed" and crashed["error"].startswith("rank 3:")  # on node 1
+    assert leftovers(tmp_path) == []
+
+
+def test_a_hung_rank_ends_by_the_collective_timeout(tmp_path, untouched):
+    proc = launch(*EMULATED, "fault.kind=hang", "fault.rank=1", "fault.step=1", "backend.timeout_s=10",
+                  tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert results(tmp_path / "run")["error"].startswith("rank 0: collective timed out")
+    assert leftovers(tmp_path) == []
+
+
+def test_every_rank_hung_ends_by_the_watchdog(tmp_path, untouched):
+    proc = launch(*EMULATED, "fault.kind=hang", "fault.rank=-1", "fault.step=1", "launcher.watchdog_s=8",
+                  tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert results(tmp_path / "run")["error"].startswith("launcher.watchdog_s=8:")
+    assert leftovers(tmp_path) == []
+
+
+def test_ctrl_c_mid_run(tmp_path, untouched):
+    job = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "launch.py"), *EMULATED, "fault.kind=hang", "fault.rank=-1",
+            "fault.step=1", f"hydra.run.dir={job}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (job / "steps.jsonl").exists() and (job / "steps.jsonl").read_text(), 120, "step 0")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130 and results(job)["status"] == "interrupted"
+    assert leftovers(tmp_path) == []
+
+
+def test_what_a_killed_launcher_left_is_removed_as_stale(untouched):
+    """Names carry the launcher's pid and start time: a pid that is gone marks them stale; a live
+    launcher's (this process's) are left alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = EmulatedNodes(2, 1.0, pid=gone.pid, start="1")  # as a SIGKILLed launch.py leaves them
+    left._create()
+    live = EmulatedNodes(2, 1.0)
+    live._create()
+    try:
+        assert remove_stale() and sorted(ours()[0]) == sorted(live.namespaces)
+        assert set(ours()[1]) == {live.bridge, *live.host_links}
+    finally:
+        live.remove()
+        left.remove()
