@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emulated network's links, measured (docs/network.md, "What the links deliver"; needs root and
+# The emulated network's links, measured (docs/benchmarks.md, "Emulated nodes: what the links deliver"; needs root and
 # iproute2).
 #
 # 1. The collective benchmark on 2 emulated nodes: all_reduce of 1, 10 and 100 MiB at 2 ranks (one per
