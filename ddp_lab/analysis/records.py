@@ -144,7 +144,7 @@ def memory_record(res: dict) -> dict:
            "max_memory_allocated_mib": _mib(memory.get("max_memory_allocated_max_rank")),
            "paper_params_mib": None, "paper_grads_mib": None, "paper_opt_mib": None, "paper_model_state_mib": None,
            "model_state_vs_paper": None}
-    world_size = (res.get("config") or {}).get("world_size")
+    world_size = memory.get("shard_ranks") or (res.get("config") or {}).get("world_size")  # hsdp: its shard group
     if None in (memory.get("num_params"), memory.get("zero_stage"), world_size):
         return out
     paper = model_state_bytes(memory["num_params"], memory.get("dtype") or "fp32", world_size, memory["zero_stage"])

@@ -106,6 +106,12 @@ def _scheduler_places_nodes(cfg: DictConfig) -> bool:
     return "submitit" in str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
 
 
+def _nodes(cfg: DictConfig) -> int:
+    """The job's nodes: launcher.nnodes, or network.nodes on emulated nodes."""
+    net = OmegaConf.select(cfg, "network")
+    return net.nodes if net is not None and net.name == "emulated" else cfg.launcher.nnodes
+
+
 def _on_gpu(cfg: DictConfig) -> bool:
     return resolve_backend(cfg.backend.name, cfg.world_size // cfg.launcher.nnodes) == "nccl"
 
@@ -135,13 +141,17 @@ def _validate_train(cfg: DictConfig) -> None:
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     spec = _strategy_spec(cfg.strategy)
+    try:
+        spec.check_world(ws, ws // _nodes(cfg))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _validate_comm_dtype(cfg, spec)
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     module = _meta_model(cfg)
     _validate_model_for_strategy(cfg, spec, module)
-    _validate_memory(cfg, spec.zero_stage)
+    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ws // _nodes(cfg)))
 
 
 def _validate_data(cfg: DictConfig) -> None:
@@ -230,9 +240,9 @@ def _validate_collective(cfg: DictConfig) -> None:
              f"of {where} ({fmt_bytes(have)}): use a smaller task.size_mb or fewer ranks per node")
 
 
-def _validate_memory(cfg: DictConfig, zero_stage: int) -> None:
+def _validate_memory(cfg: DictConfig, zero_stage: int, shard_ranks: int | None = None) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
-    per_rank = estimate_rank_bytes(cfg, zero_stage)
+    per_rank = estimate_rank_bytes(cfg, zero_stage, shard_ranks)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):
         need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"

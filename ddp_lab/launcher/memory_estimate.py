@@ -17,10 +17,11 @@ from ddp_lab.spec.zero_bytes import model_state_bytes
 FP32 = 4
 
 
-def estimate_rank_bytes(cfg: DictConfig, stage: int) -> int:
+def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = None) -> int:
     """Bytes one rank needs for `cfg`'s model under a strategy of ZeRO stage `stage`."""
     n = parameter_counts(cfg.model)["total"]
-    model_state = model_state_bytes(n, "fp32", cfg.world_size, stage)["total"] + FP32 * n  # + a comm buffer
+    shards = shard_ranks or cfg.world_size  # hsdp: its shard group
+    model_state = model_state_bytes(n, "fp32", shards, stage)["total"] + FP32 * n  # + a comm buffer
     micro_batch = cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps
     return int(model_state) + activation_bytes(cfg.model, micro_batch)
 

@@ -229,9 +229,13 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
     return out
 
 
-def memory_report(memory: dict, zero_stage: int, num_params: int, precision: str = "fp32") -> dict:
+def memory_report(memory: dict, zero_stage: int, num_params: int, precision: str = "fp32",
+                  shard_ranks: int | None = None) -> dict:
     """Every rank's snapshots (gathered once, at the end), summarized by `summarize_memory`.
-    `num_params`: the whole model's count (taken before wrapping: fsdp's parameters are shards)."""
+    `num_params`: the whole model's count (taken before wrapping: fsdp's parameters are shards);
+    `shard_ranks`: how many ranks share what is sharded (hsdp: its shard group; default: every rank)."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
-    return summarize_memory(per_rank, num_params, dist.get_world_size(), zero_stage, precision)
+    report = summarize_memory(per_rank, num_params, shard_ranks or dist.get_world_size(), zero_stage, precision)
+    report["shard_ranks"] = shard_ranks or dist.get_world_size()
+    return report

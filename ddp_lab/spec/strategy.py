@@ -24,6 +24,8 @@ instead of probing the runtime class or matching its name:
   unused);
 - `schedule()`: its collectives as data (spec/schedule.py) for the predictor and the calculator;
   None: not replayed;
+- `check_world(world_size, ranks_per_node)`, `shard_ranks(...)`: the ranks it needs, and how many
+  share what it shards (hsdp: its shard group; everyone else: all ranks);
 - `check_model(module)`: the model it needs: raise ValueError (one line) for a model it cannot wrap
   (fsdp: nothing to shard); the launcher asks before any rank starts, on the model built on the meta
   device.
@@ -80,6 +82,14 @@ class StrategySpec:
     def schedule(self) -> Optional[Schedule]:
         """The collectives of one step (spec/schedule.py); None for a strategy the predictor does not replay."""
         return None
+
+    def check_world(self, world_size: int, ranks_per_node: int) -> None:
+        """Raise ValueError, one line, when the strategy cannot run on this many ranks (hsdp: shard groups)."""
+
+    def shard_ranks(self, world_size: int, ranks_per_node: int) -> int:
+        """How many ranks share what the strategy shards (its ZeRO fraction is 1/this): all of them, but
+        for hsdp, the shard group."""
+        return world_size
 
     def check_model(self, module) -> None:
         """Raise ValueError, one line, when the strategy cannot wrap `module` (a torch model, on the meta

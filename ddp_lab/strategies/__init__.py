@@ -15,6 +15,7 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | zero2 | Zero2 + Zero2Optimizer | zero2.py (on bucketed.py's buckets) |
 | fsdp | FSDP (hand-written ZeRO-3) | fsdp/ (unit.py, wrapper.py; its unit plan: spec/strategies/fsdp_units.py) |
 | fsdp_torch | TorchFSDP (torch's fully_shard, FSDP2) | fsdp_torch.py |
+| hsdp | HSDP (fsdp inside shard groups, replicated across them) | hsdp.py (on fsdp/) |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |
 
@@ -32,6 +33,7 @@ from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.fsdp import FSDP
 from ddp_lab.strategies.fsdp_torch import TorchFSDP
+from ddp_lab.strategies.hsdp import HSDP
 from ddp_lab.strategies.local_sgd import LocalSGD
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
@@ -43,6 +45,6 @@ from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 STRATEGIES = {name: spec.runtime_class() for name, spec in SPECS.items()}
 """Every option's runtime class, as its spec names it."""
 
-__all__ = ["FSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP", "OverlapDDP",
-           "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2", "Zero2Optimizer",
-           "plan_buckets"]
+__all__ = ["FSDP", "HSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP",
+           "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2",
+           "Zero2Optimizer", "plan_buckets"]

@@ -147,7 +147,7 @@ class TorchFSDP(DataParallelBase):
     """torch's FSDP2 behind the strategy contract (module docstring)."""
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
-                 comm_dtype=None):
+                 comm_dtype=None, shard_size: int | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -159,7 +159,11 @@ class TorchFSDP(DataParallelBase):
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self.comm_dtype = str(comm_dtype or "fp32")
         device = next(module.parameters()).device
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        world = dist.get_world_size()
+        self.shard_size = shard_size or world
+        mesh = (init_device_mesh(device.type, (world,)) if self.shard_size == world else  # hybrid: replicate x shard
+                init_device_mesh(device.type, (world // self.shard_size, self.shard_size),
+                                 mesh_dim_names=("replicate", "shard")))
         reduce_dtype = wire or (torch.float32 if compute_dtype else None)
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
         for i, unit in enumerate(units):
@@ -195,7 +199,10 @@ class TorchFSDP(DataParallelBase):
             self._stamps.clear()
 
     def facts(self) -> dict:
-        return {"fsdp_torch": {"units": len(self._units), "comm_figures": "measured",
+        uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself
+        return {"fsdp_torch": {"units": len(self._units), "shard_size": self.shard_size,
+                               "comm_figures": "measured" + (", without the all-reduce across shard groups"
+                                                             if uncounted else ""),
                                "compute_dtype": str(self.compute_dtype or "parameters'").replace("torch.", ""),
                                "reshard_after_forward": self.reshard_after_forward}}
 

@@ -11,6 +11,7 @@ optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `c
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
@@ -119,7 +120,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
         if rank == 0:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
-    summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute)
+    shard_ranks = spec.shard_ranks(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute, shard_ranks)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
     summary.update(token_data_facts(cfg))

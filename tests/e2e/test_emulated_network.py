@@ -35,11 +35,13 @@ def untouched():
 
 
 def test_ok_and_a_crashed_rank_across_emulated_nodes(tmp_path, untouched):
-    proc = launch(*EMULATED, "fault.rank=3", "fault.step=1", "fault.kind=none,crash", tmp_path=tmp_path,
-                  multirun=True)
+    """hsdp on two emulated nodes: its shard groups are the nodes' ranks (shard_size unset)."""
+    proc = launch(*EMULATED, "strategy=hsdp", "fault.rank=3", "fault.step=1", "fault.kind=none,crash",
+                  tmp_path=tmp_path, multirun=True)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a sweep with a failed job
     ok, crashed = results(tmp_path / "multirun" / "0"), results(tmp_path / "multirun" / "1")
     assert ok["status"] == "ok" and ok["env"]["world_size"] == 4 and ok["summary"]["comm_ms"]["p50"] > 0
+    assert ok["summary"]["strategy_facts"]["fsdp"]["shard_size"] == 2 and ok["summary"]["memory"]["shard_ranks"] == 2
     assert {p.name for p in (tmp_path / "multirun" / "0" / "logs").glob("torchrun-node*.log")} == \
         {"torchrun-node0.log", "torchrun-node1.log"}  # one torchrun per emulated node
     assert crashed["status"] == "failed" and crashed["error"].startswith("rank 3:")  # on node 1

@@ -12,6 +12,7 @@
 | zero2 | zero2.py `Zero2Spec` | `Zero2` (zero2.py) |
 | fsdp | fsdp.py `FSDPSpec` | `FSDP` (fsdp/) |
 | fsdp_torch | fsdp_torch.py `TorchFSDPSpec` | `TorchFSDP` (fsdp_torch.py) |
+| hsdp | hsdp.py `HSDPSpec` | `HSDP` (hsdp.py, on fsdp/) |
 | powersgd | powersgd.py `PowerSGDSpec` | `PowerSGD` (powersgd.py) |
 | local_sgd | local_sgd.py `LocalSGDSpec` | `LocalSGD` (local_sgd.py) |
 
@@ -34,6 +35,7 @@ from ddp_lab.spec.strategies.bucketed import BucketedSpec
 from ddp_lab.spec.strategies.flat import FlatSpec
 from ddp_lab.spec.strategies.fsdp import FSDPSpec
 from ddp_lab.spec.strategies.fsdp_torch import TorchFSDPSpec
+from ddp_lab.spec.strategies.hsdp import HSDPSpec
 from ddp_lab.spec.strategies.local_sgd import LocalSGDSpec
 from ddp_lab.spec.strategies.naive import NaiveSpec
 from ddp_lab.spec.strategies.overlap import OverlapSpec
@@ -56,7 +58,7 @@ def option(spec_cls: type[StrategySpec]) -> str:
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
     NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
-    PowerSGDSpec, LocalSGDSpec, FSDPSpec, TorchFSDPSpec)}
+    PowerSGDSpec, LocalSGDSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec)}
 
 SCHEMA_GROUP = "spec/strategy"
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 from ddp_lab.spec.choices import Dtype
 from ddp_lab.spec.strategies.fsdp_units import plan_units
-from ddp_lab.spec.strategy import StrategySpec
+from ddp_lab.spec.strategy import StrategySpec, knob_at_least
 
 
 @dataclass
@@ -23,10 +23,24 @@ class TorchFSDPSpec(StrategySpec):
     """MixedPrecisionPolicy(reduce_dtype=...): the dtype gradients are reduce-scattered in (unset: fp32)."""
     reshard_after_forward: bool = True
     """Free a unit's gathered parameters after its forward, gather them again for backward."""
+    shard_size: Optional[int] = None
+    """Unset: every rank shards (a 1-D mesh). Set: a 2-D mesh (replicate x shard), FSDP2's hybrid
+    sharding, the bar for hsdp; world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.TorchFSDP"
     zero_stage = 3
     casts_itself = True
+
+    def check(self) -> None:
+        if self.shard_size is not None:
+            knob_at_least(self, "shard_size", 1)
+
+    def check_world(self, world_size: int, ranks_per_node: int) -> None:
+        if world_size % self.shard_ranks(world_size, ranks_per_node):
+            raise ValueError(f"strategy.shard_size={self.shard_size} does not divide world_size={world_size}")
+
+    def shard_ranks(self, world_size: int, ranks_per_node: int) -> int:
+        return self.shard_size or world_size
 
     def check_model(self, module) -> None:
         plan_units(module)  # fsdp's units under its default policy: ValueError when nothing is sharded

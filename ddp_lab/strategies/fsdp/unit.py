@@ -21,6 +21,11 @@ forward and be gathered again into the same storage before its backward. The cop
 `.data` so autograd's version counter does not change. The unit's modules hold the full parameters
 while gathered (`module._parameters[attr]` swapped) and the local shards at rest.
 
+Shard group (hsdp, strategies/hsdp.py): N is the shard group's size and r a rank's place in it; the
+gradients are still averaged over every rank (divided by the world size), and after the reduce-scatter
+inside the shard group each rank all-reduces its shard with the ranks holding the same shard in the
+other groups (`replicas`). Without a shard group (fsdp) the group is the whole world.
+
 Replicated parameters (the policy's choice: norms, biases) are whole on every rank. Without a
 compute dtype the module uses them directly; with one, a persistent full parameter in the compute
 dtype is filled by a cast at each gather, like the sharded ones.
@@ -133,10 +138,12 @@ class Unit:
     """A unit's shards, its gathered state and its gradient reduction (module docstring)."""
 
     def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None, tensor_collectives: bool,
-                 wire_dtype: torch.dtype | None = None):
+                 wire_dtype: torch.dtype | None = None, group=None, replicas=None):
         self.name, self.module = plan.name, plan.module
         self.wire_dtype = wire_dtype
-        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.group, self.replicas = group, replicas  # None: the whole world shards, nothing replicates
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.scale = 1.0 / dist.get_world_size()  # an average over every rank, whatever the shard group
         self.tensor_collectives = tensor_collectives
         first = plan.params[0].param
         self.device, self.dtype = first.device, first.dtype
@@ -192,16 +199,20 @@ class Unit:
             source = self.flat if self.compute_dtype == self.dtype else self.flat.to(self.compute_dtype)
 
             def launch():
-                return [all_gather_single(out, source, async_op=True)]
+                return [all_gather_single(out, source, group=self.group, async_op=True)]
         else:  # gloo: its all-gather is slower than one broadcast per rank row (2x at 16 MB, 2 ranks)
             rows = out.view(self.world_size, -1)
             rows[self.rank].copy_(self.flat)  # the cast to the compute dtype, when one is set
 
             def launch():
-                return [dist.broadcast(row, src=r, async_op=True) for r, row in enumerate(rows)]
+                return [dist.broadcast(row, src=self._global(r), group=self.group, async_op=True)
+                        for r, row in enumerate(rows)]
         future, stamp = launch_stamped(launch, tensor_bytes(out), on_cuda)
         self.pending = (future, stamp, out)
         return stamp
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     @torch.no_grad()
     def wait_gathered(self) -> None:
@@ -240,7 +251,7 @@ class Unit:
     def fold_grads(self) -> None:
         """Move the full gradients (divided by N) into this unit's reduction buffers, drop them."""
         first = self.packed is None
-        scale = 1.0 / self.world_size
+        scale = self.scale
         if first:
             self.packed = torch.empty(self.world_size, self.grad_numel, dtype=self.dtype, device=self.device)
             self.replicated_acc = torch.empty(self.replicated_grad_numel, dtype=self.dtype, device=self.device)
@@ -279,12 +290,13 @@ class Unit:
                 shard = torch.empty(self.grad_numel, dtype=packed.dtype, device=self.device)
 
                 def launch():
-                    return [reduce_scatter_single(shard, packed.view(-1), async_op=True)]
+                    return [reduce_scatter_single(shard, packed.view(-1), group=self.group, async_op=True)]
             else:
                 shard = None
 
                 def launch():
-                    return [dist.reduce(row, dst=r, async_op=True) for r, row in enumerate(packed)]
+                    return [dist.reduce(row, dst=self._global(r), group=self.group, async_op=True)
+                            for r, row in enumerate(packed)]
             future, stamp = launch_stamped(launch, tensor_bytes(packed), on_cuda)
             sharded = (future, stamp, shard if shard is not None else packed)
             stamps.append(stamp)
@@ -301,16 +313,22 @@ class Unit:
         return tensor if self.wire_dtype in (None, tensor.dtype) else tensor.to(self.wire_dtype)
 
     @torch.no_grad()
-    def assign_grads(self) -> None:
+    def assign_grads(self, on_cuda: bool = False) -> list:
         """Wait for the reduction; each local parameter's `.grad` gets its averaged part (its own shape,
-        the master dtype), added to one already there."""
+        the master dtype), added to one already there. With replicas, the shard is all-reduced across
+        them first (its stamp is returned)."""
         if self.reducing is None:
-            return
+            return []
         future, _, result, rep_future, _, flat = self.reducing
-        self.reducing = None
+        self.reducing, stamps = None, []
         if future is not None:
             future.wait()
             mine = result if self.tensor_collectives else result[self.rank]
+            if self.replicas is not None:  # hsdp: the same shard from every shard group, summed
+                across, stamp = launch_stamped(lambda: [dist.all_reduce(mine, group=self.replicas, async_op=True)],
+                                               tensor_bytes(mine), on_cuda)
+                across.wait()
+                stamps.append(stamp)
             shard = mine.to(self.dtype, copy=not self.tensor_collectives)  # a copy frees the N x S buffer
             for entry in self.sharded:
                 if entry.requires_grad:
@@ -327,13 +345,14 @@ class Unit:
                         _accumulate(p, grad)
                     else:
                         p.grad = grad  # autograd already added any earlier .grad into what was reduced
+        return stamps
 
     def gather_full(self) -> dict[str, torch.Tensor]:
         """Every sharded parameter at full size in the master dtype (blocking; not counted in `comm`)."""
         if not self.sharded:
             return {}
         out = torch.empty(self.world_size * self.flat.numel(), dtype=self.dtype, device=self.device)
-        all_gather_single(out, self.flat)
+        all_gather_single(out, self.flat, group=self.group)
         gathered = out.view(self.world_size, -1)
         result = {}
         for entry in self.sharded:

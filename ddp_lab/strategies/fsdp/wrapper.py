@@ -95,7 +95,8 @@ class FSDP(DataParallelBase):
         self._on_cuda = any(p.is_cuda for p in module.parameters())
         tensor = (self.force_tensor_collectives if self.force_tensor_collectives is not None
                   else dist.get_backend() == "nccl")
-        self.units = [Unit(plan, compute_dtype, tensor, wire) for plan in plans]
+        group, replicas = self.shard_groups()
+        self.units = [Unit(plan, compute_dtype, tensor, wire, group, replicas) for plan in plans]
         self.comm_dtype = wire
         self.root = self.units[-1] if self.units[-1].module is None else None
         self._hooked = [u for u in self.units if u.module is not None]
@@ -107,6 +108,11 @@ class FSDP(DataParallelBase):
         self._stamps, self._reducing = [], []
         self._callback_queued = False
         self.peak_gathered_bytes = 0
+
+    def shard_groups(self):
+        """(the group that shards each unit, the group that holds the same shard elsewhere): the whole
+        world and nothing for fsdp; hsdp overrides it."""
+        return None, None
 
     # --- what the trainer and users call ------------------------------------------------------------
 
@@ -135,7 +141,7 @@ class FSDP(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
             for unit in self._reducing:
-                unit.assign_grads()
+                self._stamps += unit.assign_grads(self._on_cuda)
             self._reducing = []
             record_intervals(self._stamps, self.comm)
             self._stamps = []
@@ -174,7 +180,7 @@ class FSDP(DataParallelBase):
         for unit in self.units:
             for entry in unit.sharded:
                 rows = entry.local.shape[0]
-                lo = min(dist.get_rank() * entry.chunk, entry.rows)
+                lo = min(unit.rank * entry.chunk, entry.rows)
                 for slot in entry.slots:
                     if slot.qualname in local:
                         local[slot.qualname] = local[slot.qualname][lo:lo + rows]
