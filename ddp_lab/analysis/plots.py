@@ -166,6 +166,37 @@ def _total_state(record: dict) -> float:
     return record["model_state_mib_per_rank"] if total is None else total
 
 
+def plot_link_rate(records: list[dict], path) -> bool:
+    """Mean step time against the emulated link's rate (network=emulated), one line per strategy and knobs,
+    log-log; unshaped links at the right edge. Drawn when a sweep has two or more rates. The mean, not the
+    p50: a strategy that communicates on some steps only (local_sgd) pays its syncs in the mean."""
+    jobs = [r for r in records if r["task"] != "allreduce" and r.get("network") == "emulated"
+            and r["status"] == "ok" and r.get("step_mean_ms")]
+    rates = sorted({r["link_gbps"] for r in jobs if r["link_gbps"] is not None})
+    if len(rates) + any(r["link_gbps"] is None for r in jobs) < 2:
+        return False
+    unshaped = (rates[-1] * 3) if rates else 1.0
+    x_of = lambda r: unshaped if r["link_gbps"] is None else r["link_gbps"]  # noqa: E731
+    lines: dict[str, list] = {}
+    for r in jobs:
+        lines.setdefault(r["label"], []).append((x_of(r), r["step_mean_ms"] / 1e3))
+    fig, ax = plt.subplots(figsize=(9, 6), layout="constrained")
+    for label, points in sorted(lines.items()):
+        points.sort()
+        ax.plot([x for x, _ in points], [y for _, y in points], "o-", label=label, linewidth=1.2, markersize=4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = rates + ([unshaped] if any(r["link_gbps"] is None for r in jobs) else [])
+    ax.set_xticks(ticks, [f"{t:g}" for t in rates] + (["unshaped"] if len(ticks) > len(rates) else []))
+    ax.minorticks_off()
+    ax.set_xlabel("each node's link, Gbit/s (network=emulated)")
+    ax.set_ylabel("mean step time, s (log scale)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title("Step time against link rate", loc="left", fontsize=10)
+    return _save(fig, path)
+
+
 def plot_ladder(records: list[dict], path) -> bool:
     """State kept per rank (x: model state + strategy state) against step time p50 (y, bars p50 to
     p90): one point per training job, coloured by strategy, shaped by world size; a line back to its

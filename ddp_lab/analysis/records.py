@@ -100,6 +100,7 @@ def train_record(res: dict) -> dict:
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
         "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"),
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
+        "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),
         "step_p50_ms": _get(res, "summary", "step_time_ms", "p50"),
         "step_p90_ms": _get(res, "summary", "step_time_ms", "p90"),

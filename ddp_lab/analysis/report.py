@@ -17,6 +17,8 @@ job, raw numbers), and the PNGs analysis/plots.py draws when the sweep has what 
 - report_ladder.png: model state per rank against step time p50, one point per strategy and world
   size, when training jobs of two or more strategies have memory figures (the sharding ladder);
 - report_loss.png: loss against wall time (one line per job) and loss against step.
+- report_link_rate.png: mean step time against the emulated link's rate, one line per strategy
+  (a sweep over network.gbps on network=emulated).
 
 report.md also gets "Model state per rank: measured vs ZeRO paper" when jobs have memory figures;
 "Accuracy cost" (analysis/accuracy.py): per training job the final loss, its gap to the sweep's
@@ -214,6 +216,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
         ("Timelines of profiled jobs", "report_timelines.png", lambda p: plots.plot_timelines(runs, p)),
         ("Memory against step time: the sharding ladder", "report_ladder.png", lambda p: plots.plot_ladder(records, p)),
         ("Loss against wall time and step", "report_loss.png", lambda p: plots.plot_loss(runs, records, p)),
+        ("Step time against link rate", "report_link_rate.png", lambda p: plots.plot_link_rate(records, p)),
     ):
         if draw(out / name):
             pictures[title] = out / name

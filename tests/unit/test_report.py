@@ -244,3 +244,24 @@ def test_real_sweep_report(real_sweep):
     assert names == {"report_phases.png", "report_buckets.png", "report_timelines.png", "report_loss.png"}
     for png in report["png"]:
         assert_png(png)
+
+
+def test_step_time_against_link_rate_is_drawn_for_a_sweep_of_rates(tmp_path):
+    """network=emulated jobs at 0.1 and 1 Gbit/s and unshaped: report_link_rate.png, one line per strategy;
+    jobs on the host network, or one rate only, draw nothing."""
+    from ddp_lab.analysis import plots
+    from ddp_lab.analysis.records import record
+    from tests.helpers.report_fixtures import train_results
+
+    def job(strategy, gbps, step_ms):
+        res = train_results(strategy, step_ms=step_ms)
+        res["config"]["network"] = {"name": "emulated", "nodes": 2, "gbps": gbps}
+        return record(f"{strategy}-{gbps}", res)
+
+    sweep = [job(s, g, ms / (g or 10)) for s, ms in (("bucketed", 500.0), ("powersgd", 50.0)) for g in (0.1, 1, None)]
+    assert [r["link_gbps"] for r in sweep[:3]] == [0.1, 1, None] and sweep[0]["network"] == "emulated"
+    assert plots.plot_link_rate(sweep, tmp_path / "rate.png")
+    assert_png(tmp_path / "rate.png")
+    assert not plots.plot_link_rate([r for r in sweep if r["link_gbps"] == 1], tmp_path / "one.png")
+    host = [record("h", train_results("bucketed"))]
+    assert host[0]["network"] == "host" and not plots.plot_link_rate(host, tmp_path / "host.png")
