@@ -5,8 +5,10 @@
 #
 # 1. Step time: data=text, the tiny Transformer, network=emulated network.nodes=2 world_size=4, links
 #    at RATES Gbit/s and unshaped, a few steps each (the step time does not need the loss to settle):
-#    bucketed (fp32 and bf16 on the wire), powersgd rank 1 and 4, local_sgd every 4 and 16 steps (plain
+#    bucketed (fp32 and bf16 on the wire), powersgd rank 1 and 4 (compressing from the first step: its
+#    default start_iter=10 would leave these few steps plain all-reduces), local_sgd every 4 and 16 steps (plain
 #    and outer Nesterov: 2 rounds of 16, so the mean step holds its syncs), zero2, fsdp, hsdp, fsdp_torch.
+# 3. (below) The runs nearest the crossovers repeated, into $OUT/repeat.
 # 2. Validation loss: the same strategies at 4 ranks on the host network for LOSS_STEPS steps. The
 #    loss does not depend on the link (the same arithmetic in the same order whatever the rate), so it
 #    is measured once, where steps are fast; zero2, fsdp, hsdp and fsdp_torch compute bucketed's
@@ -26,9 +28,12 @@ run() {  # run SUBFOLDER OVERRIDES...
     python launch.py "$@" hydra.sweep.dir="$out/$sub" -m || status=1
 }
 run steps/bucketed "${link[@]}" strategy=bucketed strategy.comm_dtype=fp32,bf16
-run steps/powersgd "${link[@]}" strategy=powersgd strategy.rank=1,4
+run steps/powersgd "${link[@]}" strategy=powersgd strategy.rank=1,4 strategy.start_iter=0  # compressed from step 0
 run steps/sharded "${link[@]}" strategy=zero2,fsdp,hsdp,fsdp_torch
 run steps/local_sgd "${link[@]}" train.steps=34 strategy=local_sgd strategy.sync_every=4,16 strategy.outer=none,nesterov
+# 3. The runs nearest the crossovers, again, to see whether the ordering holds run to run.
+run repeat/bucketed "${link[@]}" network.gbps=1,3,null strategy=bucketed strategy.comm_dtype=fp32,bf16
+run repeat/hsdp "${link[@]}" network.gbps=0.3,1,3 strategy=hsdp
 loss=("${base[@]}" train.steps="${LOSS_STEPS:-300}" train.warmup_steps=5 train.eval_batches=8 train.eval_every=25)
 run loss/bucketed "${loss[@]}" strategy=bucketed strategy.comm_dtype=fp32,bf16
 run loss/powersgd "${loss[@]}" strategy=powersgd strategy.rank=1,4

@@ -181,9 +181,11 @@ def plot_link_rate(records: list[dict], path) -> bool:
     for r in jobs:
         lines.setdefault(r["label"], []).append((x_of(r), r["step_mean_ms"] / 1e3))
     fig, ax = plt.subplots(figsize=(9, 6), layout="constrained")
-    for label, points in sorted(lines.items()):
+    colors = plt.get_cmap("tab20").colors  # more lines than the default cycle's 10 colors
+    for i, (label, points) in enumerate(sorted(lines.items())):
         points.sort()
-        ax.plot([x for x, _ in points], [y for _, y in points], "o-", label=label, linewidth=1.2, markersize=4)
+        ax.plot([x for x, _ in points], [y for _, y in points], "os^Dv"[i % 5] + "-", color=colors[i % 20], label=label,
+                linewidth=1.2, markersize=4)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ticks = rates + ([unshaped] if any(r["link_gbps"] is None for r in jobs) else [])
