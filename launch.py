@@ -32,7 +32,7 @@ from ddp_lab.jobdir import CONFIG, node_file, write_text_atomic
 from ddp_lab.launcher.cluster import place_node
 from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.launcher.job import run_job
-from ddp_lab.launcher.preflight import check_command_line
+from ddp_lab.launcher.preflight import check_command_line, knobs_of_swept_groups
 from ddp_lab.launcher.resume import resume_command_line
 
 register_configs()
@@ -121,5 +121,6 @@ if __name__ == "__main__":
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
                                                              os.environ.get("PYTHONPATH")]))
     sys.argv[1:], points = resume_or_exit(sys.argv[1:])
+    sys.argv[1:] = knobs_of_swept_groups(sys.argv[1:])  # strategy=a,b strategy.knob=v -m: v in every job
     check_command_line(Path(__file__).parent / "conf", "config", sys.argv[1:], points)
     main()

@@ -9,6 +9,7 @@ problem becomes one line on stderr and exit code 2, before any job or rank start
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from dataclasses import fields
@@ -72,6 +73,34 @@ def sweep_points(overrides: list[str]) -> list[list[str]] | None:
         return None  # Optuna and friends choose their points as they go: each job checks its own
     parsed = OverridesParser.create().parse_overrides(overrides)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def knobs_of_swept_groups(args: list[str]) -> list[str]:
+    """`strategy=a,b strategy.knob=v -m` as `strategy.knob=choice(v)`: a sweep of one value.
+
+    Hydra's multirun first composes one config from the overrides that sweep nothing, with each swept
+    group at its default option (strategy=flat): a knob of the swept options that the default lacks
+    (`strategy.shard_size` of hsdp) is then refused, in a multi-line error, before any job starts. A
+    sweep of one value is left out of that composition and set in every job, as the user meant.
+    Only in a multirun, only for a group the command line sweeps, only for a plain value."""
+    overrides, multirun = split_overrides(args)
+    if not multirun:
+        return args
+    swept = {o.split("=", 1)[0] for o in overrides
+             if "=" in o and "." not in o.split("=", 1)[0] and _sweeps(o.split("=", 1)[1])}
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        group = key.split(".", 1)[0]
+        plain = (sep and "." in key and not key.startswith(("+", "~", "hydra.")) and not _sweeps(value)
+                 and re.fullmatch(r"[\w./\-+:*?@%~]+", value))  # what choice() takes as it is
+        out.append(f"{key}=choice({value})" if plain and group in swept and value else arg)
+    return out
+
+
+def _sweeps(value: str) -> bool:
+    """A sweep in Hydra's override grammar: a,b or a function (choice, range, glob, interval)."""
+    return "," in value or value.startswith(("choice(", "range(", "glob(", "interval(", "tag(", "sort(", "shuffle("))
 
 
 def check_command_line(config_dir: Path, config_name: str, args: list[str],

@@ -84,3 +84,18 @@ def test_memory_check_refuses_xl_on_four_cpu_ranks():
 def test_default_experiment_is_two_gloo_ranks_on_tiny():
     cfg = _compose()
     assert (cfg.world_size, cfg.model.name, cfg.backend.name, cfg.logger.mode) == (2, "tiny", "auto", "offline")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["strategy=hsdp,fsdp_torch", "strategy.shard_size=2", "-m"], "strategy.shard_size=choice(2)"),
+    (["strategy=hsdp,fsdp_torch", "strategy.shard_size=2,4", "-m"], "strategy.shard_size=2,4"),  # a sweep already
+    (["strategy=hsdp", "strategy.shard_size=2", "-m"], "strategy.shard_size=2"),      # the group is not swept
+    (["strategy=hsdp,fsdp", "strategy.shard_size=2"], "strategy.shard_size=2"),       # not a multirun
+    (["data=text,tokens", "data.path=/d/train_*.bin", "-m"], "data.path=choice(/d/train_*.bin)"),
+    (["strategy=a,b", "strategy.x='a b'", "-m"], "strategy.x='a b'"),                 # quoted: left alone
+])
+def test_a_knob_of_swept_group_options_becomes_a_sweep_of_one_value(args, expected):
+    """Hydra's multirun composes its base config at the group's default option, which may lack the knob."""
+    from ddp_lab.launcher.preflight import knobs_of_swept_groups
+
+    assert expected in knobs_of_swept_groups(args)
