@@ -43,9 +43,9 @@ class HSDP(FSDP):
 
     def shard_groups(self):
         shards, replicas = shard_layout(dist.get_world_size(), self.shard_size)
-        shard_group, _ = dist.new_subgroups_by_enumeration(shards)
         if len(shards) == 1:
-            return shard_group, None
+            return None, None  # one shard group: fsdp over the whole world, no group of its own
+        shard_group, _ = dist.new_subgroups_by_enumeration(shards)
         replica_group, _ = dist.new_subgroups_by_enumeration(replicas)
         return shard_group, replica_group
 

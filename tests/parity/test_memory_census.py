@@ -60,13 +60,13 @@ def _strategy(name: str, knobs: dict):
     return spec
 
 
-def _census(rank: int, world_size: int) -> dict:
+def _census(rank: int, world_size: int, cases: dict = CASES) -> dict:
     cfg = data_cfg()
     cfg.model.vocab_size = VOCAB * 8
     gc.collect()
     baseline = live_tensor_bytes()
     out = {}
-    for case, (name, knobs) in CASES.items():
+    for case, (name, knobs) in cases.items():
         torch.manual_seed(rank)
         module = _model()
         buffers = sum(b.untyped_storage().nbytes() for b in module.buffers())
@@ -99,6 +99,13 @@ def test_the_accounting_explains_every_live_byte(census, case):
         assert abs(s["unaccounted"] - reported) <= 0.05 * reported + SLACK, (
             f"{case}, rank {rank}: live {s['unaccounted'] / MiB:.3f} MiB beyond the baseline, reported "
             f"{reported / MiB:.3f} MiB ({s})")
+
+
+def test_hsdp_with_two_shard_groups_accounts_for_every_byte():
+    """At 4 ranks as 2 shard groups of 2 (its own process groups; at 2 and 3 ranks above, one group: fsdp)."""
+    for rank, result in enumerate(run_ranks(_census, 4, {"hsdp 2x2": ("hsdp", {"shard_size": 2})})):
+        s = result["hsdp 2x2"]
+        assert abs(s["unaccounted"] - _reported(s)) <= 0.05 * _reported(s) + SLACK, (rank, s)
 
 
 def test_kept_state_is_counted_where_a_strategy_keeps_some(census):
