@@ -70,7 +70,9 @@ class TokenData:
         for f, tokens in zip(self.files, self.whole):
             stat = Path(f).stat()
             key = (f, stat.st_size, stat.st_mtime_ns)
-            tops.append(_MAX_TOKEN.get(key) if key in _MAX_TOKEN else _MAX_TOKEN.setdefault(key, max_token(tokens)))
+            if key not in _MAX_TOKEN:
+                _MAX_TOKEN[key] = max_token(tokens)
+            tops.append(_MAX_TOKEN[key])
         return max(tops)
 
     def facts(self) -> dict:

@@ -15,8 +15,8 @@ from omegaconf.errors import ConfigKeyError
 from ddp_lab.config import Config
 from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
+from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
-from ddp_lab.launcher.emulated_network import qdisc_problem
 from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
 from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
 from ddp_lab.models.facts import meta_model
@@ -87,7 +87,7 @@ def _validate_network(cfg: DictConfig) -> None:
     problem = emulation_problem()
     _require(problem is None, str(problem))
     if net.latency_ms is not None:
-        missing = qdisc_problem("netem")
+        missing = netem_problem()
         _require(missing is None, f"network.latency_ms={net.latency_ms}: {missing}; network.gbps alone shapes rate")
 
 
@@ -140,9 +140,9 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_data(cfg)
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
-    spec = _strategy_spec(cfg.strategy)
+    spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
-        spec.check_world(ws, ws // _nodes(cfg))
+        spec.check_world(ws, ranks_per_node)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _validate_comm_dtype(cfg, spec)
@@ -151,7 +151,7 @@ def _validate_train(cfg: DictConfig) -> None:
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     module = _meta_model(cfg)
     _validate_model_for_strategy(cfg, spec, module)
-    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ws // _nodes(cfg)))
+    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ranks_per_node))
 
 
 def _validate_data(cfg: DictConfig) -> None:

@@ -64,14 +64,14 @@ def problem() -> str | None:
     return None
 
 
-def qdisc_problem(kind: str) -> str | None:
-    """Whether this kernel has the qdisc `kind` (netem for latency): tried in a namespace made for it."""
+def netem_problem() -> str | None:
+    """Why this kernel cannot add delay (no netem qdisc), or None: tried in a namespace made for it."""
     ns = f"{NS_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-probe"
     try:
         _run("ip", "netns", "add", ns)
-        proc = _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", kind, "delay", "1ms",
+        proc = _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms",
                     check=False)
-        return None if proc.returncode == 0 else f"this kernel has no '{kind}' qdisc ({proc.stderr.strip()})"
+        return None if proc.returncode == 0 else f"this kernel has no 'netem' qdisc ({proc.stderr.strip()})"
     finally:
         _run("ip", "netns", "del", ns, check=False)
 
@@ -162,33 +162,38 @@ def _live(pid: str, start: str) -> bool:
     return pid.isdigit() and _start_time(int(pid)) == start
 
 
-def ours() -> tuple[list[str], list[str]]:
-    """(namespaces, links) carrying ddp-lab's mark, whoever made them."""
-    namespaces = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
-                  if line.startswith(NS_PREFIX)]
-    links = []
+def _marked_namespaces() -> list[tuple[str, str, str]]:
+    """ddp-lab's namespaces, whoever made them, as (name, launcher pid, its start time) read from the name."""
+    out = []
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        if line.startswith(NS_PREFIX):
+            name = line.split()[0]
+            out.append((name, *(name[len(NS_PREFIX):].split("-") + ["", ""])[:2]))
+    return out
+
+
+def _marked_links() -> list[tuple[str, str, str]]:
+    """ddp-lab's links, whoever made them, as (name, launcher pid, its start time) read from the alias."""
+    out = []
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
         if name.startswith(LINK_PREFIX) and f"alias {MARK} " in line:
-            links.append(name)
-    return namespaces, links
+            out.append((name, *(line.split(f"alias {MARK} ", 1)[1].split() + ["", ""])[:2]))
+    return out
+
+
+def ours() -> tuple[list[str], list[str]]:
+    """(namespaces, links) carrying ddp-lab's mark, whoever made them."""
+    return [name for name, *_ in _marked_namespaces()], [name for name, *_ in _marked_links()]
 
 
 def remove_stale() -> list[str]:
     """Remove every namespace and link whose launcher (the pid and start time in its name or alias) is gone;
-    return their names."""
+    return their names. Links are listed after the namespaces went: a veth goes with its end in one."""
     removed = []
-    for ns in ours()[0]:
-        pid, start = (ns[len(NS_PREFIX):].split("-") + ["", ""])[:2]
-        if not _live(pid, start):
-            _run("ip", "netns", "del", ns, check=False)
-            removed.append(ns)
-    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
-        if not name.startswith(LINK_PREFIX) or f"alias {MARK} " not in line:
-            continue
-        pid, start = (line.split(f"alias {MARK} ", 1)[1].split() + ["", ""])[:2]
-        if not _live(pid, start):
-            _run("ip", "link", "del", name, check=False)
-            removed.append(name)
+    for kind, marked in (("netns", _marked_namespaces), ("link", _marked_links)):
+        for name, pid, start in marked():
+            if not _live(pid, start):
+                _run("ip", kind, "del", name, check=False)
+                removed.append(name)
     return removed

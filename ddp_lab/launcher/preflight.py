@@ -94,7 +94,7 @@ def knobs_of_swept_groups(args: list[str]) -> list[str]:
         group = key.split(".", 1)[0]
         plain = (sep and "." in key and not key.startswith(("+", "~", "hydra.")) and not _sweeps(value)
                  and re.fullmatch(r"[\w./\-+:*?@%~]+", value))  # what choice() takes as it is
-        out.append(f"{key}=choice({value})" if plain and group in swept and value else arg)
+        out.append(f"{key}=choice({value})" if plain and group in swept else arg)
     return out
 
 

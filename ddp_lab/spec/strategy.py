@@ -84,7 +84,10 @@ class StrategySpec:
         return None
 
     def check_world(self, world_size: int, ranks_per_node: int) -> None:
-        """Raise ValueError, one line, when the strategy cannot run on this many ranks (hsdp: shard groups)."""
+        """Raise ValueError, one line, when the ranks do not split into the groups that share what the
+        strategy shards (`shard_ranks`: hsdp's shard groups, fsdp_torch's with shard_size)."""
+        shard = self.shard_ranks(world_size, ranks_per_node)
+        require(world_size % shard == 0, f"strategy.shard_size={shard} does not divide world_size={world_size}")
 
     def shard_ranks(self, world_size: int, ranks_per_node: int) -> int:
         """How many ranks share what the strategy shards (its ZeRO fraction is 1/this): all of them, but

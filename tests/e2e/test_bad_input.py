@@ -57,6 +57,9 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.comm_dtype=fp16": "strategy.comm_dtype does not apply to strategy=local_sgd",
     "strategy=zero1 strategy.comm=reduce_scatter strategy.bucket_mb=10":
         "strategy.bucket_mb=10.0 has no effect with strategy.comm=reduce_scatter",
+    "strategy=hsdp strategy.shard_size=3 world_size=4": "strategy.shard_size=3 does not divide world_size=4",
+    "strategy=fsdp_torch strategy.shard_size=3 world_size=4": "strategy.shard_size=3 does not divide world_size=4",
+    "strategy=hsdp strategy.shard_size=0": "strategy.shard_size must be >= 1, got 0",
     "network=emulated world_size=3": "world_size=3 does not split evenly over network.nodes=2",
     "network=emulated network.nodes=0": "network.nodes must be >= 1",
     "network=emulated network.gbps=0": "network.gbps must be > 0 Gbit/s",
