@@ -9,10 +9,11 @@ import pytest
 from ddp_lab.analysis.predict import fit as fitting
 from ddp_lab.analysis.predict.cli import main
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds
+from ddp_lab.analysis.predict.nccl import collective_s, options
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.scale import load_model, step_ms
 from ddp_lab.analysis.predict.schedule import best_bucket_mb, fsdp_units, job_step
-from ddp_lab.analysis.predict.systems import SYSTEMS, collective_s, ring_s
+from ddp_lab.analysis.predict.systems import SYSTEMS
 from tests.helpers.report_fixtures import collective_results, write_job
 
 # --- fits -------------------------------------------------------------------------------------------
@@ -303,17 +304,34 @@ def test_world_size_scales_compute_by_tokens_and_core_share():
 
 # --- scale ------------------------------------------------------------------------------------------
 
-def test_nccl_ring_and_tree_by_hand():
+def _opt(system, op, nbytes, n, name):
+    return dict((a, t) for t, a in options(system, op, nbytes, n))[name]
+
+
+def test_nccl_protocols_by_hand():
     h100 = SYSTEMS["h100-nvlink"]
     gib = 2**30
-    assert ring_s(h100, "all_reduce", gib, 8) == pytest.approx((8.4 + 14 * 3.4) * 1e-6 + gib * 1.75 / 450e9)
-    # two nodes: 2 of the 30 steps cross the network, and the multi-node plateau factor
-    assert ring_s(h100, "all_reduce", gib, 16) == pytest.approx(
-        (8.4 + 28 * 3.4 + 2 * 9.6) * 1.9e-6 + gib * 30 / 16 / 400e9)
-    seconds, algo = collective_s(h100, "all_reduce", gib, 8)
-    assert algo == "ring"  # the tree's bandwidth (55 GB/s here) loses at 1 GiB
+    # ring, 8 GPUs on NVLink: base + 14 steps x hop; bus bandwidth 370.8 GB/s x n / (2(n - 1))
+    assert _opt(h100, "all_reduce", gib, 8, "ring/Simple") == pytest.approx((8.4 + 14 * 3.4) * 1e-6
+                                                                            + gib / (370.8e9 * 8 / 14))
+    assert _opt(h100, "all_reduce", 8, 8, "ring/LL") == pytest.approx((6.6 + 14 * 0.6) * 1e-6 + 8 / (141e9 * 8 / 14))
+    assert _opt(h100, "all_reduce", gib, 8, "ring/LL128") == pytest.approx(
+        (14.0 + 14 * 1.9) * 1e-6 + gib / (370.8e9 * 0.92 * 8 / 14))
+    # NVLS: 25 us, 0.85 x 15/16 of NVLink over S (1 + 1/n) of traffic, a 16 MiB pipeline fill
+    nvls_bw = 370.8e9 * 0.85 * 15 / 16 / (1 + 1 / 8)
+    assert _opt(h100, "all_reduce", gib, 8, "nvls/Simple") == pytest.approx(25e-6 + (gib + 16 * 2**20) / nvls_bw)
+    # the regimes NVIDIA's sweep goes through: LL, then LL128, then NVLS
+    assert [collective_s(h100, "all_reduce", b, 8)[1] for b in (2**10, 2**23, gib)] == \
+        ["ring/LL", "ring/LL128", "nvls/Simple"]
+    # two nodes: 2 of the 30 steps cross the network (hop at least 3 us inside for Simple), the plateau x1.9;
+    # no NVLS and no LL128 across nodes
+    assert _opt(h100, "all_reduce", gib, 16, "ring/Simple") == pytest.approx(
+        (8.4 + 28 * 3.4 + 2 * 14.0) * 1.9e-6 + gib * 30 / 16 / 370.8e9)
+    assert {a for _, a in options(h100, "all_reduce", gib, 16)} == {"ring/LL", "ring/Simple", "tree/LL",
+                                                                    "tree/LL128", "tree/Simple"}
+    assert {a for _, a in options(h100, "all_gather", gib, 8)} == {"ring/LL", "ring/LL128", "ring/Simple"}
     small, algo_small = collective_s(h100, "all_reduce", 1024, 512)
-    assert algo_small == "tree" and small < ring_s(h100, "all_reduce", 1024, 512)
+    assert algo_small.startswith("tree") and small < _opt(h100, "all_reduce", 1024, 512, "ring/LL")
 
 
 def test_scale_step_by_hand_on_one_gpu_and_eight():
@@ -330,7 +348,7 @@ def test_scale_step_by_hand_on_one_gpu_and_eight():
     assert one["exposed_ms"] == 0
     flat = step_ms(h100, cfg, 8, "flat", batch=4)
     grads = 2 * n_params
-    comm = ring_s(h100, "all_reduce", grads, 8) + 4 * grads / 3.35e12
+    comm = collective_s(h100, "all_reduce", grads, 8)[0] + 4 * grads / 3.35e12
     assert flat["exposed_ms"] == pytest.approx(comm * 1e3)
     assert flat["step_ms"] == pytest.approx(one["step_ms"] + comm * 1e3)
 

@@ -3,6 +3,8 @@
     python -m ddp_lab.predict fit COLLECTIVE_SWEEP PROFILED_RUN -o model.json
     python -m ddp_lab.predict validate model.json SWEEP [--markdown table.md]
     python -m ddp_lab.predict scale --system h100-nvlink --model xl --world-size 8,64,512 --strategy bucketed,zero1,fsdp
+    python -m ddp_lab.predict scale --system v100-dgx1 --model my_model.json --world-size 8,16 --strategy torch_ddp
+    python -m ddp_lab.predict published [--markdown published.md]
 
 Bad input (no collective benchmark or no profiled run in a folder, an unknown system or model, a
 world size below 1) is one line on stderr and exit status 2.
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis.predict import fit as fitting
+from ddp_lab.analysis.predict import published as publishing
 from ddp_lab.analysis.predict import scale as scaling
 from ddp_lab.analysis.predict import validate as validating
 from ddp_lab.analysis.predict.costs import PredictError
@@ -61,33 +64,57 @@ def cmd_validate(args) -> int:
 
 def cmd_scale(args) -> int:
     system = get_system(args.system)
-    cfg = scaling.load_model(args.model, args.context)
+    model = scaling.load_model(args.model, args.context)
     sizes = scaling.world_sizes_arg(args.world_size)
     strategies = [s for s in args.strategy.split(",") if s]
-    rows = scaling.scale_rows(system, cfg, sizes, strategies, args.batch)
-    text = scale_markdown(system, cfg, rows, args)
+    rows = scaling.scale_rows(system, model, sizes, strategies, args.batch)
+    text = scale_markdown(system, model, rows, args)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.plot:
-        title = f"{args.model} on {system.name}, {args.batch} x {cfg.context_length} tokens per GPU"
+        title = f"{Path(args.model).stem} on {system.name}, {_per_gpu(model, args)} per GPU"
         scaling.plot(rows, args.plot, title)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
-def scale_markdown(system, cfg, rows, args) -> str:
-    lines = [f"{args.model} on {system.name} ({system.gpus_per_node} GPUs per node), {args.batch} sequences of "
-             f"{cfg.context_length} tokens per GPU, bf16 mixed precision, MFU {system.mfu:g}", "",
-             "| strategy | GPUs | step ms | exposed comm ms | comm ms | efficiency vs one node | best bucket MiB "
-             "| compute-bound tokens/GPU |", "|---|---|---|---|---|---|---|---|"]
+def _per_gpu(model, args) -> str:
+    if isinstance(model, dict):
+        return "the description's compute" if "compute_ms" in model else f"{args.batch} samples"
+    return f"{args.batch} x {model.context_length} tokens"
+
+
+def scale_markdown(system, model, rows, args) -> str:
+    described = isinstance(model, dict)
+    lines = [f"{Path(args.model).stem} on {system.name} ({system.gpus_per_node} GPUs per node), "
+             f"{_per_gpu(model, args)} per GPU, "
+             + ("compute as described" if described else f"bf16 mixed precision, MFU {system.mfu:g}"), "",
+             "| strategy | GPUs | step ms | exposed comm ms | comm ms | step ms on torch's estimator "
+             "| efficiency vs one node | best bucket MiB | torch's bucket rule MiB | compute-bound tokens/GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def mb(v):
+        return "-" if v is None else format(round(v, 1), "g")
+
     for r in rows:
         lines.append(f"| {r['strategy']} | {r['world_size']} | {r['step_ms']:.1f} | {r['exposed_ms']:.1f} | "
-                     f"{r['comm_ms']:.1f} | {100 * r['efficiency']:.0f}% | "
-                     f"{'-' if r['best_bucket_mb'] is None else format(r['best_bucket_mb'], 'g')} | "
-                     f"{r['compute_bound_tokens']:,.0f} |")
-    lines += ["", "Sources: " + "; ".join(system.sources)]
+                     f"{r['comm_ms']:.1f} | {r['torch_step_ms']:.1f} | {100 * r['efficiency']:.0f}% | "
+                     f"{mb(r['best_bucket_mb'])} | {mb(r['torch_rule_mb'])} | "
+                     f"{'-' if r['compute_bound_tokens'] is None else format(r['compute_bound_tokens'], ',.0f')} |")
+    lines += ["", "Sources: " + "; ".join(system.sources),
+              "torch's estimator: torch/_inductor/comm_analysis.py (estimate_nccl_collective_runtime_impl) in the same "
+              "replay; torch's bucket rule: its compute_min_saturation_bytes (90% of the link's bandwidth)"]
     return "\n".join(lines)
+
+
+def cmd_published(args) -> int:
+    text = publishing.report()
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+        print(f"wrote {args.markdown}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--markdown", help="also write the table as markdown to this file")
     s = sub.add_parser("scale", help="predicted step time on a named GPU system at several world sizes")
     s.add_argument("--system", default="h100-nvlink", help=f"one of {', '.join(SYSTEMS)}")
-    s.add_argument("--model", default="xl", help="a conf/model name (small, medium, large, xl, 2.7b, tiny)")
+    s.add_argument("--model", default="xl", help="a conf/model name (small, medium, large, xl, 2.7b, tiny) or a "
+                   "model description FILE.json (parameters and compute; docs/predict.md)")
     s.add_argument("--world-size", default="8,64,512", help="comma-separated GPU counts")
     s.add_argument("--strategy", default="bucketed,zero1,zero2,fsdp", help=f"comma-separated, of "
                    f"{', '.join(scaling.scalable())}")
@@ -111,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--context", type=int, help="context length (default: the model's)")
     s.add_argument("--markdown", help="also write the tables to this file")
     s.add_argument("--plot", help="draw step time and efficiency against world size to this PNG")
+    p = sub.add_parser("published", help="predictions against published GPU measurements (NVIDIA's H100 all-reduce, "
+                       "torch's DDP benchmark on V100s, torchtitan's Llama 3 8B FSDP), torch's estimator beside")
+    p.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
     try:
-        return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale}[args.command](args)
+        return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale,
+                "published": cmd_published}[args.command](args)
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,9 +21,13 @@ after its backward). Low-rank compression and averaging every k steps are not re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ddp_lab.analysis.predict import torch_estimate
 from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
-from ddp_lab.analysis.predict.systems import System, busbw, collective_s
+from ddp_lab.analysis.predict.systems import System, busbw
 from ddp_lab.config import compose_model
 from ddp_lab.models.facts import flops_per_token, meta_model, parameter_facts
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
@@ -37,7 +41,16 @@ OPTIMIZER_BYTES = 28    # per updated parameter, see module docstring
 
 
 def load_model(name: str, context_length: int | None = None):
-    """conf/model/NAME.yaml, composed as launch.py composes it (any model: its facts are counted from it)."""
+    """conf/model/NAME.yaml, composed as launch.py composes it (any model: its facts are counted from
+    it), or a model description (a .json file: described_workload's form)."""
+    if str(name).endswith(".json"):
+        import json
+        from pathlib import Path
+
+        try:
+            return json.loads(Path(name).read_text())
+        except (OSError, ValueError) as exc:
+            raise PredictError(f"cannot read model description {name}: {exc}") from None
     try:
         return compose_model(name, {"context_length": context_length} if context_length else None)
     except ValueError as exc:
@@ -56,8 +69,9 @@ def parameters(cfg) -> list[dict]:
     return [{**p, "unit": unit_of.get(p["name"], "root")} for p in parameter_facts(cfg)]
 
 
-def _collective(system: System, op: str, nbytes: float, n: int) -> float:
-    return collective_s(system, op, nbytes, n)[0] * 1e3
+def nccl_seconds(system: System, op: str, nbytes: float, n: int) -> float:
+    """ddp-lab's NCCL model (nccl.py): the fastest algorithm and protocol, seconds."""
+    return collective_s(system, op, nbytes, n)[0]
 
 
 def has_buckets(strategy: str) -> bool:
@@ -90,28 +104,112 @@ def schedule(strategy: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> Schedule:
     return plan
 
 
-def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: float = DEFAULT_BUCKET_MB) -> dict:
-    """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU."""
+@dataclass(frozen=True)
+class Workload:
+    """What scale replays for one GPU's step: the trainable parameters in registration order (`numel`,
+    `bwd_ms`: backward compute that makes the gradient ready, `unit`: the ZeRO-3 unit), forward and
+    backward compute (ms), the optimizer (ms, all parameters), and bytes per element on the wire."""
+
+    name: str
+    params: list
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    wire_bytes: int = WIRE_BYTES
+    cfg: object = None           # the conf model it was counted from (None: a described model)
+
+
+def transformer_workload(system: System, cfg, batch: int) -> Workload:
+    """A conf/model counted on the meta device: compute from FLOPs at the system's peak x MFU,
+    `batch` sequences per GPU, the optimizer memory-bound (module docstring)."""
+    tokens = batch * cfg.context_length
+    ms_per_flop = 1e3 / (system.peak_flops * system.mfu)
+    fpt = flops_per_token(cfg)
+    params = [{**p, "bwd_ms": p["bwd"] * tokens * ms_per_flop} for p in parameters(cfg)]
+    n_params = sum(p["numel"] for p in params)
+    return Workload(name=cfg.name if "name" in cfg else "model", params=params,
+                    forward_ms=fpt["forward"] * tokens * ms_per_flop,
+                    backward_ms=fpt["backward"] * tokens * ms_per_flop,
+                    optimizer_ms=OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3, cfg=cfg)
+
+
+def described_workload(system: System, desc: dict, batch: int | None = None) -> Workload:
+    """A model given by its parameters and compute (any model: `scale --model FILE.json`, docs/predict.md):
+
+        {"name": "resnet50", "wire_bytes": 4,
+         "compute_ms": {"forward": 32.3, "backward": 64.7, "optimizer": 0},     # one GPU's step, or
+         "flops_per_sample": {"forward": 8.2e9, "backward": 16.4e9}, "batch": 32, # at peak x MFU
+         "parameters": [{"name": "conv1.weight", "numel": 9408, "backward_flops": 2.4e8, "unit": "stem"}, ...]}
+
+    Parameters in registration order; `backward_flops` (any unit: only the shares count) place each
+    gradient's ready time within backward (default: by size); `unit` groups them for ZeRO-3 (default:
+    one unit per parameter-name prefix before the last dot). The optimizer defaults to 28 bytes per
+    parameter at the GPU's memory bandwidth."""
+    try:
+        raw = [dict(p) for p in desc["parameters"]]
+        params = [{"name": str(p.get("name", f"p{i}")), "numel": int(p["numel"]),
+                   "work": float(p.get("backward_flops", p["numel"])),
+                   "unit": str(p.get("unit") or str(p.get("name", f"p{i}")).rsplit(".", 1)[0])}
+                  for i, p in enumerate(raw)]
+        if "compute_ms" in desc:
+            forward, backward = float(desc["compute_ms"]["forward"]), float(desc["compute_ms"]["backward"])
+        else:
+            samples = batch if batch is not None else int(desc["batch"])
+            ms_per_flop = 1e3 / (system.peak_flops * system.mfu)
+            forward = float(desc["flops_per_sample"]["forward"]) * samples * ms_per_flop
+            backward = float(desc["flops_per_sample"]["backward"]) * samples * ms_per_flop
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PredictError(f"model description {desc.get('name', '?') if isinstance(desc, dict) else '?'}: "
+                           f"missing or bad field ({exc}); see docs/predict.md") from None
+    if not params or any(p["numel"] <= 0 for p in params):
+        raise PredictError("model description: needs parameters, each with numel > 0")
+    total = sum(p["work"] for p in params)
+    for p in params:
+        p["bwd_ms"] = backward * p.pop("work") / total
+    n_params = sum(p["numel"] for p in params)
+    optimizer = desc.get("compute_ms", {}).get("optimizer")
+    return Workload(name=str(desc.get("name", "model")), params=params, forward_ms=forward, backward_ms=backward,
+                    optimizer_ms=float(optimizer) if optimizer is not None
+                    else OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3,
+                    wire_bytes=int(desc.get("wire_bytes", WIRE_BYTES)))
+
+
+def workload(system: System, model, batch: int) -> Workload:
+    """A conf model (counted) or a description (dict) as scale replays it."""
+    return described_workload(system, model, batch) if isinstance(model, dict) else \
+        transformer_workload(system, model, batch)
+
+
+def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket_mb: float = DEFAULT_BUCKET_MB,
+            first_bucket_mb: float | None = None, seconds=nccl_seconds) -> dict:
+    """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU; `model` a conf
+    model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
+    `seconds(system, op, bytes, n)`: the collective model (torch_estimate.collective_s as the reference)."""
+
+    def _collective(system, op, nbytes, n):
+        return seconds(system, op, nbytes, n) * 1e3
+
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
     plan = schedule(strategy, bucket_mb)
-    params = parameters(cfg)
-    tokens = batch * cfg.context_length
-    rate = system.peak_flops * system.mfu
-    fpt = flops_per_token(cfg)
-    forward = fpt["forward"] * tokens / rate * 1e3
-    backward = fpt["backward"] * tokens / rate * 1e3
+    w = model if isinstance(model, Workload) else workload(system, model, batch)
+    params = w.params
+    forward, backward = w.forward_ms, w.backward_ms
     ready, done = [0.0] * len(params), 0.0
     for i in reversed(range(len(params))):
-        done += params[i]["bwd"] * tokens / rate * 1e3
+        done += params[i]["bwd_ms"]
         ready[i] = min(done, backward)
-    n_params = sum(p["numel"] for p in params)
-    optimizer = OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3
+    optimizer = w.optimizer_ms
     if plan.units is not None:
-        return _fsdp(system, params, n, forward, backward, optimizer / n, tokens / rate * 1e3)
-    grad = [p["numel"] * WIRE_BYTES for p in params]
+        return _fsdp(system, params, n, forward, backward, optimizer / n, w.wire_bytes, _collective)
+    grad = [p["numel"] * w.wire_bytes for p in params]
     buckets = plan_bucket_indices(grad, [0] * len(grad), plan.gradients.bucket_mb) \
         if plan.gradients is not None and plan.gradients.bucket_mb else []
+    if first_bucket_mb is not None and buckets:  # DDP: the first bucket (the last gradients) is smaller
+        first = plan_bucket_indices(grad, [0] * len(grad), first_bucket_mb)[0]
+        rest = [i for i in range(len(grad)) if i not in set(first)]
+        buckets = [first] + ([[rest[j] for j in b] for b in plan_bucket_indices(
+            [grad[i] for i in rest], [0] * len(rest), plan.gradients.bucket_mb)] if rest else [])
     comms, opt_comm = [], 0.0
 
     def coll(op, nbytes, ready_ms=None):
@@ -145,7 +243,7 @@ def step_ms(system: System, cfg, n: int, strategy: str, batch: int, bucket_mb: f
             "optimizer_ms": step.optimizer_ms}
 
 
-def _fsdp(system: System, params, n, forward, backward, optimizer, ms_per_flop) -> dict:
+def _fsdp(system: System, params, n, forward, backward, optimizer, wire_bytes, _collective) -> dict:
     """Units (the embedding, each block, the head) gathered before their forward and again before their
     backward, one unit ahead, and reduce-scattered after their backward, on one channel in issue
     order; a unit's compute waits for its gather."""
@@ -153,10 +251,10 @@ def _fsdp(system: System, params, n, forward, backward, optimizer, ms_per_flop) 
     for i, p in enumerate(params):
         units.setdefault(p["unit"], []).append(i)
     order = list(units)
-    size = {u: sum(params[i]["numel"] for i in idx) * WIRE_BYTES for u, idx in units.items()}
+    size = {u: sum(params[i]["numel"] for i in idx) * wire_bytes for u, idx in units.items()}
     gather = {u: _collective(system, "all_gather", size[u], n) for u in order}
     scatter = {u: _collective(system, "reduce_scatter", size[u], n) for u in order}
-    bwd = {u: sum(params[i]["bwd"] for i in idx) * ms_per_flop for u, idx in units.items()}
+    bwd = {u: sum(params[i]["bwd_ms"] for i in idx) for u, idx in units.items()}
     fwd = {u: bwd[u] * forward / backward for u in order}
 
     def phase(seq, compute, after=None):
@@ -196,25 +294,35 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
     return seconds * rate / per_token
 
 
-def scale_rows(system: System, cfg, world_sizes, strategies, batch: int) -> list[dict]:
+def scale_rows(system: System, model, world_sizes, strategies, batch: int) -> list[dict]:
+    """One row per strategy and world size; `model` a conf model or a description (dict). Beside the
+    best bucket, torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op."""
+    w = workload(system, model, batch)
     rows = []
     for strategy in strategies:
-        schedule(strategy)
+        plan = schedule(strategy)
         for n in world_sizes:
             if n < 1:
                 raise PredictError(f"world size must be >= 1, got {n}")
             base_n = min(n, system.gpus_per_node)
-            best_mb = base_mb = None
+            best_mb = base_mb = torch_mb = None
             if has_buckets(strategy):
-                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, n, strategy, batch, mb)["step_ms"])
-                base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, cfg, base_n, strategy, batch, mb)["step_ms"])
-            at = step_ms(system, cfg, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB)
-            base = step_ms(system, cfg, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB)
+                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, n, strategy, batch, mb)["step_ms"])
+                base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, base_n, strategy, batch, mb)["step_ms"])
+                op = plan.gradients.op if plan.gradients is not None else "all_reduce"
+                rule = torch_estimate.min_saturation_bytes(system, op if op != "reduce" else "reduce_scatter", n)
+                torch_mb = None if rule is None else rule / 2**20
+            at = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB)
+            theirs = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB,
+                             seconds=torch_estimate.seconds)
+            base = step_ms(system, w, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB)
             rows.append({"strategy": strategy, "world_size": n, "step_ms": at["step_ms"],
                          "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"],
+                         "torch_step_ms": theirs["step_ms"],
                          "efficiency": base["step_ms"] / at["step_ms"],
-                         "best_bucket_mb": best_mb,
-                         "compute_bound_tokens": compute_bound_tokens(system, cfg, n, strategy)})
+                         "best_bucket_mb": best_mb, "torch_rule_mb": torch_mb,
+                         "compute_bound_tokens": None if w.cfg is None else
+                         compute_bound_tokens(system, w.cfg, n, strategy)})
     return rows
 
 
