@@ -82,6 +82,8 @@ def main(cfg: DictConfig) -> float:
     job_dir = Path(hc.runtime.output_dir)
     with open_dict(cfg):
         cfg.logger.group = cfg.logger.group or sweep_group(hc)
+        wandb_root = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else job_dir  # a sweep's runs share one folder
+        cfg.logger.dir = cfg.logger.dir or str(Path(wandb_root).absolute())
     save_config(cfg, job_dir / CONFIG)
     results = run_job(cfg, job_dir)
     node = cfg.launcher.node_rank

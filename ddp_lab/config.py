@@ -274,6 +274,9 @@ class LoggerConfig:
     entity: Optional[str] = None
     group: Optional[str] = None
     """None: one group per sweep (or per single run), named after its output folder."""
+    dir: Optional[str] = None
+    """The folder W&B's runs go under (DIR/wandb). None: the sweep's folder for every job of a sweep (one
+    `wandb leet SWEEP/wandb` compares them), the job's own for a single run; launch.py fills it in."""
 
 
 @dataclass

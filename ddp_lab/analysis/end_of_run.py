@@ -43,6 +43,13 @@ class SweepSummary(Callback):
         runs = [(job.name, read_results(job) or {"status": "missing", "config": {}}) for job in jobs]
         print_tables(runs, f"sweep {sweep_dir}")
         print(f"plots and report.md: python -m ddp_lab.report {sweep_dir}")
+        if (sweep_dir / "wandb").is_dir():
+            from ddp_lab.analysis.wandb_view import write_view_spec
+
+            spec = write_view_spec(sweep_dir)
+            print(f"W&B: every run under {sweep_dir / 'wandb'}: compare them offline with `wandb leet "
+                  f"{sweep_dir / 'wandb'}`; the dashboard view {spec.name} is saved by "
+                  f"`python -m ddp_lab.report {sweep_dir} --publish ENTITY/PROJECT`")
         failed = [name for name, res in runs if res.get("status") != "ok"]
         if failed:
             print(f"{len(failed)} of {len(runs)} jobs did not end ok: {', '.join(failed)}", file=sys.stderr)

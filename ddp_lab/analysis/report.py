@@ -241,7 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--columns", help="the figures the terminal's tables show, comma-separated: groups "
                         "(speed, memory, accuracy, collectives) or column headers (default: all; report.md and "
                         "report.csv keep every column)")
+    parser.add_argument("--publish", metavar="ENTITY/PROJECT", help="also upload the sweep's W&B runs (wandb sync) "
+                        "and save its view (SWEEP/wandb_workspace.json) there; needs a login and wandb-workspaces")
     args = parser.parse_args(argv)
+    if args.publish:
+        from ddp_lab.analysis.wandb_view import PublishError, publish
+
+        try:
+            print(f"published: {publish(args.dir, args.publish)}")
+        except PublishError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         report = make_report(args.dir, args.collectives, args.out, model=args.model, target_loss=args.target_loss,
                              reference=args.reference, columns=args.columns and args.columns.split(","))

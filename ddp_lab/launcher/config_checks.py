@@ -143,6 +143,7 @@ def _validate_train(cfg: DictConfig) -> None:
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
         spec.check_world(ws, ranks_per_node)
+        spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _validate_comm_dtype(cfg, spec)

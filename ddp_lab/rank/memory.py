@@ -134,7 +134,9 @@ def live_tensor_bytes() -> int:
 
 def _model_state_tensors(model: torch.nn.Module, optimizer) -> dict:
     """{"params", "grads", "optimizer_state"}: the tensors behind each figure (see module doc)."""
-    params = list(model.parameters())
+    # a DeepSpeed ZeRO-3 parameter holds its partition (`ds_tensor`) and, while gathered or small enough to
+    # stay whole (stage3_param_persistence_threshold), its full data too (empty when released)
+    params = [t for p in model.parameters() for t in ((p.ds_tensor, p) if hasattr(p, "ds_tensor") else (p,))]
     updated = [p for g in local_optimizer(optimizer).param_groups for p in g["params"]] if optimizer else []
     seen, grads = set(), []
     for p in params + updated:

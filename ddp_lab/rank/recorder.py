@@ -36,6 +36,21 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# What each logged figure is, for W&B's default charts: every per-step figure is plotted against
+# `step` (the train step, not W&B's own counter), and its run summary keeps what the name says.
+# Units are in the names (_ms milliseconds, _bytes bytes, _pct percent, loss in nats per token).
+SUMMARIES = {"step_time_ms": "mean", "loss": "last", "val_loss": "min", "exposed_comm_ms": "mean",
+             "comm_ms": "mean", "comm_bytes": "mean", "fwd_bwd_ms": "mean", "sync_ms": "mean", "optimizer_ms": "mean",
+             "latency_ms": "mean"}
+
+
+def declare_metrics(run) -> None:
+    run.define_metric("step")
+    for name, summary in SUMMARIES.items():
+        run.define_metric(name, step_metric="step", summary=summary)
+    run.define_metric("*", step_metric="step")
+
+
 class NullRecorder:
     def start(self, total_steps: int) -> None: ...
     def log_once(self, data: dict) -> None: ...
@@ -54,13 +69,15 @@ class RunRecorder(NullRecorder):
 
             self.run = wandb.init(
                 project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
-                name=run_name(cfg), job_type=cfg.task.name, dir=str(job_dir), mode=cfg.logger.mode,
+                name=run_name(cfg), job_type=cfg.task.name, dir=str(cfg.logger.get("dir") or job_dir),
+                mode=cfg.logger.mode, notes=f"job folder: {Path(job_dir).absolute()}",
                 config=OmegaConf.to_container(cfg, resolve=True),
                 # No system-metrics sampler (it probes cloud metadata addresses), no git or code upload.
                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                         x_disable_machine_info=True, x_disable_meta=True, disable_git=True,
                                         save_code=False, x_save_requirements=False),
             )
+            declare_metrics(self.run)
 
     def start(self, total_steps: int) -> None:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

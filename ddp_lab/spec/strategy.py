@@ -26,6 +26,8 @@ instead of probing the runtime class or matching its name:
   None: not replayed;
 - `check_world(world_size, ranks_per_node)`, `shard_ranks(...)`: the ranks it needs, and how many
   share what it shards (hsdp: its shard group; everyone else: all ranks);
+- `check_run(precision, grad_accum_steps)`: what the run needs beyond its ranks (an optional extra
+  installed, the train settings it takes), asked before launch;
 - `check_model(module)`: the model it needs: raise ValueError (one line) for a model it cannot wrap
   (fsdp: nothing to shard); the launcher asks before any rank starts, on the model built on the meta
   device.
@@ -93,6 +95,10 @@ class StrategySpec:
         """How many ranks share what the strategy shards (its ZeRO fraction is 1/this): all of them, but
         for hsdp, the shard group."""
         return world_size
+
+    def check_run(self, precision: str, grad_accum_steps: int) -> None:
+        """Raise ValueError, one line, for what this run needs that is not there (an optional extra) or a
+        train setting the strategy cannot take (train.precision, train.grad_accum_steps); all fine by default."""
 
     def check_model(self, module) -> None:
         """Raise ValueError, one line, when the strategy cannot wrap `module` (a torch model, on the meta

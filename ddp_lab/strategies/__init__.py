@@ -18,6 +18,8 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | hsdp | HSDP (fsdp inside shard groups, replicated across them) | hsdp.py (on fsdp/) |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |
+| replicate_torch | TorchReplicate (torch's replicate(), DDP on FSDP2) | replicate_torch.py |
+| deepspeed_zero1, _zero2, _zero3 | DeepSpeedZeRO (DeepSpeed's engine, an optional extra) | deepspeed_zero.py |
 
 Shared parts: base.py (the contract every strategy keeps), overlap_engine.py (launching
 collectives from backward hooks), collectives.py (the collectives themselves), comm_stats.py (what
@@ -30,6 +32,7 @@ Adding a strategy: docs/strategies.md, "Adding a strategy" (a runtime class, a s
 from ddp_lab.spec.strategies import SPECS
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
+from ddp_lab.strategies.deepspeed_zero import DeepSpeedZeRO
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.fsdp import FSDP
 from ddp_lab.strategies.fsdp_torch import TorchFSDP
@@ -38,6 +41,7 @@ from ddp_lab.strategies.local_sgd import LocalSGD
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
 from ddp_lab.strategies.powersgd import PowerSGD
+from ddp_lab.strategies.replicate_torch import TorchReplicate
 from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
@@ -45,6 +49,7 @@ from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 STRATEGIES = {name: spec.runtime_class() for name, spec in SPECS.items()}
 """Every option's runtime class, as its spec names it."""
 
-__all__ = ["FSDP", "HSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "FlatDDP", "LocalSGD", "NaiveDDP",
+__all__ = ["FSDP", "HSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "TorchReplicate",
+           "FlatDDP", "LocalSGD", "NaiveDDP",
            "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2",
            "Zero2Optimizer", "plan_buckets"]

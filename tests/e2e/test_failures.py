@@ -4,7 +4,6 @@ Each test waits for a state (a file, a process), never for a duration, so a busy
 them slower but not flaky. `fault.*` (ddp_lab/faults.py) makes the failure happen on purpose.
 """
 
-import glob
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 
 from tests.helpers.launching import FAST, ROOT, launch, results
 from tests.helpers.processes import leftovers, rank_pid, wait_for
-from tests.helpers.wandb_records import _payloads
+from tests.helpers.wandb_records import _payloads, run_file_of_job
 
 pytestmark = pytest.mark.slow
 QUIET = [*FAST, "logger=none"]
@@ -25,8 +24,7 @@ def wandb_exit_code(job_dir):
     """The exit record of the job's offline W&B run: present only if the run was closed."""
     from wandb.proto import wandb_internal_pb2
 
-    (run_file,) = glob.glob(str(job_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    with open(run_file, "rb") as f:
+    with open(run_file_of_job(job_dir), "rb") as f:
         for payload in _payloads(f.read()):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(payload)

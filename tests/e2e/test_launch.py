@@ -1,11 +1,16 @@
 """launch.py end to end: real torchrun, real gloo ranks, results.json and the offline W&B run."""
 
 import glob
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from ddp_lab.analysis import wandb_view
 from tests.helpers.launching import FAST, launch, results
-from tests.helpers.wandb_records import read_run
+from tests.helpers.wandb_records import read_run, run_file_of_job
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +45,48 @@ def test_single_run_writes_results_and_wandb(tmp_path):
     assert run["summary"]["final_val_loss"] == pytest.approx(summary["final_val_loss"])
 
 
-def test_two_job_sweep_one_group(tmp_path):
+def test_two_job_sweep_one_wandb_folder_and_its_view(tmp_path, monkeypatch):
     proc = launch(*FAST, "strategy=naive,flat", "logger=wandb", tmp_path=tmp_path, multirun=True)
     assert proc.returncode == 0, proc.stderr
     sweep = tmp_path / "multirun"
     runs = [results(sweep / str(i)) for i in range(2)]
     assert [r["status"] for r in runs] == ["ok", "ok"]
     assert [r["config"]["strategy"]["name"] for r in runs] == ["naive", "flat"]
-    groups = {read_run(glob.glob(str(sweep / str(i) / "wandb" / "offline-run-*" / "run-*.wandb"))[0])["run"].run_group
-              for i in range(2)}
-    assert len(groups) == 1  # one sweep, one W&B group: one comparison
-    # The end-of-sweep table names both jobs.
-    assert "naive" in proc.stdout and "flat" in proc.stdout and "p50" in proc.stdout
+    # every run of the sweep in one folder, SWEEP/wandb: what `wandb leet SWEEP/wandb` lists
+    assert not (sweep / "0" / "wandb").exists()
+    found = wandb_view.offline_runs(sweep)
+    assert len(found) == 2
+    logged = [read_run(run_file_of_job(sweep / str(i))) for i in range(2)]
+    assert len({r["run"].run_group for r in logged}) == 1  # one sweep, one W&B group: one comparison
+    assert [r["config"]["strategy"]["name"] for r in logged] == ["naive", "flat"]
+    # leet's own non-interactive inspection reads each run back
+    for folder, res in zip(sorted(found, key=lambda p: read_run(next(p.glob("*.wandb")))["config"]["strategy"]
+                                  ["name"] != "naive"), runs):
+        inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json",
+                                    str(folder)], capture_output=True, text=True, timeout=120)
+        assert inspected.returncode == 0, inspected.stderr
+        assert res["config"]["strategy"]["name"] in inspected.stdout and "step_time_ms" in inspected.stdout
+    # the view spec, snapshot-checked: grouped by what the sweep varied, the panels the lab measures
+    spec = json.loads((sweep / wandb_view.SPEC).read_text())
+    assert spec == {"format": wandb_view.FORMAT, "name": f"ddp-lab {runs[0]['config']['logger']['group']}",
+                    "project": "ddp-lab", "group": runs[0]["config"]["logger"]["group"],
+                    "runs_folder": str(sweep / "wandb"), "jobs": 2, "groupby": ["strategy.value.name"],
+                    "varied": ["strategy.name"], "sections": wandb_view.SECTIONS}
+    panels = {p["title"] for s in spec["sections"] for p in s["panels"]}
+    assert {"step time p50 (ms)", "overlap (%)", "validation loss against wall time", "bytes per step",
+            "model state per rank (bytes, most-loaded rank)"} <= panels
+    view = wandb_view.workspace(spec, "someone", "ddp-lab")  # a valid wandb-workspaces view, built offline
+    assert [s.name for s in view.sections] == ["Step time", "Communication", "Memory", "Loss"]
+    # the end-of-sweep output says where the runs are and how to compare them
+    assert f"wandb leet {sweep / 'wandb'}" in proc.stdout and "naive" in proc.stdout and "p50" in proc.stdout
+    # --publish without a login: one line, exit 2, nothing written
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    pub = subprocess.run([sys.executable, "-m", "ddp_lab.report", str(sweep), "--publish", "someone/ddp-lab"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert pub.returncode == 2 and pub.stderr.startswith("error: not logged in") and pub.stderr.count("\n") == 1
+    assert not (sweep / "report.md").exists()
 
 
 def test_logger_none_writes_no_wandb(tmp_path):

@@ -1,7 +1,6 @@
 """Beyond one launch.py: two nodes through torchrun's rendezvous, SLURM's code path through
 submitit's local executor, and two sweeps started at the same moment on one machine."""
 
-import glob
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers.launching import FAST, ROOT, results
 from tests.helpers.processes import leftovers
-from tests.helpers.wandb_records import read_run
+from tests.helpers.wandb_records import read_run, run_file_of_job
 
 pytestmark = pytest.mark.slow
 QUIET = [*FAST, "logger=none"]
@@ -77,6 +76,5 @@ def test_two_sweeps_started_together_do_not_collide(tmp_path):
     assert len(sweeps) == 2
     jobs = [sweep / str(i) for sweep in sweeps for i in range(2)]
     assert all(results(job)["status"] == "ok" for job in jobs)
-    run_ids = {read_run(glob.glob(str(job / "wandb" / "offline-run-*" / "run-*.wandb"))[0])["run"].run_id
-               for job in jobs}
+    run_ids = {read_run(run_file_of_job(job))["run"].run_id for job in jobs}
     assert len(run_ids) == 4

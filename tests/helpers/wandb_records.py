@@ -62,3 +62,17 @@ def read_run(path) -> dict:
             for item in rec.run.config.update:
                 out["config"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return out
+
+
+def run_file_of_job(job_dir) -> str:
+    """The .wandb log of the job's offline run: under the sweep's folder (SWEEP/wandb, every job of a
+    sweep) or the job's own (a single run), found by the job folder its notes name."""
+    from pathlib import Path
+
+    job_dir = Path(job_dir).absolute()
+    for folder in (job_dir / "wandb", job_dir.parent / "wandb"):
+        for path in sorted(folder.glob("*run-*/run-*.wandb")):
+            run = read_run(path)["run"]
+            if run is not None and run.notes == f"job folder: {job_dir}":
+                return str(path)
+    raise FileNotFoundError(f"no W&B run of {job_dir}")

@@ -15,27 +15,27 @@ there as it would in the first.
 
 from __future__ import annotations
 
-import functools
 import gc
-import inspect
 import sys
 
 import torch.distributed as dist
 
 from ddp_lab.check.parity import train_distributed
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.strategies import STRATEGIES
+from ddp_lab.spec.strategies import SPECS
 
 
-def _maker(cls):
-    """The strategy with a bucket smaller than every parameter, where it has buckets."""
-    knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(cls).parameters else {}
-    return functools.partial(cls, **knobs)
+def _maker(name: str):
+    """The strategy as its spec builds it, with a bucket smaller than every parameter where it has buckets."""
+    spec = SPECS[name]()
+    if "bucket_mb" in spec.used_knobs():
+        spec.bucket_mb = 0.001
+    return spec.build
 
 
 def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
     group = dist.group.WORLD
-    makers = {name: _maker(cls) for name, cls in STRATEGIES.items()}
+    makers = {name: _maker(name) for name in SPECS}
     for make in makers.values():  # torch's one-time state (module docstring)
         train_distributed(rank, world_size, make, "tied", steps=1)
     extra = {}
@@ -50,4 +50,4 @@ def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
 
 def test_no_strategy_keeps_the_process_group_alive():
     for extra in run_ranks(_extra_group_references, 2):
-        assert extra == dict.fromkeys(STRATEGIES, 0)
+        assert extra == dict.fromkeys(SPECS, 0)

@@ -5,6 +5,7 @@
     python -m ddp_lab.predict scale --system h100-nvlink --model xl --world-size 8,64,512 --strategy bucketed,zero1,fsdp
     python -m ddp_lab.predict scale --system v100-dgx1 --model my_model.json --world-size 8,16 --strategy torch_ddp
     python -m ddp_lab.predict published [--markdown published.md]
+    python -m ddp_lab.predict heldout OUT [--markdown heldout.md]     # after benchmarks/predict_heldout.sh OUT
 
 Bad input (no collective benchmark or no profiled run in a folder, an unknown system or model, a
 world size below 1) is one line on stderr and exit status 2.
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis.predict import fit as fitting
+from ddp_lab.analysis.predict import heldout as holding_out
 from ddp_lab.analysis.predict import published as publishing
 from ddp_lab.analysis.predict import scale as scaling
 from ddp_lab.analysis.predict import validate as validating
@@ -108,6 +110,15 @@ def scale_markdown(system, model, rows, args) -> str:
     return "\n".join(lines)
 
 
+def cmd_heldout(args) -> int:
+    text = holding_out.markdown(holding_out.run(args.out))
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+        print(f"wrote {args.markdown}", file=sys.stderr)
+    return 0
+
+
 def cmd_published(args) -> int:
     text = publishing.report()
     print(text)
@@ -142,10 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("published", help="predictions against published GPU measurements (NVIDIA's H100 all-reduce, "
                        "torch's DDP benchmark on V100s, torchtitan's Llama 3 8B FSDP), torch's estimator beside")
     p.add_argument("--markdown", help="also write the tables to this file")
+    h = sub.add_parser("heldout", help="score the predictor per held-out group of benchmarks/predict_heldout.sh's OUT")
+    h.add_argument("out", help="the folder benchmarks/predict_heldout.sh wrote")
+    h.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
     try:
         return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale,
-                "published": cmd_published}[args.command](args)
+                "published": cmd_published, "heldout": cmd_heldout}[args.command](args)
     except PredictError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,8 @@
 | hsdp | hsdp.py `HSDPSpec` | `HSDP` (hsdp.py, on fsdp/) |
 | powersgd | powersgd.py `PowerSGDSpec` | `PowerSGD` (powersgd.py) |
 | local_sgd | local_sgd.py `LocalSGDSpec` | `LocalSGD` (local_sgd.py) |
+| replicate_torch | replicate_torch.py `TorchReplicateSpec` | `TorchReplicate` (replicate_torch.py) |
+| deepspeed_zero1, _zero2, _zero3 | deepspeed.py `DeepSpeedZero1Spec`, ... | `DeepSpeedZeRO` (deepspeed_zero.py) |
 
 `register(config_store)` stores each spec as the schema `spec/strategy/NAME` that
 `conf/strategy/NAME.yaml` extends. `spec_of(node)` turns any strategy config node (a composed config,
@@ -32,6 +34,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ddp_lab.spec.strategies.bucketed import BucketedSpec
+from ddp_lab.spec.strategies.deepspeed import DeepSpeedZero1Spec, DeepSpeedZero2Spec, DeepSpeedZero3Spec
 from ddp_lab.spec.strategies.flat import FlatSpec
 from ddp_lab.spec.strategies.fsdp import FSDPSpec
 from ddp_lab.spec.strategies.fsdp_torch import TorchFSDPSpec
@@ -40,6 +43,7 @@ from ddp_lab.spec.strategies.local_sgd import LocalSGDSpec
 from ddp_lab.spec.strategies.naive import NaiveSpec
 from ddp_lab.spec.strategies.overlap import OverlapSpec
 from ddp_lab.spec.strategies.powersgd import PowerSGDSpec
+from ddp_lab.spec.strategies.replicate_torch import TorchReplicateSpec
 from ddp_lab.spec.strategies.torch_ddp import TorchDDPSpec
 from ddp_lab.spec.strategies.zero1 import Zero1Spec
 from ddp_lab.spec.strategies.zero1_torch import TorchZero1Spec
@@ -58,7 +62,8 @@ def option(spec_cls: type[StrategySpec]) -> str:
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
     NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
-    PowerSGDSpec, LocalSGDSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec)}
+    PowerSGDSpec, LocalSGDSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
+    DeepSpeedZero2Spec, DeepSpeedZero3Spec)}
 
 SCHEMA_GROUP = "spec/strategy"
 
