@@ -29,6 +29,7 @@ from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
 from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import train_step
+from tests.helpers.extras import runnable_specs
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -37,7 +38,7 @@ BUCKET_MB = 0.05  # the model below has about 0.4 MiB of gradients: several buck
 SLACK = 64 * 1024
 
 CASES = {  # case: (strategy, knobs beyond its spec's defaults)
-    **{name: (name, {}) for name in SPECS},
+    **{name: (name, {}) for name in runnable_specs()},
     "powersgd compressing": ("powersgd", {"start_iter": 0, "rank": 2}),
     "local_sgd nesterov": ("local_sgd", {"outer": "nesterov", "sync_every": 1}),
     "torch_ddp grads copied": ("torch_ddp", {"gradient_as_bucket_view": False}),

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ddp_lab.check.parity import train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.spec.strategies import SPECS
+from tests.helpers.extras import runnable_specs
 
 
 def _maker(name: str):
@@ -35,7 +36,7 @@ def _maker(name: str):
 
 def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
     group = dist.group.WORLD
-    makers = {name: _maker(name) for name in SPECS}
+    makers = {name: _maker(name) for name in runnable_specs()}
     for make in makers.values():  # torch's one-time state (module docstring)
         train_distributed(rank, world_size, make, "tied", steps=1)
     extra = {}
@@ -50,4 +51,4 @@ def _extra_group_references(rank: int, world_size: int) -> dict[str, int]:
 
 def test_no_strategy_keeps_the_process_group_alive():
     for extra in run_ranks(_extra_group_references, 2):
-        assert extra == dict.fromkeys(SPECS, 0)
+        assert extra == dict.fromkeys(runnable_specs(), 0)

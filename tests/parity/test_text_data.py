@@ -25,11 +25,12 @@ from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.precision import FP32
 from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import loss_fn
+from tests.helpers.extras import runnable_specs
 
 TEXT = {"name": "text", "path": None, "val_path": None, "val_fraction": 0.1}
 WORLD_SIZE = 3
 EXACT_KNOBS = {"powersgd": {"rank": 10**6, "start_iter": 0}, "local_sgd": {"sync_every": 1}}
-SCENARIOS = {**{name: (name, EXACT_KNOBS.get(name, {})) for name in SPECS},
+SCENARIOS = {**{name: (name, EXACT_KNOBS.get(name, {})) for name in runnable_specs()},
              **{f"{name}_kept_gathered": (name, {"reshard_after_forward": False}) for name in ("fsdp", "fsdp_torch")}}
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}  # where the strategy is exact for a linear update only
 

@@ -37,6 +37,11 @@ def test_collective_fit_recovers_known_alpha_beta_per_world_size_and_the_ring_fo
     # a world size the sweep never ran comes from the ring form
     ms = collective_ms(fitting.fit_collectives(tmp_path), "gloo", "all_reduce", 8e6, 8)
     assert ms == pytest.approx((14 * alpha_step + 14 / 8 * 8e6 / busbw) * 1e3, rel=0.02)
+    # gloo on 4 cores: fitted up to 6 ranks (4 cores each 4/6 of one), 8 ranks get 1/2: x 4/3
+    on_cores = collective_ms(fitting.fit_collectives(tmp_path), "gloo", "all_reduce", 8e6, 8, cpus=4)
+    assert on_cores == pytest.approx(ms * (4 / 6) / (4 / 8))
+    assert collective_ms(fitting.fit_collectives(tmp_path), "gloo", "all_reduce", 8e6, 8,
+                         cpus=64) == pytest.approx(ms)  # cores enough: nothing changes
 
 
 def test_back_to_back_calls_fit_apart_and_time_naive(tmp_path):
@@ -515,3 +520,36 @@ def test_compressed_powersgd_hand_computed():
     # a slow P_b makes a's hook wait for it before b's phase 2: 11 + 20 ms, done at 31 of wall, 9 after
     model["collectives"]["gloo"]["all_reduce"]["fp32"]["by_world_size"]["2"] = {"alpha_ms": 20.0, "beta_GBps": 1.0}
     assert job_step(model, cfg)[1].stalled_ms == pytest.approx(31.002 - 22)
+
+
+def test_heldout_scores_each_group_with_its_own_model(tmp_path, capsys):
+    """OUT/model.json scores OUT/heldout/*; OUT/link/R/model.json scores OUT/link/R/train (a slower link's
+    collectives: the same jobs predicted slower), each group's mean and worst error in one table."""
+    from ddp_lab.analysis.predict import heldout
+    from tests.helpers.report_fixtures import train_results
+
+    def jobs(folder):
+        for i, strategy in enumerate(("naive", "flat")):
+            res = train_results(strategy, step_ms=50.0, exposed_ms=5.0)
+            res["config"]["train"], res["config"]["model"]["context_length"] = {"batch_size": 8}, 64
+            write_job(folder / str(i), res)
+
+    (tmp_path / "model.json").write_text(json.dumps({**_model(), "version": fitting.VERSION}))
+    jobs(tmp_path / "heldout" / "strategies")
+    slow = {**_model(), "version": fitting.VERSION}
+    slow["collectives"]["gloo"]["all_reduce"]["fp32"]["by_world_size"]["2"] = {"alpha_ms": 1.0, "beta_GBps": 0.1}
+    (tmp_path / "link" / "1").mkdir(parents=True)
+    (tmp_path / "link" / "1" / "model.json").write_text(json.dumps(slow))
+    jobs(tmp_path / "link" / "1" / "train")
+    groups = heldout.run(tmp_path)
+    assert [g["group"] for g in groups] == ["strategies", "link 1 Gbit/s"]
+    here, link = groups
+    assert here["jobs"] == link["jobs"] == 2
+    by = {r["strategy"]: r for r in here["rows"]}
+    assert by["naive"]["predicted_step_ms"] == pytest.approx(40.0)  # as in the replay test above
+    assert {r["strategy"]: r["predicted_step_ms"] for r in link["rows"]}["naive"] > 40.0
+    assert here["step"] == pytest.approx((abs(by["naive"]["error"]) + abs(by["flat"]["error"])) / 2)
+    assert main(["heldout", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| strategies: other strategies at 2 ranks" in out and "| link 1 Gbit/s: emulated nodes at 1 Gbit/s" in out
+    assert main(["heldout", str(tmp_path / "nothing")]) == 2

@@ -16,10 +16,16 @@ def ring_steps(op: str, n: int) -> int:
 
 
 def collective_ms(collectives: dict, backend: str, op: str, nbytes: float, world_size: int,
-                  dtype: str = "fp32", back_to_back: bool = False) -> float:
+                  dtype: str = "fp32", back_to_back: bool = False, cpus: float | None = None) -> float:
     """Predicted time of one collective alone: the fit at this world size, else the ring form. With
     `back_to_back`, of one blocking call right after another: the fit of calls timed that way
-    (task.barrier=false) where the sweep has one, else the same as alone."""
+    (task.barrier=false) where the sweep has one, else the same as alone.
+
+    gloo on one machine's loopback (`cpus` cores, from the profile; a sweep on network=host): every
+    rank's communication thread works through the whole collective, so a ring form carried to more
+    ranks than the cores hold runs at their share: time x min(1, cpus / fitted ranks) / min(1, cpus /
+    ranks) (at 4 ranks on 2 cores, fitted at 2: twice as long). On an emulated link the link sets the
+    pace, and on NCCL the GPUs do: no such term."""
     if world_size == 1:
         return 0.0
     try:
@@ -37,8 +43,12 @@ def collective_ms(collectives: dict, backend: str, op: str, nbytes: float, world
     ring = entry.get("ring")
     if ring is None:
         raise PredictError(f"the model has no {op} fit at world size {world_size} and no ring form")
-    return (ring_steps(op, world_size) * ring["alpha_step_ms"]
-            + bus_factor(op, world_size) * nbytes / (ring["busbw_GBps"] * 1e9) * 1e3)
+    alone = (ring_steps(op, world_size) * ring["alpha_step_ms"]
+             + bus_factor(op, world_size) * nbytes / (ring["busbw_GBps"] * 1e9) * 1e3)
+    if backend != "gloo" or not cpus or entry.get("network", "host") != "host":
+        return alone
+    fitted = max(ring.get("world_sizes") or [world_size])
+    return alone * min(1.0, cpus / fitted) / min(1.0, cpus / world_size)
 
 
 # --- contention: processor sharing on the cores -------------------------------------------------------

@@ -55,8 +55,9 @@ def fit_collectives(sweep_dir) -> dict:
     """{backend: {op: {dtype: {"by_world_size": {n: fit}, "ring": fit, "back_to_back": {...}}}}} from a
     task=allreduce sweep; `back_to_back` (the same two keys) fits the jobs timed without a barrier
     between calls (task.barrier=false), what blocking calls one after another cost."""
-    rows = [collective_record(res) for _, res, _ in load_runs(sweep_dir)
-            if task_of(res) == "allreduce" and res.get("status") == "ok"]
+    runs = [res for _, res, _ in load_runs(sweep_dir) if task_of(res) == "allreduce" and res.get("status") == "ok"]
+    rows = [{**collective_record(res), "network": ((res.get("config") or {}).get("network") or {}).get("name", "host")}
+            for res in runs]
     rows = [r for r in rows if r.get("bytes") and r.get("latency_p50_ms")]
     if not rows:
         raise PredictError(f"no finished collective benchmark (task=allreduce) under {sweep_dir}")
@@ -71,6 +72,8 @@ def fit_collectives(sweep_dir) -> dict:
         if not fitted["by_world_size"]:
             continue
         entry = out.setdefault(backend, {}).setdefault(op, {}).setdefault(dtype, {"by_world_size": {}})
+        networks = sorted({r["network"] for r in group})
+        fitted["network"] = networks[0] if len(networks) == 1 else "mixed"  # host: the cores set the pace
         if barrier:
             entry.update(fitted)
         else:

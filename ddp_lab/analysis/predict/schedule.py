@@ -95,8 +95,8 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
     launch_ms = contention.get("launch_ms", 0.0) * core
 
     def coll(op, nbytes, ready_ms=None, label="", back_to_back=False):
-        return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype, back_to_back),
-                          ready_ms, label)
+        return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype, back_to_back,
+                                        cpus=prof.get("cpus")), ready_ms, label)
 
     def bucket_plan(bucket_mb):
         return plan_bucket_indices([p["bytes"] for p in params], [p["dtype"] for p in params], bucket_mb)

@@ -1,0 +1,16 @@
+"""Optional extras the suite runs when they are installed, and skips with the reason when not."""
+
+import importlib.util
+
+import pytest
+
+from ddp_lab.spec.strategies import SPECS
+
+DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+NO_DEEPSPEED = 'DeepSpeed is not installed (pip install --no-build-isolation -e ".[dev,deepspeed]")'
+requires_deepspeed = pytest.mark.skipif(not DEEPSPEED, reason=NO_DEEPSPEED)
+
+
+def runnable_specs() -> list[str]:
+    """Every registered strategy this machine can run: DeepSpeed's only with DeepSpeed installed."""
+    return [name for name in SPECS if DEEPSPEED or not name.startswith("deepspeed_")]
