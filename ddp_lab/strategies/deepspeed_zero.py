@@ -76,7 +76,11 @@ class DeepSpeedZeRO(DataParallelBase):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo without oneCCL
         # DeepSpeed reads the launcher's LOCAL_RANK; torchrun sets it, ranks spawned on one machine may not
         os.environ.setdefault("LOCAL_RANK", str(torch.distributed.get_rank()))
-        import deepspeed  # noqa: F401  (an optional extra: the spec refused the run before launch without it)
+        import deepspeed.comm.torch as ds_backend  # an optional extra: the spec refused the run without it
+
+        # DeepSpeed's shared-memory all-reduce serves inference only (inference_all_reduce), which ZeRO
+        # training never calls; building it JIT-compiles C++ in every new environment: not built here
+        ds_backend.build_shm_op = lambda: None
 
         super().__init__(module)
         self.stage, self.bucket_mb, self.overlap_comm = stage, float(bucket_mb), bool(overlap_comm)
