@@ -121,7 +121,7 @@ def workspace(spec: dict, entity: str, project: str):
 
     def panel(p):
         if p["kind"] == "bar":
-            return wr.BarPlot(title=p["title"], metrics=[expr.Summary(m) for m in p["summary"]])
+            return wr.BarPlot(title=p["title"], metrics=list(p["summary"]))
         return wr.LinePlot(title=p["title"], x=p["x"], y=list(p["y"]))
 
     return ws.Workspace(

@@ -54,19 +54,20 @@ def test_its_collectives_are_counted(results):
         assert comm["collectives"] > 0 and comm["comm_bytes"] > 0 and comm["comm_ms"] > 0
 
 
+def _engine_and_optimizer(rank, world_size):
+    spec = SPECS["deepspeed_zero1"](bucket_mb=1.0)
+    model = spec.build(torch.nn.Linear(8, 8))
+    optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
+    config = model.ds_config()
+    return (type(model.engine).__name__, type(optimizer.optim).__name__, model.facts()["deepspeed"]["stage"],
+            config["zero_optimization"]["reduce_bucket_size"])
+
+
 @requires_deepspeed
 def test_the_runtime_is_the_engine_and_its_optimizer_the_inner_adamw():
     """make_optimizer builds DeepSpeed's engine; the optimizer the trainer steps exposes the AdamW
     over this rank's fp32 partition as `.optim` (what the memory accounting reads)."""
-    def body(rank, world_size):
-        spec = SPECS["deepspeed_zero1"](bucket_mb=1.0)
-        model = spec.build(torch.nn.Linear(8, 8))
-        optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
-        config = model.ds_config()
-        return (type(model.engine).__name__, type(optimizer.optim).__name__, model.facts()["deepspeed"]["stage"],
-                config["zero_optimization"]["reduce_bucket_size"])
-
-    for engine, inner, stage, bucket in run_ranks(body, 2):
+    for engine, inner, stage, bucket in run_ranks(_engine_and_optimizer, 2):
         assert (engine, inner, stage) == ("DeepSpeedEngine", "AdamW", 1) and bucket == 2**20 // 4
 
 
