@@ -169,10 +169,6 @@ class DeepSpeedZeRO(DataParallelBase):
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
-    @property
-    def peak_gathered_bytes(self):
-        return None
-
 
 _COUNTING = [lambda: None]  # the strategy whose collectives are being counted
 

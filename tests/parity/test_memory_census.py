@@ -64,11 +64,18 @@ def _strategy(name: str, knobs: dict):
     return spec
 
 
+# the references that start slowly (DeepSpeed's engine, FSDP2's replicate) are counted at 2 ranks only: their
+# odd-world-size parity is in their own tests (test_deepspeed.py, test_text_data.py at 3 ranks)
+TWO_RANKS_ONLY = {"deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "replicate_torch"}
+
+
 def _census(rank: int, world_size: int, cases: dict = CASES) -> dict:
     cfg = data_cfg()
     cfg.model.vocab_size = VOCAB * 8
     out = {}
     for case, (name, knobs) in cases.items():
+        if world_size > 2 and name in TWO_RANKS_ONLY:
+            continue
         gc.collect()
         baseline = live_tensor_bytes()  # per case: what an earlier case left is not this one's (DeepSpeed leaves some)
         torch.manual_seed(rank)
@@ -98,6 +105,8 @@ def _reported(snapshot: dict) -> int:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_accounting_explains_every_live_byte(census, case):
+    if case not in census[0]:
+        pytest.skip(f"{case}: counted at 2 ranks only (TWO_RANKS_ONLY)")
     for rank, result in enumerate(census):
         s = result[case]
         reported = _reported(s)
@@ -113,6 +122,8 @@ LEAKS_ON_DELETE = {"deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3"}
 def test_deleting_the_strategy_frees_what_it_held(census, case):
     """Library use that ends clean: nothing of the case stays alive once its strategy and optimizer are gone
     (DeepSpeed's engine does: recorded here so that a fix shows)."""
+    if case not in census[0]:
+        pytest.skip(f"{case}: counted at 2 ranks only (TWO_RANKS_ONLY)")
     left = max(result[case]["left_after_delete"] for result in census)
     if CASES[case][0] in LEAKS_ON_DELETE:
         assert left > SLACK, f"{case} now frees what it held: drop it from LEAKS_ON_DELETE"

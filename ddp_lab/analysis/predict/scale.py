@@ -1,5 +1,9 @@
 """`scale`: a strategy's step on a named GPU system at any world size, from formulas alone.
 
+The model is a conf model (counted below) or any model described by its parameters and compute
+(`described_workload`, `scale --model FILE.json`); each row also replays the step on torch's own
+collective estimate (torch_estimate.py) and gives torch's FSDP bucket rule beside the best bucket.
+
 Compute: the model's FLOPs per token, counted on the model built on the meta device
 (ddp_lab/models/facts.py), at the system's peak times its MFU; each parameter's gradient is ready when
 backward has done the FLOPs of everything after it (output first). Mixed precision (bf16 weights and gradients
@@ -184,7 +188,7 @@ def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket
             first_bucket_mb: float | None = None, seconds=nccl_seconds) -> dict:
     """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU; `model` a conf
     model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
-    `seconds(system, op, bytes, n)`: the collective model (torch_estimate.collective_s as the reference)."""
+    `seconds(system, op, bytes, n)`: the collective model (torch_estimate.seconds: torch's, the reference)."""
 
     def _collective(system, op, nbytes, n):
         return seconds(system, op, nbytes, n) * 1e3
