@@ -6,9 +6,13 @@ garbage collector, each once) is taken right after an optimizer step, as the tra
 optimizer state) + `strategy_state` (rank/memory.py). What neither counts is the model's
 buffers, the step's batch and torch's own small tensors: measured once per rank before any model
 exists (`baseline`, taken again before each case) plus the model's buffers, and a slack of 64 KiB
-for the rest. When a case's strategy and optimizer are deleted, every byte they held is freed, but
-DeepSpeed's: its engine stays alive after deletion (something beyond the model and the optimizer
-holds it; the parameters' bound methods point back at its optimizer), which the last test records.
+for the rest. A collective's buffer still held for a moment after the collective completed is not kept
+state (seen: hsdp at 4 ranks, 128 KiB on one rank now and then, the size of its packed gradient buffer,
+which gloo's worker thread lets go of just after the wait returns): the census is retaken, up to 5 times
+0.1 s apart, until it settles. When a case's strategy and optimizer
+are deleted, every byte they held is freed, but DeepSpeed's: its engine stays alive after deletion
+(something beyond the model and the optimizer holds it; the parameters' bound methods point back at its
+optimizer), which the last test records.
 
 Configurations are chosen so the kept state exists: PowerSGD compressing from the first step,
 local SGD with DiLoCo's outer momentum, torch's DDP with and without gradients as bucket views,
@@ -18,6 +22,7 @@ zero2 with more buckets than its pool may keep.
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -86,6 +91,11 @@ def _census(rank: int, world_size: int, cases: dict = CASES) -> dict:
         for step in range(3):
             train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))
         snapshot = memory_snapshot(model, optimizer, torch.device("cpu"), census=True)
+        for _ in range(5):  # a collective's buffer gloo's worker thread has not let go of yet is not kept state
+            if abs(snapshot["live_tensor_bytes"] - baseline - buffers - _reported(snapshot)) <= SLACK:
+                break
+            time.sleep(0.1)
+            snapshot["live_tensor_bytes"] = live_tensor_bytes()
         out[case] = {**snapshot, "unaccounted": snapshot["live_tensor_bytes"] - baseline - buffers,
                      "bucket_bytes": BUCKET_MB * MiB}
         del model, optimizer, module
