@@ -213,6 +213,8 @@ def plot_ladder(records: list[dict], path) -> bool:
     strategies = list(dict.fromkeys(r["strategy"] for r in ok))
     sizes = sorted({r["world_size"] for r in ok}, key=str)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(strategies) > len(colors):  # more strategies than the default cycle's 10: one colour each
+        colors = plt.get_cmap("tab20").colors
     names = [f"{r['strategy']} ws{r['world_size']}" for r in ok]
     if len(set(names)) < len(names):  # several jobs of one strategy and size: their knobs tell them apart
         names = labels(ok)
