@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis.records import load_runs
+from ddp_lab.spec.labels import flatten
 
 SPEC = "wandb_workspace.json"
 FORMAT = "ddp-lab W&B view 1"
@@ -61,21 +62,10 @@ class PublishError(Exception):
     """Why a sweep cannot be published: one line for the user."""
 
 
-def _flat(d, prefix: str = "") -> dict:
-    out = {}
-    for key, value in (d or {}).items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
 def varied_keys(configs: list[dict]) -> list[str]:
     """Config keys (dotted) whose values differ between the jobs, in config order; not the logger's,
     Hydra's or per-job bookkeeping."""
-    flats = [_flat(c) for c in configs]
+    flats = [flatten(c, ".") for c in configs]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     return [k for k in keys if not k.startswith(NOT_GROUPED) and not k.endswith("_target_")
             and len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1]

@@ -21,20 +21,7 @@ from rich.progress import (
 )
 
 from ddp_lab.jobdir import STEPS
-from ddp_lab.spec.labels import run_name
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """{'a': {'b': 1}} -> {'a/b': 1}: W&B summary keys and table columns."""
-    out = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "/"))
-        else:
-            out[name] = value
-    return out
-
+from ddp_lab.spec.labels import flatten, run_name
 
 # What each logged figure is, for W&B's default charts: every per-step figure is plotted against
 # `step` (the train step, not W&B's own counter), and its run summary keeps what the name says.

@@ -6,6 +6,19 @@ from ddp_lab.spec.strategies import SpecError, spec_of
 from ddp_lab.spec.strategy import NOT_KNOBS
 
 
+def flatten(d, sep: str = "/", prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a/b': 1}: nested config or summary keys as one level (W&B summary keys and table
+    columns with "/", dotted config keys with ".")."""
+    out = {}
+    for key, value in (d or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, sep, name + sep))
+        else:
+            out[name] = value
+    return out
+
+
 def knob_label(strategy_cfg) -> str:
     """`bucketed-bucket_mb=25.0`: a strategy config's name and the knobs it uses, for run names. A config
     whose spec cannot be had (a strategy from a package not installed here) shows the knobs it sets."""

@@ -179,3 +179,48 @@ def _reference_point() -> tuple[float, torch.cuda.Event]:
     reference.record()
     reference.synchronize()
     return time.perf_counter(), reference
+
+
+def end_when_done(stamp: Stamp, work, on_cuda: bool) -> None:
+    """Set the stamp's end when `work` completes: its future's callback (on NCCL it runs on the
+    collective's stream, where a CUDA event records the real end; the host clock there would read
+    the launch). A work with no future ends when the step's figures are taken."""
+    def done(fut):
+        if on_cuda:
+            stamp.end_event = torch.cuda.Event(enable_timing=True)
+            stamp.end_event.record()
+        else:
+            stamp.end = time.perf_counter()
+    try:
+        work.get_future().then(done)
+    except (AttributeError, RuntimeError):  # no future (a wrapper's own work object): ends at close_stamps
+        pass
+
+
+def begin_stamp(nbytes: int, on_cuda: bool) -> Stamp:
+    """A collective's stamp at its launch: the host clock, and on CUDA an event on the issuing stream."""
+    stamp = Stamp(nbytes)
+    if on_cuda:  # on the stream the collective is issued from: no host synchronization
+        stamp.start_event = torch.cuda.Event(enable_timing=True)
+        stamp.start_event.record()
+    stamp.start = time.perf_counter()
+    return stamp
+
+
+def end_blocking(stamp: Stamp, on_cuda: bool) -> None:
+    """A blocking collective's end, right after its call returned."""
+    if on_cuda:  # a blocking collective: the issuing stream waits for it, an event after it marks its end
+        stamp.end_event = torch.cuda.Event(enable_timing=True)
+        stamp.end_event.record()
+    else:
+        stamp.end = time.perf_counter()
+
+
+def close_stamps(stamps: list[Stamp], comm: CommStats) -> None:
+    """Add a step's stamps to `comm` and forget them; one whose end never came (a work with no future)
+    ends now."""
+    now = time.perf_counter()
+    for stamp in stamps:
+        stamp.end = stamp.end if stamp.end is not None else now
+    record_intervals(stamps, comm)
+    stamps.clear()

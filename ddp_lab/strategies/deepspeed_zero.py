@@ -35,7 +35,6 @@ that holds a parameter, gradient or optimizer state.
 from __future__ import annotations
 
 import os
-import time
 import weakref
 from contextlib import contextmanager, nullcontext
 
@@ -43,7 +42,7 @@ import torch
 from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.comm_stats import Stamp, record_intervals
+from ddp_lab.strategies.comm_stats import Stamp, begin_stamp, close_stamps, end_blocking, end_when_done
 from ddp_lab.units import tensor_bytes
 
 FP32_BYTES = 4
@@ -140,13 +139,6 @@ class DeepSpeedZeRO(DataParallelBase):
                 setattr(backend, name, _counted(original, on_cuda))
         _COUNTING[0] = weakref.ref(self)  # weak: a strategy that is gone is not kept alive by the wrappers
 
-    def close_step(self) -> None:
-        now = time.perf_counter()
-        for stamp in self._stamps:
-            stamp.end = stamp.end if stamp.end is not None else now
-        record_intervals(self._stamps, self.comm)
-        self._stamps.clear()
-
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
             pass  # reduced inside backward (module docstring)
@@ -178,28 +170,20 @@ def _counted(original, on_cuda: bool):
         strategy = _COUNTING[0]()
         if strategy is None:
             return original(*args, **kwargs)
-        stamp = Stamp(_first_tensor_bytes(args, kwargs))
-        stamp.start = time.perf_counter()
+        stamp = begin_stamp(_first_tensor_bytes(args, kwargs), on_cuda)
         strategy._stamps.append(stamp)
         if kwargs.get("async_op"):
             work = original(*args, **kwargs)
-            _end_on_completion(stamp, work)
+            end_when_done(stamp, work, on_cuda)
             return work
         wait = strategy.comm.exposed(in_optimizer=True) if strategy._in_step else strategy.comm.waited()
         with wait if not on_cuda else nullcontext():
             work = original(*args, **kwargs)
-        stamp.end = time.perf_counter()
+        end_blocking(stamp, on_cuda)
         return work
 
     call._ddp_lab_counted = True
     return call
-
-
-def _end_on_completion(stamp: Stamp, work) -> None:
-    try:
-        work.get_future().then(lambda fut: setattr(stamp, "end", time.perf_counter()))
-    except (AttributeError, RuntimeError):
-        pass  # ends when the step's figures are closed
 
 
 def _tensors_of(obj, depth: int = 0, seen=None) -> list[torch.Tensor]:
@@ -245,7 +229,7 @@ class _EngineOptimizer:
             self.engine.step()
         finally:
             self.strategy._in_step = False
-        self.strategy.close_step()
+        close_stamps(self.strategy._stamps, self.strategy.comm)
 
     def state_dict(self) -> dict:
         return self.engine.optimizer.state_dict()

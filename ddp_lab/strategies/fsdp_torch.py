@@ -33,50 +33,15 @@ waits; on CUDA they order streams, as fsdp's waits do, and are not host waits.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.comm_stats import CommStats, Stamp, record_intervals
+from ddp_lab.strategies.comm_stats import CommStats, Stamp, begin_stamp, close_stamps, end_blocking, end_when_done
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
 from ddp_lab.units import tensor_bytes
-
-
-def _end_when_done(stamp: Stamp, work, on_cuda: bool) -> None:
-    """Set the stamp's end when `work` completes: its future's callback (on NCCL it runs on the
-    collective's stream, where a CUDA event records the real end; the host clock there would read
-    the launch). A work with no future ends when the step's figures are taken."""
-    def done(fut):
-        if on_cuda:
-            stamp.end_event = torch.cuda.Event(enable_timing=True)
-            stamp.end_event.record()
-        else:
-            stamp.end = time.perf_counter()
-    try:
-        work.get_future().then(done)
-    except RuntimeError:
-        pass
-
-
-def _begin(nbytes: int, on_cuda: bool) -> Stamp:
-    stamp = Stamp(nbytes)
-    if on_cuda:  # on the stream FSDP2 issues the collective from: no host synchronization
-        stamp.start_event = torch.cuda.Event(enable_timing=True)
-        stamp.start_event.record()
-    stamp.start = time.perf_counter()
-    return stamp
-
-
-def _end_blocking(stamp: Stamp, on_cuda: bool) -> None:
-    if on_cuda:  # a blocking collective: the issuing stream waits for it, an event after it marks its end
-        stamp.end_event = torch.cuda.Event(enable_timing=True)
-        stamp.end_event.record()
-    else:
-        stamp.end = time.perf_counter()
 
 
 def counted_collectives():
@@ -111,13 +76,13 @@ def counted_collectives():
 
         def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
             on_cuda = output_tensor.is_cuda
-            stamp = _begin(tensor_bytes(output_tensor), on_cuda)
+            stamp = begin_stamp(tensor_bytes(output_tensor), on_cuda)
             self.stamps.append(stamp)
             work = super().__call__(output_tensor, input_tensor, group, async_op)
             if work is None:
-                _end_blocking(stamp, on_cuda)
+                end_blocking(stamp, on_cuda)
                 return work
-            _end_when_done(stamp, work, on_cuda)
+            end_when_done(stamp, work, on_cuda)
             return CountedWait(work, self.comm)
 
     class CountedReduceScatter(DefaultReduceScatter):
@@ -129,15 +94,15 @@ def counted_collectives():
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
             on_cuda = input_tensor.is_cuda
-            stamp = _begin(tensor_bytes(input_tensor), on_cuda)
+            stamp = begin_stamp(tensor_bytes(input_tensor), on_cuda)
             self.stamps.append(stamp)
             if async_op:
                 work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-                _end_when_done(stamp, work, on_cuda)
+                end_when_done(stamp, work, on_cuda)
                 return work
             with self.comm.waited():
                 work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-            _end_blocking(stamp, on_cuda)
+            end_blocking(stamp, on_cuda)
             return work
 
     return CountedAllGather, CountedReduceScatter
@@ -188,15 +153,11 @@ class TorchFSDP(DataParallelBase):
         return self.module(*args, **kwargs)
 
     def no_sync(self):
-        return _NoSync(self.module)
+        return GradientSyncOff(self.module)
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
-            now = time.perf_counter()
-            for stamp in self._stamps:
-                stamp.end = stamp.end if stamp.end is not None else now
-            record_intervals(self._stamps, self.comm)
-            self._stamps.clear()
+            close_stamps(self._stamps, self.comm)
 
     def facts(self) -> dict:
         uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself
@@ -207,15 +168,21 @@ class TorchFSDP(DataParallelBase):
                                "reshard_after_forward": self.reshard_after_forward}}
 
     def full_state_dict(self) -> dict:
-        """Every DTensor made whole (collective: every rank calls it)."""
-        from torch.distributed.tensor import DTensor
-
-        return {k: v.full_tensor() if isinstance(v, DTensor) else v.detach().clone()
-                for k, v in self.module.state_dict().items()}
+        return full_dtensor_state(self.module)
 
 
-class _NoSync:
-    """FSDP2's way to skip gradient reduction for accumulation, restored on exit."""
+def full_dtensor_state(module: nn.Module) -> dict:
+    """An FSDP2-managed module's state dict with every DTensor made whole (collective: every rank calls
+    it): fsdp_torch's and replicate_torch's full_state_dict."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v.detach().clone()
+            for k, v in module.state_dict().items()}
+
+
+class GradientSyncOff:
+    """FSDP2's way to skip gradient reduction for accumulation (fully_shard's and replicate()'s no_sync),
+    restored on exit."""
 
     def __init__(self, module):
         self.module = module

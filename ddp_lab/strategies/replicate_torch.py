@@ -23,7 +23,8 @@ from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.comm_stats import Stamp, record_intervals
+from ddp_lab.strategies.comm_stats import Stamp, close_stamps
+from ddp_lab.strategies.fsdp_torch import GradientSyncOff, full_dtensor_state
 from ddp_lab.units import tensor_bytes
 
 
@@ -76,30 +77,15 @@ class TorchReplicate(DataParallelBase):
         _count_all_reduce(self)
 
     def no_sync(self):
-        return _NoSync(self.module)
+        return GradientSyncOff(self.module)
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
-            record_intervals(self.stamps, self.comm)
-            self.stamps.clear()
+            close_stamps(self.stamps, self.comm)
 
     def facts(self) -> dict:
         return {"replicate_torch": {"units": len(self._units) + 1,
                                     "comm_figures": "measured" if not torch.cuda.is_available() else "launch only"}}
 
     def full_state_dict(self) -> dict:
-        from torch.distributed.tensor import DTensor
-
-        return {k: v.full_tensor() if isinstance(v, DTensor) else v.detach().clone()
-                for k, v in self.module.state_dict().items()}
-
-
-class _NoSync:
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.module.set_requires_gradient_sync(False)
-
-    def __exit__(self, *exc):
-        self.module.set_requires_gradient_sync(True)
+        return full_dtensor_state(self.module)
