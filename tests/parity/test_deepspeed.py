@@ -17,7 +17,7 @@ from ddp_lab.check.cases import first_difference, run_cases
 from ddp_lab.check.parity import ATOL, RTOL, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
-from tests.helpers.extras import requires_deepspeed
+from tests.helpers.extras import requires_deepspeed, skip_without_deepspeed
 from tests.helpers.launching import ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -37,8 +37,8 @@ def _every_stage(rank, world_size):
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
-@requires_deepspeed
 def results(request):
+    skip_without_deepspeed()
     return run_ranks(_every_stage, request.param)
 
 
@@ -90,7 +90,12 @@ def test_without_deepspeed_a_run_is_refused_before_launch(tmp_path, capsys, monk
 
 @pytest.mark.parametrize("setting, phrase", [("precision", "train.precision=fp32 only"),
                                              ("grad_accum_steps", "train.grad_accum_steps=1 only")])
-def test_what_deepspeed_cannot_take_is_refused_in_one_line(setting, phrase):
+def test_what_deepspeed_cannot_take_is_refused_in_one_line(setting, phrase, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec  # these refusals hold with or without DeepSpeed installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "deepspeed" else real(name, *a))
     spec = SPECS["deepspeed_zero2"]()
     with pytest.raises(ValueError, match=phrase):
         spec.check_run("bf16" if setting == "precision" else "fp32", 2 if setting == "grad_accum_steps" else 1)
