@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from ddp_lab.check.parity import train_distributed
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.strategies import STRATEGIES
+from ddp_lab.spec.strategies import SPECS
 
 
 def train_every_strategy(rank: int, world_size: int, names: list[str]) -> dict:
@@ -35,9 +35,10 @@ def train_every_strategy(rank: int, world_size: int, names: list[str]) -> dict:
     before = sys.getrefcount(group)
     pinned = {}
     for name in names:
-        knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(STRATEGIES[name]).parameters else {}
+        runtime = SPECS[name].runtime_class()
+        knobs = {"bucket_mb": 0.001} if "bucket_mb" in inspect.signature(runtime).parameters else {}
         for model in ("frozen", "tied"):
-            train_distributed(rank, world_size, functools.partial(STRATEGIES[name], **knobs), model)
+            train_distributed(rank, world_size, functools.partial(runtime, **knobs), model)
         gc.collect()
         pinned[name] = sys.getrefcount(group) - before
     return pinned

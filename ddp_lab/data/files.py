@@ -24,7 +24,6 @@ LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
 LLMC_VERSIONS = {20240520: (1, np.uint16), 20240801: (7, np.uint32)}  # magic: (version, token dtype)
 TOKEN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
 SHARD_SUFFIXES = (".bin", ".npy")
-FORMATS = ("auto", "raw", "llmc", "npy")
 
 
 class DataError(ValueError):

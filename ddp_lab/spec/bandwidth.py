@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddp_lab.config import CollectiveOp
+from ddp_lab.spec.choices import CollectiveOp
 from ddp_lab.spec.stats import summarize
 from ddp_lab.units import GB
 

@@ -22,6 +22,16 @@ class Dtype(Choice):
     fp16 = "fp16"
 
 
+class CollectiveOp(Choice):
+    """task=allreduce: the collective timed (spec/bandwidth.py has each one's bus factor)."""
+
+    all_reduce = "all_reduce"
+    reduce_scatter = "reduce_scatter"
+    all_gather = "all_gather"
+    broadcast = "broadcast"
+    reduce = "reduce"
+
+
 class ShardPolicy(Choice):
     """fsdp: which parameters are sharded (ddp_lab/spec/strategies/fsdp_units.py)."""
 

@@ -11,8 +11,8 @@ values the type cannot (ranges, knobs a mode ignores); it runs when the spec is 
 Its class variables and methods are what the launcher, the ranks and analysis ask of a strategy,
 instead of probing the runtime class or matching its name:
 
-- `runtime`: the dotted path of the runtime class (ddp_lab/strategies), imported only by the ranks
-  (`build`) and the launcher's model check;
+- `runtime`: the dotted path of the runtime class (ddp_lab/strategies), imported only inside a rank
+  (`build`): the launcher checks a model with `check_model` on the meta device, never the runtime;
 - `zero_stage`: what it shards, as the ZeRO paper counts (0 nothing, 1 optimizer state, 2 also
   gradients, 3 also parameters): the memory accounting, the pre-launch memory estimate, grad_error;
 - `reduces_gradients`: False when no gradient collective runs (local SGD averages parameters):

@@ -28,26 +28,3 @@ def model_state_bytes(n_params: int, dtype: str = "bf16", world_size: int = 1, s
            "optimizer": o / n if stage >= 1 else o}
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
-
-
-def comm_bytes_per_step(n_params: int, dtype: str = "bf16", world_size: int = 1, strategy: str = "ddp") -> float:
-    """Bytes over each rank's link per step (nccl-tests bus convention: bytes / busbw = time).
-
-    ddp, zero2: all-reduce gradients, 2(N-1)/N * G.
-    zero1: reduce-scatter gradients + all-gather updated params, (N-1)/N * (G + P): the same as
-      one all-reduce when params and grads share a dtype (ZeRO: no extra volume).
-    zero1_cs336: all-reduce gradients, then every rank broadcasts the parameters it updated:
-      2(N-1)/N * G + P (a broadcast's bus factor is 1).
-    zero3: all-gather params in forward and again in backward, reduce-scatter grads:
-      (N-1)/N * (2P + G), 1.5x ddp.
-    """
-    p_b, g_b, _ = DTYPE_BYTES[dtype]
-    P, G, n = p_b * n_params, g_b * n_params, world_size
-    if n == 1:
-        return 0.0
-    volumes = {"ddp": 2 * (n - 1) / n * G, "zero2": 2 * (n - 1) / n * G,
-               "zero1": (n - 1) / n * (G + P), "zero1_cs336": 2 * (n - 1) / n * G + P,
-               "zero3": (n - 1) / n * (2 * P + G)}
-    if strategy not in volumes:
-        raise ValueError(f"unknown strategy {strategy!r}; options: {', '.join(volumes)}")
-    return volumes[strategy]

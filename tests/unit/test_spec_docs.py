@@ -34,3 +34,19 @@ def test_the_command_lists_every_strategy(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert all(f"{name}: " in out for name in SPECS) and "    grad_sync: naive, flat" in out
+
+
+NUMBERS = {13: "Thirteen", 14: "Fourteen", 15: "Fifteen", 16: "Sixteen", 17: "Seventeen", 18: "Eighteen",
+           19: "Nineteen", 20: "Twenty"}
+
+
+def test_the_readme_names_every_registered_strategy_and_counts_them():
+    """The README's opening paragraph names each strategy in backticks and says how many there are:
+    a strategy registered without it (or one removed) fails here, so the count cannot drift again."""
+    import re
+
+    readme = (DOCS.parent / "README.md").read_text()
+    opening = readme.split("\n## ", 1)[0]
+    named = {word for word in re.findall(r"`([a-z0-9_]+)`", opening)}
+    assert named == set(SPECS), f"README names {sorted(named ^ set(SPECS))} unlike the registry"
+    assert f"{NUMBERS[len(SPECS)]} strategies are options" in opening
