@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ddp_lab.spec.choices import Choice, Dtype
+from ddp_lab.spec.choices import Choice, CollectiveOp, Dtype
 from ddp_lab.spec.strategies import register as register_strategy_specs
 
 
@@ -28,18 +28,16 @@ class TaskName(Choice):
     allreduce = "allreduce"
 
 
-class CollectiveOp(Choice):
-    all_reduce = "all_reduce"
-    reduce_scatter = "reduce_scatter"
-    all_gather = "all_gather"
-    broadcast = "broadcast"
-    reduce = "reduce"
-
-
 class BackendName(Choice):
     auto = "auto"
     gloo = "gloo"
     nccl = "nccl"
+
+
+class Collectives(Choice):
+    auto = "auto"
+    ring = "ring"
+    native = "native"
 
 
 class LoggerName(Choice):
@@ -230,6 +228,10 @@ class BackendConfig:
     """auto: nccl when this node has a CUDA GPU per rank, else gloo on CPU."""
     timeout_s: float = 300.0
     """Collective timeout: a hung rank ends the job, never hangs it."""
+    collectives: Collectives = Collectives.auto
+    """Reduce-scatter and all-gather of every sharding strategy: ring (the lab's bandwidth-optimal rings
+    over point-to-point, gloo only), native (the backend's own: gloo's reduce-scatter is an all-reduce
+    underneath), auto (ring on gloo, native on nccl)."""
 
 
 @dataclass

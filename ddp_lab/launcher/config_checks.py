@@ -56,6 +56,9 @@ def validate(cfg: DictConfig) -> None:
     _require(-1 <= cfg.fault.rank < ws,
              f"fault.rank={cfg.fault.rank} must be a rank in [0, {ws - 1}], or -1 for every rank")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
+    _require(cfg.backend.collectives != "ring" or not _on_gpu(cfg),
+             "backend.collectives=ring is the lab's rings for gloo; nccl runs its own (rings and trees already): "
+             "use backend.collectives=auto or native")
     _validate_network(cfg)
     if cfg.backend.name == "nccl":
         local_ranks, gpus = ws // nnodes, cuda_devices()

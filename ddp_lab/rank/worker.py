@@ -29,6 +29,7 @@ from ddp_lab import jobdir
 from ddp_lab.machine import resolve_backend
 from ddp_lab.rank.process_group import init_from_env
 from ddp_lab.rank.recorder import NullRecorder, RunRecorder
+from ddp_lab.strategies.collectives import choose_collectives, collectives_in_use
 from ddp_lab.tasks import TASKS
 
 _ALLOC = ("can't allocate memory", "cannot allocate memory", "out of memory", "std::bad_alloc")
@@ -61,7 +62,8 @@ def environment(backend: str, device: torch.device) -> dict:
     devices = [None] * dist.get_world_size()
     dist.all_gather_object(devices, mine)
     return {"torch": torch.__version__, "python": platform.python_version(), "backend": backend,
-            "world_size": dist.get_world_size(), "devices": devices, "threads_per_rank": torch.get_num_threads()}
+            "collectives": collectives_in_use(), "world_size": dist.get_world_size(), "devices": devices,
+            "threads_per_rank": torch.get_num_threads()}
 
 
 def quiet_non_zero_ranks(job_dir: Path, rank: int) -> None:
@@ -97,6 +99,7 @@ def main(job_dir: Path) -> None:
         cfg = OmegaConf.load(job_dir / jobdir.CONFIG)
         backend = resolve_backend(cfg.backend.name, int(os.environ["LOCAL_WORLD_SIZE"]))
         device = init_from_env(backend, cfg.backend.timeout_s)
+        choose_collectives(str(cfg.backend.collectives))
         env = environment(backend, device)
         if rank == 0:
             recorder = RunRecorder(cfg, job_dir)

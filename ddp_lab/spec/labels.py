@@ -47,6 +47,14 @@ def data_label(cfg) -> str:
     return f"-data={name}" + (f"({str(path).rstrip('/').rsplit('/', 1)[-1]})" if path else "")
 
 
+def collectives_label(cfg) -> str:
+    """`-collectives=native` when a gloo run asked for the backend's own reduce-scatter and all-gather
+    instead of the lab's rings (the default there), else nothing."""
+    backend = (cfg.get("backend") if hasattr(cfg, "get") else None) or {}
+    native = str(backend.get("collectives") or "auto") == "native" and str(backend.get("name")) != "nccl"
+    return "-collectives=native" if native else ""
+
+
 def collective_label(task) -> str:
     """`all_reduce`, or `all_reduce back-to-back` when the calls were timed without a barrier between
     them (task.barrier=false): a different measurement of the same op, kept apart in tables and fits."""
@@ -60,9 +68,9 @@ def run_name(cfg) -> str:
     if cfg["task"]["name"] == "allreduce":
         task = cfg["task"]
         op = collective_label(task).replace(" ", "-")
-        return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}-ws{cfg['world_size']}"
-    return (f"{knob_label(cfg['strategy'])}{precision_label(cfg)}{data_label(cfg)}-{cfg['model']['name']}"
-            f"-ws{cfg['world_size']}")
+        return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}{collectives_label(cfg)}-ws{cfg['world_size']}"
+    return (f"{knob_label(cfg['strategy'])}{precision_label(cfg)}{data_label(cfg)}{collectives_label(cfg)}"
+            f"-{cfg['model']['name']}-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -70,6 +78,6 @@ def row_label(results: dict) -> str:
     cfg = results.get("config") or {}
     task = cfg.get("task") or {}
     if task.get("name") == "allreduce":
-        return f"{collective_label(task)} {task.get('size_mb')} MiB"
+        return f"{collective_label(task)} {task.get('size_mb')} MiB{collectives_label(cfg)}"
     strategy = cfg.get("strategy")
-    return knob_label(strategy) + precision_label(cfg) + data_label(cfg) if strategy else "?"
+    return knob_label(strategy) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg) if strategy else "?"

@@ -22,14 +22,14 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | deepspeed_zero1, _zero2, _zero3 | DeepSpeedZeRO (DeepSpeed's engine, an optional extra) | deepspeed_zero.py |
 
 Shared parts: base.py (the contract every strategy keeps), overlap_engine.py (launching
-collectives from backward hooks), collectives.py (the collectives themselves), comm_stats.py (what
+collectives from backward hooks), collectives.py (the collectives themselves, and the choice of
+`backend.collectives`), rings.py (reduce-scatter and all-gather as rings over point-to-point), comm_stats.py (what
 a step's communication figures mean and how async collectives are timed), shard_optimizer.py
 (what the sharded optimizers of zero1 and zero2 share).
 
 Adding a strategy: docs/strategies.md, "Adding a strategy" (a runtime class, a spec, a YAML).
 """
 
-from ddp_lab.spec.strategies import SPECS
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.deepspeed_zero import DeepSpeedZeRO
@@ -46,10 +46,7 @@ from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
-STRATEGIES = {name: spec.runtime_class() for name, spec in SPECS.items()}
-"""Every option's runtime class, as its spec names it."""
-
-__all__ = ["FSDP", "HSDP", "STRATEGIES", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "TorchReplicate",
+__all__ = ["FSDP", "HSDP", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "TorchReplicate",
            "FlatDDP", "LocalSGD", "NaiveDDP",
            "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2",
            "Zero2Optimizer", "plan_buckets"]

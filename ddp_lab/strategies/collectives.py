@@ -1,5 +1,12 @@
 """The collectives strategies share: mean all-reduce (blocking, flat, async and stamped), the start-up
-broadcast, and torch's single-tensor reduce-scatter / all-gather under their current names.
+broadcast, and reduce-scatter / all-gather by the implementation `backend.collectives` chooses.
+
+Reduce-scatter and all-gather (`reduce_scatter`, `all_gather`): every strategy that shards calls these
+two, never torch's directly, so one setting decides what runs under all of them. `ring`: the lab's
+bandwidth-optimal rings over point-to-point (strategies/rings.py), the default on gloo, whose own
+reduce-scatter is an all-reduce underneath; `native`: the backend's own `reduce_scatter_single` /
+`all_gather_single` (nccl's rings and trees; gloo's shortcuts, kept so a user can see the difference).
+`auto` (the default) is the ring on gloo and the backend's own elsewhere.
 
 Gloo has no AVG op, so every mean divides by the world size and sums (as torch DDP's default hook
 does: divide first, so the sum cannot overflow in a narrow dtype). Async launches return a
@@ -24,12 +31,61 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.comm_stats import CommStats, Stamp
+from ddp_lab.strategies.rings import ring_all_gather, ring_reduce_scatter
 from ddp_lab.units import tensor_bytes
 
 # torch 2.13 renamed the single-tensor collectives (the old names print a FutureWarning on every
 # call); older releases only have the old names.
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+COLLECTIVES = ("auto", "ring", "native")
+_chosen = "auto"
+
+
+def choose_collectives(name: str) -> None:
+    """Set `backend.collectives` for this process (the worker does it once, tests per scenario)."""
+    global _chosen
+    if name not in COLLECTIVES:
+        raise ValueError(f"backend.collectives must be one of {', '.join(COLLECTIVES)}, got {name!r}")
+    _chosen = name
+
+
+def collectives_in_use(group=None) -> str:
+    """`ring` or `native`: what `reduce_scatter` and `all_gather` run on `group` (auto: rings on gloo only).
+    A strategy reads it once when built (its `collectives`), so a test can pin one path per instance."""
+    if _chosen != "auto":
+        return _chosen
+    return "ring" if dist.get_backend(group) == "gloo" else "native"
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False,
+                   sizes: list[int] | None = None, implementation: str | None = None):
+    """SUM of `input` (1-D, one row per rank: equal rows, or `sizes` with the ring) over the group's
+    ranks, row r into `output` on rank r, by `implementation` (ring, native; None: `collectives_in_use`).
+    Returns a work when `async_op`."""
+    if (implementation or collectives_in_use(group)) == "ring":
+        return ring_reduce_scatter(output, input, group=group, async_op=async_op, sizes=sizes)
+    _equal_rows(sizes)
+    return reduce_scatter_single(output, input, group=group, async_op=async_op)
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False,
+               sizes: list[int] | None = None, implementation: str | None = None):
+    """Every rank's `input` into `output` (1-D) in rank order (rows of `sizes` with the ring), by
+    `implementation` (as `reduce_scatter`). Returns a work when `async_op`."""
+    if (implementation or collectives_in_use(group)) == "ring":  # in place when `input` is this rank's row of `output`
+        return ring_all_gather(output, input, group=group, async_op=async_op, sizes=sizes)
+    _equal_rows(sizes)
+    if dist.get_backend(group) != "nccl" and input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+        input = input.clone()  # nccl gathers in place from the output's own row; gloo may not
+    return all_gather_single(output, input, group=group, async_op=async_op)
+
+
+def _equal_rows(sizes) -> None:
+    if sizes is not None and len(set(sizes)) > 1:
+        raise ValueError("the backend's own reduce-scatter and all-gather take equal rows: pad, or use the ring")
 
 
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

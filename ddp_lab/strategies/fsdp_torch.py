@@ -22,7 +22,9 @@ The wrapper contract: `no_sync()` is FSDP2's `set_requires_gradient_sync(False)`
 reduce-scattered inside backward (FSDP2's post-backward), so `finish_gradient_synchronization()`
 only records the communication. `comm` figures are measured, not estimated: every all-gather and
 reduce-scatter FSDP2 issues goes through counting subclasses of its default collectives
-(`set_custom_all_gather` / `set_custom_reduce_scatter`), which add the bytes and calls it really
+(`set_custom_all_gather` / `set_custom_reduce_scatter`), which run the collectives
+`backend.collectives` chooses (strategies/collectives.py: on gloo the lab's rings, as fsdp's, so the
+bar runs on the same collectives; `native`: torch's own calls), add the bytes and calls it really
 moved, and time each from launch to completion (async all-gathers: by their future's callback; on
 CUDA by events on the stream FSDP2 issues from and on the collective's stream, never a host
 synchronization). Waits count as fsdp's do (`CommStats.waited`): FSDP2's wait for an all-gather
@@ -39,8 +41,10 @@ from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.collectives import all_gather, collectives_in_use, reduce_scatter
 from ddp_lab.strategies.comm_stats import CommStats, Stamp, begin_stamp, close_stamps, end_blocking, end_when_done
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
+from ddp_lab.strategies.rings import work_from_future
 from ddp_lab.units import tensor_bytes
 
 
@@ -69,7 +73,7 @@ def counted_collectives():
             return self.work.is_completed()
 
     class CountedAllGather(DefaultAllGather):
-        """FSDP2's all-gather, its bytes (the gathered output) and interval recorded."""
+        """FSDP2's all-gather on the chosen collectives, its bytes (the gathered output) and interval recorded."""
 
         def __init__(self, stamps: list[Stamp], comm: CommStats):
             self.stamps, self.comm = stamps, comm
@@ -78,7 +82,7 @@ def counted_collectives():
             on_cuda = output_tensor.is_cuda
             stamp = begin_stamp(tensor_bytes(output_tensor), on_cuda)
             self.stamps.append(stamp)
-            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            work = all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
             if work is None:
                 end_blocking(stamp, on_cuda)
                 return work
@@ -86,8 +90,9 @@ def counted_collectives():
             return CountedWait(work, self.comm)
 
     class CountedReduceScatter(DefaultReduceScatter):
-        """FSDP2's reduce-scatter, its bytes (the reduced input) and interval recorded; FSDP2 issues it
-        blocking inside backward: on CPU the host waits, exposed communication (`CommStats.waited`)."""
+        """FSDP2's reduce-scatter on the chosen collectives, its bytes (the reduced input) and interval
+        recorded; FSDP2 issues it blocking inside backward: on CPU the host waits, exposed communication
+        (`CommStats.waited`)."""
 
         def __init__(self, stamps: list[Stamp], comm: CommStats):
             self.stamps, self.comm = stamps, comm
@@ -97,13 +102,27 @@ def counted_collectives():
             stamp = begin_stamp(tensor_bytes(input_tensor), on_cuda)
             self.stamps.append(stamp)
             if async_op:
-                work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+                work = self.run(output_tensor, input_tensor, group, op, async_op)
                 end_when_done(stamp, work, on_cuda)
                 return work
             with self.comm.waited():
-                work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+                work = self.run(output_tensor, input_tensor, group, op, async_op)
             end_blocking(stamp, on_cuda)
             return work
+
+        def run(self, output_tensor, input_tensor, group, op, async_op: bool):
+            if collectives_in_use(group) == "native":  # FSDP2's own call, with its op (AVG on nccl)
+                return super().__call__(output_tensor, input_tensor, group, op, async_op)
+            if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                raise ValueError(f"the lab's ring reduce-scatter sums or averages; FSDP2 asked for {op}")
+            work = reduce_scatter(output_tensor, input_tensor, group=group, async_op=async_op)
+            if op != dist.ReduceOp.AVG:
+                return work
+            n = dist.get_world_size(group)  # AVG (FSDP2's choice on gloo too): the ring's sum, divided
+            if work is None:
+                output_tensor.div_(n)
+                return None
+            return work_from_future(work.get_future().then(lambda _: output_tensor.div_(n)))
 
     return CountedAllGather, CountedReduceScatter
 

@@ -28,12 +28,10 @@ a multiple of N so any world size divides it (the padding is never a parameter):
   parameters, so it must be elementwise (AdamW, Adam, SGD with momentum); one that reads a whole
   tensor (a norm per parameter: LAMB, Adafactor) would see slices instead.
 
-Collectives: on nccl `reduce_scatter_single` per bucket and `all_gather_single` per bucket. Gloo
-builds reduce-scatter from a full all-reduce (2-5x an all-reduce's time, design.md), so on gloo
-each bucket's reduce-scatter is N async `reduce`s, slice r to rank r, and its all-gather N async
-`broadcast`s, slice r from rank r: the same bytes, moved by what gloo does natively (zero1's
-trick per bucket slice instead of per parameter). Payload per step: the padded gradient bytes
-plus the padded parameter bytes, G + P, one all-reduce's worth.
+Collectives: one reduce-scatter per bucket and one all-gather per bucket, by the implementation
+`backend.collectives` chooses (strategies/collectives.py: on gloo the lab's rings, which move what
+NCCL's move; gloo's own builds reduce-scatter from an all-reduce). Payload per step: the padded
+gradient bytes plus the padded parameter bytes, G + P, one all-reduce's worth.
 
 Gradient accumulation: micro-batches inside `no_sync()` accumulate into the full-size buckets,
 which stay allocated until the last micro-batch's backward reduce-scatters them (a shard cannot
@@ -55,10 +53,11 @@ from torch import nn
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.bucketed import BucketedDDP
 from ddp_lab.strategies.collectives import (
-    all_gather_single,
+    all_gather,
+    collectives_in_use,
     from_wire,
     launch_stamped,
-    reduce_scatter_single,
+    reduce_scatter,
     to_wire,
 )
 from ddp_lab.strategies.comm_stats import Stamp
@@ -70,7 +69,8 @@ class Zero2(BucketedDDP):
     """ZeRO-2 behind the strategy contract (module docstring): `Zero2(module, bucket_mb=25, comm_dtype="fp32")`."""
 
     keeps_buffers = False
-    force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
+    collectives: str | None = None
+    """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
     pool_buckets_mb: float | None = None
     """Bytes of freed bucket buffers kept between steps for the next step's first buckets (a fresh
     buffer costs page faults, slower on CPU than zeroing a warm one; DeepSpeed keeps its reduce
@@ -80,9 +80,8 @@ class Zero2(BucketedDDP):
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32"):
         super().__init__(module, bucket_mb, comm_dtype)
         self.rank = dist.get_rank()
+        self.collectives = self.collectives or collectives_in_use()
         self._on_cuda = any(unit[0].is_cuda for unit in self._units)
-        self._tensor_collectives = (self.force_tensor_collectives if self.force_tensor_collectives is not None
-                                    else dist.get_backend() == "nccl")
         self._params: list[torch.Tensor] = []       # flat, padded parameter buffer per bucket
         self._grad_shards: list[torch.Tensor] = []  # this rank's slice of each averaged gradient bucket
         self._shards: dict[int, tuple[nn.Parameter, int, int, int]] = {}  # id(param) -> (shard, bucket, lo, hi)
@@ -162,17 +161,11 @@ class Zero2(BucketedDDP):
         bucket, n = self._bucket(index), self.world_size
         # gloo has no AVG: divide first, then sum (as the all-reduces do); in comm_dtype (a copy) if it casts
         wire = to_wire(bucket, self.wire_dtype, n)
-        if self._tensor_collectives:
-            shard = self._grad_shards[index]
-            received = shard if wire is bucket else torch.empty(shard.shape, dtype=wire.dtype, device=wire.device)
+        shard = self._grad_shards[index]
+        received = shard if wire is bucket else torch.empty(shard.shape, dtype=wire.dtype, device=wire.device)
 
-            def launch():
-                return [reduce_scatter_single(received, wire, async_op=True)]
-        else:
-            received = wire.view(n, -1)[self.rank]
-
-            def launch():
-                return [dist.reduce(part, dst=r, async_op=True) for r, part in enumerate(wire.view(n, -1))]
+        def launch():
+            return [reduce_scatter(received, wire.view(-1), async_op=True, implementation=self.collectives)]
         self._received[index] = received
         return launch_stamped(launch, tensor_bytes(wire), self._on_cuda)
 
@@ -228,17 +221,11 @@ class Zero2(BucketedDDP):
         n = self.world_size
         if n == 1:
             return
-        with timed(sum(tensor_bytes(flat) for flat in self._params),
-                   len(self._params) * (1 if self._tensor_collectives else n)):
+        with timed(sum(tensor_bytes(flat) for flat in self._params), len(self._params)):
             works = []
             for flat in self._params:
-                slices = flat.view(n, -1)
-                if self._tensor_collectives:
-                    # nccl gathers in place when the input is the output's own slice; others may not.
-                    mine = slices[self.rank] if dist.get_backend() == "nccl" else slices[self.rank].clone()
-                    works.append(all_gather_single(flat, mine, async_op=True))
-                else:
-                    works += [dist.broadcast(part, src=r, async_op=True) for r, part in enumerate(slices)]
+                works.append(all_gather(flat, flat.view(n, -1)[self.rank], async_op=True,  # in place
+                                        implementation=self.collectives))
             for work in works:
                 work.wait()
 

@@ -32,6 +32,7 @@ from ddp_lab.spec.bandwidth import (
     message_numel,
     summarize_collective,
 )
+from ddp_lab.strategies.collectives import all_gather, collectives_in_use, reduce_scatter
 from ddp_lab.units import GB, MiB
 
 MIN_ITERS = 3
@@ -64,8 +65,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
 
     summary = summarize_collective(task.op, info["bytes"], world_size, times)
     summary.update(backend=dist.get_backend(), device=device_name(device), size_mb=task.size_mb,
-                   api=info["api"], iters_requested=task.iters, warmup_iters=task.warmup_iters,
-                   time_budget_s=task.time_budget_s, barrier=barrier)
+                   api=info["api"], collectives=collectives_in_use(), iters_requested=task.iters,
+                   warmup_iters=task.warmup_iters, time_budget_s=task.time_budget_s, barrier=barrier)
     steps = []
     for i, seconds in enumerate(times):
         ranks = [r[i] for r in per_rank]
@@ -91,6 +92,8 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
     `reduce_scatter_single`/`all_gather_single`, and its gloo supports all of them; older torch
     lacks the `_single` names and older gloo lacks the tensor forms, hence the fallbacks, tried
     once with a real call (an unsupported op raises on every rank alike, before any traffic).
+    Reduce-scatter and all-gather run what `backend.collectives` chooses (strategies/collectives.py):
+    the lab's rings on gloo by default, the backend's own with `native`.
     The last resort for reduce-scatter is an all-reduce of the whole message (named
     `all_reduce_emulation`; its bus factor then is all-reduce's, so report it as such).
     Returns (run, api_name, buffers).
@@ -110,6 +113,12 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
     elif op == "reduce":  # what zero2 and fsdp issue on gloo, N of them, one to each rank
         dst = 0 if group is None else dist.get_global_rank(group, 0)
         candidates = [("reduce", lambda: dist.reduce(full, dst=dst, group=group))]
+    elif op in ("reduce_scatter", "all_gather") and collectives_in_use(group) == "ring":
+        # backend.collectives: the lab's ring (gloo's default), what every sharding strategy runs on gloo
+        if op == "reduce_scatter":
+            candidates = [("ring_reduce_scatter", lambda: reduce_scatter(chunk, full, group=group))]
+        else:
+            candidates = [("ring_all_gather", lambda: all_gather(full, chunk, group=group))]
     elif op == "reduce_scatter":
         candidates = [(name, partial(getattr(dist, name), chunk, full, group=group))
                       for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]

@@ -37,6 +37,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=zero1 strategy.comm=pigeon": "Invalid value 'pigeon', expected one of [allreduce_broadcast,",
     "task=allreduce task.op=all_to_all": "Invalid value 'all_to_all', expected one of [all_reduce,",
     "backend=mpi": "Available options in 'backend': auto, gloo, nccl",
+    "backend.collectives=tree": "Invalid value 'tree', expected one of [auto, ring, native]",
     "+train.stpes=5": "unknown key train.stpes",
     "strategy=naive strategy.bucket_mb=10": "strategy.bucket_mb is not a knob of strategy=naive",
     "strategy=bucketed strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=bucketed",

@@ -70,8 +70,8 @@ class ChosenMatrices(nn.Module):
         return sum(layer(x) for layer, x in zip(self.layers, xs))
 
 
-class Zero2Tensor(Zero2):
-    force_tensor_collectives = True  # nccl's reduce_scatter_single path, run on gloo
+class Zero2Native(Zero2):
+    collectives = "native"  # gloo's own reduce_scatter_single (nccl's call); Zero2 runs the lab's rings
 
 
 STRATEGIES = {
@@ -81,15 +81,15 @@ STRATEGIES = {
     "bucketed": partial(BucketedDDP, bucket_mb=200 / 2**20),  # two buckets
     "zero1": partial(Zero1, bucket_mb=200 / 2**20),
     "zero1_reduce_scatter": partial(Zero1, comm="reduce_scatter"),
-    "zero1_reduce_scatter_tensor": partial(Zero1, comm="reduce_scatter"),
+    "zero1_reduce_scatter_native": partial(Zero1, comm="reduce_scatter"),
     "zero2": partial(Zero2, bucket_mb=200 / 2**20),
-    "zero2_tensor": partial(Zero2Tensor, bucket_mb=200 / 2**20),
+    "zero2_native": partial(Zero2Native, bucket_mb=200 / 2**20),
     "torch_ddp": partial(TorchDDP, bucket_mb=200 / 2**20),
     "powersgd": partial(PowerSGD, bucket_mb=200 / 2**20, start_iter=0),  # 1-D tensors: sent exactly, in the dtype
     "fsdp_torch": partial(TorchFSDP, reshard_after_forward=False),  # reduce_dtype; one gather per unit
 }
 MODEL = {"fsdp_torch": ChosenMatrices}  # the others: ChosenGrads
-PADDED = {"zero2", "zero2_tensor", "zero1_reduce_scatter_tensor", "fsdp_torch"}  # shards padded to N
+PADDED = {"zero2", "zero2_native", "zero1_reduce_scatter_native", "fsdp_torch"}  # shards padded to N
 NOT_ON_GLOO = {("torch_ddp", "bf16")}  # torch's bf16 hook wants CUDA + NCCL: refused before launch
 
 
@@ -108,8 +108,8 @@ def _deliver(rank, world_size, scale):
             torch.manual_seed(rank)
             wrapper = make(MODEL.get(name, ChosenGrads)(), comm_dtype=dtype)
             optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
-            if name.endswith("_tensor") and name.startswith("zero1"):
-                optimizer.force_tensor_collectives = True
+            if name.endswith("_native") and name.startswith("zero1"):
+                optimizer.collectives = "native"  # equal rows: owners' segments padded (the ring's are exact)
             optimizer.zero_grad()
             wrapper([x.clone() for x in grads_of(rank, scale)]).backward()
             wrapper.finish_gradient_synchronization()

@@ -83,8 +83,8 @@ def _train(rank, world_size, scenario):
         if not sharded:
             return opt_cls(groups, **kwargs)
         opt = ddp.make_optimizer(opt_cls, groups, **kwargs)
-        if scenario.get("tensor_collectives"):
-            opt.force_tensor_collectives = True
+        if scenario.get("collectives"):
+            opt.collectives = scenario["collectives"]
         return opt
 
     optimizer = make(ddp.module, sharded=True)
@@ -165,7 +165,7 @@ def _scenarios(world_size, resume=None):
     for opt_name in OPTIMIZERS:
         s[f"{opt_name}-allreduce_broadcast"] = {"strategy": ZERO1_AB, "optimizer": opt_name}
         s[f"{opt_name}-reduce_scatter"] = {"strategy": ZERO1_RS, "optimizer": opt_name}
-    s["adamw-reduce_scatter-tensor"] = {"strategy": ZERO1_RS, "optimizer": "adamw", "tensor_collectives": True}
+    s["adamw-reduce_scatter-native"] = {"strategy": ZERO1_RS, "optimizer": "adamw", "collectives": "native"}
     s["transformer-scheduler"] = {"strategy": ZERO1_RS, "optimizer": "adamw", "model": "transformer", "scheduler": True}
     s["transformer-bucketed"] = {"strategy": ZERO1, "optimizer": "adamw", "model": "transformer"}
     s["zero1_torch"] = {"strategy": ZERO1_TORCH, "optimizer": "adamw", "model": "transformer"}
@@ -198,7 +198,7 @@ def _assert_parity(results, name):
 
 
 SHARED = ["adamw-allreduce_broadcast", "adamw-reduce_scatter", "sgd-allreduce_broadcast", "sgd-reduce_scatter",
-          "adamw-reduce_scatter-tensor", "transformer-scheduler", "transformer-bucketed"]
+          "adamw-reduce_scatter-native", "transformer-scheduler", "transformer-bucketed"]
 
 
 # ----- the tests --------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_comm_modes_agree(world, request):
     results = request.getfixturevalue(world)
     for opt_name in OPTIMIZERS:
         for key, tensor in results[0][f"{opt_name}-allreduce_broadcast"][0].items():
-            for mode in ("reduce_scatter", "reduce_scatter-tensor") if opt_name == "adamw" else ("reduce_scatter",):
+            for mode in ("reduce_scatter", "reduce_scatter-native") if opt_name == "adamw" else ("reduce_scatter",):
                 torch.testing.assert_close(results[0][f"{opt_name}-{mode}"][0][key], tensor, atol=ATOL, rtol=RTOL)
 
 
@@ -249,24 +249,23 @@ def test_dominant_tensor_sits_alone(four):
 
 def test_comm_bytes(four, two):
     """Payload and calls recorded per step: allreduce_broadcast = all-reduce G + broadcasts P; reduce_scatter
-    = reduce-scatter G + all-gather P (on gloo: per-parameter reduce/broadcast, exact sizes; nccl's
-    path: N segments padded to the largest shard, N x max shard each)."""
+    = reduce-scatter G + all-gather P (the lab's rings, gloo's default: the owners' segments at their exact
+    sizes; the backend's own, nccl's calls: N segments padded to the largest shard, N x max shard each)."""
     for results in (four, two):
-        for name in ("adamw-allreduce_broadcast", "adamw-reduce_scatter", "adamw-reduce_scatter-tensor"):
+        for name in ("adamw-allreduce_broadcast", "adamw-reduce_scatter", "adamw-reduce_scatter-native"):
             extras = results[0][name][2]
             trainable = sum(extras["param_bytes"][i] for i in extras["trainable"])
             comm = extras["comm"]
-            if name == "adamw-reduce_scatter-tensor":  # every owner's segment padded to the largest shard
+            if name == "adamw-reduce_scatter-native":  # every owner's segment padded to the largest shard
                 assert comm["comm_bytes"] == 2 * len(results) * max(extras["loads"]), name
             else:
                 assert comm["comm_bytes"] == 2 * trainable, name
             assert 0 < comm["exposed_optimizer_comm_ms"] < comm["exposed_comm_ms"]  # the step's share of the wait
             params = len(extras["trainable"])
-            # flat all-reduce + one broadcast per parameter; one reduce + one broadcast per parameter;
-            # nccl's path: one reduce_scatter + one all_gather
+            # flat all-reduce + one broadcast per parameter; one reduce-scatter + one all-gather either way
             assert comm["collectives"] == {"adamw-allreduce_broadcast": 1 + params,
-                                           "adamw-reduce_scatter": 2 * params,
-                                           "adamw-reduce_scatter-tensor": 2}[name], name
+                                           "adamw-reduce_scatter": 2,
+                                           "adamw-reduce_scatter-native": 2}[name], name
 
 
 def test_zero1_torch_counts_its_broadcasts(four, two):

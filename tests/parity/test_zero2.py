@@ -32,10 +32,11 @@ from ddp_lab.strategies import BucketedDDP, Zero2, plan_buckets
 TINY_MB = 1e-6   # below every parameter: each parameter is larger than its bucket, and has one of its own
 
 
-class Zero2Tensor(Zero2):
-    """nccl's path (reduce_scatter_single / all_gather_single), run on gloo."""
+class Zero2Native(Zero2):
+    """gloo's own reduce_scatter_single / all_gather_single (backend.collectives=native: nccl's calls);
+    Zero2 itself runs the lab's rings, gloo's default."""
 
-    force_tensor_collectives = True
+    collectives = "native"
 
 
 def mid(cls, model):
@@ -60,13 +61,13 @@ def inspect(ddp, optimizer) -> dict:
             "buckets_held": sum(b is not None for b in ddp._buffers), "pooled": len(ddp._pool),
             "pooled_bytes": sum(b.numel() * b.element_size() for b in ddp._pool), "bucket_count": len(ddp._units),
             "bucket_mb": ddp.bucket_mb,
-            "tensor": ddp._tensor_collectives}
+            "collectives": ddp.collectives}
 
 
 # name: (wrapper, model, train_distributed's keyword arguments)
 TWO = {
     "exact": (partial(Zero2, bucket_mb=0.002), "norms", {"exact_reference": True}),
-    "exact_tensor": (partial(Zero2Tensor, bucket_mb=0.002), "norms", {"exact_reference": True}),
+    "exact_native": (partial(Zero2Native, bucket_mb=0.002), "norms", {"exact_reference": True}),
     "transformer": (partial(mid, Zero2), "transformer", {}),
     "tied": (partial(mid, Zero2), "tied", {}),
     "frozen": (partial(mid, Zero2), "frozen", {}),
@@ -74,10 +75,10 @@ TWO = {
     "per_parameter": (partial(Zero2, bucket_mb=TINY_MB), "transformer", {}),
     "one_bucket": (partial(Zero2, bucket_mb=1000.0), "tied", {}),
 }
-EXACT = ("exact", "exact_tensor")
+EXACT = ("exact", "exact_native")
 MANY = {
     "transformer": (partial(mid, Zero2), "transformer", {}),
-    "transformer_tensor": (partial(mid, Zero2Tensor), "transformer", {}),
+    "transformer_native": (partial(mid, Zero2Native), "transformer", {}),
 }
 
 
@@ -100,7 +101,7 @@ def _unused(rank, world_size):
     bucketed (whose averaging of missing gradients as zeros tests/parity/test_overlap_edge_cases.py
     proves) train to the same weights, through both of zero2's collective paths, without a hang."""
     out = {}
-    for name, make in (("bucketed", BucketedDDP), ("zero2", Zero2), ("zero2_tensor", Zero2Tensor)):
+    for name, make in (("bucketed", BucketedDDP), ("zero2", Zero2), ("zero2_native", Zero2Native)):
         torch.manual_seed(rank)
         ddp = make(BranchyNet(), bucket_mb=2.0**-9)  # 2 KiB: several buckets
         optimizer = ddp.make_optimizer(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
@@ -175,7 +176,7 @@ def _assert_comm(name, per_rank):
     n = len(per_rank)
     for rank, (*_, e) in enumerate(per_rank):
         padded = sum(math.ceil(b / n) * n for b in e["buckets"])
-        calls = 2 * len(e["buckets"]) * (1 if e["tensor"] else n)
+        calls = 2 * len(e["buckets"])  # one reduce-scatter and one all-gather per bucket, ring or native
         assert e["comm"]["comm_bytes"] == STEPS * 2 * 4 * padded, (name, rank)
         assert e["comm"]["collectives"] == STEPS * calls, (name, rank)
         assert 0 < e["comm"]["exposed_optimizer_comm_ms"] < e["comm"]["exposed_comm_ms"], (name, rank)
@@ -206,7 +207,7 @@ def test_memory_accounting_counts_dtensor_local_shards(two):
 def test_unused_parameters_do_not_hang_and_match_bucketed(two):
     for rank, per_rank in enumerate(two):
         states = per_rank["unused"]
-        for name in ("zero2", "zero2_tensor"):
+        for name in ("zero2", "zero2_native"):
             for key, tensor in states["bucketed"].items():
                 torch.testing.assert_close(states[name][key], tensor, atol=1e-6, rtol=1e-5,
                                            msg=lambda m, n=name, k=key, r=rank: f"{n} rank {r} {k}: {m}")

@@ -63,8 +63,11 @@ def _bench_all_ops(rank, world_size):
     import torch
     import torch.distributed as dist
 
+    from ddp_lab.strategies.collectives import choose_collectives
+
     out = {}
-    for op in C.OPS:
+    for op, implementation in [(op, "auto") for op in C.OPS] + [("reduce_scatter", "native"), ("all_gather", "native")]:
+        choose_collectives(implementation)  # auto on gloo: the lab's rings for reduce-scatter and all-gather
         # Correctness of the API each op resolves to, with rank-dependent data.
         run, api, bufs = resolve_collective(op, 8, torch.device("cpu"))
         bufs["full"].copy_(torch.arange(8.0) + 10 * rank)
@@ -73,7 +76,8 @@ def _bench_all_ops(rank, world_size):
         info = {}
         times = benchmark_collective(op, 64 * 1024 + 4, iters=3, warmup=2, device=torch.device("cpu"), info=info)
         back_to_back = benchmark_collective(op, 1024, iters=3, warmup=0, device=torch.device("cpu"), barrier=False)
-        out[op] = {"api": api, "full": bufs["full"].clone(), "chunk": bufs["chunk"].clone(), "times": times,
+        key = op if implementation == "auto" else f"{op} native"
+        out[key] = {"api": api, "full": bufs["full"].clone(), "chunk": bufs["chunk"].clone(), "times": times,
                    "info": info, "back_to_back": back_to_back}
     dist.barrier()
     return out
@@ -91,11 +95,17 @@ def test_real_two_rank_gloo_run():
         if rank == 0:
             assert torch.equal(res["reduce"]["full"], 2 * ar + 10)                 # the sum, on rank 0
         # reduce-scatter: rank r gets the sum of chunk r; torch 2.13 gloo supports the tensor API.
-        assert res["reduce_scatter"]["api"] in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter")
-        assert torch.equal(res["reduce_scatter"]["chunk"], (2 * ar + 10)[4 * rank:4 * rank + 4])
-        assert res["all_gather"]["api"] in ("all_gather_single", "all_gather_into_tensor", "all_gather")
-        assert torch.equal(res["all_gather"]["full"], torch.tensor([1.0] * 4 + [2.0] * 4))
-        for op in C.OPS:
+        # reduce-scatter and all-gather: the lab's rings by default on gloo, gloo's own with native
+        assert res["reduce_scatter"]["api"] == "ring_reduce_scatter"
+        assert res["reduce_scatter native"]["api"] in ("reduce_scatter_single", "reduce_scatter_tensor",
+                                                       "reduce_scatter")
+        assert res["all_gather"]["api"] == "ring_all_gather"
+        assert res["all_gather native"]["api"] in ("all_gather_single", "all_gather_into_tensor", "all_gather")
+        for op in ("reduce_scatter", "reduce_scatter native"):
+            assert torch.equal(res[op]["chunk"], (2 * ar + 10)[4 * rank:4 * rank + 4])
+        for op in ("all_gather", "all_gather native"):
+            assert torch.equal(res[op]["full"], torch.tensor([1.0] * 4 + [2.0] * 4))
+        for op in res:
             assert res[op]["info"] == {"api": res[op]["api"], "bytes": 64 * 1024}   # 16385 floats -> 16384
             for times in (res[op]["times"], res[op]["back_to_back"]):
                 assert len(times) == 3 and all(0 < t < 5 for t in times)

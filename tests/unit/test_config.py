@@ -104,3 +104,27 @@ def test_a_knob_of_swept_group_options_becomes_a_sweep_of_one_value(args, expect
     from ddp_lab.launcher.preflight import knobs_of_swept_groups
 
     assert expected in knobs_of_swept_groups(args)
+
+
+def test_the_gloo_rings_are_refused_on_nccl(monkeypatch):
+    """backend.collectives=ring is the lab's rings for gloo; on nccl (GPUs pretended here) it is refused in one
+    line, before anything looks for a GPU."""
+    import ddp_lab.launcher.config_checks as checks
+
+    monkeypatch.setattr(checks, "cuda_devices", lambda: 8)
+    with pytest.raises(ConfigError, match="backend.collectives=ring is the lab's rings for gloo"):
+        validate(_compose("backend=nccl", "backend.collectives=ring"))
+    validate(_compose("backend=gloo", "backend.collectives=ring"))
+
+
+@pytest.mark.parametrize("overrides, name", [
+    (["strategy=zero2"], "zero2-bucket_mb=25.0-tiny-ws2"),
+    (["strategy=zero2", "backend.collectives=ring"], "zero2-bucket_mb=25.0-tiny-ws2"),  # gloo's default
+    (["strategy=zero2", "backend.collectives=native"], "zero2-bucket_mb=25.0-collectives=native-tiny-ws2"),
+    (["task=allreduce", "task.op=reduce_scatter", "backend=gloo", "backend.collectives=native"],
+     "reduce_scatter-10.0MiB-gloo-collectives=native-ws2"),
+])
+def test_run_names_say_when_the_backends_own_collectives_ran(overrides, name):
+    from ddp_lab.spec.labels import run_name
+
+    assert run_name(OmegaConf.to_container(_compose(*overrides), resolve=True)) == name

@@ -11,9 +11,8 @@ and `module.named_parameters()` lists at rest) are views into that buffer with t
 S_grad elements: only that prefix is reduced.
 
 Gather (`launch_gather`, `wait_gathered`): the flat shard (cast to the compute dtype first when one
-is set) is all-gathered into a fresh N x S buffer (nccl: `all_gather_single`; gloo: one async
-`broadcast` per rank row, each rank's own row written first, as zero2 does: gloo's all-gather
-measured about 2x slower than that on this machine), and each parameter's rows are copied out into
+is set) is all-gathered into a fresh N x S buffer (`all_gather` of strategies/collectives.py: on gloo
+the lab's ring, unless `backend.collectives=native`), and each parameter's rows are copied out into
 its *full* parameter, a persistent `nn.Parameter` whose storage is freed (resized to 0) at rest and
 re-allocated at each gather. Autograd saves the full parameter in forward; freeing and
 re-allocating the same storage (the trick FSDP1 and FSDP2 use) lets a unit reshard after its
@@ -33,9 +32,8 @@ dtype is filled by a cast at each gather, like the sharded ones.
 Gradients (`fold_grads`, after the unit's backward): each full parameter's gradient is divided by
 N and written (or, during `no_sync` accumulation, added) into a rank-major N x S_grad fp32 buffer,
 row r holding the chunks rank r keeps, padding zero; replicated gradients go to a flat fp32
-buffer. Then the full gradients are dropped. `launch_reduce` sums row r onto rank r (nccl:
-`reduce_scatter_single`; gloo, whose reduce-scatter is an all-reduce underneath: N async
-`reduce`s, one per row, as zero2 does) and all-reduces the replicated buffer;
+buffer. Then the full gradients are dropped. `launch_reduce` sums row r onto rank r (`reduce_scatter`:
+on gloo the lab's ring, where gloo's own is an all-reduce underneath) and all-reduces the replicated buffer;
 `assign_grads` points each local parameter's `.grad` at its part of the averaged shard (added
 to a `.grad` already there, as autograd would accumulate). With a wire dtype (`comm_dtype`
 bf16/fp16) the fp32 buffers are cast just before their collective (so `no_sync` accumulation
@@ -52,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import ParamPlan, UnitPlan
-from ddp_lab.strategies.collectives import all_gather_single, launch_stamped, reduce_scatter_single
+from ddp_lab.strategies.collectives import all_gather, launch_stamped, reduce_scatter
 from ddp_lab.units import tensor_bytes
 
 
@@ -137,14 +135,14 @@ class ReplicatedParam:
 class Unit:
     """A unit's shards, its gathered state and its gradient reduction (module docstring)."""
 
-    def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None, tensor_collectives: bool,
-                 wire_dtype: torch.dtype | None = None, group=None, replicas=None):
+    def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None,
+                 wire_dtype: torch.dtype | None = None, group=None, replicas=None, collectives: str | None = None):
         self.name, self.module = plan.name, plan.module
         self.wire_dtype = wire_dtype
         self.group, self.replicas = group, replicas  # None: the whole world shards, nothing replicates
+        self.collectives = collectives  # ring or native (strategies/collectives.py); None: as chosen
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.scale = 1.0 / dist.get_world_size()  # an average over every rank, whatever the shard group
-        self.tensor_collectives = tensor_collectives
         first = plan.params[0].param
         self.device, self.dtype = first.device, first.dtype
         if any(p.param.dtype != self.dtype for p in plan.params):
@@ -195,24 +193,13 @@ class Unit:
         if self.gathered or self.pending is not None or not self.sharded:
             return None
         out = torch.empty(self.world_size * self.flat.numel(), dtype=self.compute_dtype, device=self.device)
-        if self.tensor_collectives:
-            source = self.flat if self.compute_dtype == self.dtype else self.flat.to(self.compute_dtype)
+        source = self.flat if self.compute_dtype == self.dtype else self.flat.to(self.compute_dtype)
 
-            def launch():
-                return [all_gather_single(out, source, group=self.group, async_op=True)]
-        else:  # gloo: its all-gather is slower than one broadcast per rank row (2x at 16 MB, 2 ranks)
-            rows = out.view(self.world_size, -1)
-            rows[self.rank].copy_(self.flat)  # the cast to the compute dtype, when one is set
-
-            def launch():
-                return [dist.broadcast(row, src=self._global(r), group=self.group, async_op=True)
-                        for r, row in enumerate(rows)]
+        def launch():
+            return [all_gather(out, source, group=self.group, async_op=True, implementation=self.collectives)]
         future, stamp = launch_stamped(launch, tensor_bytes(out), on_cuda)
         self.pending = (future, stamp, out)
         return stamp
-
-    def _global(self, group_rank: int) -> int:
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     @torch.no_grad()
     def wait_gathered(self) -> None:
@@ -286,19 +273,13 @@ class Unit:
         self.packed = self.replicated_acc = None
         stamps, sharded = [], (None, None, None)
         if self.grad_numel:
-            if self.tensor_collectives:
-                shard = torch.empty(self.grad_numel, dtype=packed.dtype, device=self.device)
+            shard = torch.empty(self.grad_numel, dtype=packed.dtype, device=self.device)
 
-                def launch():
-                    return [reduce_scatter_single(shard, packed.view(-1), group=self.group, async_op=True)]
-            else:
-                shard = None
-
-                def launch():
-                    return [dist.reduce(row, dst=self._global(r), group=self.group, async_op=True)
-                            for r, row in enumerate(packed)]
+            def launch():
+                return [reduce_scatter(shard, packed.view(-1), group=self.group, async_op=True,
+                                       implementation=self.collectives)]
             future, stamp = launch_stamped(launch, tensor_bytes(packed), on_cuda)
-            sharded = (future, stamp, shard if shard is not None else packed)
+            sharded = (future, stamp, shard)
             stamps.append(stamp)
         replicated = (None, None)
         if self.replicated_grad_numel:
@@ -319,17 +300,16 @@ class Unit:
         them first (its stamp is returned)."""
         if self.reducing is None:
             return []
-        future, _, result, rep_future, _, flat = self.reducing
+        future, _, mine, rep_future, _, flat = self.reducing
         self.reducing, stamps = None, []
         if future is not None:
             future.wait()
-            mine = result if self.tensor_collectives else result[self.rank]
             if self.replicas is not None:  # hsdp: the same shard from every shard group, summed
                 across, stamp = launch_stamped(lambda: [dist.all_reduce(mine, group=self.replicas, async_op=True)],
                                                tensor_bytes(mine), on_cuda)
                 across.wait()
                 stamps.append(stamp)
-            shard = mine.to(self.dtype, copy=not self.tensor_collectives)  # a copy frees the N x S buffer
+            shard = mine.to(self.dtype)
             for entry in self.sharded:
                 if entry.requires_grad:
                     grad = shard[entry.offset:entry.offset + entry.local.numel()].view_as(entry.local)
@@ -352,7 +332,7 @@ class Unit:
         if not self.sharded:
             return {}
         out = torch.empty(self.world_size * self.flat.numel(), dtype=self.dtype, device=self.device)
-        all_gather_single(out, self.flat, group=self.group)
+        all_gather(out, self.flat, group=self.group, implementation=self.collectives)
         gathered = out.view(self.world_size, -1)
         result = {}
         for entry in self.sharded:

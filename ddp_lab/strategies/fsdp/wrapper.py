@@ -40,13 +40,13 @@ fsdp_torch counts FSDP2's.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
 from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.collectives import collectives_in_use
 from ddp_lab.strategies.comm_stats import record_intervals
 from ddp_lab.strategies.fsdp.unit import Unit
 
@@ -83,7 +83,8 @@ class _AfterBackward(torch.autograd.Function):
 class FSDP(DataParallelBase):
     """Hand-written FSDP behind the strategy contract (module docstring)."""
 
-    force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
+    collectives: str | None = None
+    """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
                  policy: str | Policy = "linear_embedding", comm_dtype=None):
@@ -93,10 +94,9 @@ class FSDP(DataParallelBase):
         super().__init__(module)            # every rank starts from rank 0's weights
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self._on_cuda = any(p.is_cuda for p in module.parameters())
-        tensor = (self.force_tensor_collectives if self.force_tensor_collectives is not None
-                  else dist.get_backend() == "nccl")
         group, replicas = self.shard_groups()
-        self.units = [Unit(plan, compute_dtype, tensor, wire, group, replicas) for plan in plans]
+        self.collectives = self.collectives or collectives_in_use(group)
+        self.units = [Unit(plan, compute_dtype, wire, group, replicas, self.collectives) for plan in plans]
         self.comm_dtype = wire
         self.root = self.units[-1] if self.units[-1].module is None else None
         self._hooked = [u for u in self.units if u.module is not None]

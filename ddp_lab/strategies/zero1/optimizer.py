@@ -20,14 +20,12 @@ over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/analysi
   (reduce-scatter, (N-1)/N * G), the owner updates, and everyone gathers the updated parameters
   (all-gather, (N-1)/N * P): with P = G exactly one all-reduce's bytes. After the reduce-scatter a
   rank drops (sets to None) the gradients of parameters it does not own: only the owner needs
-  them. On nccl this is `reduce_scatter_single` + `all_gather_single` over per-owner segments
-  padded to the largest shard: payload N x largest shard each way, a few % over P for a
-  Transformer's balanced shards, but up to N x when one tensor dominates. Gloo (torch 2.13)
-  accepts those two calls but emulates reduce-scatter with a full all-reduce (pytorch PR #118911:
-  2x the bytes), and here they measured 2-3x slower than an all-reduce of the same buffer; so on
-  gloo the same pattern is built from what gloo does natively: per parameter, one `reduce` to its
-  owner and one `broadcast` from it, in place, all in flight together, exact sizes, no padding
-  (payload G + P).
+  them. Both are one collective per (device, dtype) over the owners' segments, by the implementation
+  `backend.collectives` chooses (strategies/collectives.py): the lab's rings (gloo's default) take the
+  segments at their exact sizes, payload G + P; the backend's own (nccl; gloo's, whose reduce-scatter
+  is an all-reduce underneath) take equal rows, so the segments are padded to the largest shard:
+  payload N x largest shard each way, a few % over P for a Transformer's balanced shards, up to N x
+  when one tensor dominates.
 
 Either way the caller need not change: `step()` reduce-scatters the gradients itself unless the
 zero1 wrapper already did it in `finish_gradient_synchronization()` (strategy.py).
@@ -42,7 +40,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors
 
 from ddp_lab.spec.choices import ZeroComm
-from ddp_lab.strategies.collectives import all_gather_single, casts, reduce_scatter_single, to_wire
+from ddp_lab.strategies.collectives import all_gather, casts, collectives_in_use, reduce_scatter, to_wire
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict
 from ddp_lab.strategies.zero1.ownership import assign_owners
@@ -64,8 +62,6 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
     Without an initialized process group it runs as one rank holding everything.
     """
 
-    force_tensor_collectives: bool | None = None  # None: by backend. Tests run nccl's path on gloo.
-
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
                  comm: str = ZeroComm.allreduce_broadcast, comm_stats=None, grad_dtype: torch.dtype | None = None,
                  **kwargs: Any):
@@ -76,6 +72,8 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
+        # ring or native (strategies/collectives.py), what `backend.collectives` chose; tests pin one per instance
+        self.collectives = collectives_in_use() if distributed else "native"
         self.owner: dict[torch.Tensor, int] = {}
         self.loads = [0] * self.world_size  # parameter bytes owned by each rank
         self._grads_reduced = False
@@ -142,12 +140,6 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
                 if buffer.data_ptr() != p.data_ptr():
                     p.copy_(buffer)
 
-    def _use_tensor_collectives(self) -> bool:
-        """nccl: reduce_scatter/all_gather proper. Gloo emulates them badly (module docstring)."""
-        if self.force_tensor_collectives is not None:
-            return self.force_tensor_collectives
-        return dist.get_backend() == "nccl"
-
     @torch.no_grad()
     def reduce_scatter_gradients(self) -> None:
         """ZeRO-1's gradient half: each owner gets the rank-average of its params' gradients.
@@ -164,54 +156,31 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
         if self.world_size == 1:
             return
         for (device, dtype), per_owner in self._trainable_by_owner().items():
-            if self._use_tensor_collectives():
-                self._padded_reduce_scatter(per_owner, dtype, device)
-            else:
-                self._reduce_to_owners(per_owner)
+            flat, sizes = self._owner_rows([self._flat_grads(params, dtype, device) for params in per_owner])
+            if casts(flat, self.grad_dtype):  # comm_dtype: divided and cast first, the mean arrives
+                flat = to_wire(flat, self.grad_dtype, self.world_size)
+            mine = torch.empty(sizes[self.rank], dtype=flat.dtype, device=flat.device)
+            with self._timed(tensor_bytes(flat)):
+                reduce_scatter(mine, flat, sizes=sizes, implementation=self.collectives)
+            if mine.dtype == dtype:
+                mine.div_(self.world_size)
+            for owner, params in enumerate(per_owner):
+                if owner != self.rank:
+                    for p in params:
+                        p.grad = None
+                else:
+                    for p, value in zip(params, _split(mine, params)):
+                        if p.grad is not None:
+                            p.grad.copy_(value)
 
-    def _reduce_to_owners(self, per_owner: list[list[torch.Tensor]]) -> None:
-        """Gloo's reduce-scatter: one async `reduce` per parameter, in place, to its owner."""
-        pending = []
-        for owner, params in enumerate(per_owner):
-            for p in params:
-                grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
-                # comm_dtype: sent divided and cast (collectives.py); fp32: in place, divided after the sum
-                wire = to_wire(grad, self.grad_dtype, self.world_size) if casts(grad, self.grad_dtype) else grad
-                pending.append((p, owner, grad, wire))
-        with self._timed(sum(tensor_bytes(w) for *_, w in pending), len(pending)):
-            works = [dist.reduce(wire, dst=owner, async_op=True) for _, owner, _, wire in pending]
-            for work in works:
-                work.wait()
-        for p, owner, grad, wire in pending:
-            if owner != self.rank:
-                p.grad = None
-            elif p.grad is not None and wire is not grad:
-                p.grad.copy_(wire)  # the mean already
-            elif p.grad is not None:
-                if grad.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(grad)
-                p.grad.div_(self.world_size)
+    def _row_sizes(self, sizes: list[int]) -> list[int]:
+        """The owners' segments as rows: exact sizes for the lab's ring, each padded to the largest for the
+        backend's own collectives, which take equal rows."""
+        return [max(sizes)] * len(sizes) if self.collectives == "native" else sizes
 
-    def _padded_reduce_scatter(self, per_owner: list[list[torch.Tensor]], dtype, device) -> None:
-        """nccl: one reduce_scatter over owner segments padded to the largest shard."""
-        flats = [self._flat_grads(params, dtype, device) for params in per_owner]
-        width = max(f.numel() for f in flats)
-        padded = torch.cat([torch.nn.functional.pad(f, (0, width - f.numel())) for f in flats])
-        if casts(padded, self.grad_dtype):  # comm_dtype: divided and cast first, the mean arrives
-            padded = to_wire(padded, self.grad_dtype, self.world_size)
-        mine = torch.empty(width, dtype=padded.dtype, device=padded.device)
-        with self._timed(tensor_bytes(padded)):
-            reduce_scatter_single(mine, padded)
-        if mine.dtype == dtype:
-            mine.div_(self.world_size)
-        for owner, params in enumerate(per_owner):
-            if owner != self.rank:
-                for p in params:
-                    p.grad = None
-            else:
-                for p, value in zip(params, _split(mine, params)):
-                    if p.grad is not None:
-                        p.grad.copy_(value)
+    def _owner_rows(self, flats: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        sizes = self._row_sizes([f.numel() for f in flats])
+        return torch.cat([torch.nn.functional.pad(f, (0, size - f.numel())) for f, size in zip(flats, sizes)]), sizes
 
     @staticmethod
     def _flat_grads(params, dtype, device) -> torch.Tensor:
@@ -221,29 +190,26 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
 
     @torch.no_grad()
     def _all_gather_params(self) -> None:
-        """ZeRO-1's parameter half: every rank receives every owner's updated parameters.
-
-        nccl: one all_gather over owner segments padded to the largest shard. Gloo: the
-        per-parameter broadcasts of `_broadcast_params` (exact sizes, no padding).
-        """
+        """ZeRO-1's parameter half: every rank receives every owner's updated parameters, one all-gather
+        over the owners' segments (exact sizes with the ring, padded with the backend's own)."""
         if self.world_size == 1:
             return
-        if not self._use_tensor_collectives():
-            self._broadcast_params()
-            return
         for (device, dtype), per_owner in self._trainable_by_owner().items():
-            width = max(sum(p.numel() for p in params) for params in per_owner)
-            mine = torch.zeros(width, dtype=dtype, device=device)
-            if per_owner[self.rank]:
-                flat = _flatten_dense_tensors([p.detach() for p in per_owner[self.rank]])
-                mine[:flat.numel()] = flat
-            gathered = torch.empty(width * self.world_size, dtype=dtype, device=device)
+            sizes = self._row_sizes([sum(p.numel() for p in params) for params in per_owner])
+            mine = self._flat_params(per_owner[self.rank], dtype, device)
+            mine = torch.nn.functional.pad(mine, (0, sizes[self.rank] - mine.numel()))
+            gathered = torch.empty(sum(sizes), dtype=dtype, device=device)
             with self._timed(tensor_bytes(gathered)):
-                all_gather_single(gathered, mine)
-            for owner, (params, segment) in enumerate(zip(per_owner, gathered.split(width))):
+                all_gather(gathered, mine, sizes=sizes, implementation=self.collectives)
+            for owner, (params, segment) in enumerate(zip(per_owner, gathered.split(sizes))):
                 if owner != self.rank:
                     for p, value in zip(params, _split(segment, params)):
                         p.copy_(value)
+
+    @staticmethod
+    def _flat_params(params, dtype, device) -> torch.Tensor:
+        return (_flatten_dense_tensors([p.detach() for p in params]) if params
+                else torch.empty(0, dtype=dtype, device=device))
 
 
 def _split(flat: torch.Tensor, params: list[torch.Tensor]):
