@@ -11,10 +11,15 @@ returns, so the rank's interpreter finalizes as usual (no `os._exit`). A run is 
 ranks exit 0; a rank that aborts at interpreter teardown (`terminate called without an active
 exception`, SIGABRT after the training passed) or fails otherwise is counted by wrapper.
 
-Wrappers (rotated, run i takes the (i mod 6)-th): naive, flat, overlap, bucketed (a bucket smaller
-than a parameter), fsdp, and ShardedOptimizer (over NaiveDDP). torch's optimizer built after
-`init_process_group` already keeps the group alive past `destroy_process_group()` (see
-docs/benchmarks.md, "Ranks that abort at exit"), as it does in every such harness.
+Wrappers (rotated, run i takes the (i mod 7)-th): naive, flat, overlap, bucketed (a bucket smaller
+than a parameter), fsdp, ShardedOptimizer (over NaiveDDP), and `course_overlap`: the course's own
+test as it runs OverlapDDP, in its own order of calls (a barrier after joining; the model built, then
+a deep copy of it wrapped; a model with a tied weight; SGD; each of 5 iterations zeroes the
+gradients, trains the single-process model on the whole batch, then the wrapped one on this rank's
+share, synchronizes, steps and compares every parameter; then a barrier and
+`destroy_process_group()`). torch's optimizer built after `init_process_group` already keeps the
+group alive past `destroy_process_group()` (see docs/benchmarks.md, "Ranks that abort at exit"), as
+it does in every such harness.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch.distributed as dist
 from teardown_repro import spawn_ending  # benchmarks/, beside this script
 from torch import nn
 
-WRAPPERS = ("naive", "flat", "overlap", "bucketed", "fsdp", "sharded_optimizer")
+WRAPPERS = ("naive", "flat", "overlap", "bucketed", "fsdp", "sharded_optimizer", "course_overlap")
 
 
 class OwnLinear(nn.Module):
@@ -55,12 +60,60 @@ def build(wrapper: str):
     return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 
 
+class TiedToy(nn.Module):
+    """The course's toy model with a tied weight: two layers share one matrix."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 10, bias=False)
+        self.fc2 = nn.Linear(10, 10)
+        self.fc3 = nn.Linear(10, 5)
+        self.fc2.weight = self.fc1.weight
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def course_overlap(rank: int, world_size: int, steps: int) -> None:
+    """The course's OverlapDDP test body, in its order of calls (module docstring)."""
+    from copy import deepcopy
+
+    from ddp_lab.strategies import OverlapDDP
+
+    dist.barrier()
+    torch.manual_seed(rank)
+    single = TiedToy()
+    ddp = OverlapDDP(deepcopy(single))
+    xs = torch.randn(20, 10, generator=torch.Generator().manual_seed(0))
+    ys = torch.randn(20, 5, generator=torch.Generator().manual_seed(1))
+    loss_fn = nn.MSELoss()
+    single.load_state_dict(ddp.module.state_dict())  # rank 0's weights, as the course's test compares from
+    ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    single_optimizer = torch.optim.SGD(single.parameters(), lr=0.1)
+    share = slice(rank * 10, rank * 10 + 10)
+    for _ in range(max(steps, 5)):
+        ddp_optimizer.zero_grad()
+        single_optimizer.zero_grad()
+        loss_fn(single(xs), ys).backward()
+        single_optimizer.step()
+        loss_fn(ddp(xs[share]), ys[share]).backward()
+        ddp.finish_gradient_synchronization()
+        ddp_optimizer.step()
+        for a, b in zip(single.parameters(), ddp.parameters()):
+            assert torch.allclose(a, b, atol=1e-6), "the wrapped model left the single-process one"
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def rank_main(rank: int, world_size: int, port: int, wrapper: str, steps: int) -> None:
     import os
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if wrapper == "course_overlap":
+        course_overlap(rank, world_size, steps)
+        return
     torch.manual_seed(rank)  # different init per rank: the wrapper broadcasts rank 0's
     ddp, optimizer = build(wrapper)
     data = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))

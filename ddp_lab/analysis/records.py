@@ -158,9 +158,13 @@ def memory_record(res: dict) -> dict:
 
 def collective_record(res: dict) -> dict:
     cfg, s = res.get("config") or {}, res.get("summary") or {}
+    op = _get(cfg, "task", "op")
+    # reduce-scatter and all-gather say which implementation ran (backend.collectives): ring or native
+    implementation = s.get("collectives") if op in ("reduce_scatter", "all_gather") else None
     return {
-        "op": _get(cfg, "task", "op"), "size_mb": _get(cfg, "task", "size_mb"), "bytes": s.get("bytes"),
-        "barrier": _get(cfg, "task", "barrier", default=True), "op_label": collective_label(cfg.get("task") or {}),
+        "op": op, "size_mb": _get(cfg, "task", "size_mb"), "bytes": s.get("bytes"),
+        "collectives": implementation, "barrier": _get(cfg, "task", "barrier", default=True),
+        "op_label": collective_label(cfg.get("task") or {}) + (f" {implementation}" if implementation else ""),
         "world_size": cfg.get("world_size"),
         "backend": s.get("backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "device": s.get("device"), "iters": s.get("iters"),

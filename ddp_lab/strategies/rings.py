@@ -33,10 +33,11 @@ import threading
 import torch
 import torch.distributed as dist
 
-PIECE_BYTES = 1 << 20
-"""A row is sent in pieces of at most this many bytes: small enough that summing one piece overlaps
-sending the last (1 MiB takes 8 ms on a 1 Gbit/s link, 0.3 ms to add on this CPU), large enough that
-a piece's per-call cost (tens of microseconds) is small against its transfer."""
+PIECE_BYTES = 1 << 18
+"""A row is sent in pieces of at most this many bytes: small enough that a piece moves on while the next
+arrives (256 KiB takes 2 ms on a 1 Gbit/s link), large enough that a piece's per-call cost (tens of
+microseconds) is small against its transfer. Measured on 2 emulated nodes x 2 ranks at 1 Gbit/s: a 4 MiB
+all-gather took 31.7 ms in 256 KiB pieces, 35.1 ms in 1 MiB ones (one piece per row: no pipelining)."""
 
 
 def row_sizes(total: int, n: int, sizes: list[int] | None) -> list[int]:

@@ -20,8 +20,6 @@ from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
 from tests.helpers.extras import requires_deepspeed, skip_without_deepspeed
 from tests.helpers.launching import ROOT
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-
 STAGES = (1, 2, 3)
 CASES = ["plain", "sgd", "frozen", "tied", "unused", "bucket"]
 

@@ -36,8 +36,6 @@ from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import train_step
 from tests.helpers.extras import runnable_specs
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-
 MiB = 2**20
 BUCKET_MB = 0.05  # the model below has about 0.4 MiB of gradients: several buckets
 SLACK = 64 * 1024

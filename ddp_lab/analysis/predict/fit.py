@@ -61,6 +61,10 @@ def fit_collectives(sweep_dir) -> dict:
     rows = [r for r in rows if r.get("bytes") and r.get("latency_p50_ms")]
     if not rows:
         raise PredictError(f"no finished collective benchmark (task=allreduce) under {sweep_dir}")
+    # a sweep of both implementations (backend.collectives=ring,native): fit what the strategies run by
+    # default, the lab's rings on gloo, where there are any
+    rings = {(r["backend"], r["op"]) for r in rows if r.get("collectives") == "ring"}
+    rows = [r for r in rows if r.get("collectives") != "native" or (r["backend"], r["op"]) not in rings]
     groups: dict = {}
     for r in rows:
         key = (r["backend"], r["op"], r.get("dtype") or "fp32", r.get("barrier", True) is not False)
@@ -74,6 +78,9 @@ def fit_collectives(sweep_dir) -> dict:
         entry = out.setdefault(backend, {}).setdefault(op, {}).setdefault(dtype, {"by_world_size": {}})
         networks = sorted({r["network"] for r in group})
         fitted["network"] = networks[0] if len(networks) == 1 else "mixed"  # host: the cores set the pace
+        implementations = sorted({r["collectives"] for r in group if r.get("collectives")})
+        if implementations:  # reduce-scatter and all-gather: ring or native (backend.collectives)
+            fitted["collectives"] = "/".join(implementations)
         if barrier:
             entry.update(fitted)
         else:
