@@ -10,7 +10,8 @@ The algorithms (n ranks in the group, ranks in ring order r -> r+1; rows may dif
   row (r-s-2) from r-1, adding its own contribution; after n-1 steps row r holds every rank's sum.
   The sum runs in the tensor's dtype (bf16 and fp16 sum in that dtype, as gloo's do); the order of
   the sum differs from gloo's, so results agree to that dtype's rounding (bit for bit at 2 ranks,
-  where a + b = b + a). The input is not written: partial sums live in a row-sized receive buffer.
+  where a + b = b + a). The input is not written: partial sums live in row-sized receive buffers, at
+  most two at a time (the one arriving and the one being sent on).
 - all-gather: rank r's row is written into the output; at step s rank r sends row (r-s) onwards and
   receives row (r-s-1) straight into the output.
 Each row travels in pieces (`PIECE_BYTES`), each sent onwards as soon as it arrived and was summed,
@@ -98,18 +99,13 @@ class _Worker:
 
 
 def _worker(group) -> _Worker:
+    """The group's worker. Keyed by the group object's id: a group made after another was destroyed may
+    reuse its id, and its worker, which is harmless (a worker keeps no state of a group between rings)."""
     key = id(group if group is not None else dist.group.WORLD)
     with _workers_lock:
         if key not in _workers:
             _workers[key] = _Worker()
         return _workers[key]
-
-
-def forget_groups() -> None:
-    """Drop the workers (after `destroy_process_group`: a new group may reuse an old one's id). Each
-    idle worker thread stays parked; it holds nothing."""
-    with _workers_lock:
-        _workers.clear()
 
 
 def _run(group, async_op: bool, algorithm, output: torch.Tensor, input: torch.Tensor, sizes):
@@ -169,7 +165,7 @@ class _Job:
 
 def _pieces(length: int, element_size: int) -> list[tuple[int, int]]:
     step = max(1, PIECE_BYTES // element_size)
-    return [(lo, min(lo + step, length)) for lo in range(0, length, step)] or []
+    return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
 
 
 def _offsets(rows: list[int]) -> list[int]:
@@ -199,10 +195,13 @@ def _reduce_scatter(output, input, rows, rank, n, peers, group) -> None:
         posted = [(lo, hi, dist.irecv(buffer[lo:hi], src=left, group=group)) for lo, hi in _pieces(rows[target], size)]
         if arrived is None:
             sending = own((rank - 1) % n)
-            sends += [dist.isend(sending[lo:hi], dst=right, group=group) for lo, hi in _pieces(sending.numel(), size)]
+            forwarded = [dist.isend(sending[lo:hi], dst=right, group=group)
+                         for lo, hi in _pieces(sending.numel(), size)]
         else:
-            sends += _sum_and_forward(arrived, right, group)
-        arrived = (buffer, own(target), posted)
+            forwarded = _sum_and_forward(arrived, right, group)
+        for work in sends:  # the step before's sends: their buffer is free once they are out
+            work.wait()
+        arrived, sends = (buffer, own(target), posted), forwarded
     _sum_and_forward(arrived, None, group)
     for work in sends:
         work.wait()
