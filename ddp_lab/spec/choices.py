@@ -32,6 +32,15 @@ class CollectiveOp(Choice):
     reduce = "reduce"
 
 
+class AllReduce(Choice):
+    """bucketed: how each bucket is all-reduced (ddp_lab/strategies/rings.py)."""
+
+    flat = "flat"
+    """One all-reduce over every rank (gloo's ring)."""
+    two_level = "two_level"
+    """Reduce-scatter inside a node, all-reduce of each shard across nodes, all-gather inside the node."""
+
+
 class ShardPolicy(Choice):
     """fsdp: which parameters are sharded (ddp_lab/spec/strategies/fsdp_units.py)."""
 

@@ -14,17 +14,25 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
   forward zeroes the bucket and points `.grad` back at its slice, instead of letting autograd
   allocate a fresh gradient that would then be copied in. A `.grad` replaced by hand is copied in.
 - Buffers live on the parameters' device at construction: move the model before wrapping it.
+- `all_reduce="two_level"` all-reduces each bucket in two levels (rings.py): a reduce-scatter inside
+  groups of `node_size` consecutive ranks (a node's, `LOCAL_WORLD_SIZE`, by default), an all-reduce of
+  each shard across the groups, an all-gather inside the group; buckets are padded to a multiple of
+  `node_size` so each rank's shard is whole. One collective in the comm figures, of the bucket's bytes.
 - Hook, ordering, unused-parameter and no_sync rules are in overlap_engine.py.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
+from ddp_lab.strategies.collectives import two_level_all_reduce_mean_async
+from ddp_lab.strategies.hsdp import shard_layout
 from ddp_lab.strategies.overlap_engine import OverlapEngine
 from ddp_lab.units import MiB, tensor_bytes
 
@@ -34,11 +42,26 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[
     return plan_bucket_indices([tensor_bytes(p) for p in params], [(p.dtype, p.device) for p in params], bucket_mb)
 
 
+def node_groups(node_size: int | None) -> tuple:
+    """(this rank's node group, the group of ranks at its place in every node): consecutive ranks form a
+    node, as torchrun numbers them; `node_size` unset: this node's ranks (LOCAL_WORLD_SIZE)."""
+    world = dist.get_world_size()
+    size = node_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world % size:
+        raise ValueError(f"all_reduce=two_level: world_size={world} does not split into node groups of {size}")
+    nodes, across = shard_layout(world, size)
+    node_group, _ = dist.new_subgroups_by_enumeration(nodes)
+    across_group, _ = dist.new_subgroups_by_enumeration(across)
+    return node_group, across_group
+
+
 class BucketedDDP(OverlapEngine):
     keeps_buffers = True
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32"):
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
+                 all_reduce: str = "flat", node_size: int | None = None):
+        self._levels = node_groups(node_size) if str(all_reduce) == "two_level" else None
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
         super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype)
@@ -53,8 +76,14 @@ class BucketedDDP(OverlapEngine):
         self.bucket_sizes_mb = [n * unit[0].element_size() / MiB for n, unit in zip(self._lengths, self._units)]
 
     def _pad_multiple(self) -> int:
-        """Bucket lengths are rounded up to a multiple of this (zero2: the world size, to shard evenly)."""
-        return 1
+        """Bucket lengths are rounded up to a multiple of this (zero2: the world size, to shard evenly;
+        two_level: the node group's size)."""
+        return 1 if self._levels is None else dist.get_world_size(self._levels[0])
+
+    def _launch_unit(self, index: int):
+        if self._levels is None:
+            return super()._launch_unit(index)
+        return two_level_all_reduce_mean_async(self._unit_tensor(index), *self._levels, self.wire_dtype)
 
     def _bucket(self, index: int) -> torch.Tensor:
         """Bucket `index`'s flat buffer (zeros when new) with a view per parameter in `_view_of`."""
@@ -77,7 +106,10 @@ class BucketedDDP(OverlapEngine):
         return [b for b in self._buffers if b is not None]
 
     def facts(self) -> dict:
-        return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
+        facts = {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
+        if self._levels is not None:
+            facts["buckets"]["two_level_node_size"] = dist.get_world_size(self._levels[0])
+        return facts
 
     def forward(self, *args, **kwargs):
         if self.training and torch.is_grad_enabled():

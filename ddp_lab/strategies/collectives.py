@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.comm_stats import CommStats, Stamp
-from ddp_lab.strategies.rings import ring_all_gather, ring_reduce_scatter
+from ddp_lab.strategies.rings import ring_all_gather, ring_reduce_scatter, ring_two_level_all_reduce
 from ddp_lab.units import tensor_bytes
 
 # torch 2.13 renamed the single-tensor collectives (the old names print a FutureWarning on every
@@ -167,10 +167,19 @@ def all_reduce_sum_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
     return _sum_async(tensor, tensor.to(dtype) if casts(tensor, dtype) else tensor)
 
 
-def _sum_async(tensor: torch.Tensor, wire: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
-    """Launch the SUM all-reduce of `wire` (`tensor` itself, or its copy to send) landing in `tensor`."""
-    future, stamp = launch_stamped(lambda: [dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True)],
-                                   tensor_bytes(wire), tensor.is_cuda)
+def two_level_all_reduce_mean_async(tensor: torch.Tensor, node_group, across_group,
+                                    dtype: torch.dtype | None = None) -> tuple[torch.futures.Future, Stamp]:
+    """As `all_reduce_mean_async`, in two levels (rings.py's `ring_two_level_all_reduce`: inside the node,
+    across nodes, inside the node again); one collective in the figures, of the message's bytes."""
+    wire = to_wire(tensor, dtype, dist.get_world_size())
+    return _sum_async(tensor, wire, lambda: ring_two_level_all_reduce(wire, node_group, across_group, async_op=True))
+
+
+def _sum_async(tensor: torch.Tensor, wire: torch.Tensor, launch=None) -> tuple[torch.futures.Future, Stamp]:
+    """Launch the SUM all-reduce of `wire` (`tensor` itself, or its copy to send) landing in `tensor`;
+    `launch` (returning a work) replaces the flat all-reduce."""
+    launch = launch or (lambda: dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True))
+    future, stamp = launch_stamped(lambda: [launch()], tensor_bytes(wire), tensor.is_cuda)
     if wire is tensor:
         return future, stamp
 

@@ -38,6 +38,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "task=allreduce task.op=all_to_all": "Invalid value 'all_to_all', expected one of [all_reduce,",
     "backend=mpi": "Available options in 'backend': auto, gloo, nccl",
     "backend.collectives=tree": "Invalid value 'tree', expected one of [auto, ring, native]",
+    "strategy=bucketed strategy.node_size=2": "strategy.node_size applies to strategy.all_reduce=two_level only",
+    "strategy=bucketed strategy.all_reduce=two_level strategy.node_size=3 world_size=4":
+        "does not split into node groups of 3 ranks",
+    "strategy=bucketed strategy.all_reduce=tree": "Invalid value 'tree', expected one of [flat, two_level]",
     "+train.stpes=5": "unknown key train.stpes",
     "strategy=naive strategy.bucket_mb=10": "strategy.bucket_mb is not a knob of strategy=naive",
     "strategy=bucketed strategy.comm=reduce_scatter": "strategy.comm is not a knob of strategy=bucketed",

@@ -143,3 +143,51 @@ def test_a_peer_that_never_arrives_fails_the_wait_within_the_timeout():
         if result is not None:
             failed, elapsed = result
             assert failed is not None and elapsed < 30, result
+
+
+def _two_level(rank, world_size):
+    from ddp_lab.strategies.bucketed import node_groups
+    from ddp_lab.strategies.rings import ring_two_level_all_reduce
+
+    node_group, across_group = node_groups(2)  # 2 nodes of 2 ranks
+    out = {}
+    for name, dtype in DTYPES.items():
+        x = _data(rank, 2 * 500, dtype)
+        flat, levels = x.clone(), x.clone()
+        dist.all_reduce(flat)
+        ring_two_level_all_reduce(levels, node_group, across_group)
+        exact = x.double()
+        dist.all_reduce(exact)
+        out[name] = ((levels.double() - exact).abs().max().item(), (flat.double() - exact).abs().max().item(),
+                     levels.clone())
+    return out
+
+
+def test_the_two_level_all_reduce_gives_the_flat_ones_sum():
+    """Two nodes of two ranks: the sum is every rank's, identical on every rank, within the dtype's rounding
+    of the exact sum as gloo's flat all-reduce is."""
+    results = run_ranks(_two_level, 4)
+    for name, dtype in DTYPES.items():
+        for rank_result in results:
+            levels_error, flat_error, levels = rank_result[name]
+            assert levels_error <= flat_error + torch.finfo(dtype).eps * 8, (name, levels_error, flat_error)
+            assert torch.equal(levels, results[0][name][2])  # every rank holds the same result
+
+
+TWO_LEVEL_CASES = ["plain", "frozen", "tied", "unused", "accumulation", "bucket"]
+
+
+def _bucketed_two_level(rank, world_size):
+    from ddp_lab.check.cases import run_cases
+
+    return run_cases(rank, world_size, "ddp_lab.strategies.BucketedDDP",
+                     {"all_reduce": "two_level", "node_size": 2}, TWO_LEVEL_CASES)
+
+
+def test_bucketed_with_a_two_level_all_reduce_trains_like_one_process():
+    from ddp_lab.check.cases import CASES, first_difference
+    from ddp_lab.check.parity import ATOL, RTOL
+
+    results = run_ranks(_bucketed_two_level, 4)
+    for case in TWO_LEVEL_CASES:
+        assert first_difference(CASES[case], [r[case] for r in results], ATOL, RTOL) is None, case
