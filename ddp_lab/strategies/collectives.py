@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.comm_stats import CommStats, Stamp
+from ddp_lab.strategies.exit_drain import track
 from ddp_lab.strategies.rings import ring_all_gather, ring_reduce_scatter, ring_two_level_all_reduce
 from ddp_lab.units import tensor_bytes
 
@@ -223,7 +224,9 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
             return [f.value() for f in value]
         return value[0] if isinstance(value, list) else value  # a work's future holds a list
 
-    return combined.then(done), stamp
+    future = combined.then(done)
+    track(future)  # waited for at exit, before the interpreter is torn down (exit_drain.py)
+    return future, stamp
 
 
 class _WaitedWorks:
