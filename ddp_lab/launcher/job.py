@@ -140,13 +140,21 @@ def _emulated(cfg: DictConfig):
     return EmulatedNodes(network.nodes, network.gbps, network.latency_ms)
 
 
-def _wait(children: list[subprocess.Popen], timeout_s: float) -> None:
-    """Until every child has ended; TimeoutExpired after `timeout_s` (0: no limit)."""
+def _wait(children: list[subprocess.Popen], timeout_s: float) -> int | None:
+    """Until every child has ended, or one has failed: returns the index of the first that failed (None:
+    none did); TimeoutExpired after `timeout_s` (0: no limit). One failed node fails the job, and the
+    other nodes are stopped (by the caller), not waited for: their ranks could wait on the failed ones
+    for ever (emulated nodes, a rank hung alone on its node)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     while any(child.poll() is None for child in children):
+        failed = [i for i, child in enumerate(children) if child.poll() not in (None, 0)]
+        if failed:
+            return failed[0]
         if deadline is not None and time.monotonic() > deadline:
             raise subprocess.TimeoutExpired("torchrun", timeout_s)
         time.sleep(0.1)
+    failed = [i for i, child in enumerate(children) if child.returncode != 0]
+    return failed[0] if failed else None
 
 
 def run_job(cfg: DictConfig, job_dir: Path) -> dict:
@@ -157,7 +165,7 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
     set_aside_previous_attempt(job_dir, cfg.launcher.node_rank, node_ranks)  # a re-run starts clean
     (job_dir / torchrun_log(0)).parent.mkdir(parents=True, exist_ok=True)
     oom_before = oom_kills()
-    stopped, children, late = None, [], []  # stopped: None, "interrupted" or "watchdog"
+    stopped, children, late, first_failed = None, [], [], None  # stopped: None, "interrupted" or "watchdog"
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted)}
     try:
         with _emulated(cfg) as net:  # network=emulated: removed on every way out of this block
@@ -166,7 +174,7 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
                     with open(job_dir / torchrun_log(node), "ab") as log:
                         children.append((node, subprocess.Popen(command, env=env, stderr=log,
                                                                 start_new_session=True)))
-                _wait([child for _, child in children], cfg.launcher.watchdog_s)
+                first_failed = _wait([child for _, child in children], cfg.launcher.watchdog_s)
             except subprocess.TimeoutExpired:
                 stopped = "watchdog"
             except (KeyboardInterrupt, Interrupted):
@@ -181,6 +189,8 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = [(node, child.returncode) for node, child in children if child.returncode != 0]
+    if first_failed is not None:  # the node that failed first names the cause, not one stopped after it
+        failed.sort(key=lambda item: item[0] != children[first_failed][0])
     returncode = failed[0][1] if failed else (0 if children else None)
     if late and stopped is None and returncode != 0:
         stopped = "interrupted"
