@@ -67,6 +67,17 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     return torch.stack(losses).sum()
 
 
+def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float):
+    """The strategy of `spec` around `module`, its AdamW and the `Precision` of `compute` (fp32, bf16,
+    fp16), as every job trains them (tests/parity/test_precision_every_strategy.py builds them here too)."""
+    casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
+    model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}))
+    optimizer = model.make_optimizer(torch.optim.AdamW, lr=lr, weight_decay=weight_decay)
+    precision = Precision(compute, device_type, autocast=not casts_itself,
+                          agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
+    return model, optimizer, precision
+
+
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
@@ -74,11 +85,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
     spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
-    casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
-    model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}))
-    optimizer = model.make_optimizer(torch.optim.AdamW, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    precision = Precision(compute, device.type, autocast=not casts_itself,
-                          agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
+    model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     recorder.log_once({"num_params": num_params, **facts, **token_data_facts(cfg)})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}

@@ -1,0 +1,52 @@
+"""train.precision bf16 and fp16 for every registered strategy, in one set of 2 rank processes: each
+strategy is built from its spec with its default knobs as a job builds it (tasks/train.py's `wrap`:
+autocast and fp16's loss scaling, or the compute dtype where the strategy casts itself), trains 6
+steps, and its loss falls on every rank. Through launch.py, tests/e2e/test_precision_launch.py
+runs the same wiring for a plain and a sharded sync; the bit-for-bit parity of mixed precision is
+tests/parity/test_precision.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import data_cfg
+from ddp_lab.spec.strategies import SPECS
+from ddp_lab.tasks.train import train_step, wrap
+from tests.helpers.distributed import ranks_fixture
+from tests.helpers.extras import runnable_specs
+
+# DeepSpeed's stages run fp32 only (refused before launch otherwise: tests/parity/test_deepspeed.py)
+STRATEGIES = [name for name in runnable_specs() if not name.startswith("deepspeed_")]
+PRECISIONS = ["bf16", "fp16"]
+STEPS = 6
+
+
+def _losses(rank, world_size):
+    """{(strategy, precision): this rank's loss at each step}."""
+    from ddp_lab.rank.data import rank_micro_batches
+
+    cfg, out = data_cfg(), {}
+    for name in STRATEGIES:
+        for precision in PRECISIONS:
+            torch.manual_seed(rank)  # different init per rank: the strategy's start-up broadcast fixes it
+            model, optimizer, mixed = wrap(SPECS[name](), MODELS["transformer"](), precision, "cpu",
+                                           lr=1e-2, weight_decay=0.0)
+            out[name, precision] = [
+                train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))),
+                           precision=mixed).item()
+                for step in range(STEPS)]
+    return out
+
+
+losses = ranks_fixture(_losses, 2)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_trains_in_bf16_and_fp16(losses, strategy, precision):
+    per_rank = [rank[strategy, precision] for rank in losses]
+    for steps in per_rank:
+        assert all(torch.isfinite(torch.tensor(steps))), steps
+        assert steps[-1] < steps[0], (strategy, precision, steps)
