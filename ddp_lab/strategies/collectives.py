@@ -208,7 +208,9 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
     try:  # works of collectives, or futures (a comm hook of torch's returns one)
         futures = [w.get_future() if hasattr(w, "get_future") else w for w in works]
     except RuntimeError:  # gloo's reduce_scatter (built from all-reduce) has no future
-        return _WaitedWorks(works, stamp), stamp
+        waited = _WaitedWorks(works, stamp)
+        track(waited)  # it has done(), all the exit drain asks of what it tracks
+        return waited, stamp
     if on_cuda and len(futures) != 1:
         raise ValueError("launch_stamped on CUDA times exactly one collective")
     combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)

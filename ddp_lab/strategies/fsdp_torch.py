@@ -75,14 +75,15 @@ def counted_collectives():
     class CountedAllGather(DefaultAllGather):
         """FSDP2's all-gather on the chosen collectives, its bytes (the gathered output) and interval recorded."""
 
-        def __init__(self, stamps: list[Stamp], comm: CommStats):
-            self.stamps, self.comm = stamps, comm
+        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str):
+            self.stamps, self.comm, self.collectives = stamps, comm, collectives
 
         def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
             on_cuda = output_tensor.is_cuda
             stamp = begin_stamp(tensor_bytes(output_tensor), on_cuda)
             self.stamps.append(stamp)
-            work = all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
+            work = all_gather(output_tensor, input_tensor, group=group, async_op=async_op,
+                              implementation=self.collectives)
             if work is None:
                 end_blocking(stamp, on_cuda)
                 return work
@@ -94,8 +95,8 @@ def counted_collectives():
         recorded; FSDP2 issues it blocking inside backward: on CPU the host waits, exposed communication
         (`CommStats.waited`)."""
 
-        def __init__(self, stamps: list[Stamp], comm: CommStats):
-            self.stamps, self.comm = stamps, comm
+        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str):
+            self.stamps, self.comm, self.collectives = stamps, comm, collectives
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
             on_cuda = input_tensor.is_cuda
@@ -111,11 +112,11 @@ def counted_collectives():
             return work
 
         def run(self, output_tensor, input_tensor, group, op, async_op: bool):
-            if collectives_in_use(group) == "native":  # FSDP2's own call, with its op (AVG on nccl)
+            if self.collectives == "native":  # FSDP2's own call, with its op (AVG on nccl)
                 return super().__call__(output_tensor, input_tensor, group, op, async_op)
             if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                 raise ValueError(f"the lab's ring reduce-scatter sums or averages; FSDP2 asked for {op}")
-            work = reduce_scatter(output_tensor, input_tensor, group=group, async_op=async_op)
+            work = reduce_scatter(output_tensor, input_tensor, group=group, async_op=async_op, implementation="ring")
             if op != dist.ReduceOp.AVG:
                 return work
             n = dist.get_world_size(group)  # AVG (FSDP2's choice on gloo too): the ring's sum, divided
@@ -129,6 +130,9 @@ def counted_collectives():
 
 class TorchFSDP(DataParallelBase):
     """torch's FSDP2 behind the strategy contract (module docstring)."""
+
+    collectives: str | None = None
+    """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
                  comm_dtype=None, shard_size: int | None = None):
@@ -158,11 +162,12 @@ class TorchFSDP(DataParallelBase):
             earlier.set_modules_to_forward_prefetch([later])
             later.set_modules_to_backward_prefetch([earlier])
         self._stamps: list[Stamp] = []
+        self.collectives = self.collectives or collectives_in_use()
         CountedAllGather, CountedReduceScatter = counted_collectives()
         for fsdp_module in [*units, module]:
             fsdp_module._set_unshard_async_op(True)
-            fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm))
-            fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm))
+            fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm, self.collectives))
+            fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm, self.collectives))
         for plan in plans:
             if not plan.needed_in_backward:  # fsdp's rule (spec/strategies/fsdp_units.py): a unit of embeddings only
                 plan.module.set_unshard_in_backward(False)

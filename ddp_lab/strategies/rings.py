@@ -124,14 +124,14 @@ def ring_two_level_all_reduce(tensor: torch.Tensor, node_group, across_group, as
     flat = tensor.view(-1)
     peers = (_global(node_group, (rank + 1) % k), _global(node_group, (rank - 1) % k))
     rows = [flat.numel() // k] * k
+    return _submit(node_group, async_op, _Job(_two_levels, flat, rows, rank, k, peers, node_group, across_group))
 
-    def two_levels():
-        mine = torch.empty(rows[rank], dtype=flat.dtype, device=flat.device)
-        _reduce_scatter(mine, flat, rows, rank, k, peers, node_group)
-        dist.all_reduce(mine, group=across_group)  # gloo's ring, across nodes: 1/k of the message
-        _all_gather(flat, mine, rows, rank, k, peers, node_group)
 
-    return _submit(node_group, async_op, two_levels)
+def _two_levels(flat, rows, rank, k, peers, node_group, across_group) -> None:
+    mine = torch.empty(rows[rank], dtype=flat.dtype, device=flat.device)
+    _reduce_scatter(mine, flat, rows, rank, k, peers, node_group)
+    dist.all_reduce(mine, group=across_group)  # gloo's ring, across nodes: 1/k of the message
+    _all_gather(flat, mine, rows, rank, k, peers, node_group)
 
 
 def _submit(group, async_op: bool, job):
@@ -182,10 +182,10 @@ def _global(group, group_rank: int) -> int:
 
 
 class _Job:
-    """One ring, run on the worker thread (its tensors dropped when it ends)."""
+    """One ring (`algorithm(*args)`), run on the worker thread; its tensors dropped when it ends."""
 
-    def __init__(self, algorithm, output, input, rows, rank, n, peers, group):
-        self.algorithm, self.args = algorithm, (output, input, rows, rank, n, peers, group)
+    def __init__(self, algorithm, *args):
+        self.algorithm, self.args = algorithm, args
 
     def __call__(self):
         args, self.args = self.args, None

@@ -15,13 +15,13 @@ alpha-beta of its op at the job's world size:
 - `host_copies`: the gradients copied into buffers allocated for them and back, as compute work after
   backward (flat's, and any strategy that flattens);
 - gradients per bucket: one all-reduce per bucket (`plan_bucket_indices`), launched when the bucket is
-  full; reduce-scattered: N reduces of 1/N of it (gloo's reduce-scatter);
+  full; reduce-scattered: one reduce-scatter of it;
 - low rank (PowerSGD): the bucket all-reduces while most measured steps come before `start_iter`;
   else per bucket the all-reduces of [plain, P's] and of the Q's, each phase's work timed by
   `rank/host_timing.powersgd_work` (phases.json `host`);
 - parameters per tensor (broadcast, or all-gathered whole tensors): one broadcast per parameter
   after the update, from its owner;
-- parameters per bucket, all-gathered: per bucket N broadcasts of 1/N of it after the update;
+- parameters per bucket, all-gathered: one all-gather per bucket after the update;
 - parameters all-reduced every k steps: one all-reduce of the parameters after the update, in the
   p50 step (below);
 - sharded units (ZeRO-3): fsdp's own unit plan (`fsdp_units`): each unit all-gathered before its
@@ -29,11 +29,11 @@ alpha-beta of its op at the job's world size:
 
 Parameters averaged every k steps: the p50 step is the step without the averaging when k > 2, with it
 at 1, their mean at 2.
-On gloo an all-gather is N broadcasts of 1/N and a reduce-scatter N reduces of 1/N (as fsdp and
-zero2 issue them), each timed by its op's fit (a reduce as a broadcast where the sweep has no
-reduce). fsdp's and flat's host copies into new storage are compute work at the host's copy
-bandwidth into new memory: on this machine's glibc a freed buffer's pages go back to the OS and
-come back with a fault each.
+An all-gather or reduce-scatter is timed by its own op's fit (on gloo the lab's rings, as fsdp and
+zero2 issue them under backend.collectives=auto); a sweep without those ops times it as N broadcasts
+or reduces of 1/N (a reduce as a broadcast where the sweep has no reduce). fsdp's and flat's host
+copies into new storage are compute work at the host's copy bandwidth into new memory: on this
+machine's glibc a freed buffer's pages go back to the OS and come back with a fault each.
 Where gradients are bucket slices (`grads_in_buckets`), forward zeroes the buckets and backward adds
 each gradient into its slice, work the profiled overlap run (autograd keeping its own tensors) did
 not do.
@@ -153,7 +153,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
             return [coll("all_reduce", padded(b, 1), max(at[i] for i in b) if sync.launch == "ready" else None,
                          f"bucket {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
         if sync.group == "bucket" and sync.op == "reduce_scatter":
-            return [Collective(per_rank_calls_ms("reduce", padded(b, n)),
+            return [Collective(sharded_ms("reduce_scatter", padded(b, n)),
                                max(ready[i] for i in b) if sync.launch == "ready" else None,
                                f"reduce-scatter {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
         raise PredictError(f"no replay for gradients sent {sync.op} per {sync.group}")
@@ -165,7 +165,7 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
         if sync.group == "tensor" and sync.op in ("broadcast", "all_gather"):  # whole tensors from their owners
             return sum(coll("broadcast", p["bytes"]).ms for p in params)
         if sync.group == "bucket" and sync.op == "all_gather" and buckets is not None and buckets.bucket_mb:
-            return sum(per_rank_calls_ms("broadcast", padded(b, n)) for b in bucket_plan(buckets.bucket_mb))
+            return sum(sharded_ms("all_gather", padded(b, n)) for b in bucket_plan(buckets.bucket_mb))
         if sync.group == "all" and sync.op == "all_reduce":
             share = 1.0 if sync.every == 1 else 0.5 if sync.every == 2 else 0.0  # of the averaging, in the p50 step
             return share * coll("all_reduce", sum(p["bytes"] for p in params)).ms
