@@ -16,15 +16,18 @@
 #
 #   bash benchmarks/crossover.sh [OUT]          # default OUT: outputs/bench/crossover
 #   RATES=0.1,1 LOSS_STEPS=50 bash benchmarks/crossover.sh /tmp/x    # a quick check
+#   PARTS=steps bash benchmarks/crossover.sh   # part 1 alone (the step times and their picture)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-outputs/bench/crossover}
 rates=${RATES:-0.1,0.3,1,3},null
+parts=${PARTS:-steps,repeat,loss}
 status=0
 base=(data=text model=tiny world_size=4 logger=none train.eval_batches=0)
 link=("${base[@]}" network=emulated network.nodes=2 network.gbps="$rates" train.steps=8 train.warmup_steps=2)
-run() {  # run SUBFOLDER OVERRIDES...
+run() {  # run SUBFOLDER OVERRIDES... (only the parts PARTS names)
     local sub=$1; shift
+    [[ ",$parts," == *",${sub%%/*},"* ]] || return 0
     python launch.py "$@" hydra.sweep.dir="$out/$sub" -m || status=1
 }
 run steps/bucketed "${link[@]}" strategy=bucketed strategy.comm_dtype=fp32,bf16
@@ -38,6 +41,7 @@ loss=("${base[@]}" train.steps="${LOSS_STEPS:-300}" train.warmup_steps=5 train.e
 run loss/bucketed "${loss[@]}" strategy=bucketed strategy.comm_dtype=fp32,bf16
 run loss/powersgd "${loss[@]}" strategy=powersgd strategy.rank=1,4
 run loss/local_sgd "${loss[@]}" strategy=local_sgd strategy.sync_every=4,16 strategy.outer=none,nesterov
-python -m ddp_lab.report "$out/steps" || status=1
-python -m ddp_lab.report "$out/loss" || status=1
+for part in steps loss; do
+    [[ ",$parts," == *",$part,"* ]] && { python -m ddp_lab.report "$out/$part" || status=1; }
+done
 exit $status
