@@ -4,9 +4,8 @@ of the gradient sync against the exact fp32 average of the same gradients is rec
 averaging itself is exact in fp32, whatever the compute precision), with fp16's loss scale.
 
 Every registered strategy in both precisions is tests/parity/test_precision_every_strategy.py's (in one
-set of rank processes, built as a job builds it); fsdp and fsdp_torch, which cast themselves, train in
-fp16 through launch.py in tests/e2e/test_fsdp_launch.py, powersgd and local_sgd in
-tests/e2e/test_compression_launch.py."""
+set of rank processes, built as a job builds it: fsdp and fsdp_torch cast themselves); powersgd and
+local_sgd train in fp16 through launch.py in tests/e2e/test_compression_launch.py."""
 
 import json
 
