@@ -2,8 +2,11 @@
 
 Ranks rendezvous through a FileStore in a temporary folder, so runs need no port and never collide
 with each other or with a sweep running beside them. The function must be importable (module
-level), since ranks are started with the `spawn` method. The conformance check and the parity tests
-both run their ranks here.
+level): ranks are forked from a fork server that has imported torch once (`PRELOAD`), so a rank starts
+in milliseconds instead of paying torch's imports again (about 6 s of CPU a rank on 2 cores, torch._dynamo
+included: torch.optim imports it on first use); every later call of the process forks from the same
+server, which keeps the environment variables of the first call. The conformance check and the parity
+tests both run their ranks here.
 
 A rank that succeeded ends with `os._exit(0)` once its result is saved and the group destroyed, as
 the worker does and as `multiprocessing`'s fork start method always does: gloo's threads can still
@@ -14,6 +17,7 @@ with torch alone; benchmarks/teardown_repeat.py repeats this harness to count it
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -26,6 +30,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GLOO_TIMEOUT_S = 60
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_lab.check.ranks"]
+"""What the fork server imports once: torch, and torch._dynamo, which every optimizer imports on first use
+(`torch._disable_dynamo` on `Optimizer.add_param_group`), 2.5 s a process here."""
 
 
 class RanksFailed(AssertionError):
@@ -56,6 +63,15 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         os._exit(0)
 
 
+def _start_method(finalize: bool) -> str:
+    """forkserver, preloaded; spawn where a rank must finalize its interpreter (a forked process ends by
+    `os._exit`, whatever the function does) or where there is no fork server (Windows)."""
+    if finalize or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # once the server runs: ignored
+    return "forkserver"
+
+
 def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None) -> list:
     """Call `fn(rank, world_size, *args)` on every rank; return the ranks' results in rank order.
 
@@ -67,7 +83,7 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize),
-                                     nprocs=world_size, start_method="spawn", join=False)
+                                     nprocs=world_size, start_method=_start_method(finalize), join=False)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while not context.join(timeout=1):
