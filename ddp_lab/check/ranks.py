@@ -2,10 +2,10 @@
 
 Ranks rendezvous through a FileStore in a temporary folder, so runs need no port and never collide
 with each other or with a sweep running beside them. The function must be importable (module
-level): ranks are forked from a fork server that has imported torch once (`PRELOAD`), so a rank starts
-in milliseconds instead of paying torch's imports again (about 6 s of CPU a rank on 2 cores, torch._dynamo
-included: torch.optim imports it on first use); every later call of the process forks from the same
-server, which keeps the environment variables of the first call. The conformance check and the parity
+level): ranks are forked from a fork server that has imported torch once (`check/fork_server.py`), so a
+rank starts in milliseconds instead of paying torch's imports again (about 6 s of CPU a rank here); every
+later call of the process forks from the same server, which keeps the environment variables of the first
+call. The conformance check and the parity
 tests both run their ranks here.
 
 A rank that succeeded ends with `os._exit(0)` once its result is saved and the group destroyed, as
@@ -30,9 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GLOO_TIMEOUT_S = 60
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_lab.check.ranks"]
-"""What the fork server imports once: torch, and torch._dynamo, which every optimizer imports on first use
-(`torch._disable_dynamo` on `Optimizer.add_param_group`), 2.5 s a process here."""
+PRELOAD = ["ddp_lab.check.fork_server"]
 
 
 class RanksFailed(AssertionError):
