@@ -33,21 +33,26 @@ def wandb_exit_code(job_dir):
     return None
 
 
-def test_crash_fails_its_job_and_the_sweep_goes_on(tmp_path):
+def test_crash_fails_its_job_and_the_sweep_goes_on(crash_sweep):
     """zero2 runs the lab's rings on gloo (backend.collectives): rank 1 crashes while rank 0 is in a ring;
-    its wait fails (the peer's connection closed) and the job ends failed, naming the cause."""
-    proc = launch(*QUIET, "strategy=zero2", "fault.rank=1", "fault.step=1", "fault.kind=crash,none",
-                  tmp_path=tmp_path, multirun=True)
-    sweep = tmp_path / "multirun"
-    failed, ok = results(sweep / "0"), results(sweep / "1")
-    assert failed["status"] == "failed" and ok["status"] == "ok"
-    assert failed["error"] == "rank 1: InjectedFault: injected crash at step 1"  # the rank and the cause
-    assert [s["step"] for s in failed["steps"]] == [0]  # the step measured before the crash is kept
+    its wait fails (the peer's connection closed) and the job ends failed, naming the cause. The session's
+    crash sweep (tests/e2e/conftest.py): jobs 1 and 3 crash, 0 and 2 run after or between them."""
+    proc, sweep, jobs = crash_sweep
+    assert [jobs[i]["status"] for i in range(4)] == ["ok", "failed", "ok", "failed"]
+    for failed in (jobs[1], jobs[3]):
+        assert failed["error"] == "rank 1: InjectedFault: injected crash at step 2"  # the rank and the cause
+        assert [s["step"] for s in failed["steps"]] == [0, 1]  # the steps measured before the crash are kept
     assert proc.returncode == 1  # the sweep says something failed ...
-    assert "1 of 2 jobs did not end ok: 0" in proc.stderr  # ... and its table which
+    assert "2 of 4 jobs did not end ok: 1, 3" in proc.stderr  # ... and its table which
     table = [line for line in proc.stdout.splitlines() if line.startswith("│ ")]
-    assert "failed" in table[-2] and "ok" in table[-1]
-    assert leftovers(tmp_path) == []
+    assert ["failed" in line for line in table[-4:]] == [False, True, False, True]
+    assert leftovers(sweep.parent) == []
+
+
+def test_out_of_memory_is_reported_as_such(tmp_path):
+    proc = launch(*QUIET, "fault.kind=oom", "fault.rank=1", "fault.step=1", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert results(tmp_path / "run")["error"].startswith("rank 1: out of memory: ")
 
 
 def test_hung_rank_is_ended_by_the_collective_timeout(tmp_path):
@@ -72,12 +77,6 @@ def test_every_rank_hung_outside_a_collective_is_ended_by_the_watchdog(tmp_path)
     res = results(tmp_path / "run")
     assert res["status"] == "failed" and res["error"].startswith("launcher.watchdog_s=8:")
     assert leftovers(tmp_path) == []
-
-
-def test_out_of_memory_is_reported_as_such(tmp_path):
-    proc = launch(*QUIET, "fault.kind=oom", "fault.rank=1", "fault.step=1", tmp_path=tmp_path)
-    assert proc.returncode == 1
-    assert results(tmp_path / "run")["error"].startswith("rank 1: out of memory: ")
 
 
 def test_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):

@@ -1,20 +1,20 @@
 """fsdp and fsdp_torch through launch.py: the same weights (the consolidated checkpoint of
 train.save_model), about 1/N of the model state per rank, the peak gathered for fsdp, and both on the
-report's ladder. One sweep serves every assertion. Their fp16 compute (each casts itself; the loss scaler
-unscales fsdp's shards and FSDP2's DTensor local shards) is tests/parity/test_precision_every_strategy.py's,
-built as a job builds it."""
+report's ladder, read from the session's ladder sweep (tests/e2e/conftest.py); hsdp at 4 ranks holding
+1/shard_size. Their fp16 compute (each casts itself; the loss scaler unscales fsdp's shards and FSDP2's
+DTensor local shards) is tests/parity/test_precision_every_strategy.py's, built as a job builds it."""
 
 import pytest
 
 from ddp_lab.analysis.report import make_report
-from tests.helpers.launching import assert_same_saved_weights, results, strategy_sweep
+from tests.helpers.launching import assert_same_saved_weights, results
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    return strategy_sweep(tmp_path_factory.mktemp("fsdp"), ["fsdp", "fsdp_torch"])
+@pytest.fixture
+def sweep(ladder):
+    return {name: ladder[name] for name in ("fsdp", "fsdp_torch")}
 
 
 def test_fsdp_trains_to_fsdp_torchs_weights(sweep):
@@ -36,12 +36,11 @@ def test_report_has_both_on_the_ladder(sweep):
     assert {r["strategy"] for r in report["records"]} >= {"fsdp", "fsdp_torch"}
 
 
-def test_hsdp_trains_to_torchs_hybrid_sharding_weights(tmp_path):
-    """On one host with shard_size=2 at 4 ranks: 2 shard groups, 1/2 of the model state per rank."""
-    # A knob of the swept strategies that the default one (flat) lacks: launch.py makes it a sweep of one
-    # value (preflight.knobs_of_swept_groups), else Hydra's multirun refuses it before any job.
-    jobs = strategy_sweep(tmp_path, ["hsdp", "fsdp_torch"], "world_size=4", "train.batch_size=8",
-                          "strategy.shard_size=2")
-    assert_same_saved_weights(jobs["hsdp"], jobs["fsdp_torch"])
-    memory = results(jobs["hsdp"])["summary"]["memory"]
-    assert memory["shard_ranks"] == 2 and memory["model_state_ratio"] < 1.05
+def test_hsdp_shards_within_its_groups(hsdp_at_four_ranks):
+    """On one host with shard_size=2 at 4 ranks: 2 shard groups, 1/2 of the model state per rank. That it
+    trains to torch's hybrid sharding's weights is tests/parity/test_hsdp.py's (2x2, 3x2, 2x3)."""
+    res = results(hsdp_at_four_ranks)
+    assert res["status"] == "ok" and res["env"]["world_size"] == 4
+    memory = res["summary"]["memory"]
+    assert memory["shard_ranks"] == 2 and memory["zero_stage"] == 3
+    assert memory["expected_total"] == 16 * memory["num_params"] / 2 and 1.0 <= memory["model_state_ratio"] < 1.05

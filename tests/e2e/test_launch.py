@@ -89,8 +89,7 @@ def test_two_job_sweep_one_wandb_folder_and_its_view(tmp_path, monkeypatch):
     assert not (sweep / "report.md").exists()
 
 
-def test_logger_none_writes_no_wandb(tmp_path):
-    proc = launch(*FAST, "logger=none", "world_size=4", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert results(tmp_path / "run")["env"]["world_size"] == 4
-    assert not (tmp_path / "run" / "wandb").exists()
+def test_logger_none_writes_no_wandb(hsdp_at_four_ranks):
+    """The session's 4-rank hsdp job (tests/e2e/conftest.py) ran with logger=none."""
+    assert results(hsdp_at_four_ranks)["env"]["world_size"] == 4
+    assert not (hsdp_at_four_ranks / "wandb").exists()

@@ -1,17 +1,18 @@
 """zero2 through launch.py: bucketed's weights, half the gradients and optimizer state per rank, and
-the report's measured-vs-paper table and ladder picture. One sweep serves every assertion."""
+the report's measured-vs-paper table and ladder picture. The session's ladder sweep (tests/e2e/conftest.py)
+serves every assertion."""
 
 import pytest
 
 from ddp_lab.analysis.report import make_report
-from tests.helpers.launching import assert_same_saved_weights, results, strategy_sweep
+from tests.helpers.launching import assert_same_saved_weights, results
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    return strategy_sweep(tmp_path_factory.mktemp("zero2"), ["bucketed", "zero2"])
+@pytest.fixture
+def sweep(ladder):
+    return ladder
 
 
 def test_zero2_trains_to_bucketeds_weights(sweep):

@@ -1,14 +1,28 @@
 """Fabricated job folders (results.json as the trainer and the benchmark write them), so the
-report's logic is tested in milliseconds; test_report.py also runs it on a real sweep."""
+report's logic is tested in milliseconds (tests/unit/test_report.py); and what its output is checked with."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 from ddp_lab.spec.bandwidth import summarize_collective
 
 MiB = 2**20
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path, min_bytes: int = 10_000) -> None:
+    assert path.exists(), path
+    assert path.stat().st_size > min_bytes
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
 
 
 def _summary(p50: float) -> dict:

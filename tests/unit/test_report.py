@@ -1,7 +1,6 @@
-"""The report and the end-of-sweep table: on fabricated job folders (fast, known answers) and on a
-real 4-job sweep with two crashed jobs and profile=true (traces, trace overlap, timeline)."""
+"""The report and the end-of-sweep table on fabricated job folders (fast, known answers); on a real sweep with
+crashed jobs and profile=true: tests/e2e/test_report_launch.py."""
 
-import csv
 import io
 import math
 import re
@@ -11,36 +10,23 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from ddp_lab.analysis.end_of_run import SweepSummary
-from ddp_lab.analysis.records import bucket_groups, load_runs, task_of, train_record
+from ddp_lab.analysis.records import load_runs, task_of, train_record
 from ddp_lab.analysis.report import main, make_report
 from ddp_lab.analysis.tables import IDENTITY, collective_rows, print_tables, train_rows
-from tests.helpers.launching import launch, results
 from tests.helpers.report_fixtures import (
     LADDER,
     LADDER_PARAMS,
     MiB,
+    assert_png,
     bucket_sweep,
     collective_results,
     collective_sweep,
     ladder_sweep,
     memory_summary,
+    read_csv,
     train_results,
     write_job,
 )
-
-PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def assert_png(path, min_bytes=10_000):
-    assert path.exists(), path
-    assert path.stat().st_size > min_bytes
-    with open(path, "rb") as f:
-        assert f.read(8) == PNG
-
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def test_bucket_sweep_with_benchmark_predicts_best_bucket(tmp_path):
@@ -184,66 +170,6 @@ def test_terminal_tables_take_columns_by_group_or_header(tmp_path, capsys):
     assert "p90" in _printed(runs, 80, ["step p90"]) and "p50" not in _printed(runs, 80, ["step p90"])
     assert main([str(tmp_path / "sweep"), "--columns", "speed,nonsense"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown column 'nonsense'; columns: speed, memory")
-
-
-# --- a real sweep: 2 bucket sizes x (no fault, crash at step 2 on rank 1), profiled ---------------
-
-@pytest.fixture(scope="module")
-def real_sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sweep")
-    proc = launch("model=toy", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "strategy=bucketed",
-                  "strategy.bucket_mb=0.05,1", "fault.kind=none,crash", "fault.rank=1", "fault.step=2",
-                  "profile=true", "logger=none", tmp_path=tmp, multirun=True)
-    sweep = tmp / "multirun"
-    jobs = {i: results(sweep / str(i)) for i in range(4)}
-    return proc, sweep, jobs
-
-
-def _ok_jobs(jobs):
-    return [i for i, r in jobs.items() if r["config"]["fault"]["kind"] == "none"]
-
-
-@pytest.mark.slow
-def test_real_sweep_table_marks_failed_jobs(real_sweep):
-    proc, _, jobs = real_sweep
-    assert proc.returncode == 1  # a sweep with failed jobs exits 1
-    assert sorted(r["status"] for r in jobs.values()) == ["failed", "failed", "ok", "ok"]
-    assert "2 of 4 jobs did not end ok" in proc.stderr
-    assert proc.stdout.count("failed") >= 2 and "p50" in proc.stdout
-
-
-@pytest.mark.slow
-def test_real_sweep_profile_writes_traces_overlap_and_timeline(real_sweep):
-    _, sweep, jobs = real_sweep
-    for i in _ok_jobs(jobs):
-        job, summary = sweep / str(i), jobs[i]["summary"]
-        assert sorted(p.name for p in (job / "traces").glob("*.json")) == ["rank0.json", "rank1.json"]
-        overlap = summary["trace_overlap"]
-        assert overlap["profiled_steps"] == [2, 3] and len(overlap["ranks"]) == 2
-        # The last step is profiled: its validation loss is measured after the profiler stopped.
-        assert [s["step"] for s in jobs[i]["steps"] if "val_loss" in s] == [3]
-        assert overlap["comm_ms"] > 0 and overlap["compute_ms"] > 0 and 0 <= overlap["overlap_pct"] <= 100
-        assert_png(job / "timeline.png")
-        # The step's phases are recorded and fill it (rank means; timers add a little).
-        for step in jobs[i]["steps"]:
-            phases = step["fwd_bwd_ms"] + step["sync_ms"] + step["optimizer_ms"]
-            assert 0.5 * step["step_time_ms"] < phases <= step["step_time_ms"] * 1.01
-
-
-@pytest.mark.slow
-def test_real_sweep_report(real_sweep):
-    _, sweep, jobs = real_sweep
-    report = make_report(sweep, quiet=True)
-    rows = read_csv(sweep / "report.csv")
-    assert len(rows) == 4 and sorted(r["status"] for r in rows) == ["failed", "failed", "ok", "ok"]
-    md = (sweep / "report.md").read_text()
-    training = md.split("## Training")[1].split("\n## ")[0]
-    assert training.count("**failed**") == 2 and "injected crash at step 2" in md  # failed rows in bold
-    assert len(bucket_groups(report["records"])) == 1  # the crashed jobs belong to their bucket sweep
-    names = {p.name for p in report["png"]}
-    assert names == {"report_phases.png", "report_buckets.png", "report_timelines.png", "report_loss.png"}
-    for png in report["png"]:
-        assert_png(png)
 
 
 def test_step_time_against_link_rate_is_drawn_for_a_sweep_of_rates(tmp_path):

@@ -1,0 +1,43 @@
+"""Sweeps that several e2e files read. A launch.py job costs about 10 s on 2 cores whatever it trains (torchrun
+and every rank import torch), so a job whose folder proves facts for several files runs once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.launching import FAST, launch, results, strategy_sweep
+
+LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
+
+
+@pytest.fixture(scope="session")
+def ladder(tmp_path_factory) -> dict[str, Path]:
+    """bucketed and the strategies that shard, on the toy model with the final weights saved (logger=none):
+    {strategy: its job folder}. test_zero1_launch, test_zero2_launch and test_fsdp_launch read it."""
+    return strategy_sweep(tmp_path_factory.mktemp("ladder"), LADDER)
+
+
+@pytest.fixture(scope="session")
+def hsdp_at_four_ranks(tmp_path_factory) -> Path:
+    """One hsdp job at 4 ranks with shard_size=2 (2 shard groups of 2) and logger=none: its job folder.
+    test_fsdp_launch reads the sharding, test_launch that no W&B run was written."""
+    tmp = tmp_path_factory.mktemp("hsdp")
+    proc = launch(*FAST, "train.batch_size=8", "world_size=4", "strategy=hsdp", "strategy.shard_size=2",
+                  "logger=none", tmp_path=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "run"
+
+
+@pytest.fixture(scope="session")
+def crash_sweep(tmp_path_factory) -> tuple:
+    """zero2 at 2 bucket sizes x (no fault, rank 1 crashes at step 2), profiled: (launch.py's process, the
+    sweep folder, {job number: results.json}). Jobs 0 and 2 end ok, 1 and 3 failed (Hydra's order: the
+    first override varies slowest). test_failures reads the crash and the sweep going on, test_report_launch
+    the table, the traces and the report."""
+    tmp = tmp_path_factory.mktemp("crash_sweep")
+    proc = launch(*FAST, "strategy=zero2", "strategy.bucket_mb=0.05,1", "fault.kind=none,crash", "fault.rank=1",
+                  "fault.step=2", "profile=true", "logger=none", tmp_path=tmp, multirun=True)
+    sweep = tmp / "multirun"
+    return proc, sweep, {i: results(sweep / str(i)) for i in range(4)}

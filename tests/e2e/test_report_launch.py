@@ -1,0 +1,55 @@
+"""The end-of-sweep table and the report on a real sweep: zero2 at 2 bucket sizes x (no fault, rank 1
+crashing at step 2), profiled (the session's crash sweep, tests/e2e/conftest.py): failed jobs marked,
+traces, trace overlap and timelines of the ok ones, the crashed jobs kept in their bucket sweep."""
+
+import pytest
+
+from ddp_lab.analysis.records import bucket_groups
+from ddp_lab.analysis.report import make_report
+from tests.helpers.report_fixtures import assert_png, read_csv
+
+pytestmark = pytest.mark.slow
+
+
+def _ok_jobs(jobs):
+    return [i for i, r in jobs.items() if r["config"]["fault"]["kind"] == "none"]
+
+
+def test_real_sweep_table_marks_failed_jobs(crash_sweep):
+    proc, _, jobs = crash_sweep
+    assert proc.returncode == 1  # a sweep with failed jobs exits 1
+    assert sorted(r["status"] for r in jobs.values()) == ["failed", "failed", "ok", "ok"]
+    assert "2 of 4 jobs did not end ok" in proc.stderr
+    assert proc.stdout.count("failed") >= 2 and "p50" in proc.stdout
+
+
+def test_real_sweep_profile_writes_traces_overlap_and_timeline(crash_sweep):
+    _, sweep, jobs = crash_sweep
+    for i in _ok_jobs(jobs):
+        job, summary = sweep / str(i), jobs[i]["summary"]
+        assert sorted(p.name for p in (job / "traces").glob("*.json")) == ["rank0.json", "rank1.json"]
+        overlap = summary["trace_overlap"]
+        assert overlap["profiled_steps"] == [2, 3] and len(overlap["ranks"]) == 2
+        # The last step is profiled: its validation loss is measured after the profiler stopped.
+        assert [s["step"] for s in jobs[i]["steps"] if "val_loss" in s] == [3]
+        assert overlap["comm_ms"] > 0 and overlap["compute_ms"] > 0 and 0 <= overlap["overlap_pct"] <= 100
+        assert_png(job / "timeline.png")
+        # The step's phases are recorded and fill it (rank means; timers add a little).
+        for step in jobs[i]["steps"]:
+            phases = step["fwd_bwd_ms"] + step["sync_ms"] + step["optimizer_ms"]
+            assert 0.5 * step["step_time_ms"] < phases <= step["step_time_ms"] * 1.01
+
+
+def test_real_sweep_report(crash_sweep):
+    _, sweep, jobs = crash_sweep
+    report = make_report(sweep, quiet=True)
+    rows = read_csv(sweep / "report.csv")
+    assert len(rows) == 4 and sorted(r["status"] for r in rows) == ["failed", "failed", "ok", "ok"]
+    md = (sweep / "report.md").read_text()
+    training = md.split("## Training")[1].split("\n## ")[0]
+    assert training.count("**failed**") == 2 and "injected crash at step 2" in md  # failed rows in bold
+    assert len(bucket_groups(report["records"])) == 1  # the crashed jobs belong to their bucket sweep
+    names = {p.name for p in report["png"]}
+    assert {"report_phases.png", "report_buckets.png", "report_timelines.png", "report_loss.png"} <= names
+    for png in report["png"]:
+        assert_png(png)
