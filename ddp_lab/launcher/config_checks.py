@@ -3,11 +3,16 @@
 Each failure is a `ConfigError` whose message is one line saying what to change; launch.py prints
 it and exits 2. Types, unknown keys and unknown options are refused earlier by Hydra against
 ddp_lab/config.py.
+
+torch, and the modules that import it (ddp_lab.machine, models.facts, launcher.memory_estimate), are
+imported where a check first needs them: a mistake found before (a key, a range, a knob) is answered in
+about a second, not after torch's import (3 s on 2 cores) and the meta model's (2 s).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
@@ -17,13 +22,13 @@ from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
-from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
-from ddp_lab.machine import cuda_devices, host_available_bytes, precision_problem, resolve_backend
-from ddp_lab.models.facts import meta_model
 from ddp_lab.spec.bandwidth import bytes_per_rank
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec
 from ddp_lab.units import MiB
+
+if TYPE_CHECKING:
+    import torch
 
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
 MEMORY_HEADROOM = 0.85
@@ -61,6 +66,8 @@ def validate(cfg: DictConfig) -> None:
              "use backend.collectives=auto or native")
     _validate_network(cfg)
     if cfg.backend.name == "nccl":
+        from ddp_lab.machine import cuda_devices
+
         local_ranks, gpus = ws // nnodes, cuda_devices()
         _require(gpus >= local_ranks,
                  f"backend=nccl needs {local_ranks} CUDA GPUs on this node (one per rank), found {gpus}: "
@@ -116,6 +123,8 @@ def _nodes(cfg: DictConfig) -> int:
 
 
 def _on_gpu(cfg: DictConfig) -> bool:
+    from ddp_lab.machine import resolve_backend
+
     return resolve_backend(cfg.backend.name, cfg.world_size // cfg.launcher.nnodes) == "nccl"
 
 
@@ -140,15 +149,17 @@ def _validate_train(cfg: DictConfig) -> None:
                  f"{m.get(key)}")
     _require(not {"d_model", "num_heads"} <= set(m) or m.d_model % m.num_heads == 0,
              f"model.d_model={m.get('d_model')} does not divide by model.num_heads={m.get('num_heads')}")
-    _validate_data(cfg)
-    problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
-    _require(problem is None, f"train.precision={t.precision}: {problem}")
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
         spec.check_world(ws, ranks_per_node)
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _validate_data(cfg)
+    from ddp_lab.machine import precision_problem
+
+    problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
+    _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
@@ -202,7 +213,9 @@ def _validate_comm_dtype(cfg: DictConfig, spec: StrategySpec) -> None:
 
 
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
-    """The model, built on the meta device: no memory, no time, whatever its size."""
+    """The model, built on the meta device: no memory, whatever its size."""
+    from ddp_lab.models.facts import meta_model
+
     try:
         return meta_model(cfg.model)
     except (TypeError, ValueError, InstantiationException) as exc:
@@ -229,6 +242,11 @@ def _validate_collective(cfg: DictConfig) -> None:
     _require(t.warmup_iters >= 0, f"task.warmup_iters must be >= 0, got {t.warmup_iters}")
     _require(t.time_budget_s > 0, f"task.time_budget_s must be > 0 seconds, got {t.time_budget_s}")
     _require(not cfg.profile, "profile=true traces training steps: use it with task=train")
+    import torch
+
+    from ddp_lab.launcher.memory_estimate import fmt_bytes
+    from ddp_lab.machine import host_available_bytes
+
     per_rank = bytes_per_rank(t.op, int(t.size_mb * MiB), ws)
     local_ranks = ws // cfg.launcher.nnodes
     if _on_gpu(cfg):
@@ -246,6 +264,11 @@ def _validate_collective(cfg: DictConfig) -> None:
 
 def _validate_memory(cfg: DictConfig, zero_stage: int, shard_ranks: int | None = None) -> None:
     """Refuse a model that cannot fit, instead of letting the kernel OOM-kill a rank mid-run."""
+    import torch
+
+    from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
+    from ddp_lab.machine import host_available_bytes
+
     per_rank = estimate_rank_bytes(cfg, zero_stage, shard_ranks)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):

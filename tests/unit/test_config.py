@@ -109,9 +109,9 @@ def test_a_knob_of_swept_group_options_becomes_a_sweep_of_one_value(args, expect
 def test_the_gloo_rings_are_refused_on_nccl(monkeypatch):
     """backend.collectives=ring is the lab's rings for gloo; on nccl (GPUs pretended here) it is refused in one
     line, before anything looks for a GPU."""
-    import ddp_lab.launcher.config_checks as checks
+    import ddp_lab.machine
 
-    monkeypatch.setattr(checks, "cuda_devices", lambda: 8)
+    monkeypatch.setattr(ddp_lab.machine, "cuda_devices", lambda: 8)  # config_checks imports it where it asks
     with pytest.raises(ConfigError, match="backend.collectives=ring is the lab's rings for gloo"):
         validate(_compose("backend=nccl", "backend.collectives=ring"))
     validate(_compose("backend=gloo", "backend.collectives=ring"))

@@ -120,6 +120,16 @@ def test_what_a_package_loads(package, forbidden):
     assert not sorted(m for m in loaded if m in forbidden or m.startswith(tuple(f + "." for f in forbidden)))
 
 
+def test_launch_py_loads_torch_only_where_a_check_needs_it():
+    """A mistake in a key, a range or a knob is answered in about a second: what launch.py imports loads no
+    torch (launcher/config_checks.py imports it, and the meta model, where a check first needs them)."""
+    modules = sorted(m for m in _imports(ROOT / "launch.py") if m in MODULES)
+    probe = (f"import importlib, sys\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert modules and out.stdout.strip() == "False"
+
+
 def test_few_modules_directly_in_the_package():
     flat = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
     assert len(flat) <= 10, flat

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+import ddp_lab.machine
 from ddp_lab.config import register_configs
-from ddp_lab.launcher import config_checks as validate_module
 from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.spec.choices import Dtype
 from ddp_lab.spec.strategy import StrategySpec
@@ -78,7 +78,7 @@ def test_precision_runs_for_every_strategy(precision):
 
 
 def test_precision_the_device_cannot_do_is_refused(monkeypatch):
-    monkeypatch.setattr(validate_module, "precision_problem",
+    monkeypatch.setattr(ddp_lab.machine, "precision_problem",  # config_checks imports it where it asks
                         lambda precision, device_type: f"autocast to {precision} does not run on {device_type}")
     with pytest.raises(ConfigError, match="train.precision=fp16: autocast to fp16 does not run on cpu"):
         validate(_compose("train.precision=fp16"))
