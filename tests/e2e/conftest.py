@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.launching import FAST, launch, results, strategy_sweep
+from tests.helpers.launching import EXAMPLES, FAST, launch, results, strategy_sweep
 
 LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
 
@@ -41,3 +41,18 @@ def crash_sweep(tmp_path_factory) -> tuple:
                   "fault.step=2", "profile=true", "logger=none", tmp_path=tmp, multirun=True)
     sweep = tmp / "multirun"
     return proc, sweep, {i: results(sweep / str(i)) for i in range(4)}
+
+
+EXAMPLE_SWEEP = ["bucketed_after_backward", "bucketed", "fsdp"]
+
+
+@pytest.fixture(scope="session")
+def examples_sweep(tmp_path_factory) -> dict[str, Path]:
+    """The example strategy from outside the package beside bucketed and fsdp, on the example model (tied
+    embedding and head), from the user's config folder (hydra.searchpath), final weights saved: {strategy: its
+    job folder}. test_examples reads the weights, test_predict_launch replays the jobs."""
+    tmp = tmp_path_factory.mktemp("examples")
+    proc = launch(EXAMPLES, *FAST, "model=tied_gpt", "logger=none", "train.save_model=true",
+                  f"strategy={','.join(EXAMPLE_SWEEP)}", tmp_path=tmp, multirun=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {name: tmp / "multirun" / str(i) for i, name in enumerate(EXAMPLE_SWEEP)}

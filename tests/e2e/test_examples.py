@@ -6,25 +6,19 @@ replaying its declared schedule: tests/e2e/test_predict_launch.py.)"""
 import pytest
 
 from ddp_lab.check.__main__ import main as check
-from tests.helpers.launching import FAST, ROOT, assert_same_saved_weights, launch, results
-
-EXAMPLES = f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}]"
+from tests.helpers.launching import EXAMPLES, assert_same_saved_weights, launch, results
 
 
 @pytest.mark.slow
-def test_the_example_strategy_and_model_train_through_launch(tmp_path):
-    strategies = ["bucketed_after_backward", "bucketed", "fsdp"]
-    proc = launch(EXAMPLES, *FAST, "model=tied_gpt", "logger=none", "train.save_model=true",
-                  f"strategy={','.join(strategies)}", tmp_path=tmp_path, multirun=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    jobs = {name: tmp_path / "multirun" / str(i) for i, name in enumerate(strategies)}
-    example = results(jobs["bucketed_after_backward"])
+def test_the_example_strategy_and_model_train_through_launch(examples_sweep):
+    """The session's examples sweep (tests/e2e/conftest.py)."""
+    example = results(examples_sweep["bucketed_after_backward"])
     assert example["status"] == "ok" and example["config"]["model"]["name"] == "tied_gpt"
     spec = "examples.bucketed_after_backward.spec.BucketedAfterBackwardSpec"
     assert example["config"]["strategy"]["_target_"] == spec
     assert example["summary"]["exposed_comm_ms"]["p50"] > 0 and example["summary"]["overlap_pct"] == 0.0
     for name in ("bucketed", "fsdp"):  # a tied embedding and head, sharded by fsdp too
-        assert_same_saved_weights(jobs["bucketed_after_backward"], jobs[name])
+        assert_same_saved_weights(examples_sweep["bucketed_after_backward"], examples_sweep[name])
 
 
 def test_a_bad_knob_of_the_example_is_refused_before_launch(tmp_path):

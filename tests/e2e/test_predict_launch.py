@@ -1,27 +1,31 @@
 """The predictor on real runs through launch.py: a small collective sweep and one profiled run make a
-model file, and `validate` on those runs plus a naive one and one of the example strategy from outside the
-package (replayed from the schedule its spec declares) prints a row per training job and its error line."""
+model file, and `validate` on those runs plus the session's examples sweep (the example strategy from outside
+the package, replayed from the schedule its spec declares, bucketed and fsdp; tests/e2e/conftest.py) prints a
+row per training job and its error line."""
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from ddp_lab.analysis.predict.schedule import job_step
-from tests.helpers.launching import FAST, ROOT, launch
+from tests.helpers.launching import EXAMPLES, FAST, ROOT, launch
 
 
 @pytest.mark.slow
-def test_fit_then_validate_on_real_runs(tmp_path):
-    coll, prof, train = tmp_path / "coll", tmp_path / "prof", tmp_path / "naive"
-    for folder in (coll, prof, train):
+def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep):
+    coll, prof, train = tmp_path / "coll", tmp_path / "prof", tmp_path / "examples"
+    for folder in (coll, prof):
         folder.mkdir()
     proc = launch("task=allreduce", "backend=gloo", "world_size=2", "task.size_mb=0.01,8", "task.iters=5",
                   "task.warmup_iters=1", "task.time_budget_s=5", "logger=none", tmp_path=coll, multirun=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = launch(*FAST, "train.steps=6", "strategy=overlap", "profile=true", "logger=none", tmp_path=prof)
+    # the example model, as the jobs validate trains: a profile replays jobs of its own model only
+    tied_gpt = [EXAMPLES, "model=tied_gpt", *(a for a in FAST if not a.startswith("model="))]
+    proc = launch(*tied_gpt, "train.steps=6", "strategy=overlap", "profile=true", "logger=none", tmp_path=prof)
     assert proc.returncode == 0, proc.stderr[-2000:]
     phases = json.loads((prof / "run" / "phases.json").read_text())
     assert len(phases["ranks"]) == 2 and len(phases["ranks"][0]) == 6
@@ -29,10 +33,7 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     assert [len(r) for r in phases["compute_alone"]] == [10, 10]  # forward and backward with no comm in flight
     assert all(p["forward_ms"] > 0 and p["backward_ms"] > 0 for r in phases["compute_alone"] for p in r)
     assert all(p["numel"] == math.prod(p["shape"]) for p in phases["params"])  # powersgd's matrices
-    examples = f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}]"
-    proc = launch(examples, *FAST, "strategy=naive,bucketed_after_backward", "logger=none", tmp_path=train,
-                  multirun=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    shutil.copytree(examples_sweep["bucketed"].parent, train / "multirun")  # validate reads one folder tree
 
     model = tmp_path / "model.json"
     run = [sys.executable, "-m", "ddp_lab.predict"]
@@ -45,7 +46,7 @@ def test_fit_then_validate_on_real_runs(tmp_path):
     work = fitted["host"]["powersgd"]  # its compressed step's work on the model's matrices, timed on this host
     assert work["numel"] == sum(p["numel"] for p in phases["params"] if len(p["shape"]) >= 2)
     assert len(work["phase_ms"]) == 3 and min(work["phase_ms"]) > 0
-    compressed = json.loads((train / "multirun" / "0" / "results.json").read_text())["config"]
+    compressed = json.loads((train / "multirun" / "1" / "results.json").read_text())["config"]  # bucketed
     compressed["strategy"] = {"name": "powersgd", "bucket_mb": 25.0, "rank": 1, "start_iter": 0}
     step, replayed = job_step(fitted, compressed)
     assert any(c.label == "phase 3 work" for c in step.collectives) and replayed.step_ms > 0
@@ -53,8 +54,8 @@ def test_fit_then_validate_on_real_runs(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert any("naive" in line for line in lines) and any("overlap" in line for line in lines)
+    assert any("fsdp" in line for line in lines) and any("overlap" in line for line in lines)
     example = next(line for line in lines if "bucketed_after_backward" in line)
     assert "not predicted" not in example and "error" not in example.lower(), example
     scores = next(i for i, line in enumerate(lines) if line.startswith("mean |error|: step "))
-    assert "exposed comm" in lines[scores] and lines[scores + 1].strip().startswith(("naive:", "overlap:"))
+    assert "exposed comm" in lines[scores] and lines[scores + 1].strip().split(":")[0] in {*examples_sweep, "overlap"}

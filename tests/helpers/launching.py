@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["model=toy", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4"]
+EXAMPLES = f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}]"  # the user's own config folder: examples/
 
 
 def launch(*overrides: str, tmp_path: Path, multirun: bool = False, timeout: float = 240,
