@@ -3,11 +3,15 @@ and every rank import torch), so a job whose folder proves facts for several fil
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers.launching import EXAMPLES, FAST, launch, results, strategy_sweep
+from tests.helpers.launching import EXAMPLES, FAST, ROOT, launch, results, strategy_sweep
 
 LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
 
@@ -56,3 +60,22 @@ def examples_sweep(tmp_path_factory) -> dict[str, Path]:
                   f"strategy={','.join(EXAMPLE_SWEEP)}", tmp_path=tmp, multirun=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {name: tmp / "multirun" / str(i) for i, name in enumerate(EXAMPLE_SWEEP)}
+
+
+@pytest.fixture(scope="session")
+def sweeps_started_together(tmp_path_factory) -> dict[str, SimpleNamespace]:
+    """Two sweeps started at the same moment from one folder, with the default output folders (TIME_PID) and
+    W&B on (offline): `strategy=naive,flat` and `strategy=naive`. {strategies: (returncode, stdout, stderr,
+    sweep folder, that folder relative to where they started)}. test_launch reads the 2-job sweep's W&B
+    folder and view, test_scale that they did not collide."""
+    tmp = tmp_path_factory.mktemp("together")
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    procs = {name: subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "-m", *FAST, f"strategy={name}"],
+                                    cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for name in ("naive,flat", "naive")}
+    ended = {name: (proc, *proc.communicate(timeout=300)) for name, proc in procs.items()}
+    sweeps = {s.name.rsplit("_", 1)[-1]: s for s in (tmp / "outputs" / "multirun").glob("*/*")}  # TIME_PID
+    found = {name: sweeps.get(str(proc.pid)) for name, (proc, _, _) in ended.items()}
+    return {name: SimpleNamespace(returncode=proc.returncode, stdout=out, stderr=err, sweep=found[name],
+                                  relative=found[name] and found[name].relative_to(tmp))
+            for name, (proc, out, err) in ended.items()}

@@ -45,10 +45,12 @@ def test_single_run_writes_results_and_wandb(tmp_path):
     assert run["summary"]["final_val_loss"] == pytest.approx(summary["final_val_loss"])
 
 
-def test_two_job_sweep_one_wandb_folder_and_its_view(tmp_path, monkeypatch):
-    proc = launch(*FAST, "strategy=naive,flat", "logger=wandb", tmp_path=tmp_path, multirun=True)
+def test_two_job_sweep_one_wandb_folder_and_its_view(sweeps_started_together, tmp_path, monkeypatch):
+    """The session's 2-job sweep (tests/e2e/conftest.py; another sweep ran beside it: test_scale), in the
+    default output folder, which the view and the end-of-sweep output name as given: relative."""
+    proc = sweeps_started_together["naive,flat"]
     assert proc.returncode == 0, proc.stderr
-    sweep = tmp_path / "multirun"
+    sweep = proc.sweep
     runs = [results(sweep / str(i)) for i in range(2)]
     assert [r["status"] for r in runs] == ["ok", "ok"]
     assert [r["config"]["strategy"]["name"] for r in runs] == ["naive", "flat"]
@@ -70,7 +72,7 @@ def test_two_job_sweep_one_wandb_folder_and_its_view(tmp_path, monkeypatch):
     spec = json.loads((sweep / wandb_view.SPEC).read_text())
     assert spec == {"format": wandb_view.FORMAT, "name": f"ddp-lab {runs[0]['config']['logger']['group']}",
                     "project": "ddp-lab", "group": runs[0]["config"]["logger"]["group"],
-                    "runs_folder": str(sweep / "wandb"), "jobs": 2, "groupby": ["strategy.value.name"],
+                    "runs_folder": str(proc.relative / "wandb"), "jobs": 2, "groupby": ["strategy.value.name"],
                     "varied": ["strategy.name"], "sections": wandb_view.SECTIONS}
     panels = {p["title"] for s in spec["sections"] for p in s["panels"]}
     assert {"step time p50 (ms)", "overlap (%)", "validation loss against wall time", "bytes per step",
@@ -78,7 +80,7 @@ def test_two_job_sweep_one_wandb_folder_and_its_view(tmp_path, monkeypatch):
     view = wandb_view.workspace(spec, "someone", "ddp-lab")  # a valid wandb-workspaces view, built offline
     assert [s.name for s in view.sections] == ["Step time", "Communication", "Memory", "Loss"]
     # the end-of-sweep output says where the runs are and how to compare them
-    assert f"wandb leet {sweep / 'wandb'}" in proc.stdout and "naive" in proc.stdout and "p50" in proc.stdout
+    assert f"wandb leet {proc.relative / 'wandb'}" in proc.stdout and "naive" in proc.stdout and "p50" in proc.stdout
     # --publish without a login: one line, exit 2, nothing written
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

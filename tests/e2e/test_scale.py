@@ -66,15 +66,14 @@ def test_submitit_local_runs_a_sweep_point_as_a_two_node_job(tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_two_sweeps_started_together_do_not_collide(tmp_path):
-    """Default output folders (TIME_PID), free ports, random W&B run ids: both sweeps (a job each) succeed."""
-    procs = [start("strategy=naive", *FAST, cwd=tmp_path, multirun=True) for _ in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-    sweeps = sorted((tmp_path / "outputs" / "multirun").glob("*/*"))
-    assert len(sweeps) == 2
-    jobs = [sweep / "0" for sweep in sweeps]
-    assert all(results(job)["status"] == "ok" for job in jobs)
+def test_two_sweeps_started_together_do_not_collide(sweeps_started_together):
+    """Default output folders (TIME_PID), free ports, random W&B run ids: both sweeps (2 jobs and 1) succeed
+    (the session's pair, tests/e2e/conftest.py)."""
+    for proc in sweeps_started_together.values():
+        assert proc.returncode == 0, proc.stderr
+    sweeps = [proc.sweep for proc in sweeps_started_together.values()]
+    assert None not in sweeps and len(set(sweeps)) == 2
+    jobs = [job for sweep in sweeps for job in sorted(sweep.glob("[0-9]"))]
+    assert len(jobs) == 3 and all(results(job)["status"] == "ok" for job in jobs)
     run_ids = {read_run(run_file_of_job(job))["run"].run_id for job in jobs}
-    assert len(run_ids) == 2
+    assert len(run_ids) == 3
