@@ -5,8 +5,7 @@ with each other or with a sweep running beside them. The function must be import
 level): ranks are forked from a fork server that has imported torch once (`check/fork_server.py`), so a
 rank starts in milliseconds instead of paying torch's imports again (about 6 s of CPU a rank here); every
 later call of the process forks from the same server, which keeps the environment variables of the first
-call. The conformance check and the parity
-tests both run their ranks here.
+call. The conformance check and the parity tests both run their ranks here.
 
 A rank that succeeded ends with `os._exit(0)` once its result is saved and the group destroyed, as
 the worker does and as `multiprocessing`'s fork start method always does: gloo's threads can still
