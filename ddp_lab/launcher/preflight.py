@@ -118,16 +118,16 @@ def check_command_line(config_dir: Path, config_name: str, args: list[str],
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             if points is None:
                 points = sweep_points(overrides) if multirun else [overrides]
-            for point in points or []:
+            for n, point in enumerate(points or []):
+                cfg = compose(config_name, overrides=point, return_hydra_config=True)
+                if n == 0:  # one folder (a sweep's) for every point: before the checks that load torch
+                    check_output_folder(cfg, multirun)
                 try:
-                    cfg = compose(config_name, overrides=point, return_hydra_config=True)
                     validate(cfg)
                 except ConfigError as exc:
                     named = [o for o in point if not o.startswith("hydra.")]
                     where = f"{' '.join(named)}: " if multirun and len(points) > 1 else ""
                     raise ConfigError(f"{where}{exc}") from None
-            if points:
-                check_output_folder(cfg, multirun)  # one folder (a sweep's) for every point
     except ConfigError as exc:
         _refuse(str(exc))
     except Exception as exc:  # Hydra's composition and override-parsing errors

@@ -36,7 +36,7 @@ def wandb_exit_code(job_dir):
 def test_crash_fails_its_job_and_the_sweep_goes_on(crash_sweep):
     """zero2 runs the lab's rings on gloo (backend.collectives): rank 1 crashes while rank 0 is in a ring;
     its wait fails (the peer's connection closed) and the job ends failed, naming the cause. The session's
-    crash sweep (tests/e2e/conftest.py): jobs 1 and 3 crash, 0 and 2 run after or between them."""
+    crash sweep (tests/e2e/conftest.py): jobs 1 and 3 crash, 0 and 2 run before and between them."""
     proc, sweep, jobs = crash_sweep
     assert [jobs[i]["status"] for i in range(4)] == ["ok", "failed", "ok", "failed"]
     for failed in (jobs[1], jobs[3]):
