@@ -3,15 +3,12 @@ and every rank import torch), so a job whose folder proves facts for several fil
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers.launching import EXAMPLES, FAST, ROOT, launch, results, strategy_sweep
+from tests.helpers.launching import EXAMPLES, FAST, launch, results, start, strategy_sweep
 
 LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
 
@@ -55,11 +52,7 @@ def examples_sweep(tmp_path_factory) -> dict[str, Path]:
     """The example strategy from outside the package beside bucketed and fsdp, on the example model (tied
     embedding and head), from the user's config folder (hydra.searchpath), final weights saved: {strategy: its
     job folder}. test_examples reads the weights, test_predict_launch replays the jobs."""
-    tmp = tmp_path_factory.mktemp("examples")
-    proc = launch(EXAMPLES, *FAST, "model=tied_gpt", "logger=none", "train.save_model=true",
-                  f"strategy={','.join(EXAMPLE_SWEEP)}", tmp_path=tmp, multirun=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return {name: tmp / "multirun" / str(i) for i, name in enumerate(EXAMPLE_SWEEP)}
+    return strategy_sweep(tmp_path_factory.mktemp("examples"), EXAMPLE_SWEEP, EXAMPLES, "model=tied_gpt")
 
 
 @pytest.fixture(scope="session")
@@ -69,10 +62,7 @@ def sweeps_started_together(tmp_path_factory) -> dict[str, SimpleNamespace]:
     sweep folder, that folder relative to where they started)}. test_launch reads the 2-job sweep's W&B
     folder and view, test_scale that they did not collide."""
     tmp = tmp_path_factory.mktemp("together")
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    procs = {name: subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "-m", *FAST, f"strategy={name}"],
-                                    cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for name in ("naive,flat", "naive")}
+    procs = {name: start(*FAST, f"strategy={name}", cwd=tmp, multirun=True) for name in ("naive,flat", "naive")}
     ended = {name: (proc, *proc.communicate(timeout=300)) for name, proc in procs.items()}
     sweeps = {s.name.rsplit("_", 1)[-1]: s for s in (tmp / "outputs" / "multirun").glob("*/*")}  # TIME_PID
     found = {name: sweeps.get(str(proc.pid)) for name, (proc, _, _) in ended.items()}

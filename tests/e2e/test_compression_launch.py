@@ -5,13 +5,13 @@ a gradient all-reduce's), and grad_error shows what each strategy delivers."""
 
 import pytest
 
-from tests.helpers.launching import launch, results
+from tests.helpers.launching import NARROW, launch, results
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["model=tiny", "model.context_length=16", "model.vocab_size=1000", "model.d_model=64", "model.d_ff=256",
-         "model.num_layers=2", "model.num_heads=4", "train.steps=16", "train.warmup_steps=2", "train.batch_size=4",
-         "train.lr=3e-3", "logger=none", "train.precision=fp16", "measure.grad_error=true"]
+SHORT = ["model=tiny", *NARROW, "model.context_length=16", "model.vocab_size=1000", "train.steps=16",
+         "train.warmup_steps=2", "train.batch_size=4", "train.lr=3e-3", "logger=none", "train.precision=fp16",
+         "measure.grad_error=true"]
 RUNS = {"powersgd": ["strategy=powersgd", "strategy.rank=4", "strategy.start_iter=4"],
         "local_sgd": ["strategy=local_sgd", "strategy.sync_every=4", "strategy.outer=nesterov"]}
 

@@ -7,7 +7,7 @@ import pytest
 
 from ddp_lab.config import register_configs
 from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
-from tests.helpers.launching import ROOT, launch, results
+from tests.helpers.launching import NARROW, ROOT, launch, results
 from tests.helpers.token_files import counting_tokens, write_llmc, write_raw
 
 register_configs()
@@ -68,8 +68,7 @@ def test_text_sets_the_vocabulary_and_the_command_line_still_wins(tmp_path, caps
 
 @pytest.mark.slow
 def test_text_trains_and_its_validation_loss_falls(tmp_path):
-    narrow = ["model.d_model=64", "model.d_ff=256", "model.num_layers=2", "model.num_heads=4"]  # 30 steps in 2 s
-    proc = launch("data=text", *narrow, "logger=none", "train.steps=30", "train.eval_every=10", tmp_path=tmp_path)
+    proc = launch("data=text", *NARROW, "logger=none", "train.steps=30", "train.eval_every=10", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = results(tmp_path / "run")
     held_out = [(s["step"], s["val_loss"]) for s in res["steps"] if "val_loss" in s]

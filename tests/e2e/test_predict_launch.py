@@ -24,8 +24,8 @@ def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep):
                   "task.warmup_iters=1", "task.time_budget_s=5", "logger=none", tmp_path=coll, multirun=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the example model, as the jobs validate trains: a profile replays jobs of its own model only
-    tied_gpt = [EXAMPLES, "model=tied_gpt", *(a for a in FAST if not a.startswith("model="))]
-    proc = launch(*tied_gpt, "train.steps=6", "strategy=overlap", "profile=true", "logger=none", tmp_path=prof)
+    proc = launch(EXAMPLES, *FAST, "model=tied_gpt", "train.steps=6", "strategy=overlap", "profile=true",
+                  "logger=none", tmp_path=prof)
     assert proc.returncode == 0, proc.stderr[-2000:]
     phases = json.loads((prof / "run" / "phases.json").read_text())
     assert len(phases["ranks"]) == 2 and len(phases["ranks"][0]) == 6

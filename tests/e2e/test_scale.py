@@ -2,13 +2,11 @@
 submitit's local executor, and two sweeps started at the same moment on one machine."""
 
 import socket
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers.launching import FAST, ROOT, results
+from tests.helpers.launching import FAST, results, start
 from tests.helpers.processes import leftovers
 from tests.helpers.wandb_records import read_run, run_file_of_job
 
@@ -20,11 +18,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def start(*overrides, cwd, multirun=False):
-    args = [sys.executable, str(ROOT / "launch.py"), *overrides] + (["-m"] if multirun else [])
-    return subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_two_nodes_rendezvous_into_one_job(tmp_path):

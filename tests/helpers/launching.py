@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["model=toy", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4"]
 EXAMPLES = f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}]"  # the user's own config folder: examples/
+NARROW = ["model.d_model=64", "model.d_ff=256", "model.num_layers=2", "model.num_heads=4"]  # model=tiny at 1/50
 
 
 def launch(*overrides: str, tmp_path: Path, multirun: bool = False, timeout: float = 240,
@@ -22,6 +23,12 @@ def launch(*overrides: str, tmp_path: Path, multirun: bool = False, timeout: flo
         args.append("-m")
     full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
     return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def start(*overrides: str, cwd: Path, multirun: bool = False) -> subprocess.Popen:
+    """launch.py in the background, with its output folders where Hydra puts them by default (under `cwd`)."""
+    args = [sys.executable, str(ROOT / "launch.py"), *overrides] + (["-m"] if multirun else [])
+    return subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def strategy_sweep(tmp_path: Path, strategies: list[str], *overrides: str) -> dict[str, Path]:
