@@ -229,9 +229,10 @@ class BackendConfig:
     timeout_s: float = 300.0
     """Collective timeout: a hung rank ends the job, never hangs it."""
     collectives: Collectives = Collectives.auto
-    """Reduce-scatter and all-gather of every sharding strategy: ring (the lab's bandwidth-optimal rings
-    over point-to-point, gloo only), native (the backend's own: gloo's reduce-scatter is an all-reduce
-    underneath), auto (ring on gloo, native on nccl)."""
+    """Reduce-scatter, all-gather and post-step broadcasts of every sharding strategy: ring (the lab's
+    bandwidth-optimal rings and chains over point-to-point, gloo only), native (the backend's own: gloo's
+    reduce-scatter is an all-reduce underneath, its broadcast sends every copy from the source), auto
+    (ring on gloo, native on nccl)."""
 
 
 @dataclass

@@ -48,7 +48,7 @@ def data_label(cfg) -> str:
 
 
 def collectives_label(cfg) -> str:
-    """`-collectives=native` when a gloo run asked for the backend's own reduce-scatter and all-gather
+    """`-collectives=native` when a gloo run asked for the backend's own reduce-scatter, all-gather and broadcast
     instead of the lab's rings (the default there), else nothing."""
     backend = (cfg.get("backend") if hasattr(cfg, "get") else None) or {}
     native = str(backend.get("collectives") or "auto") == "native" and str(backend.get("name")) != "nccl"

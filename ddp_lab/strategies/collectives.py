@@ -1,12 +1,13 @@
 """The collectives strategies share: mean all-reduce (blocking, flat, async and stamped), the start-up
-broadcast, and reduce-scatter / all-gather by the implementation `backend.collectives` chooses.
+broadcast, and reduce-scatter / all-gather / broadcasts by the implementation `backend.collectives` chooses.
 
-Reduce-scatter and all-gather (`reduce_scatter`, `all_gather`): every strategy that shards calls these
-two, never torch's directly, so one setting decides what runs under all of them. `ring`: the lab's
-bandwidth-optimal rings over point-to-point (strategies/rings.py), the default on gloo, whose own
-reduce-scatter is an all-reduce underneath; `native`: the backend's own `reduce_scatter_single` /
-`all_gather_single` (nccl's rings and trees; gloo's shortcuts, kept so a user can see the difference).
-`auto` (the default) is the ring on gloo and the backend's own elsewhere.
+Reduce-scatter, all-gather and a step's broadcasts (`reduce_scatter`, `all_gather`, `broadcasts`): every
+strategy that shards calls these, never torch's directly, so one setting decides what runs under all of
+them. `ring`: the lab's bandwidth-optimal rings over point-to-point (strategies/rings.py), the default on
+gloo, whose own reduce-scatter is an all-reduce underneath and whose broadcast sends every copy from the
+source; `native`: the backend's own `reduce_scatter_single` / `all_gather_single` / `broadcast` (nccl's
+rings and trees; gloo's shortcuts, kept so a user can see the difference). `auto` (the default) is the
+ring on gloo and the backend's own elsewhere.
 
 Gloo has no AVG op, so every mean divides by the world size and sums (as torch DDP's default hook
 does: divide first, so the sum cannot overflow in a narrow dtype). Async launches return a
@@ -32,7 +33,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.comm_stats import CommStats, Stamp
 from ddp_lab.strategies.exit_drain import track
-from ddp_lab.strategies.rings import ring_all_gather, ring_reduce_scatter, ring_two_level_all_reduce
+from ddp_lab.strategies.rings import ring_all_gather, ring_broadcasts, ring_reduce_scatter, ring_two_level_all_reduce
 from ddp_lab.units import tensor_bytes
 
 # torch 2.13 renamed the single-tensor collectives (the old names print a FutureWarning on every
@@ -82,6 +83,17 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     if dist.get_backend(group) != "nccl" and input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
         input = input.clone()  # nccl gathers in place from the output's own row; gloo may not
     return all_gather_single(output, input, group=group, async_op=async_op)
+
+
+def broadcasts(tensors: list[torch.Tensor], sources: list[int], group=None,
+               implementation: str | None = None) -> list:
+    """Launch a broadcast of each tensor (contiguous) from its group rank in `sources`, in place, all in
+    flight at once, by `implementation` (as `reduce_scatter`); returns the works to wait for (the ring:
+    one for them all)."""
+    if (implementation or collectives_in_use(group)) == "ring":
+        return [ring_broadcasts(tensors, sources, group=group, async_op=True)]
+    return [dist.broadcast(t, src=s if group is None else dist.get_global_rank(group, s), group=group, async_op=True)
+            for t, s in zip(tensors, sources)]
 
 
 def _equal_rows(sizes) -> None:

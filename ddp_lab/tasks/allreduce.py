@@ -32,7 +32,7 @@ from ddp_lab.spec.bandwidth import (
     message_numel,
     summarize_collective,
 )
-from ddp_lab.strategies.collectives import all_gather, collectives_in_use, reduce_scatter
+from ddp_lab.strategies.collectives import all_gather, broadcasts, collectives_in_use, reduce_scatter
 from ddp_lab.units import GB, MiB
 
 MIN_ITERS = 3
@@ -92,8 +92,8 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
     `reduce_scatter_single`/`all_gather_single`, and its gloo supports all of them; older torch
     lacks the `_single` names and older gloo lacks the tensor forms, hence the fallbacks, tried
     once with a real call (an unsupported op raises on every rank alike, before any traffic).
-    Reduce-scatter and all-gather run what `backend.collectives` chooses (strategies/collectives.py):
-    the lab's rings on gloo by default, the backend's own with `native`.
+    Reduce-scatter, all-gather and broadcast run what `backend.collectives` chooses
+    (strategies/collectives.py): the lab's rings on gloo by default, the backend's own with `native`.
     The last resort for reduce-scatter is an all-reduce of the whole message (named
     `all_reduce_emulation`; its bus factor then is all-reduce's, so report it as such).
     Returns (run, api_name, buffers).
@@ -107,6 +107,8 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
 
     if op == "all_reduce":
         candidates = [("all_reduce", lambda: dist.all_reduce(full, group=group))]
+    elif op == "broadcast" and collectives_in_use(group) == "ring":  # the chain zero1's owners send along
+        candidates = [("ring_broadcast", lambda: [work.wait() for work in broadcasts([full], [0], group=group)])]
     elif op == "broadcast":
         src = 0 if group is None else dist.get_global_rank(group, 0)
         candidates = [("broadcast", lambda: dist.broadcast(full, src=src, group=group))]

@@ -1,6 +1,7 @@
-"""The lab's ring reduce-scatter and all-gather (strategies/rings.py) give what gloo's own give.
+"""The lab's ring reduce-scatter, all-gather and broadcasts (strategies/rings.py) give what gloo's own give.
 
-At 2, 3, 4 and 5 ranks, in fp32, bf16 and fp16: the all-gather is bit for bit gloo's; the reduce-scatter
+At 2, 3, 4 and 5 ranks, in fp32, bf16 and fp16: the all-gather and the broadcasts (several tensors from
+every rank in turn, one 2-D, one empty) are bit for bit gloo's; the reduce-scatter
 is bit for bit at 2 ranks (a + b = b + a) and within the dtype's rounding of the exact sum (float64) at
 more, as gloo's own is (the order of the sum differs). Rows of unequal size, ranks with an empty row,
 a message of many pieces, subgroups (hsdp's shard and replica groups) at once, several rings in flight
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.strategies import rings
-from ddp_lab.strategies.collectives import all_gather, reduce_scatter
+from ddp_lab.strategies.collectives import all_gather, broadcasts, reduce_scatter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ROW = 1000
@@ -44,15 +45,34 @@ def _against_gloo(rank, world_size):
                      "ring_error": (ring.double() - exact).abs().max().item(),
                      "native_error": (native.double() - exact).abs().max().item(),
                      "gather_equal": torch.equal(gathered_ring, gathered_native),
+                     "broadcast_equal": _broadcast_both_ways(rank, world_size, dtype),
                      "input_untouched": torch.equal(x, _data(rank, ROW * world_size, dtype))}
     return out
+
+
+def _broadcast_both_ways(rank, world_size, dtype) -> bool:
+    """Every rank a source (rank 0 twice, once of a 2-D tensor), one empty tensor: the ring's copies are
+    the sources' tensors, bit for bit, as gloo's are."""
+    sources = [*range(world_size), 0, 1]
+    shapes = [(ROW + 3 * i,) for i in range(world_size)] + [(7, 11), (0,)]
+
+    def mine(seed):
+        return [_data(seed + i, torch.Size(shape).numel(), dtype).view(shape) for i, shape in enumerate(shapes)]
+
+    ring, native = mine(100 * rank), mine(100 * rank)
+    for works in (broadcasts(ring, sources, implementation="ring"),
+                  broadcasts(native, sources, implementation="native")):
+        for work in works:
+            work.wait()
+    expected = [mine(100 * source)[i] for i, source in enumerate(sources)]
+    return all(torch.equal(a, e) and torch.equal(b, e) for a, b, e in zip(ring, native, expected))
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 def test_the_rings_give_what_gloo_gives(world_size):
     for rank_result in run_ranks(_against_gloo, world_size):
         for name, r in rank_result.items():
-            assert r["gather_equal"] and r["input_untouched"], name
+            assert r["gather_equal"] and r["broadcast_equal"] and r["input_untouched"], name
             if world_size == 2:
                 assert r["ring_vs_native"] == 0, name
             else:  # each sum rounds in the dtype: within what gloo's own sum is off by, give or take one ulp
@@ -90,7 +110,10 @@ def _many_pieces_and_groups(rank, world_size):
     expected = (peers[rank % 2] + peers[rank % 2 + 2]).view(2, -1)[rank // 2]
     gathered = torch.empty(2 * 250)
     all_gather(gathered, shard, group=mine, implementation="ring")
-    return torch.equal(shard, expected), torch.equal(gathered.view(2, -1)[rank // 2], shard)
+    sent = [x.clone()]  # group rank 1 (global rank 2 or 3) sends its input to its group
+    broadcasts(sent, [1], group=mine)[0].wait()
+    return (torch.equal(shard, expected), torch.equal(gathered.view(2, -1)[rank // 2], shard),
+            torch.equal(sent[0], peers[rank % 2 + 2]))
 
 
 def test_many_pieces_on_two_subgroups_at_once():

@@ -114,6 +114,7 @@ def _train(rank, world_size, scenario):
         if scheduler is not None:
             scheduler.step()
         extras["comm"] = ddp.comm.pop()  # the last step's figures are kept
+    extras["collectives"] = optimizer.collectives  # what ran the broadcasts / reduce-scatters
     if isinstance(optimizer, ShardedOptimizer):
         index = optimizer._global_index()
         extras["owned"] = {index[p]: sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
@@ -166,6 +167,7 @@ def _scenarios(world_size, resume=None):
         s[f"{opt_name}-allreduce_broadcast"] = {"strategy": ZERO1_AB, "optimizer": opt_name}
         s[f"{opt_name}-reduce_scatter"] = {"strategy": ZERO1_RS, "optimizer": opt_name}
     s["adamw-reduce_scatter-native"] = {"strategy": ZERO1_RS, "optimizer": "adamw", "collectives": "native"}
+    s["adamw-allreduce_broadcast-native"] = {"strategy": ZERO1_AB, "optimizer": "adamw", "collectives": "native"}
     s["transformer-scheduler"] = {"strategy": ZERO1_RS, "optimizer": "adamw", "model": "transformer", "scheduler": True}
     s["transformer-bucketed"] = {"strategy": ZERO1, "optimizer": "adamw", "model": "transformer"}
     s["zero1_torch"] = {"strategy": ZERO1_TORCH, "optimizer": "adamw", "model": "transformer"}
@@ -198,7 +200,8 @@ def _assert_parity(results, name):
 
 
 SHARED = ["adamw-allreduce_broadcast", "adamw-reduce_scatter", "sgd-allreduce_broadcast", "sgd-reduce_scatter",
-          "adamw-reduce_scatter-native", "transformer-scheduler", "transformer-bucketed"]
+          "adamw-reduce_scatter-native", "adamw-allreduce_broadcast-native", "transformer-scheduler",
+          "transformer-bucketed"]
 
 
 # ----- the tests --------------------------------------------------------------------------------
@@ -252,7 +255,8 @@ def test_comm_bytes(four, two):
     = reduce-scatter G + all-gather P (the lab's rings, gloo's default: the owners' segments at their exact
     sizes; the backend's own, nccl's calls: N segments padded to the largest shard, N x max shard each)."""
     for results in (four, two):
-        for name in ("adamw-allreduce_broadcast", "adamw-reduce_scatter", "adamw-reduce_scatter-native"):
+        for name in ("adamw-allreduce_broadcast", "adamw-allreduce_broadcast-native", "adamw-reduce_scatter",
+                     "adamw-reduce_scatter-native"):
             extras = results[0][name][2]
             trainable = sum(extras["param_bytes"][i] for i in extras["trainable"])
             comm = extras["comm"]
@@ -264,6 +268,7 @@ def test_comm_bytes(four, two):
             params = len(extras["trainable"])
             # flat all-reduce + one broadcast per parameter; one reduce-scatter + one all-gather either way
             assert comm["collectives"] == {"adamw-allreduce_broadcast": 1 + params,
+                                           "adamw-allreduce_broadcast-native": 1 + params,
                                            "adamw-reduce_scatter": 2,
                                            "adamw-reduce_scatter-native": 2}[name], name
 
@@ -277,6 +282,7 @@ def test_zero1_torch_counts_its_broadcasts(four, two):
         assert theirs["exposed_optimizer_comm_ms"] > 0  # the broadcasts' wait, inside its step()
         params = len(list(MODELS["transformer"]().parameters()))
         assert theirs["collectives"] > params  # DDP's buckets + one broadcast per parameter
+        assert results[0]["zero1_torch"][2]["collectives"] == "ring"  # the lab's chain broadcasts on gloo
 
 
 def test_state_dict_is_a_plain_optimizers(four):

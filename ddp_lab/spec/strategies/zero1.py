@@ -28,7 +28,8 @@ UNUSED_WITH_REDUCE_SCATTER = ("bucket_mb", "grad_sync")
 class Zero1Spec(StrategySpec):
     """ZeRO stage 1: gradients averaged by `grad_sync`, optimizer state sharded over ranks by whole
     parameters (ShardedOptimizer). comm=allreduce_broadcast: grad_sync all-reduces the gradients and each
-    owner broadcasts its updated parameters (1.5x to 2x an all-reduce's bytes). comm=reduce_scatter: ZeRO-1
+    owner broadcasts its updated parameters (1.5x an all-reduce's bytes over each link: on gloo the lab's chain
+    broadcasts, backend.collectives). comm=reduce_scatter: ZeRO-1
     proper, reduce-scatter of gradients + all-gather of parameters (one all-reduce's bytes; grad_sync and
     bucket_mb unused)."""
 

@@ -15,7 +15,7 @@ from ddp_lab.spec.strategy import StrategySpec, knob_at_least
 class Zero2Spec(StrategySpec):
     """ZeRO stage 2: buckets of at most bucket_mb MiB (bucketed's plan) reduce-scattered during backward as
     they fill; each rank keeps its slice of the averaged gradient, updates its slice of the parameters,
-    and the updated slices are all-gathered (on gloo: per-slice reduce + broadcast)."""
+    and the updated slices are all-gathered (on gloo the lab's rings, backend.collectives)."""
 
     _target_: str = "ddp_lab.spec.strategies.zero2.Zero2Spec"
     name: str = "zero2"

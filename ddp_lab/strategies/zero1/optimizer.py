@@ -13,9 +13,11 @@ over each rank's link in nccl-tests' bus convention for N ranks (ddp_lab/analysi
 
 - `allreduce_broadcast` (the CS336 simplification; default): the gradient-sync wrapper all-reduces
   every gradient (payload G, 2(N-1)/N * G on the link), each owner updates its shard and
-  broadcasts its updated parameters, one async broadcast per parameter straight into every
-  rank's copy, all in flight at once (payload P, and P on the link: a broadcast's bus factor
-  is 1). In all 2(N-1)/N * G + P: 1.5x an all-reduce for large N, 2x at N = 2.
+  broadcasts its updated parameters, one broadcast per parameter straight into every rank's
+  copy, all in flight at once (payload P). Every rank receives what it does not own, and on
+  gloo the lab's chain broadcasts (strategies/rings.py) forward it along the ring, so each
+  rank's link carries (N-1)/N * P, an all-gather's bytes. In all 2(N-1)/N * G + (N-1)/N * P:
+  1.5x an all-reduce's bytes at any N.
 - `reduce_scatter` (ZeRO-1 as the paper describes it): gradients are summed only onto their owner
   (reduce-scatter, (N-1)/N * G), the owner updates, and everyone gathers the updated parameters
   (all-gather, (N-1)/N * P): with P = G exactly one all-reduce's bytes. After the reduce-scatter a
@@ -40,7 +42,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors
 
 from ddp_lab.spec.choices import ZeroComm
-from ddp_lab.strategies.collectives import all_gather, casts, collectives_in_use, reduce_scatter, to_wire
+from ddp_lab.strategies.collectives import all_gather, broadcasts, casts, collectives_in_use, reduce_scatter, to_wire
 from ddp_lab.strategies.shard_optimizer import ShardOptimizerBase
 from ddp_lab.strategies.zero1.checkpoint import ConsolidatedStateDict
 from ddp_lab.strategies.zero1.ownership import assign_owners
@@ -121,7 +123,8 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
     def _broadcast_params(self) -> None:
         """Each owner broadcasts its updated params straight into every rank's copy; all at once.
 
-        One async broadcast per parameter, into the parameter itself: no flat buffer to fill on
+        One broadcast per parameter (by `backend.collectives`: the lab's chain broadcasts on gloo, one
+        ring job for them all), into the parameter itself: no flat buffer to fill on
         the owner or to copy out of elsewhere (that copy and a fresh buffer per step made this
         2x slower on gloo; measured in docs/benchmarks.md, "ZeRO-1"). Every rank issues the
         calls in the same order (by dtype, then owner, then param_groups order).
@@ -131,12 +134,10 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
         pending = [(p, owner) for per_owner in self._trainable_by_owner().values()
                    for owner, params in enumerate(per_owner) for p in params]
         with self._timed(sum(tensor_bytes(p) for p, _ in pending), len(pending)):
-            works = []
-            for p, owner in pending:
-                buffer = p.detach().contiguous()  # the parameter itself unless it is not contiguous
-                works.append((p, buffer, dist.broadcast(buffer, src=owner, async_op=True)))
-            for p, buffer, work in works:
+            buffers = [p.detach().contiguous() for p, _ in pending]  # the parameter itself unless not contiguous
+            for work in broadcasts(buffers, [owner for _, owner in pending], implementation=self.collectives):
                 work.wait()
+            for (p, _), buffer in zip(pending, buffers):
                 if buffer.data_ptr() != p.data_ptr():
                     p.copy_(buffer)
 
