@@ -34,6 +34,7 @@ from ddp_lab.launcher.config_checks import ConfigError, validate
 from ddp_lab.launcher.job import run_job
 from ddp_lab.launcher.preflight import check_command_line, knobs_of_swept_groups
 from ddp_lab.launcher.resume import resume_command_line
+from ddp_lab.spec.figures import LATENCY, STEP_TIME
 
 register_configs()
 # A unique folder per launch: two sweeps started in the same second must not share one. Under a
@@ -66,7 +67,7 @@ def under_submitit(hc) -> bool:
 
 def headline(results: dict) -> float:
     summary = results.get("summary") or {}
-    value = summary.get("step_time_ms") or summary.get("latency_ms") or {}
+    value = summary.get(STEP_TIME.key) or summary.get(LATENCY.key) or {}
     return value.get("p50", float("nan")) if results.get("status") == "ok" else float("nan")
 
 

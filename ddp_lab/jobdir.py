@@ -6,7 +6,7 @@ multi-node job). Every module that reads or writes a file there takes its name f
 ```
 JOB/
   config.yaml          the resolved config every rank reads (launch.py writes it)
-  results.json         status, error, config, env, summary, steps (rank 0 on success, else launch.py)
+  results.json         schema, status, error, config, env, summary, steps (rank 0 on success, else launch.py)
   steps.jsonl          rank 0's per-step records as they happened
   node{N}.json         a node other than node_rank 0: its own ranks' status
   model.pt             train.save_model=true: the final weights (rank 0)
@@ -26,6 +26,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+from ddp_lab.spec.figures import SCHEMA_VERSION
 
 CONFIG = "config.yaml"
 RESULTS = "results.json"
@@ -102,15 +104,27 @@ def read_steps(job_dir: Path) -> list[dict]:
     return steps
 
 
+class ResultsSchemaError(ValueError):
+    """A results.json written by a newer ddp-lab than this one: refused, never misread."""
+
+
 def read_results(job_dir: Path) -> dict | None:
+    """results.json, or None where there is none (or half of one). A file without `schema` is version 1 (the
+    same layout); a newer version than SCHEMA_VERSION raises ResultsSchemaError with one line to print."""
     path = Path(job_dir) / RESULTS
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        results = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
+    version = results.get("schema", 1) if isinstance(results, dict) else None
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ResultsSchemaError(f"{path}: results.json schema {version!r} is not one this ddp-lab reads "
+                                 f"(1 to {SCHEMA_VERSION}): read it with the ddp-lab that wrote it")
+    return results
 
 
 def make_results(status: str, error: str | None, config: dict, env: dict, summary: dict, steps: list[dict]) -> dict:
-    return {"status": status, "error": error, "config": config, "env": env, "summary": summary, "steps": steps}
+    return {"schema": SCHEMA_VERSION, "status": status, "error": error, "config": config, "env": env,
+            "summary": summary, "steps": steps}

@@ -25,6 +25,8 @@ from its results.json alone (offline, no torch).
 
 from __future__ import annotations
 
+from ddp_lab.spec.figures import GRAD_ERROR, LOSS, STEP_TIME, VAL_LOSS
+
 TARGET_MARGIN = 0.05
 LOSSY_KNOBS = ("rank", "sync_every")  # powersgd, local_sgd: their gradients are not the exact average
 # train keys a row and its reference may differ in: compared (precision), or not training (what is
@@ -50,12 +52,12 @@ def is_exact(results: dict) -> bool:
 
 def loss_kind(results: dict) -> str:
     """"validation" where the job measured its held-out loss at two or more steps, else "training"."""
-    held_out = [s for s in results.get("steps") or [] if s.get("val_loss") is not None]
+    held_out = [s for s in results.get("steps") or [] if s.get(VAL_LOSS.key) is not None]
     return "validation" if len(held_out) >= 2 else "training"
 
 
 def _loss_key(results: dict) -> str:
-    return "val_loss" if loss_kind(results) == "validation" else "loss"
+    return VAL_LOSS.key if loss_kind(results) == "validation" else LOSS.key
 
 
 def losses(results: dict) -> list[tuple[int, float]]:
@@ -68,7 +70,7 @@ def elapsed_s(results: dict) -> list[tuple[float, float]]:
     """(wall seconds since the start, loss) at the end of each step of the loss curve."""
     out, total, key = [], 0.0, _loss_key(results)
     for s in results.get("steps") or []:
-        total += (s.get("step_time_ms") or 0.0) / 1e3
+        total += (s.get(STEP_TIME.key) or 0.0) / 1e3
         if s.get(key) is not None:
             out.append((total, s[key]))
     return out
@@ -160,7 +162,7 @@ def accuracy(runs: list[tuple[str, dict]], target_loss: float | None = None,
         nbytes = _at(res, "summary", "comm_bytes_per_step")
         ref_bytes = _at(ref, "summary", "comm_bytes_per_step") if ref is not None else None
         seconds, step = time_to_target(res, target) if target is not None else (None, None)
-        errors = [s["grad_error"] for s in res.get("steps") or [] if s.get("grad_error") is not None]
+        errors = [s[GRAD_ERROR.key] for s in res.get("steps") or [] if s.get(GRAD_ERROR.key) is not None]
         out[name] = {
             "exact": is_exact(res), "reference_job": ref_name, "reference_why": why, "final_loss": loss,
             "loss_kind": loss_kind(res), "final_val_loss": _at(res, "summary", "final_val_loss"),

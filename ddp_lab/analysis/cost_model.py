@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddp_lab.analysis.records import bucket_groups
+from ddp_lab.spec.figures import LATENCY
 from ddp_lab.units import MiB
 
 
@@ -97,7 +98,7 @@ def fit_link_from_summaries(summaries) -> LinkFit:
     keys = {(s["op"], s["world_size"]) for s in summaries}
     if len(keys) > 1:
         raise ValueError(f"mixing ops / world sizes {sorted(keys)}: fit one link per (op, world_size)")
-    return fit_link([s["bytes"] for s in summaries], [s["latency_ms"]["p50"] / 1e3 for s in summaries])
+    return fit_link([s["bytes"] for s in summaries], [s[LATENCY.key]["p50"] / 1e3 for s in summaries])
 
 
 def exposed_overhead(n_buckets, total_bytes: float, overhead_s: float, bandwidth_Bps: float):

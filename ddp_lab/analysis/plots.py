@@ -21,6 +21,7 @@ from ddp_lab.analysis.accuracy import elapsed_s, is_exact, loss_kind, losses  # 
 from ddp_lab.analysis.records import bucket_groups, record  # noqa: E402
 from ddp_lab.analysis.timeline import plot_timeline  # noqa: E402
 from ddp_lab.jobdir import TRACES  # noqa: E402
+from ddp_lab.spec.figures import BUSBW  # noqa: E402
 
 PHASES = [("compute_mean_ms", "compute (forward + backward)", "#4C72B0"),
           ("exposed_mean_ms", "exposed communication", "#C44E52"),
@@ -267,10 +268,10 @@ def plot_bandwidth(records: list[dict], path) -> bool:
         series[(r.get("op_label"), r.get("backend"), r.get("world_size"))].append(r)
     fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(13, 4.8))
     for (op, backend, ws), rows in sorted(series.items(), key=lambda kv: tuple(str(k) for k in kv[0])):
-        ok = sorted((r for r in rows if r["status"] == "ok" and r.get("busbw_GBps") is not None),
+        ok = sorted((r for r in rows if r["status"] == "ok" and r.get(BUSBW.key) is not None),
                     key=lambda r: r["size_mb"])
         name = f"{op} {backend} {ws} ranks"
-        line, = ax_bw.plot([r["size_mb"] for r in ok], [r["busbw_GBps"] for r in ok], "o-", label=name)
+        line, = ax_bw.plot([r["size_mb"] for r in ok], [r[BUSBW.key] for r in ok], "o-", label=name)
         ax_lat.plot([r["size_mb"] for r in ok], [r["latency_p50_ms"] for r in ok], "o-", color=line.get_color(),
                     label=name)
         _mark_failed_x(ax_bw, [r["size_mb"] for r in rows if r not in ok and r.get("size_mb")],

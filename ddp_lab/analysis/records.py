@@ -1,6 +1,7 @@
 """A sweep's jobs found on disk and flattened into one record each: what every table shows (the
 terminal's, report.md's: analysis/columns.py), report.csv holds, and the plots, the cost model and the
-predictor read. One key per figure, whatever reads it.
+predictor read. One key per figure, whatever reads it: a per-step figure's statistics are named by its
+row in spec/figures.py (`step_time_ms`'s p50 is `step_p50_ms`).
 
 A failed or missing job is a record too (status and error), never a gap.
 """
@@ -14,6 +15,18 @@ from omegaconf import OmegaConf
 
 from ddp_lab.analysis.accuracy import accuracy
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
+from ddp_lab.spec.figures import (
+    ALGBW,
+    BUSBW,
+    EXPOSED,
+    EXPOSED_OPTIMIZER,
+    FWD_BWD,
+    LATENCY,
+    OPTIMIZER,
+    STEP_TIME,
+    SYNC,
+    training_figures,
+)
 from ddp_lab.spec.labels import collective_label, row_label
 from ddp_lab.spec.zero_bytes import model_state_bytes
 from ddp_lab.units import MiB
@@ -88,11 +101,10 @@ def train_record(res: dict) -> dict:
     optimizer's wait for its own communication (zero1's parameter broadcasts) is exposed comm
     taken out of the optimizer phase, which keeps only the update itself."""
     cfg = res.get("config") or {}
-    fwd_bwd, sync, exposed, opt, step = (_mean(res, k) for k in
-                                         ("fwd_bwd_ms", "sync_ms", "exposed_comm_ms", "optimizer_ms", "step_time_ms"))
+    fwd_bwd, sync, exposed, opt, step = (_mean(res, f.key) for f in (FWD_BWD, SYNC, EXPOSED, OPTIMIZER, STEP_TIME))
     compute = other = None
     if None not in (fwd_bwd, sync, exposed, opt, step):
-        in_optimizer = min(_mean(res, "exposed_optimizer_comm_ms") or 0.0, exposed, opt)
+        in_optimizer = min(_mean(res, EXPOSED_OPTIMIZER.key) or 0.0, exposed, opt)
         in_sync = min(exposed - in_optimizer, fwd_bwd + sync)
         compute, opt, exposed = fwd_bwd + sync - in_sync, opt - in_optimizer, in_sync + in_optimizer
         other = max(0.0, step - compute - exposed - opt)
@@ -102,12 +114,7 @@ def train_record(res: dict) -> dict:
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),
-        "step_p50_ms": _get(res, "summary", "step_time_ms", "p50"),
-        "step_p90_ms": _get(res, "summary", "step_time_ms", "p90"),
-        "step_min_ms": _get(res, "summary", "step_time_ms", "min"), "step_mean_ms": step,
-        "comm_p50_ms": _get(res, "summary", "comm_ms", "p50"),
-        "exposed_p50_ms": _get(res, "summary", "exposed_comm_ms", "p50"),
-        "exposed_min_rank_p50_ms": _get(res, "summary", "exposed_comm_min_rank_ms", "p50"),
+        **{f.record_key(stat): _get(res, "summary", f.key, stat) for f in training_figures() for stat in f.record},
         "compute_mean_ms": compute, "exposed_mean_ms": exposed, "optimizer_mean_ms": opt, "other_mean_ms": other,
         "overlap_pct": _get(res, "summary", "overlap_pct"),
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
@@ -168,8 +175,8 @@ def collective_record(res: dict) -> dict:
         "world_size": cfg.get("world_size"),
         "backend": s.get("backend") or _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "device": s.get("device"), "iters": s.get("iters"),
-        **{f"latency_{k}_ms": _get(s, "latency_ms", k) for k in ("p50", "mean", "std", "min", "max", "p90")},
-        "algbw_GBps": s.get("algbw_GBps"), "busbw_GBps": s.get("busbw_GBps"),
+        **{f"latency_{k}_ms": _get(s, LATENCY.key, k) for k in ("p50", "mean", "std", "min", "max", "p90")},
+        ALGBW.key: s.get(ALGBW.key), BUSBW.key: s.get(BUSBW.key),
     }
 
 

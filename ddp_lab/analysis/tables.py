@@ -15,6 +15,7 @@ from rich.table import Table
 from ddp_lab.analysis.columns import Column
 from ddp_lab.analysis.columns import table as column_table
 from ddp_lab.analysis.records import job_records
+from ddp_lab.spec.figures import ALGBW, BUSBW
 
 ROW = [Column("job", "job"), Column("strategy", "label"), Column("model", "model"),
        Column("ranks", "world_size", "{}"), Column("status", "status")]
@@ -39,8 +40,8 @@ COLLECTIVES = [
     Column("lat p50 ms", "latency_p50_ms", "{:.3f}", "collectives"),
     Column("lat min ms", "latency_min_ms", "{:.3f}", "collectives"),
     Column("lat max ms", "latency_max_ms", "{:.3f}", "collectives"),
-    Column("algbw GB/s", "algbw_GBps", "{:.3f}", "collectives"),
-    Column("busbw GB/s", "busbw_GBps", "{:.3f}", "collectives"), Column("iters", "iters", "{}", "collectives"),
+    Column("algbw GB/s", ALGBW.key, "{:.3f}", "collectives"),
+    Column("busbw GB/s", BUSBW.key, "{:.3f}", "collectives"), Column("iters", "iters", "{}", "collectives"),
 ]
 
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.analysis.records import load_runs
+from ddp_lab.spec.figures import COMM, COMM_BYTES, EXPOSED, FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
 from ddp_lab.spec.labels import flatten
 
 SPEC = "wandb_workspace.json"
@@ -33,16 +34,16 @@ NOT_GROUPED = ("logger.", "hydra.", "launcher.node_rank", "launcher.master_port"
 
 SECTIONS = [
     {"name": "Step time", "panels": [
-        {"kind": "bar", "title": "step time p50 (ms)", "summary": ["step_time_ms/p50"]},
-        {"kind": "line", "title": "step time (ms)", "x": "Step", "y": ["step_time_ms"]},
+        {"kind": "bar", "title": "step time p50 (ms)", "summary": [f"{STEP_TIME.key}/p50"]},
+        {"kind": "line", "title": "step time (ms)", "x": "Step", "y": [STEP_TIME.key]},
         {"kind": "line", "title": "phases (ms): forward+backward, sync, optimizer", "x": "Step",
-         "y": ["fwd_bwd_ms", "sync_ms", "optimizer_ms"]},
+         "y": [FWD_BWD.key, SYNC.key, OPTIMIZER.key]},
     ]},
     {"name": "Communication", "panels": [
-        {"kind": "bar", "title": "exposed comm p50 (ms)", "summary": ["exposed_comm_ms/p50"]},
+        {"kind": "bar", "title": "exposed comm p50 (ms)", "summary": [f"{EXPOSED.key}/p50"]},
         {"kind": "bar", "title": "overlap (%)", "summary": ["overlap_pct"]},
-        {"kind": "line", "title": "comm in flight and exposed (ms)", "x": "Step", "y": ["comm_ms", "exposed_comm_ms"]},
-        {"kind": "line", "title": "bytes per step", "x": "Step", "y": ["comm_bytes"]},
+        {"kind": "line", "title": "comm in flight and exposed (ms)", "x": "Step", "y": [COMM.key, EXPOSED.key]},
+        {"kind": "line", "title": "bytes per step", "x": "Step", "y": [COMM_BYTES.key]},
     ]},
     {"name": "Memory", "panels": [
         {"kind": "bar", "title": "model state per rank (bytes, most-loaded rank)",
@@ -51,9 +52,9 @@ SECTIONS = [
          "summary": ["memory/strategy_state_max_rank"]},
     ]},
     {"name": "Loss", "panels": [
-        {"kind": "line", "title": "validation loss against step", "x": "Step", "y": ["val_loss"]},
-        {"kind": "line", "title": "validation loss against wall time", "x": "RelativeTime(Wall)", "y": ["val_loss"]},
-        {"kind": "line", "title": "training loss", "x": "Step", "y": ["loss"]},
+        {"kind": "line", "title": "validation loss against step", "x": "Step", "y": [VAL_LOSS.key]},
+        {"kind": "line", "title": "validation loss against wall time", "x": "RelativeTime(Wall)", "y": [VAL_LOSS.key]},
+        {"kind": "line", "title": "training loss", "x": "Step", "y": [LOSS.key]},
     ]},
 ]
 

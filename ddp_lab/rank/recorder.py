@@ -21,20 +21,17 @@ from rich.progress import (
 )
 
 from ddp_lab.jobdir import STEPS
+from ddp_lab.spec.figures import FIGURES, LOSS, STEP_TIME
 from ddp_lab.spec.labels import flatten, run_name
-
-# What each logged figure is, for W&B's default charts: every per-step figure is plotted against
-# `step` (the train step, not W&B's own counter), and its run summary keeps what the name says.
-# Units are in the names (_ms milliseconds, _bytes bytes, _pct percent, loss in nats per token).
-SUMMARIES = {"step_time_ms": "mean", "loss": "last", "val_loss": "min", "exposed_comm_ms": "mean",
-             "comm_ms": "mean", "comm_bytes": "mean", "fwd_bwd_ms": "mean", "sync_ms": "mean", "optimizer_ms": "mean",
-             "latency_ms": "mean"}
 
 
 def declare_metrics(run) -> None:
+    """For W&B's default charts: every per-step figure is plotted against `step` (the train step, not
+    W&B's own counter), and its run summary keeps what its row in spec/figures.py says."""
     run.define_metric("step")
-    for name, summary in SUMMARIES.items():
-        run.define_metric(name, step_metric="step", summary=summary)
+    for figure in FIGURES:
+        if figure.wandb:
+            run.define_metric(figure.key, step_metric="step", summary=figure.wandb)
     run.define_metric("*", step_metric="step")
 
 
@@ -82,9 +79,9 @@ class RunRecorder(NullRecorder):
         if self.run is not None:
             self.run.log(record, step=record["step"])
         if self.progress is not None:
-            info = f"{record.get('step_time_ms', 0):.0f} ms/step"
-            if "loss" in record:
-                info = f"loss {record['loss']:.3f}  " + info
+            info = f"{record.get(STEP_TIME.key, 0):.0f} ms/step"
+            if LOSS.key in record:
+                info = f"loss {record[LOSS.key]:.3f}  " + info
             self.progress.update(self.task, advance=1, info=info)
 
     def finish(self, summary: dict | None, ok: bool) -> None:

@@ -1,4 +1,5 @@
-"""Per-step timing and the cross-rank reduction that makes a step's figures the job's figures.
+"""Per-step timing and the cross-rank reduction that makes a step's figures the job's figures (each as its
+row in spec/figures.py says).
 
 A step ends when the last rank ends, so each timing is the slowest rank's; the loss is the mean
 over ranks (each rank's loss is over its own slice), and so are a step's phases (the timer's laps):
@@ -21,9 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.rank.process_group import synchronize
-
-MEAN_KEYS = ("loss", "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms")
-MIN_ALSO = {"exposed_comm_ms": "exposed_comm_min_rank_ms"}  # also reported as the least over ranks
+from ddp_lab.spec.figures import figure, training_figures
 
 
 class StepTimer:
@@ -61,15 +60,16 @@ class StepTimer:
 def reduce_over_ranks(local: dict[str, float], device: torch.device) -> dict[str, float]:
     """One all_gather of every rank's numbers (outside the timed region); rank 0 uses the result."""
     keys = sorted(local)
+    rows = [figure(key) for key in keys]  # each as its row in spec/figures.py says; a key with none is refused
     mine = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     table = torch.stack(gathered).cpu()
     out = {}
-    for i, key in enumerate(keys):
-        column = table[:, i]
-        value = float(column.mean() if key in MEAN_KEYS else column.max())
+    for i, (key, row) in enumerate(zip(keys, rows)):
+        value = float(table[:, i].mean() if row.ranks == "mean" else table[:, i].max())
         out[key] = int(value) if isinstance(local[key], int) else value
-        if key in MIN_ALSO:
-            out[MIN_ALSO[key]] = float(column.min())
+    for least in training_figures():
+        if least.ranks == "min" and least.of in local:
+            out[least.key] = float(table[:, keys.index(least.of)].min())
     return out

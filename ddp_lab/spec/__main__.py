@@ -1,10 +1,11 @@
 """`python -m ddp_lab.spec`: every strategy, its one-liner and its knobs, read from the specs themselves.
 
     python -m ddp_lab.spec                      # text: a strategy, its one-liner, its knobs (type, default, meaning)
-    python -m ddp_lab.spec --markdown           # the two tables docs/strategies.md and docs/configuration.md show
+    python -m ddp_lab.spec --markdown           # the tables docs/strategies.md, configuration.md, measurements.md show
 
-The specs are the one home of these facts: the docs' tables are this command's output (tests/unit/
-test_spec_docs.py checks they still are), so a knob added to a spec shows in both without a second copy.
+The specs (and spec/figures.py, for every per-step figure) are the one home of these facts: the docs' tables
+are this command's output (tests/unit/test_spec_docs.py checks they still are), so a knob added to a spec
+shows in both without a second copy.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ import argparse
 import sys
 
 from ddp_lab.spec.docs import knob_rows, strategy_rows
+from ddp_lab.spec.figures import figures_markdown
 
 BEGIN = "<!-- python -m ddp_lab.spec --markdown {}: begin -->"
 END = "<!-- python -m ddp_lab.spec --markdown {}: end -->"
+TABLES = ("strategies", "knobs", "figures")
 
 
 def markdown(table: str) -> str:
-    """The `strategies` or `knobs` table in Markdown, between the markers the docs keep it in."""
-    if table == "strategies":
+    """The `strategies`, `knobs` or `figures` table in Markdown, between the markers the docs keep it in."""
+    if table == "figures":
+        lines = [figures_markdown()]
+    elif table == "strategies":
         lines = ["| strategy | spec | runtime class | what it does |", "|---|---|---|---|"]
         lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['summary']} |" for r in strategy_rows()]
     else:
@@ -40,9 +45,9 @@ def text() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.spec", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--markdown", action="store_true", help="the strategies and knobs tables, in Markdown")
+    parser.add_argument("--markdown", action="store_true", help="the strategies, knobs and figures tables, in Markdown")
     args = parser.parse_args(argv)
-    print("\n\n".join(markdown(t) for t in ("strategies", "knobs")) if args.markdown else text())
+    print("\n\n".join(markdown(t) for t in TABLES) if args.markdown else text())
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ddp_lab.spec.choices import CollectiveOp
+from ddp_lab.spec.figures import ALGBW, BUSBW, LATENCY
 from ddp_lab.spec.stats import summarize
 from ddp_lab.units import GB
 
@@ -76,9 +77,9 @@ def summarize_collective(op: str, nbytes: int, world_size: int, seconds: list[fl
     lat = latency_summary(seconds)
     t50 = lat["p50"] / 1e3
     return {"op": op, "bytes": int(nbytes), "world_size": world_size, "iters": len(seconds),
-            "latency_ms": lat,
-            "algbw_GBps": algbw(nbytes, t50) / GB,
-            "busbw_GBps": busbw(op, nbytes, t50, world_size) / GB,
+            LATENCY.key: lat,
+            ALGBW.key: algbw(nbytes, t50) / GB,
+            BUSBW.key: busbw(op, nbytes, t50, world_size) / GB,
             "bus_factor": bus_factor(op, world_size)}
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddp_lab.spec.figures import COLLECTIVES, COMM, COMM_BYTES, EXPOSED, LOSS, VAL_LOSS, training_figures
+
 SUMMARY_KEYS = ("mean", "std", "p50", "p90", "p95", "min", "max")
 
 
@@ -19,26 +21,23 @@ def summarize(values) -> dict | None:
             "p95": float(p95), "min": float(a.min()), "max": float(a.max())}
 
 
-TRAINING_SUMMARIZED = ("step_time_ms", "comm_ms", "exposed_comm_ms", "exposed_comm_min_rank_ms",
-                       "exposed_optimizer_comm_ms", "fwd_bwd_ms", "sync_ms", "optimizer_ms", "compress_ms",
-                       "grad_error")
-"""Per-step figures a training job's summary gives mean, std and percentiles of (a step's phases are the
-timer's laps: fwd_bwd, sync, optimizer)."""
+TRAINING_SUMMARIZED = tuple(f.key for f in training_figures() if f.summarized)
+"""Per-step figures a training job's summary gives mean, std and percentiles of (spec/figures.py says which)."""
 
 
 def summarize_training(steps: list[dict], warmup_steps: int) -> dict:
     """Summaries over the measured (post-warm-up) steps, plus overlap % where comm was in flight."""
     measured = [s for s in steps if s["step"] >= warmup_steps]
     summary = {key: summarize(s.get(key) for s in measured) for key in TRAINING_SUMMARIZED}
-    total = sum(s.get("comm_ms", 0.0) for s in measured)
-    exposed = sum(s.get("exposed_comm_ms", 0.0) for s in measured)
+    total = sum(s.get(COMM.key, 0.0) for s in measured)
+    exposed = sum(s.get(EXPOSED.key, 0.0) for s in measured)
     summary["overlap_pct"] = max(0.0, 100.0 * (1.0 - exposed / total)) if total > 0 else None
     summary["measured_steps"] = len(measured)
-    summary["final_loss"] = steps[-1].get("loss") if steps else None
-    held_out = [s["val_loss"] for s in steps if s.get("val_loss") is not None]
+    summary["final_loss"] = steps[-1].get(LOSS.key) if steps else None
+    held_out = [s[VAL_LOSS.key] for s in steps if s.get(VAL_LOSS.key) is not None]
     summary["final_val_loss"] = held_out[-1] if held_out else None
     if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
-        for key, out in (("collectives", "collectives_per_step"), ("comm_bytes", "comm_bytes_per_step")):
+        for key, out in ((COLLECTIVES.key, "collectives_per_step"), (COMM_BYTES.key, "comm_bytes_per_step")):
             values = [s[key] for s in measured if s.get(key) is not None]
             summary[out] = sum(values) / len(values) if values else None
     return summary

@@ -32,6 +32,7 @@ from ddp_lab.spec.bandwidth import (
     message_numel,
     summarize_collective,
 )
+from ddp_lab.spec.figures import ALGBW, BUSBW, LATENCY, RANK_SPREAD
 from ddp_lab.strategies.collectives import all_gather, broadcasts, collectives_in_use, reduce_scatter
 from ddp_lab.units import GB, MiB
 
@@ -70,10 +71,10 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     steps = []
     for i, seconds in enumerate(times):
         ranks = [r[i] for r in per_rank]
-        record = {"step": i, "latency_ms": seconds * 1e3,
-                  "algbw_GBps": algbw(info["bytes"], seconds) / GB,
-                  "busbw_GBps": busbw(task.op, info["bytes"], seconds, world_size) / GB,
-                  "rank_spread_ms": (max(ranks) - min(ranks)) * 1e3}
+        record = {"step": i, LATENCY.key: seconds * 1e3,
+                  ALGBW.key: algbw(info["bytes"], seconds) / GB,
+                  BUSBW.key: busbw(task.op, info["bytes"], seconds, world_size) / GB,
+                  RANK_SPREAD.key: (max(ranks) - min(ranks)) * 1e3}
         steps.append(record)
         recorder.step(record)
     return {"summary": summary, "steps": steps}

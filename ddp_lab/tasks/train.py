@@ -29,6 +29,7 @@ from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
+from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
 from ddp_lab.spec.stats import summarize_training
 from ddp_lab.spec.strategies import spec_of
 
@@ -57,13 +58,13 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
             loss = loss_fn(logits.float(), targets) / len(micro_batches)
             precision.backward(loss)
         losses.append(loss.detach())
-    lap("fwd_bwd_ms")
+    lap(FWD_BWD.key)
     model.finish_gradient_synchronization()
-    lap("sync_ms")
+    lap(SYNC.key)
     if before_step is not None:
         before_step()
     precision.step(optimizer)
-    lap("optimizer_ms")
+    lap(OPTIMIZER.key)
     return torch.stack(losses).sum()
 
 
@@ -111,17 +112,17 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             profiler.end_step(timer, model.comm.intervals)
             if step == cfg.train.steps - 1:
                 memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
-            record = {"step": step, **reduce_over_ranks({"step_time_ms": step_ms, "loss": loss.item(), **timer.laps,
+            record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
                                                          **model.comm.pop(), **precision.record(), **measured}, device)}
             if held_out.due(step) and not profiler.records(step):
-                record["val_loss"] = held_out.measure(model, loss_fn, precision)
+                record[VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
             steps.append(record)
             recorder.step(record)
             profiler.step()
         profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
                                     precision.autocast)
-    if held_out.due(steps[-1]["step"]) and "val_loss" not in steps[-1]:  # the last step was profiled
-        steps[-1]["val_loss"] = held_out.measure(model, loss_fn, precision)
+    if held_out.due(steps[-1]["step"]) and VAL_LOSS.key not in steps[-1]:  # the last step was profiled
+        steps[-1][VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
     if cfg.train.save_model:
         state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
         if rank == 0:

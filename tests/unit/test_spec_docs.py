@@ -1,5 +1,5 @@
-"""The docs' tables of strategies and knobs are what the specs say (`python -m ddp_lab.spec --markdown`),
-and the command lists every strategy with its one-liner and knobs."""
+"""The docs' tables of strategies, knobs and per-step figures are what the specs and spec/figures.py say
+(`python -m ddp_lab.spec --markdown`), and the command lists every strategy with its one-liner and knobs."""
 
 from dataclasses import fields
 from pathlib import Path
@@ -14,7 +14,8 @@ from ddp_lab.spec.strategies.zero1 import Zero1Spec
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-@pytest.mark.parametrize("table, page", [("strategies", "strategies.md"), ("knobs", "configuration.md")])
+@pytest.mark.parametrize("table, page", [("strategies", "strategies.md"), ("knobs", "configuration.md"),
+                                         ("figures", "measurements.md")])
 def test_the_docs_tables_are_the_specs(table, page):
     text = (DOCS / page).read_text()
     begin, end = BEGIN.format(table), END.format(table)

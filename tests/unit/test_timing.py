@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.rank.timing import MEAN_KEYS, StepTimer, reduce_over_ranks
+from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
+from ddp_lab.spec.figures import figure
 
 
 def test_laps_split_the_step_and_add_up_to_it():
@@ -41,4 +42,17 @@ def test_max_for_timings_mean_for_loss_and_phases():
     assert figures["loss"] == pytest.approx(1.0)     # the mean of 0, 1, 2: each rank's loss is over its slice
     assert figures["fwd_bwd_ms"] == pytest.approx(8.0)  # phases: rank means, so they add up to a step
     assert figures["collectives"] == 5 and isinstance(figures["collectives"], int)
-    assert {"loss", "fwd_bwd_ms"} <= set(MEAN_KEYS) and "step_time_ms" not in MEAN_KEYS
+    assert figure("loss").ranks == figure("fwd_bwd_ms").ranks == "mean" and figure("step_time_ms").ranks == "max"
+
+
+def _unknown(rank, world_size):
+    try:
+        reduce_over_ranks({"step_time_ms": 1.0, "made_up_ms": 2.0}, torch.device("cpu"))
+    except KeyError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_figure_without_a_row_in_the_table_is_refused():
+    """Adding a per-step figure is its code and one row of spec/figures.py: the reduction refuses one with none."""
+    assert all("made_up_ms" in out and "spec/figures.py" in out for out in run_ranks(_unknown, 2))

@@ -24,6 +24,7 @@ from ddp_lab.analysis.predict import scale as scaling
 from ddp_lab.analysis.predict import validate as validating
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import SYSTEMS, get_system
+from ddp_lab.jobdir import ResultsSchemaError
 
 
 def cmd_fit(args) -> int:
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale,
                 "published": cmd_published, "heldout": cmd_heldout}[args.command](args)
-    except PredictError as exc:
+    except (PredictError, ResultsSchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -44,6 +44,7 @@ from ddp_lab.analysis.predict.schedule import job_step
 from ddp_lab.analysis.records import collective_record, load_runs, task_of
 from ddp_lab.jobdir import PHASES, read_results
 from ddp_lab.spec.bandwidth import bus_factor
+from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, SYNC
 from ddp_lab.spec.intervals import intersect, merge, total
 
 VERSION = 1
@@ -168,10 +169,10 @@ def compute_profile(phases: dict, warmup: int, compute_slowdown: float, launch_m
     the slowest rank's."""
     rows = []
     for ranks in _steps(phases, warmup):
-        s = max(ranks, key=lambda r: r["laps_ms"]["fwd_bwd_ms"])
+        s = max(ranks, key=lambda r: r["laps_ms"][FWD_BWD.key])
         f0, f1 = s["forward_ms"]
         laps = s["laps_ms"]
-        bwd_end, sync_end = laps["fwd_bwd_ms"], laps["sync_ms"]
+        bwd_end, sync_end = laps[FWD_BWD.key], laps[SYNC.key]
         comm = merge(s["comm_ms"])
         starts = [a for a, _ in s["comm_ms"] if f1 <= a <= bwd_end]  # launched from backward's hooks
 
@@ -182,8 +183,8 @@ def compute_profile(phases: dict, warmup: int, compute_slowdown: float, launch_m
             "forward": f1 - f0, "backward": work(bwd_end), "launches": len(starts),
             "backward_wall": bwd_end - f1, "exposed": sync_end - bwd_end,
             "hidden": total(intersect([(f1, bwd_end)], comm)),
-            "optimizer": max(r["laps_ms"]["optimizer_ms"] - r["laps_ms"]["sync_ms"] for r in ranks),
-            "other": max(r["forward_ms"][0] + r["end_ms"] - r["laps_ms"]["optimizer_ms"] for r in ranks),
+            "optimizer": max(r["laps_ms"][OPTIMIZER.key] - r["laps_ms"][SYNC.key] for r in ranks),
+            "other": max(r["forward_ms"][0] + r["end_ms"] - r["laps_ms"][OPTIMIZER.key] for r in ranks),
             "step": max(r["end_ms"] for r in ranks),
             "ready": [None if t is None else work(t) for t in s["ready_ms"]]})
     med = {k: statistics.median(r[k] for r in rows) for k in

@@ -1,0 +1,119 @@
+"""Every per-step figure a job measures, in one table: the measurement record's one home (torch-free).
+
+A row says once what a figure is: its key (in steps.jsonl, results.json's `steps` and `summary`, and
+W&B), its unit, how a step's ranks combine it, whether the job's summary gives its statistics, what W&B's
+run summary keeps, when it is present, and what it means. The readers take the table, not lists of
+names: the reduction over ranks (rank/timing.py), a training job's summary (spec/stats.py), W&B's
+`define_metric` (rank/recorder.py), the flat records the tables and report read (analysis/records.py),
+and the per-step section of docs/measurements.md (`figures_markdown`, held to the table by a test).
+
+Adding a per-step figure is the code that emits it and one row here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 2
+"""results.json's `schema`: 2 since it was written (2026-11-26); a file without one is version 1, the same
+layout. A reader refuses a newer version in one line (jobdir.read_results) rather than misread it."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str
+    unit: str
+    meaning: str
+    ranks: str = "max"
+    """How a step's ranks combine it: `max` (a step is as slow as its slowest rank; counters, equal on
+    every rank, too), `mean` (a loss, a phase: rank means add up to the average rank's step), `min` (the
+    least over ranks of `of`), `one` (already the same on every rank when it is recorded)."""
+    of: str | None = None
+    """For `ranks="min"`: the figure whose least over ranks this is."""
+    summarized: bool = True
+    """The job's summary gives its mean, std, p50, p90, p95, min and max over the measured steps."""
+    wandb: str | None = None
+    """What W&B's run summary keeps of it (mean, last, min); None: W&B's default, the last value."""
+    task: str = "train"
+    when: str = ""
+    """When it is present; empty: every step."""
+    record: tuple[str, ...] = ()
+    """The statistics of it the flat records carry (analysis/records.py), as `{stem}_{stat}{suffix}`."""
+    stem: str = ""
+    """The flat records' name for it (`step` for step_time_ms: step_p50_ms); empty: the key's."""
+
+    def record_key(self, stat: str) -> str:
+        """The flat record's name of one statistic: step_time_ms's p50 is `step_p50_ms`."""
+        stem, suffix = (self.stem, "_ms") if self.stem else (self.key, "")
+        return f"{stem}_{stat}{suffix}"
+
+
+STEP_TIME = Figure("step_time_ms", "ms", "wall time of the step, the device synchronized at both ends", wandb="mean",
+                   record=("p50", "p90", "min", "mean"), stem="step")
+LOSS = Figure("loss", "nats/token", "training loss of the step's own batch (each rank's slice, then the mean)",
+              ranks="mean", summarized=False, wandb="last")
+VAL_LOSS = Figure("val_loss", "nats/token", "held-out loss: the mean over ranks of train.eval_batches fixed "
+                  "batches, outside the step's time", ranks="one", summarized=False, wandb="min",
+                  when="train.eval_every steps and the last")
+FWD_BWD = Figure("fwd_bwd_ms", "ms", "forward and backward (the step timer's first lap)", ranks="mean", wandb="mean")
+SYNC = Figure("sync_ms", "ms", "finish_gradient_synchronization(): the gradient wait backward did not hide",
+              ranks="mean", wandb="mean")
+OPTIMIZER = Figure("optimizer_ms", "ms", "the optimizer step, a sharded optimizer's own communication included",
+                   ranks="mean", wandb="mean")
+COMM = Figure("comm_ms", "ms", "collectives in flight: the union of their [launch, completion] intervals",
+              wandb="mean", record=("p50",), stem="comm")
+EXPOSED = Figure("exposed_comm_ms", "ms", "time the rank waited for a collective while computing nothing (the "
+                 "most-waiting rank)", wandb="mean", record=("p50",), stem="exposed")
+EXPOSED_MIN_RANK = Figure("exposed_comm_min_rank_ms", "ms", "the least-waiting rank's exposed comm; the difference "
+                          "to the most-waiting rank's is the ranks' skew", ranks="min", of=EXPOSED.key,
+                          record=("p50",), stem="exposed_min_rank")
+EXPOSED_OPTIMIZER = Figure("exposed_optimizer_comm_ms", "ms", "the part of the exposed comm spent inside the "
+                           "optimizer step (zero1's broadcasts)")
+COMPRESS = Figure("compress_ms", "ms", "compression arithmetic (PowerSGD's products and QR): compute, not comm",
+                  ranks="mean")
+COLLECTIVES = Figure("collectives", "count", "collectives launched in the step", summarized=False)
+COMM_BYTES = Figure("comm_bytes", "bytes", "bytes handed to collectives (the wire dtype's), not bytes over a link",
+                    summarized=False, wandb="mean")
+GRAD_ERROR = Figure("grad_error", "ratio", "relative error of the delivered gradient against the exact mean",
+                    when="measure.grad_error=true")
+LOSS_SCALE = Figure("loss_scale", "scale", "fp16's loss scale after the step's update", summarized=False,
+                    when="train.precision=fp16")
+LATENCY = Figure("latency_ms", "ms", "one timed iteration of the collective, its slowest rank", task="allreduce",
+                 summarized=False, wandb="mean")
+ALGBW = Figure("algbw_GBps", "GB/s", "the message's bytes over the iteration's time", task="allreduce",
+               summarized=False)
+BUSBW = Figure("busbw_GBps", "GB/s", "algbw times the op's bus factor (nccl-tests'): what each rank's link carried "
+               "per second", task="allreduce", summarized=False)
+RANK_SPREAD = Figure("rank_spread_ms", "ms", "the slowest rank's time minus the fastest's in the iteration",
+                     task="allreduce", summarized=False)
+
+FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
+                               EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE, LATENCY,
+                               ALGBW, BUSBW, RANK_SPREAD)
+"""In the order the docs list them."""
+
+BY_KEY = {f.key: f for f in FIGURES}
+
+
+def figure(key: str) -> Figure:
+    """The row of `key`; a figure with no row is refused, so none is recorded that nobody described."""
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"per-step figure {key!r} has no row in ddp_lab/spec/figures.py: add one") from None
+
+
+def training_figures() -> tuple[Figure, ...]:
+    return tuple(f for f in FIGURES if f.task == "train")
+
+
+def figures_markdown() -> str:
+    """The per-step section of docs/measurements.md (a test holds the page to it)."""
+    lines = ["| key | unit | ranks combine | in summary | W&B summary | when | meaning |",
+             "|---|---|---|---|---|---|---|"]
+    for f in FIGURES:
+        ranks = f"min of {f.of}" if f.ranks == "min" else {"one": "same on every rank"}.get(f.ranks, f.ranks)
+        when = f.when or ("every step" if f.task == "train" else "every iteration (task=allreduce)")
+        lines.append(f"| `{f.key}` | {f.unit} | {ranks} | {'statistics' if f.summarized else '-'} | "
+                     f"{f.wandb or 'last'} | {when} | {f.meaning} |")
+    return "\n".join(lines)
