@@ -70,146 +70,33 @@ def schedule_of(strategy: dict) -> Schedule:
 
 def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, Replayed]:
     """The step of the training job configured by `cfg` (a results.json config), and its replay."""
-    prof, contention = model["compute"], model["contention"]
-    plan = schedule_of(cfg["strategy"])
-    if cfg["model"]["name"] != prof["model"]:
-        raise PredictError(f"the profile is of model {prof['model']!r}, the job trains {cfg['model']['name']!r}")
-    for key, default in (("precision", "fp32"), ("grad_accum_steps", 1)):
-        mine, profiled = cfg.get("train", {}).get(key, default), prof.get(key, default)
-        if mine != profiled:
-            raise PredictError(f"the profile ran train.{key}={profiled}, the job {mine}: profile one like it")
-    n = int(cfg["world_size"])
-    backend = backend or prof["backend"]
-    here = share_speeds(n, prof["cpus"], prof["threads_per_rank"], contention["u"])
-    there = share_speeds(prof["world_size"], prof["cpus"], prof["threads_per_rank"], contention["u"])
-    core = there["compute_alone"] / here["compute_alone"]
-    compute_slowdown, comm_slowdown = slowdowns(contention, n, prof["world_size"], prof["cpus"],
-                                                prof["threads_per_rank"])
-    scale = tokens_per_rank(cfg) / prof["tokens_per_rank"] * core
-    dtype = str(cfg["strategy"].get("comm_dtype") or "fp32")
-    wire = ELEMENT_BYTES[dtype] / ELEMENT_BYTES["fp32"]
-    params = prof["params"]
-    grad_bytes = [p["bytes"] * wire for p in params]
-    ready = [p["ready_ms"] * scale for p in params]  # backward work (ms) when each gradient is ready
-    forward_ms, backward_ms = prof["forward_ms"] * scale, prof["backward_ms"] * scale
-    launch_ms = contention.get("launch_ms", 0.0) * core
-
-    def coll(op, nbytes, ready_ms=None, label="", back_to_back=False):
-        return Collective(collective_ms(model["collectives"], backend, op, nbytes, n, dtype, back_to_back,
-                                        cpus=prof.get("cpus")), ready_ms, label)
-
-    def bucket_plan(bucket_mb):
-        return plan_bucket_indices([p["bytes"] for p in params], [p["dtype"] for p in params], bucket_mb)
-
-    def padded(bucket, multiple):
-        """A bucket's bytes on the wire, its length rounded up to a multiple of `multiple` fp32 elements."""
-        nbytes = sum(grad_bytes[i] for i in bucket)
-        return -(-nbytes // (multiple * 4)) * multiple * 4 if multiple > 1 else nbytes
-
-    def swept(op):
-        """`op`, or broadcast where the sweep did not time it (a reduce moves a broadcast's bytes)."""
-        return op if op in model["collectives"].get(backend, {}) else "broadcast"
-
-    def per_rank_calls_ms(op, nbytes):
-        """N calls of `op` (broadcast or reduce) on 1/N of `nbytes` each, one per rank: gloo's stand-in
-        for a sharded collective."""
-        return n * coll(swept(op), nbytes / n).ms
-
-    def sharded_ms(op, nbytes):
-        """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts / reduces of 1/N."""
-        try:
-            return coll(op, nbytes).ms
-        except PredictError:
-            return per_rank_calls_ms("broadcast" if op == "all_gather" else "reduce", nbytes)
-
-    def host_ms(op, nbytes):
-        """`nbytes` through `op` (rank/host_timing.HOST_OPS: a copy into a used or a new buffer, an add, a
-        zeroing) on a rank's compute thread. An op an older model file did not time: a copy's figure for a
-        copy into a new buffer, nothing for the others."""
-        host = model["host"]
-        rate = host.get(f"{op}_GBps") or (host["copy_GBps"] if op == "fresh_copy" else None)
-        return nbytes / rate / 1e6 * core if rate else 0.0
-
-    def gradient_collectives(sync: GradientSync) -> list[Collective]:
-        """The collectives of `sync` (spec/schedule.py) on this job's gradients; with `host_copies`, the
-        gradients' copy into buffers allocated for them and back, after backward."""
-        out = _gradient_collectives(sync)
-        if sync.host_copies:
-            total = sum(grad_bytes)
-            out.append(Collective(host_ms("fresh_copy", total) + host_ms("copy", total), None,
-                                  "flatten + unflatten copies"))
-        return out
-
-    def _gradient_collectives(sync: GradientSync) -> list[Collective]:
-        at = ready if sync.launch == "ready" else [None] * len(params)
-        if sync.group == "tensor":  # reduce-scattered whole tensors: on gloo one reduce to each one's owner
-            order = reversed(range(len(params))) if sync.launch == "ready" else range(len(params))
-            op, prefix = (("all_reduce", "") if sync.op == "all_reduce" else (swept("reduce"), "reduce "))
-            return [coll(op, grad_bytes[i], at[i], f"{prefix}{params[i]['name']}", back_to_back=sync.blocking)
-                    for i in order]
-        if sync.group == "all" and sync.op == "all_reduce":
-            return [coll("all_reduce", sum(grad_bytes), None, "flat")]
-        if sync.group == "bucket" and sync.op == "all_reduce":
-            return [coll("all_reduce", padded(b, 1), max(at[i] for i in b) if sync.launch == "ready" else None,
-                         f"bucket {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
-        if sync.group == "bucket" and sync.op == "reduce_scatter":
-            return [Collective(sharded_ms("reduce_scatter", padded(b, n)),
-                               max(ready[i] for i in b) if sync.launch == "ready" else None,
-                               f"reduce-scatter {b[0]}-{b[-1]}") for b in bucket_plan(sync.bucket_mb)]
-        raise PredictError(f"no replay for gradients sent {sync.op} per {sync.group}")
-
-    def parameter_ms(sync: ParameterSync, buckets: GradientSync | None) -> float:
-        """The optimizer's communication of `sync` after the update."""
-        if n == 1:
-            return 0.0
-        if sync.group == "tensor" and sync.op in ("broadcast", "all_gather"):  # whole tensors from their owners
-            return sum(coll("broadcast", p["bytes"]).ms for p in params)
-        if sync.group == "bucket" and sync.op == "all_gather" and buckets is not None and buckets.bucket_mb:
-            return sum(sharded_ms("all_gather", padded(b, n)) for b in bucket_plan(buckets.bucket_mb))
-        if sync.group == "all" and sync.op == "all_reduce":
-            share = 1.0 if sync.every == 1 else 0.5 if sync.every == 2 else 0.0  # of the averaging, in the p50 step
-            return share * coll("all_reduce", sum(p["bytes"] for p in params)).ms
-        raise PredictError(f"no replay for parameters shared by {sync.op} per {sync.group}")
-
-    sync = plan.gradients
+    job = _Job(model, cfg, backend)
+    plan, sync = job.plan, job.plan.gradients
     if sync is not None and sync.grads_in_buckets:  # the bucket zeroed before forward, each gradient added in
-        forward_ms += host_ms("zero", sum(p["bytes"] for p in params))
-        added, shifted = 0.0, list(ready)
-        for i in sorted(range(len(params)), key=lambda i: ready[i]):
-            added += host_ms("add", params[i]["bytes"])
-            shifted[i] = ready[i] + added
-        ready, backward_ms = shifted, backward_ms + added
-
-    updated = 1 / n if plan.update == "shard" else 1.0
+        job.add_into_buckets()
+    updated = 1 / job.n if plan.update == "shard" else 1.0
     opt_comm, comms, forward = 0.0, [], None
     if plan.units is not None:
-        units, root = fsdp_units(cfg, params, plan.units.policy)
-        forward_ms, backward_ms, gathers, comms = _fsdp(
-            units, root, params, forward_ms, backward_ms, ready, grad_bytes, sharded_ms,
-            lambda nbytes: coll("all_reduce", nbytes).ms, plan.units.reshard_after_forward,
-            lambda nbytes: host_ms("fresh_copy", nbytes))
-        forward = replay(Step(0.0, forward_ms, gathers if n > 1 else [], compute_slowdown=compute_slowdown,
-                              comm_slowdown=comm_slowdown, launch_ms=launch_ms))
+        units, root = fsdp_units(cfg, job.params, plan.units.policy)
+        job.forward_ms, job.backward_ms, gathers, comms = _fsdp(
+            units, root, job.params, job.forward_ms, job.backward_ms, job.ready, job.grad_bytes, job.sharded_ms,
+            lambda nbytes: job.coll("all_reduce", nbytes).ms, plan.units.reshard_after_forward,
+            lambda nbytes: job.host_ms("fresh_copy", nbytes))
+        forward = replay(Step(0.0, job.forward_ms, gathers if job.n > 1 else [], compute_slowdown=job.compute_slowdown,
+                              comm_slowdown=job.comm_slowdown, launch_ms=job.launch_ms))
     elif plan.low_rank is not None and not _mostly_uncompressed(cfg.get("train", {}), plan.low_rank.start_iter):
-        work = model["host"].get("powersgd")
-        if not work or not work["numel"] or any("shape" not in p for p in params):
-            raise PredictError("the replay of powersgd's compressed steps needs a model fitted by this version "
-                               "from a profile with parameter shapes: fit again, profile again")
-
-        def work_ms(phase, param):
-            return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * core
-
-        backward_ms, comms = _powersgd(params, bucket_plan(sync.bucket_mb), ready, backward_ms, plan.low_rank.rank,
-                                       work_ms, functools.partial(coll, "all_reduce"))
+        comms = job.powersgd_collectives(sync, plan.low_rank.rank)
     elif sync is not None:
-        comms = gradient_collectives(sync)
+        comms = job.gradient_collectives(sync)
     if plan.parameters is not None:
-        opt_comm = parameter_ms(plan.parameters, sync)
-    step = Step(forward_ms=forward_ms if forward is None else forward.backward_end_ms, backward_ms=backward_ms,
-                collectives=comms if n > 1 else [c for c in comms if c.label.startswith("flatten")],
+        opt_comm = job.parameter_ms(plan.parameters, sync)
+    prof, core = job.prof, job.core
+    step = Step(forward_ms=job.forward_ms if forward is None else forward.backward_end_ms,
+                backward_ms=job.backward_ms,
+                collectives=comms if job.n > 1 else [c for c in comms if c.label.startswith("flatten")],
                 optimizer_ms=prof["optimizer_ms"] * updated * core, optimizer_comm_ms=opt_comm,
-                other_ms=prof["other_ms"] * core,
-                compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown, launch_ms=launch_ms)
+                other_ms=prof["other_ms"] * core, compute_slowdown=job.compute_slowdown,
+                comm_slowdown=job.comm_slowdown, launch_ms=job.launch_ms)
     replayed = replay(step)
     if forward is not None:  # ZeRO-3: the forward's waits for its gathers are exposed too
         replayed = dataclasses.replace(replayed, exposed_ms=replayed.exposed_ms + forward.stalled_ms,
@@ -217,6 +104,136 @@ def job_step(model: dict, cfg: dict, backend: str | None = None) -> tuple[Step, 
                                        hidden_ms=replayed.hidden_ms + forward.hidden_ms,
                                        stalled_ms=replayed.stalled_ms + forward.stalled_ms)
     return step, replayed
+
+
+class _Job:
+    """One training job as the replay sees it: the profile's compute scaled to the job (tokens per rank,
+    the core share at its world size), its gradients on the wire, and the fitted collectives at its
+    world size and backend. Each term of the schedule becomes collectives through its methods."""
+
+    def __init__(self, model: dict, cfg: dict, backend: str | None):
+        prof, contention = model["compute"], model["contention"]
+        self.model, self.prof, self.plan = model, prof, schedule_of(cfg["strategy"])
+        if cfg["model"]["name"] != prof["model"]:
+            raise PredictError(f"the profile is of model {prof['model']!r}, the job trains {cfg['model']['name']!r}")
+        for key, default in (("precision", "fp32"), ("grad_accum_steps", 1)):
+            mine, profiled = cfg.get("train", {}).get(key, default), prof.get(key, default)
+            if mine != profiled:
+                raise PredictError(f"the profile ran train.{key}={profiled}, the job {mine}: profile one like it")
+        n = self.n = int(cfg["world_size"])
+        self.backend = backend or prof["backend"]
+        here = share_speeds(n, prof["cpus"], prof["threads_per_rank"], contention["u"])
+        there = share_speeds(prof["world_size"], prof["cpus"], prof["threads_per_rank"], contention["u"])
+        self.core = core = there["compute_alone"] / here["compute_alone"]
+        self.compute_slowdown, self.comm_slowdown = slowdowns(contention, n, prof["world_size"], prof["cpus"],
+                                                              prof["threads_per_rank"])
+        scale = tokens_per_rank(cfg) / prof["tokens_per_rank"] * core
+        self.dtype = str(cfg["strategy"].get("comm_dtype") or "fp32")
+        wire = ELEMENT_BYTES[self.dtype] / ELEMENT_BYTES["fp32"]
+        self.params = prof["params"]
+        self.grad_bytes = [p["bytes"] * wire for p in self.params]
+        self.ready = [p["ready_ms"] * scale for p in self.params]  # backward work (ms) when each gradient is ready
+        self.forward_ms, self.backward_ms = prof["forward_ms"] * scale, prof["backward_ms"] * scale
+        self.launch_ms = contention.get("launch_ms", 0.0) * core
+
+    def coll(self, op, nbytes, ready_ms=None, label="", back_to_back=False) -> Collective:
+        return Collective(collective_ms(self.model["collectives"], self.backend, op, nbytes, self.n, self.dtype,
+                                        back_to_back, cpus=self.prof.get("cpus")), ready_ms, label)
+
+    def bucket_plan(self, bucket_mb):
+        return plan_bucket_indices([p["bytes"] for p in self.params], [p["dtype"] for p in self.params], bucket_mb)
+
+    def padded(self, bucket, multiple):
+        """A bucket's bytes on the wire, its length rounded up to a multiple of `multiple` fp32 elements."""
+        nbytes = sum(self.grad_bytes[i] for i in bucket)
+        return -(-nbytes // (multiple * 4)) * multiple * 4 if multiple > 1 else nbytes
+
+    def swept(self, op):
+        """`op`, or broadcast where the sweep did not time it (a reduce moves a broadcast's bytes)."""
+        return op if op in self.model["collectives"].get(self.backend, {}) else "broadcast"
+
+    def sharded_ms(self, op, nbytes):
+        """An all-gather / reduce-scatter of `nbytes` in all: its own fit, else N broadcasts / reduces of 1/N
+        (gloo's stand-in for a sharded collective, one call per rank)."""
+        try:
+            return self.coll(op, nbytes).ms
+        except PredictError:
+            return self.n * self.coll(self.swept("broadcast" if op == "all_gather" else "reduce"), nbytes / self.n).ms
+
+    def host_ms(self, op, nbytes):
+        """`nbytes` through `op` (rank/host_timing.HOST_OPS: a copy into a used or a new buffer, an add, a
+        zeroing) on a rank's compute thread. An op an older model file did not time: a copy's figure for a
+        copy into a new buffer, nothing for the others."""
+        host = self.model["host"]
+        rate = host.get(f"{op}_GBps") or (host["copy_GBps"] if op == "fresh_copy" else None)
+        return nbytes / rate / 1e6 * self.core if rate else 0.0
+
+    def add_into_buckets(self) -> None:
+        """Gradients that are bucket slices: forward zeroes the buckets, backward adds each gradient in."""
+        self.forward_ms += self.host_ms("zero", sum(p["bytes"] for p in self.params))
+        added, shifted = 0.0, list(self.ready)
+        for i in sorted(range(len(self.params)), key=lambda i: self.ready[i]):
+            added += self.host_ms("add", self.params[i]["bytes"])
+            shifted[i] = self.ready[i] + added
+        self.ready, self.backward_ms = shifted, self.backward_ms + added
+
+    def gradient_collectives(self, sync: GradientSync) -> list[Collective]:
+        """The collectives of `sync` (spec/schedule.py) on this job's gradients; with `host_copies`, the
+        gradients' copy into buffers allocated for them and back, after backward."""
+        out = self._gradient_collectives(sync)
+        if sync.host_copies:
+            total = sum(self.grad_bytes)
+            out.append(Collective(self.host_ms("fresh_copy", total) + self.host_ms("copy", total), None,
+                                  "flatten + unflatten copies"))
+        return out
+
+    def _gradient_collectives(self, sync: GradientSync) -> list[Collective]:
+        params, grad_bytes, ready = self.params, self.grad_bytes, self.ready
+        at = ready if sync.launch == "ready" else [None] * len(params)
+        if sync.group == "tensor":  # reduce-scattered whole tensors: on gloo one reduce to each one's owner
+            order = reversed(range(len(params))) if sync.launch == "ready" else range(len(params))
+            op, prefix = (("all_reduce", "") if sync.op == "all_reduce" else (self.swept("reduce"), "reduce "))
+            return [self.coll(op, grad_bytes[i], at[i], f"{prefix}{params[i]['name']}", back_to_back=sync.blocking)
+                    for i in order]
+        if sync.group == "all" and sync.op == "all_reduce":
+            return [self.coll("all_reduce", sum(grad_bytes), None, "flat")]
+        if sync.group == "bucket" and sync.op == "all_reduce":
+            return [self.coll("all_reduce", self.padded(b, 1),
+                              max(at[i] for i in b) if sync.launch == "ready" else None, f"bucket {b[0]}-{b[-1]}")
+                    for b in self.bucket_plan(sync.bucket_mb)]
+        if sync.group == "bucket" and sync.op == "reduce_scatter":
+            return [Collective(self.sharded_ms("reduce_scatter", self.padded(b, self.n)),
+                               max(ready[i] for i in b) if sync.launch == "ready" else None,
+                               f"reduce-scatter {b[0]}-{b[-1]}") for b in self.bucket_plan(sync.bucket_mb)]
+        raise PredictError(f"no replay for gradients sent {sync.op} per {sync.group}")
+
+    def powersgd_collectives(self, sync: GradientSync, rank: int) -> list[Collective]:
+        """PowerSGD's compressed steps (`_powersgd`), each phase's work from the host timings."""
+        work = self.model["host"].get("powersgd")
+        if not work or not work["numel"] or any("shape" not in p for p in self.params):
+            raise PredictError("the replay of powersgd's compressed steps needs a model fitted by this version "
+                               "from a profile with parameter shapes: fit again, profile again")
+
+        def work_ms(phase, param):
+            return work["phase_ms"][phase - 1] * param["numel"] / work["numel"] * self.core
+
+        self.backward_ms, comms = _powersgd(self.params, self.bucket_plan(sync.bucket_mb), self.ready,
+                                            self.backward_ms, rank, work_ms, functools.partial(self.coll, "all_reduce"))
+        return comms
+
+    def parameter_ms(self, sync: ParameterSync, buckets: GradientSync | None) -> float:
+        """The optimizer's communication of `sync` after the update."""
+        if self.n == 1:
+            return 0.0
+        if sync.group == "tensor" and sync.op in ("broadcast", "all_gather"):  # whole tensors from their owners
+            return sum(self.coll("broadcast", p["bytes"]).ms for p in self.params)
+        if sync.group == "bucket" and sync.op == "all_gather" and buckets is not None and buckets.bucket_mb:
+            return sum(self.sharded_ms("all_gather", self.padded(b, self.n))
+                       for b in self.bucket_plan(buckets.bucket_mb))
+        if sync.group == "all" and sync.op == "all_reduce":
+            share = 1.0 if sync.every == 1 else 0.5 if sync.every == 2 else 0.0  # of the averaging, in the p50 step
+            return share * self.coll("all_reduce", sum(p["bytes"] for p in self.params)).ms
+        raise PredictError(f"no replay for parameters shared by {sync.op} per {sync.group}")
 
 
 def _mostly_uncompressed(train: dict, start_iter: int) -> bool:
