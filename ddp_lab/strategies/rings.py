@@ -31,9 +31,9 @@ The algorithms (n ranks in the group, ranks in ring order r -> r+1; rows may dif
 Each row travels in pieces (`PIECE_BYTES`), each sent onwards as soon as it arrived and was summed,
 so a large message streams through the ring instead of waiting at every step. Where every piece has a
 place of its own (the all-gather's output, the broadcasts' tensors), every receive is posted before the
-first send, so no piece waits for its receive: on 2 emulated nodes at 1 Gbit/s that took a 1 MiB
-all-gather at 2 ranks from 7.6 to 4.4 ms (55% to 95% of the link in bus bandwidth), 16 MiB from 91 to
-76 ms.
+first send, so no piece waits for its receive: on 2 emulated nodes (one rank each) that took a 16 MiB
+all-gather from 91 to 76-79 ms at 1 Gbit/s (74% to 85-89% of the link in bus bandwidth) and from 1068 to
+716 ms at 0.1 Gbit/s (63% to 94%).
 
 Async as the strategies need it: every process group has one worker thread (a "stream", as NCCL's
 one stream per communicator) that runs its rings in launch order, so every rank runs the same
