@@ -24,6 +24,13 @@ def test_the_docs_tables_are_the_specs(table, page):
     assert shown == markdown(table), f"docs/{page} is stale: paste `python -m ddp_lab.spec --markdown` over it"
 
 
+def test_strategies_md_has_a_heading_per_strategy():
+    """So that each can be linked to (docs/strategies.md#zero2)."""
+    lines = (DOCS / "strategies.md").read_text().splitlines()
+    headings = {line[4:].strip() for line in lines if line.startswith("### ")}
+    assert set(SPECS) <= headings, sorted(set(SPECS) - headings)
+
+
 def test_every_knob_has_its_meaning_written_under_it():
     for cls in SPECS.values():
         docs = field_docs(cls)
@@ -51,3 +58,28 @@ def test_the_readme_names_every_registered_strategy_and_counts_them():
     named = {word for word in re.findall(r"`([a-z0-9_]+)`", opening)}
     assert named == set(SPECS), f"README names {sorted(named ^ set(SPECS))} unlike the registry"
     assert f"{NUMBERS[len(SPECS)]} strategies are options" in opening
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def _anchors(page: str) -> set[str]:
+    return {_slug(line.lstrip("#")) for line in (DOCS / page).read_text().splitlines() if line.startswith("#")}
+
+
+@pytest.mark.parametrize("page", ["benchmarks.md", "predict.md", "strategies.md"])
+def test_links_to_sections_land_on_a_heading(page):
+    """The findings on benchmarks.md's first screen link to their sections: each link must find one."""
+    import re
+
+    for target, anchor in re.findall(r"\]\(([a-z_]*\.md)?#([^)]+)\)", (DOCS / page).read_text()):
+        assert anchor in _anchors(target or page), f"docs/{page}: no heading for {target or page}#{anchor}"
+
+
+def test_the_first_screens_say_what_was_found():
+    """benchmarks.md opens with its findings, predict.md with what to trust the predictor for."""
+    assert "## What was found" in "\n".join((DOCS / "benchmarks.md").read_text().splitlines()[:5])
+    assert "## What to trust it for" in "\n".join((DOCS / "predict.md").read_text().splitlines()[:8])
