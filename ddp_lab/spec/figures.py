@@ -21,9 +21,13 @@ layout. A reader refuses a newer version in one line (jobdir.read_results) rathe
 
 @dataclass(frozen=True)
 class Figure:
+    """One per-step figure: its name, and how every reader treats it."""
+
     key: str
+    """Its name in steps.jsonl, results.json's steps and summary, and W&B."""
     unit: str
     meaning: str
+    """One line, for the docs' table."""
     ranks: str = "max"
     """How a step's ranks combine it: `max` (a step is as slow as its slowest rank; counters, equal on
     every rank, too), `mean` (a loss, a phase: rank means add up to the average rank's step), `min` (the
@@ -35,6 +39,7 @@ class Figure:
     wandb: str | None = None
     """What W&B's run summary keeps of it (mean, last, min); None: W&B's default, the last value."""
     task: str = "train"
+    """The task whose steps carry it: train, or allreduce (the collective benchmark's iterations)."""
     when: str = ""
     """When it is present; empty: every step."""
     record: tuple[str, ...] = ()

@@ -19,9 +19,9 @@ The algorithms (n ranks in the group, ranks in ring order r -> r+1; rows may dif
   updated parameters): each tensor travels a chain from its source along the ring, src -> src+1 -> ...
   -> src-1, every rank forwarding each piece as it lands, nearest source first (an all-gather of the
   owners' tensors: each rank's link carries what it does not own, (n-1)/n of them all when they are
-  spread evenly). Gloo's broadcast sends the whole tensor from
-  the source to every other rank, so the source's link carries n-1 copies (2 emulated nodes x 2 ranks,
-  1 Gbit/s, 16 MiB: 47% of the link in bus bandwidth); a chain crosses each link once.
+  spread evenly). Gloo's broadcast sends the whole tensor from the source to every other rank, so the
+  source's link carries n-1 copies (2 emulated nodes x 2 ranks, 1 Gbit/s, 16 MiB: 47% of the link in
+  bus bandwidth); a chain crosses each link once.
 - two-level all-reduce (`ring_two_level_all_reduce`, what NCCL's trees and NVLS-tree do across nodes):
   a ring reduce-scatter inside a node's group, gloo's all-reduce of each rank's row with the ranks
   holding the same row on the other nodes, a ring all-gather inside the node. A flat ring over every
