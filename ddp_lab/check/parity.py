@@ -3,7 +3,7 @@
 The parity tests and `python -m ddp_lab.check` (anyone's wrapper class) both run it.
 
 Both sides run the trainer's own step (`ddp_lab.tasks.train.train_step`) on the trainer's own data
-(`ddp_lab.rank.data.rank_micro_batches`): each rank builds its model from a different seed (so the
+(`ddp_lab.rank.data.BatchSource`): each rank builds its model from a different seed (so the
 start-up broadcast is what makes them agree), rank 0 keeps a copy of the broadcast weights as the
 single-process reference, and both train for a few steps on the same global batches. A rank sees
 only its slice (in `grad_accum_steps` micro-batches); the reference sees the whole batch at once.
@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ddp_lab.check.models import BYTE_VOCAB, CONTEXT, MODELS, VOCAB
+from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.data import global_batch as data_global_batch
-from ddp_lab.rank.data import rank_micro_batches
 from ddp_lab.rank.precision import Precision
 from ddp_lab.tasks.train import train_step
 
@@ -33,7 +33,7 @@ RTOL = 1e-4
 
 
 def data_cfg(grad_accum_steps: int = 1, batch_size: int = GLOBAL_BATCH, data: dict | None = None):
-    """The keys of a run's config that `rank_micro_batches` reads, for the test models; `data`: a data
+    """The keys of a run's config that `BatchSource` reads, for the test models; `data`: a data
     source's node (conf/data/), synthetic without one (text: bytes, for models.byte_transformer)."""
     vocab = BYTE_VOCAB if data and data["name"] == "text" else VOCAB
     return OmegaConf.create({"train": {"batch_size": batch_size, "seed": SEED, "grad_accum_steps": grad_accum_steps},
@@ -75,11 +75,10 @@ def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int 
     autocast (and loss-scaled) as `precision` says."""
     reference = reference_wrapper(model)
     optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
-    cfg = data_cfg(micro_batches, batch_size, data)
+    batches = BatchSource(data_cfg(micro_batches, batch_size, data), 0, 1, torch.device("cpu"))
     mixed = Precision(precision)
     for step in range(steps):
-        train_step(reference, optimizer, list(rank_micro_batches(step, cfg, 0, 1, torch.device("cpu"))),
-                   precision=mixed)
+        train_step(reference, optimizer, list(batches.micro_batches(step)), precision=mixed)
     return model
 
 
@@ -122,11 +121,10 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     if reference is not None:
         reference.load_state_dict(start)
     optimizer = optimizer_of(ddp, optimizer_cls, **opt_kwargs)
-    cfg = data_cfg(grad_accum_steps, batch_size, data)
+    batches = BatchSource(data_cfg(grad_accum_steps, batch_size, data), rank, world_size, torch.device("cpu"))
     mixed = Precision(precision, agree_over_ranks=True)
     for step in range(steps):
-        micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
-        train_step(ddp, optimizer, micro_batches, set_to_none=set_to_none, precision=mixed)
+        train_step(ddp, optimizer, list(batches.micro_batches(step)), set_to_none=set_to_none, precision=mixed)
         if after_step is not None:
             after_step(ddp)
     if reference is not None:

@@ -46,38 +46,44 @@ def _open(items: tuple, context_length: int) -> TokenData:
     return open_data(OmegaConf.create(dict(items)), context_length)
 
 
-def _rows(step: int, cfg, rank: int, world_size: int, held_out: bool) -> torch.Tensor:
-    t, m = cfg.train, cfg.model
-    local = t.batch_size // world_size
-    mine = slice(rank * local, (rank + 1) * local)
-    if data_name(cfg) == "synthetic":
-        return global_batch(-1 - step if held_out else step, t.batch_size, m.context_length, m.vocab_size,
-                            t.seed)[mine]
-    data = token_data(cfg)
-    return torch.from_numpy((data.val if held_out else data.train).batch(step, t.seed, t.batch_size, mine))
+class BatchSource:
+    """The run's data, derived from the config once: this rank's rows of every step's global batch and of
+    the fixed held-out batches, and the source's facts. The loop and the held-out loss ask it."""
 
+    def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
+        t, m = cfg.train, cfg.model
+        self.batch_size, self.seed, self.accum = t.batch_size, t.seed, t.grad_accum_steps
+        self.eval_batches = int(OmegaConf.select(cfg, "train.eval_batches", default=0))  # a test's config: none
+        self.context_length, self.vocab_size = m.context_length, m.vocab_size
+        local = t.batch_size // world_size
+        self.mine, self.device = slice(rank * local, (rank + 1) * local), device
+        self.tokens = token_data(cfg) if data_name(cfg) != "synthetic" else None  # None: synthetic
 
-def rank_micro_batches(step: int, cfg, rank: int, world_size: int, device: torch.device):
-    """This rank's (inputs, targets) micro-batches for one optimizer step."""
-    mine = _rows(step, cfg, rank, world_size, held_out=False).to(device, non_blocking=True)
-    for chunk in mine.chunk(cfg.train.grad_accum_steps):
-        yield chunk[:, :-1], chunk[:, 1:]
+    def _rows(self, step: int, held_out: bool) -> torch.Tensor:
+        if self.tokens is None:
+            return global_batch(-1 - step if held_out else step, self.batch_size, self.context_length,
+                                self.vocab_size, self.seed)[self.mine]
+        split = self.tokens.val if held_out else self.tokens.train
+        return torch.from_numpy(split.batch(step, self.seed, self.batch_size, self.mine))
 
+    def micro_batches(self, step: int):
+        """This rank's (inputs, targets) micro-batches for one optimizer step."""
+        mine = self._rows(step, held_out=False).to(self.device, non_blocking=True)
+        for chunk in mine.chunk(self.accum):
+            yield chunk[:, :-1], chunk[:, 1:]
 
-def token_data_facts(cfg) -> dict:
-    """The files and the tokens of each split, for W&B and results.json (nothing for data=synthetic)."""
-    return {"data": token_data(cfg).facts()} if data_name(cfg) != "synthetic" else {}
+    def facts(self) -> dict:
+        """The files and the tokens of each split, for W&B and results.json (nothing for data=synthetic)."""
+        return {"data": self.tokens.facts()} if self.tokens is not None else {}
 
+    def has_held_out(self) -> bool:
+        """Is there a validation split to measure on (synthetic always; a file source unless val_fraction=0)?"""
+        return self.eval_batches > 0 and (self.tokens is None or self.tokens.val is not None)
 
-def has_held_out(cfg) -> bool:
-    """Is there a validation split to measure on (synthetic always; a file source unless val_fraction=0)?"""
-    return cfg.train.eval_batches > 0 and (data_name(cfg) == "synthetic" or token_data(cfg).val is not None)
-
-
-def rank_held_out_batches(cfg, rank: int, world_size: int, device: torch.device) -> list:
-    """This rank's (inputs, targets) of every held-out batch: the same fixed batches at every evaluation."""
-    out = []
-    for i in range(cfg.train.eval_batches):
-        mine = _rows(i, cfg, rank, world_size, held_out=True).to(device)
-        out.append((mine[:, :-1], mine[:, 1:]))
-    return out
+    def held_out_batches(self) -> list:
+        """This rank's (inputs, targets) of every held-out batch: the same fixed batches at every evaluation."""
+        out = []
+        for i in range(self.eval_batches):
+            mine = self._rows(i, held_out=True).to(self.device)
+            out.append((mine[:, :-1], mine[:, 1:]))
+        return out

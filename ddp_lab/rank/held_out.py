@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.rank.data import has_held_out, rank_held_out_batches
+from ddp_lab.rank.data import BatchSource
 
 
 class HeldOutLoss:
-    def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
+    def __init__(self, cfg, data: BatchSource):
         self.every, self.last = cfg.train.eval_every, cfg.train.steps - 1
-        self.batches = rank_held_out_batches(cfg, rank, world_size, device) if has_held_out(cfg) else []
+        self.batches = data.held_out_batches() if data.has_held_out() else []
 
     def due(self, step: int) -> bool:
         """After the last step, and every `train.eval_every` steps."""

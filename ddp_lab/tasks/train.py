@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
-from ddp_lab.rank.data import rank_micro_batches, token_data_facts
+from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.faults import maybe_inject_fault
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.held_out import HeldOutLoss
@@ -88,10 +88,11 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
-    recorder.log_once({"num_params": num_params, **facts, **token_data_facts(cfg)})
+    data = BatchSource(cfg, rank, world_size, device)  # this rank's rows of every batch, the source's facts
+    recorder.log_once({"num_params": num_params, **facts, **data.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
-    held_out = HeldOutLoss(cfg, rank, world_size, device)
+    held_out = HeldOutLoss(cfg, data)
 
     def before_step():
         if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
@@ -106,7 +107,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             maybe_inject_fault(cfg.fault, rank, step)
             measured = {}  # grad_error, when measured
             timer.start()
-            micro_batches = list(rank_micro_batches(step, cfg, rank, world_size, device))
+            micro_batches = list(data.micro_batches(step))
             loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision)
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
@@ -132,5 +133,5 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute, shard_ranks)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
-    summary.update(token_data_facts(cfg))
+    summary.update(data.facts())
     return {"summary": summary, "steps": steps}

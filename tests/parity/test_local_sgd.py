@@ -18,7 +18,7 @@ from torch import nn
 from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.rank.data import BatchSource
 from ddp_lab.strategies import LocalSGD
 from ddp_lab.strategies.local_sgd import OUTER_LR, OUTER_MOMENTUM
 from ddp_lab.tasks.train import train_step
@@ -56,10 +56,10 @@ def _every_4(rank, world_size):
     torch.manual_seed(rank)
     wrapper = LocalSGD(MODELS["transformer"](), sync_every=4)
     optimizer = wrapper.make_optimizer(torch.optim.AdamW, lr=1e-2)
-    cfg = data_cfg(batch_size=2 * world_size)
+    batches = BatchSource(data_cfg(batch_size=2 * world_size), rank, world_size, torch.device("cpu"))
     weights, comm = [], []
     for step in range(8):
-        train_step(wrapper, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))
+        train_step(wrapper, optimizer, list(batches.micro_batches(step)))
         weights.append(torch.cat([p.detach().reshape(-1) for p in wrapper.parameters()]).clone())
         comm.append(wrapper.comm.pop())
     return weights, comm, wrapper.facts()

@@ -30,7 +30,7 @@ import torch
 from ddp_lab.check.models import CONTEXT, VOCAB
 from ddp_lab.check.parity import data_cfg
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.rank.data import rank_micro_batches
+from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
 from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import train_step
@@ -92,8 +92,9 @@ def _census(rank: int, world_size: int, cases: dict = CASES) -> dict:
         buffers = sum(b.untyped_storage().nbytes() for b in module.buffers())
         model = _strategy(name, knobs).build(module)
         optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
+        batches = BatchSource(cfg, rank, world_size, torch.device("cpu"))
         for step in range(3):
-            train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))))
+            train_step(model, optimizer, list(batches.micro_batches(step)))
         snapshot = memory_snapshot(model, optimizer, torch.device("cpu"), census=True)
         for _ in range(5):  # a collective's buffer gloo's worker thread has not let go of yet is not kept state
             if abs(snapshot["live_tensor_bytes"] - baseline - buffers - _reported(snapshot)) <= SLACK:

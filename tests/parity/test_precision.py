@@ -47,7 +47,7 @@ def _measure(into: dict, probe: GradErrorProbe, optimizer) -> None:
 
 def _grad_errors(rank, world_size):
     """grad_error of one step of each strategy and comm dtype on the tiny Transformer."""
-    from ddp_lab.rank.data import rank_micro_batches
+    from ddp_lab.rank.data import BatchSource
     out = {}
     for name, make in ERRORS.items():
         for dtype in ("fp32", "bf16"):
@@ -59,7 +59,7 @@ def _grad_errors(rank, world_size):
             measured = {}
             for step in range(2):
                 cfg = data_cfg(batch_size=4 * world_size)
-                batches = list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu")))
+                batches = list(BatchSource(cfg, rank, world_size, torch.device("cpu")).micro_batches(step))
                 train_step(wrapper, optimizer, batches, before_step=partial(_measure, measured, probe, optimizer))
             out[name, dtype] = measured.get("grad_error")
     return out

@@ -25,17 +25,16 @@ STEPS = 6
 
 def _losses(rank, world_size):
     """{(strategy, precision): this rank's loss at each step}."""
-    from ddp_lab.rank.data import rank_micro_batches
+    from ddp_lab.rank.data import BatchSource
 
-    cfg, out = data_cfg(), {}
+    batches, out = BatchSource(data_cfg(), rank, world_size, torch.device("cpu")), {}
     for name in STRATEGIES:
         for precision in PRECISIONS:
             torch.manual_seed(rank)  # different init per rank: the strategy's start-up broadcast fixes it
             model, optimizer, mixed = wrap(SPECS[name](), MODELS["transformer"](), precision, "cpu",
                                            lr=1e-2, weight_decay=0.0)
             out[name, precision] = [
-                train_step(model, optimizer, list(rank_micro_batches(step, cfg, rank, world_size, torch.device("cpu"))),
-                           precision=mixed).item()
+                train_step(model, optimizer, list(batches.micro_batches(step)), precision=mixed).item()
                 for step in range(STEPS)]
     return out
 

@@ -20,7 +20,7 @@ import torch
 from ddp_lab.check.parity import ATOL, RTOL, STEPS, assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.data.text import python_docs
-from ddp_lab.rank.data import rank_held_out_batches
+from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.precision import FP32
 from ddp_lab.spec.strategies import SPECS
@@ -45,7 +45,8 @@ def _every_strategy(rank, world_size):
     out = {}
     for scenario, (name, knobs) in SCENARIOS.items():
         spec = SPECS[name](**knobs)
-        held_out = HeldOutLoss(_held_out_cfg(world_size), rank, world_size, torch.device("cpu"))
+        cfg = _held_out_cfg(world_size)
+        held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")))
         measured = []
         sgd = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD} if name in EXACT_KNOBS else {}
         out[scenario] = train_distributed(
@@ -73,8 +74,8 @@ def test_validation_loss_through_the_strategy_is_the_models(results, name):
     model = MODELS["byte_transformer"]()
     model.load_state_dict(results[0][name][1])
     with torch.no_grad():
-        losses = [loss_fn(model(x), y) for x, y in rank_held_out_batches(_held_out_cfg(WORLD_SIZE), 0, 1,
-                                                                         torch.device("cpu"))]
+        held_out = BatchSource(_held_out_cfg(WORLD_SIZE), 0, 1, torch.device("cpu")).held_out_batches()
+        losses = [loss_fn(model(x), y) for x, y in held_out]
     expected = float(torch.stack(losses).mean())
     for rank in range(WORLD_SIZE):
         measured = results[rank][name][2]

@@ -1,9 +1,9 @@
-"""rank_micro_batches: the ranks' slices together are the global batch, split into micro-batches."""
+"""BatchSource: the ranks' slices together are the global batch, split into micro-batches."""
 
 import torch
 from omegaconf import OmegaConf
 
-from ddp_lab.rank.data import ACTIVE_VOCAB, global_batch, rank_micro_batches
+from ddp_lab.rank.data import ACTIVE_VOCAB, BatchSource, global_batch
 
 
 def _cfg(batch_size=8, grad_accum_steps=1, context_length=16, vocab_size=1000, seed=3):
@@ -14,13 +14,14 @@ def _cfg(batch_size=8, grad_accum_steps=1, context_length=16, vocab_size=1000, s
 def test_rank_slices_tile_the_global_batch_in_order():
     cfg = _cfg(batch_size=12)
     whole = global_batch(5, 12, 16, 1000, 3)
-    pieces = [inputs for rank in range(3) for inputs, _ in rank_micro_batches(5, cfg, rank, 3, torch.device("cpu"))]
+    pieces = [inputs for rank in range(3)
+              for inputs, _ in BatchSource(cfg, rank, 3, torch.device("cpu")).micro_batches(5)]
     assert torch.equal(torch.cat(pieces), whole[:, :-1])
 
 
 def test_micro_batches_split_a_rank_slice_and_targets_are_the_next_tokens():
     cfg = _cfg(batch_size=8, grad_accum_steps=2)
-    micro = list(rank_micro_batches(0, cfg, 1, 2, torch.device("cpu")))
+    micro = list(BatchSource(cfg, 1, 2, torch.device("cpu")).micro_batches(0))
     assert len(micro) == 2 and all(inputs.shape == (2, 16) for inputs, _ in micro)
     mine = global_batch(0, 8, 16, 1000, 3)[4:8]
     assert torch.equal(torch.cat([inputs for inputs, _ in micro]), mine[:, :-1])

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from ddp_lab.data.files import DataError, expand, open_tokens
 from ddp_lab.data.split import Split, open_data
 from ddp_lab.data.text import python_docs
-from ddp_lab.rank.data import rank_held_out_batches, rank_micro_batches
+from ddp_lab.rank.data import BatchSource
 from tests.helpers.token_files import LLMC_UINT32, write_llmc, write_raw
 
 TOKENS = np.arange(1000) % 300
@@ -80,12 +80,12 @@ def test_the_last_tenth_is_held_out_and_the_ranks_tile_each_batch(tmp_path):
     data = open_data(cfg.data, 16)
     assert data.train.tokens == 900 and data.val.tokens == 100
     assert int(np.concatenate(data.val.arrays)[0]) == TOKENS[900]
-    pieces = [x for rank in range(2) for x, _ in rank_micro_batches(5, cfg, rank, 2, torch.device("cpu"))]
+    pieces = [x for rank in range(2) for x, _ in BatchSource(cfg, rank, 2, torch.device("cpu")).micro_batches(5)]
     whole = data.train.batch(5, 3, 8)
     assert torch.equal(torch.cat(pieces), torch.from_numpy(whole[:, :-1]))
-    held = [rank_held_out_batches(cfg, rank, 2, torch.device("cpu")) for rank in range(2)]
+    held = [BatchSource(cfg, rank, 2, torch.device("cpu")).held_out_batches() for rank in range(2)]
     assert len(held[0]) == 2 and int(held[0][0][0].max()) >= 0
-    assert torch.equal(held[0][0][0], rank_held_out_batches(cfg, 0, 2, torch.device("cpu"))[0][0])  # fixed
+    assert torch.equal(held[0][0][0], BatchSource(cfg, 0, 2, torch.device("cpu")).held_out_batches()[0][0])  # fixed
 
 
 def test_an_empty_validation_split_and_a_short_file_are_refused(tmp_path):
