@@ -33,7 +33,13 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.comm_stats import CommStats, Stamp
 from ddp_lab.strategies.exit_drain import track
-from ddp_lab.strategies.rings import ring_all_gather, ring_broadcasts, ring_reduce_scatter, ring_two_level_all_reduce
+from ddp_lab.strategies.rings import (
+    global_rank,
+    ring_all_gather,
+    ring_broadcasts,
+    ring_reduce_scatter,
+    ring_two_level_all_reduce,
+)
 from ddp_lab.units import tensor_bytes
 
 # torch 2.13 renamed the single-tensor collectives (the old names print a FutureWarning on every
@@ -92,8 +98,7 @@ def broadcasts(tensors: list[torch.Tensor], sources: list[int], group=None,
     one for them all)."""
     if (implementation or collectives_in_use(group)) == "ring":
         return [ring_broadcasts(tensors, sources, group=group, async_op=True)]
-    return [dist.broadcast(t, src=s if group is None else dist.get_global_rank(group, s), group=group, async_op=True)
-            for t, s in zip(tensors, sources)]
+    return [dist.broadcast(t, src=global_rank(group, s), group=group, async_op=True) for t, s in zip(tensors, sources)]
 
 
 def _equal_rows(sizes) -> None:

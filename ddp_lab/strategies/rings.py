@@ -93,7 +93,7 @@ def ring_broadcasts(tensors: list[torch.Tensor], sources: list[int], group=None,
         raise ValueError(f"one source rank in 0..{n - 1} per tensor, got {list(sources)} for {len(tensors)} tensors")
     if not all(t.is_contiguous() for t in tensors):
         raise ValueError("a ring broadcast sends contiguous tensors only")
-    peers = (_global(group, (rank + 1) % n), _global(group, (rank - 1) % n))
+    peers = _neighbours(group, rank, n)
     flats = [t.view(-1) for t in tensors]
     return _submit(group, async_op, _Job(_broadcasts, flats, list(sources), rank, n, peers, group))
 
@@ -148,7 +148,7 @@ def ring_two_level_all_reduce(tensor: torch.Tensor, node_group, across_group, as
     if tensor.numel() % k or not tensor.is_contiguous():
         raise ValueError(f"a two-level all-reduce needs a contiguous tensor whose length divides by {k}")
     flat = tensor.view(-1)
-    peers = (_global(node_group, (rank + 1) % k), _global(node_group, (rank - 1) % k))
+    peers = _neighbours(node_group, rank, k)
     rows = [flat.numel() // k] * k
     return _submit(node_group, async_op, _Job(_two_levels, flat, rows, rank, k, peers, node_group, across_group))
 
@@ -176,7 +176,7 @@ def _run(group, async_op: bool, algorithm, output: torch.Tensor, input: torch.Te
         raise ValueError(f"rank {rank}'s row has {rows[rank]} elements, got {mine.numel()} (contiguous tensors only)")
     if output.dtype != input.dtype:
         raise ValueError(f"output is {output.dtype}, input {input.dtype}: a ring sends one dtype")
-    peers = (_global(group, (rank + 1) % n), _global(group, (rank - 1) % n))
+    peers = _neighbours(group, rank, n)
     return _submit(group, async_op, _Job(algorithm, output.view(-1), input.view(-1), rows, rank, n, peers, group))
 
 
@@ -203,8 +203,14 @@ class _FutureWork(dist.Work):
         return self.future.done()
 
 
-def _global(group, group_rank: int) -> int:
+def global_rank(group, group_rank: int) -> int:
+    """The global rank of `group_rank` in `group` (None: the default group), as point-to-point calls take it."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _neighbours(group, rank: int, n: int) -> tuple[int, int]:
+    """(right, left): the global ranks this group rank sends to and receives from round the ring."""
+    return global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
 
 
 class _Job:

@@ -34,6 +34,7 @@ from ddp_lab.spec.bandwidth import (
 )
 from ddp_lab.spec.figures import ALGBW, BUSBW, LATENCY, RANK_SPREAD
 from ddp_lab.strategies.collectives import all_gather, broadcasts, collectives_in_use, reduce_scatter
+from ddp_lab.strategies.rings import global_rank
 from ddp_lab.units import GB, MiB
 
 MIN_ITERS = 3
@@ -111,11 +112,9 @@ def resolve_collective(op: str, numel: int, device: torch.device, dtype=torch.fl
     elif op == "broadcast" and collectives_in_use(group) == "ring":  # the chain zero1's owners send along
         candidates = [("ring_broadcast", lambda: [work.wait() for work in broadcasts([full], [0], group=group)])]
     elif op == "broadcast":
-        src = 0 if group is None else dist.get_global_rank(group, 0)
-        candidates = [("broadcast", lambda: dist.broadcast(full, src=src, group=group))]
+        candidates = [("broadcast", lambda: dist.broadcast(full, src=global_rank(group, 0), group=group))]
     elif op == "reduce":  # what zero2 and fsdp issue on gloo, N of them, one to each rank
-        dst = 0 if group is None else dist.get_global_rank(group, 0)
-        candidates = [("reduce", lambda: dist.reduce(full, dst=dst, group=group))]
+        candidates = [("reduce", lambda: dist.reduce(full, dst=global_rank(group, 0), group=group))]
     elif op in ("reduce_scatter", "all_gather") and collectives_in_use(group) == "ring":
         # backend.collectives: the lab's ring (gloo's default), what every sharding strategy runs on gloo
         if op == "reduce_scatter":
