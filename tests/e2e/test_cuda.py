@@ -1,0 +1,74 @@
+"""The CUDA paths, run where a GPU is visible and skipped otherwise: NCCL, the collectives' CUDA events, the
+allocator's peak in the memory census, autocast and the fp16 scaler on the GPU.
+
+One rank per job: NCCL refuses two ranks on one GPU, so on a one-GPU machine these prove that every
+strategy's GPU path runs, records its figures and trains to the same weights as the flat strategy on the
+same GPU. The multi-rank parity proofs are the gloo suites'.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.helpers.launching import FAST, assert_same_saved_weights, launch, results, strategy_sweep
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
+
+# Every strategy but DeepSpeed's (an optional extra; its own suite runs where it is installed).
+STRATEGIES = ["flat", "naive", "overlap", "bucketed", "zero1", "zero2", "fsdp", "hsdp", "powersgd",
+              "local_sgd", "torch_ddp", "replicate_torch", "zero1_torch", "fsdp_torch"]
+ONE_GPU = ["world_size=1", "backend=auto"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> dict:
+    return strategy_sweep(tmp_path_factory.mktemp("cuda"), STRATEGIES, *ONE_GPU)
+
+
+def test_every_strategy_runs_on_nccl_with_its_figures(sweep):
+    for name, job in sweep.items():
+        record = results(job)
+        assert record["status"] == "ok", (name, record["error"])
+        assert record["env"]["backend"] == "nccl", name
+        assert record["env"]["collectives"] == "native", name
+        summary = record["summary"]
+        assert summary["step_time_ms"]["p50"] > 0, name
+        assert summary["comm_ms"]["p50"] >= 0 and math.isfinite(summary["comm_ms"]["p50"]), name
+        assert math.isfinite(summary["final_loss"]), name
+        snapshot = summary["memory"]["per_rank"][0]["after_step"]
+        assert snapshot.get("max_memory_allocated", 0) > 0, (name, snapshot)
+
+
+def test_every_strategy_trains_to_flats_weights_on_the_gpu(sweep):
+    failed = []
+    for name, job in sweep.items():
+        try:
+            assert_same_saved_weights(job, sweep["flat"])
+        except AssertionError as error:
+            failed.append(f"{name}: {error}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_on_the_gpu(tmp_path, precision):
+    """Autocast on CUDA, and for fp16 the scaler's unscale and inf check on CUDA tensors."""
+    proc = launch(*FAST, *ONE_GPU, "logger=none", "strategy=flat,zero2,fsdp", f"train.precision={precision}",
+                  tmp_path=tmp_path, multirun=True)
+    assert proc.returncode == 0, proc.stderr
+    for i in range(3):
+        record = results(tmp_path / "multirun" / str(i))
+        assert record["status"] == "ok", record["error"]
+        assert math.isfinite(record["summary"]["final_loss"])
+
+
+def test_allreduce_benchmark_on_nccl(tmp_path):
+    proc = launch(*ONE_GPU, "task=allreduce", "task.size_mb=16", "logger=none", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    record = results(tmp_path / "run")
+    assert record["status"] == "ok", record["error"]
+    assert record["env"]["backend"] == "nccl"
+    assert "cpu" not in record["env"]["devices"][0]
