@@ -18,8 +18,8 @@ vocabulary that the strategies here are made of:
   own plan before its forward and its backward.
 
 None of it needs torch: a schedule describes, it runs nothing. What each term costs is the
-interpreter's business (analysis/predict/schedule.py on this machine's fitted collectives,
-analysis/predict/scale.py on a GPU system's NCCL model, analysis/calculator.py in bytes).
+interpreter's business (analysis/predict/interpret.py, on this machine's fitted collectives or a GPU
+system's NCCL model; analysis/calculator.py in bytes).
 """
 
 from __future__ import annotations

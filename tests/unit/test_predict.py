@@ -9,10 +9,11 @@ import pytest
 from ddp_lab.analysis.predict import fit as fitting
 from ddp_lab.analysis.predict.cli import main
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds
+from ddp_lab.analysis.predict.interpret import planned_units
 from ddp_lab.analysis.predict.nccl import collective_s, options
 from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.scale import load_model, step_ms
-from ddp_lab.analysis.predict.schedule import best_bucket_mb, fsdp_units, job_step
+from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
 from ddp_lab.analysis.predict.systems import SYSTEMS
 from tests.helpers.report_fixtures import collective_results, write_job
 
@@ -190,7 +191,7 @@ def test_fsdp_schedule_hand_computed_on_the_strategys_own_plan():
         {**one, "name": "head.weight", "ready_ms": 5.0}])
     cfg = {**_cfg("fsdp"), "model": {"_target_": "ddp_lab.check.models.UnitsNet", "name": "tiny",
                                     "context_length": 64}}
-    units, root = fsdp_units(cfg, model["compute"]["params"])
+    units, root = planned_units(cfg["model"], model["compute"]["params"], "linear_embedding")
     assert [(u.name, u.needed_in_backward, u.weight) for u in units] == [
         ("embed", False, 0), ("blocks.0", True, 250000), ("blocks.1", True, 250000), ("head", True, 250000)]
     assert (root.name, root.sharded, root.replicated) == ("", (), (3,))
@@ -261,6 +262,9 @@ def _cfg(strategy, world_size=2, **knobs):
     ("bucketed", {"bucket_mb": 1}, 38.0, 2.0),       # one parameter per bucket, as overlap
     ("flat", {}, 45.0, 9.0),                         # 3 ms all-reduce + 2 MB into a new buffer at 0.5 GB/s, back at 1
     ("zero1", {"bucket_mb": 25}, 40.5, 7.0),         # bucketed, optimizer on half, then 2 broadcasts of 2 ms
+    # one reduce-scatter of both tensors after backward, one all-gather after the update; with no fit of
+    # either, each is 2 calls (reduces timed as broadcasts) of 1 MB: 4 ms
+    ("zero1", {"comm": "reduce_scatter"}, 10 + 20 + 4 + 2.5 + 4 + 1, 8.0),
 ])
 def test_strategy_schedules_hand_computed(strategy, knobs, step, exposed):
     _, r = job_step(_model(), _cfg(strategy, **knobs))

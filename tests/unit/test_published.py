@@ -6,7 +6,7 @@ import pytest
 
 from ddp_lab.analysis.predict import published, torch_estimate
 from ddp_lab.analysis.predict.cli import main
-from ddp_lab.analysis.predict.scale import described_workload, step_ms
+from ddp_lab.analysis.predict.scale import described_workload, nccl_seconds, step_ms
 from ddp_lab.analysis.predict.systems import SYSTEMS
 
 
@@ -79,8 +79,14 @@ def test_a_described_model_replays_like_the_arithmetic_says(tmp_path):
     h100 = SYSTEMS["h100-nvlink"]
     w = described_workload(h100, desc)
     assert [p["bwd_ms"] for p in w.params] == [1.5, 0.5] and [p["unit"] for p in w.params] == ["a", "b"]
-    one = step_ms(h100, w, 1, "flat")
-    assert one["step_ms"] == pytest.approx(3.5) and one["exposed_ms"] == 0
+    one = step_ms(h100, w, 1, "flat")  # no collective at one GPU; flat still copies its 16 kB in and out
+    copies = 2 * (2 * 16000 / h100.hbm_Bps * 1e3)
+    assert one["step_ms"] == pytest.approx(3.5 + copies) and one["exposed_ms"] == pytest.approx(copies)
+    assert step_ms(h100, w, 1, "bucketed")["step_ms"] == pytest.approx(3.5)
+    # zero1 broadcasts each parameter from its owner after the update, as it does on NCCL: one call each
+    broadcasts = sum(nccl_seconds(h100, "broadcast", n * 4, 8) * 1e3 for n in (1000, 3000))
+    zero1, bucketed = step_ms(h100, w, 8, "zero1"), step_ms(h100, w, 8, "bucketed")
+    assert zero1["exposed_ms"] - bucketed["exposed_ms"] == pytest.approx(broadcasts)
     path = tmp_path / "two.json"
     path.write_text(json.dumps(desc))
     assert main(["scale", "--system", "h100-nvlink", "--model", str(path), "--world-size", "1,8",

@@ -1,5 +1,5 @@
 """What the model's pieces cost: one collective from its fit, the core share of compute and communication,
-the tokens a rank computes. fit.py writes the constants these read; schedule.py and scale.py use them."""
+the tokens a rank computes. fit.py writes the constants these read; schedule.py (FittedCosts) uses them."""
 
 from __future__ import annotations
 

@@ -15,29 +15,27 @@ slowdown between compute and communication (NCCL runs on its own SMs; what it ta
 ignored). Weak scaling: the per-GPU batch is fixed, so efficiency = step at one node / step at N.
 
 Strategies: every one whose spec declares a schedule (spec/schedule.py) that scale can replay, each
-with its default knobs and, where it has buckets, the best of BUCKET_MB. On NCCL: gradients per
-tensor or bucket as all-reduces (or reduce-scatters), launched when ready or after backward; whole
-tensors reduce-scattered to their owners as one reduce-scatter; parameters shared after the update
-as one broadcast (or all-gather) of all of them, or one all-gather per bucket; ZeRO-3's units per
-block (all-gather before forward and before backward, prefetched one block ahead, reduce-scatter
-after its backward). Low-rank compression and averaging every k steps are not replayed here.
+with its default knobs and, where it has buckets, the best of BUCKET_MB. The schedule is interpreted
+by interpret.py, the same interpreter as a job's on this machine, with `NcclCosts` as its prices; fsdp's
+units are its own plan of a conf model, or a described model's units. Low-rank compression and
+averaging every k steps are not replayed here.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ddp_lab.analysis.predict import torch_estimate
 from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.interpret import Work, interpret, planned_units, units_by_name
 from ddp_lab.analysis.predict.nccl import collective_s
-from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.systems import System, busbw
 from ddp_lab.config import compose_model
-from ddp_lab.models.facts import flops_per_token, meta_model, parameter_facts
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
+from ddp_lab.models.facts import flops_per_token, parameter_facts
+from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.schedule import Schedule
 from ddp_lab.spec.strategies import SPECS
-from ddp_lab.spec.strategies.fsdp_units import plan_units
 
 BUCKET_MB = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 WIRE_BYTES = 2          # bf16 gradients and parameters on the wire
@@ -62,15 +60,9 @@ def load_model(name: str, context_length: int | None = None):
 
 
 def parameters(cfg) -> list[dict]:
-    """The model's parameters in `parameters()` order, counted on the meta device (models/facts.py): each
-    with its backward FLOPs per token (`bwd`) and the ZeRO-3 unit of fsdp's own plan it belongs to
-    (the root's parameters in the unit "root")."""
-    try:
-        plans = plan_units(meta_model(cfg))
-    except ValueError:  # nothing to shard: every parameter in the root
-        plans = []
-    unit_of = {p.name: plan.name or "root" for plan in plans for p in plan.params}
-    return [{**p, "unit": unit_of.get(p["name"], "root")} for p in parameter_facts(cfg)]
+    """The model's parameters in `parameters()` order, counted on the meta device (models/facts.py), each
+    with its backward FLOPs per token (`bwd`)."""
+    return parameter_facts(cfg)
 
 
 def nccl_seconds(system: System, op: str, nbytes: float, n: int) -> float:
@@ -184,102 +176,59 @@ def workload(system: System, model, batch: int) -> Workload:
         transformer_workload(system, model, batch)
 
 
+class NcclCosts:
+    """A GPU system's prices (interpret.Costs): each collective by `seconds(system, op, bytes, n)` (ddp-lab's
+    NCCL model, or torch's estimator); a host copy reads and writes its bytes at the GPU's memory
+    bandwidth; the zeroing and adds of gradients kept in buckets are not priced (on the GPU they are
+    memory-bound kernels inside backward, which the MFU's compute already stands for); no contention:
+    NCCL runs on SMs of its own. PowerSGD's phases have no price here."""
+
+    compute_slowdown = comm_slowdown = 1.0
+    launch_ms = 0.0
+
+    def __init__(self, system: System, n: int, seconds=nccl_seconds):
+        self.system, self.n, self.seconds = system, n, seconds
+
+    def collective(self, op: str, nbytes: float, back_to_back: bool = False) -> float:
+        return self.seconds(self.system, op, nbytes, self.n) * 1e3
+
+    def sharded(self, op: str, nbytes: float) -> float:
+        return self.collective(op, nbytes)
+
+    def host(self, op: str, nbytes: float) -> float:
+        return 2 * nbytes / self.system.hbm_Bps * 1e3 if op in ("copy", "fresh_copy") else 0.0
+
+    def powersgd_work(self, phase: int, param: dict) -> float:
+        raise PredictError("scale has no price for powersgd's compression work")
+
+
+def work_of(w: Workload, first_bucket_mb: float | None = None) -> Work:
+    """A Workload as interpret.py takes it: every parameter gathered and every gradient sent in the wire
+    dtype, each gradient ready once backward has done the work of everything after it (output first);
+    fsdp's units from its own plan of a conf model, or a described model's `unit` fields."""
+    params = [{**p, "bytes": p["numel"] * w.wire_bytes, "dtype": "wire"} for p in w.params]
+    ready, done = [0.0] * len(params), 0.0
+    for i in reversed(range(len(params))):
+        done += params[i]["bwd_ms"]
+        ready[i] = min(done, w.backward_ms)
+    units = functools.partial(planned_units, w.cfg, params) if w.cfg is not None \
+        else (lambda policy: units_by_name(params))
+    return Work(params=params, wire=[p["bytes"] for p in params], ready=ready, forward_ms=w.forward_ms,
+                backward_ms=w.backward_ms, optimizer_ms=w.optimizer_ms, units=units, first_bucket_mb=first_bucket_mb)
+
+
 def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket_mb: float = DEFAULT_BUCKET_MB,
             first_bucket_mb: float | None = None, seconds=nccl_seconds) -> dict:
     """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU; `model` a conf
     model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
     `seconds(system, op, bytes, n)`: the collective model (torch_estimate.seconds: torch's, the reference)."""
-
-    def _collective(system, op, nbytes, n):
-        return seconds(system, op, nbytes, n) * 1e3
-
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
     plan = schedule(strategy, bucket_mb)
     w = model if isinstance(model, Workload) else workload(system, model, batch)
-    params = w.params
-    forward, backward = w.forward_ms, w.backward_ms
-    ready, done = [0.0] * len(params), 0.0
-    for i in reversed(range(len(params))):
-        done += params[i]["bwd_ms"]
-        ready[i] = min(done, backward)
-    optimizer = w.optimizer_ms
-    if plan.units is not None:
-        return _fsdp(system, params, n, forward, backward, optimizer / n, w.wire_bytes, _collective)
-    grad = [p["numel"] * w.wire_bytes for p in params]
-    buckets = plan_bucket_indices(grad, [0] * len(grad), plan.gradients.bucket_mb) \
-        if plan.gradients is not None and plan.gradients.bucket_mb else []
-    if first_bucket_mb is not None and buckets:  # DDP: the first bucket (the last gradients) is smaller
-        first = plan_bucket_indices(grad, [0] * len(grad), first_bucket_mb)[0]
-        rest = [i for i in range(len(grad)) if i not in set(first)]
-        buckets = [first] + ([[rest[j] for j in b] for b in plan_bucket_indices(
-            [grad[i] for i in rest], [0] * len(rest), plan.gradients.bucket_mb)] if rest else [])
-    comms, opt_comm = [], 0.0
-
-    def coll(op, nbytes, ready_ms=None):
-        return Collective(_collective(system, op, nbytes, n), ready_ms)
-
-    g = plan.gradients
-    if g is not None and g.group == "tensor" and g.op == "reduce_scatter":  # whole tensors to their owners
-        comms = [coll("reduce_scatter", sum(grad))]
-    elif g is not None and g.group == "tensor":
-        order = reversed(range(len(params))) if g.launch == "ready" else range(len(params))
-        comms = [coll("all_reduce", grad[i], ready[i] if g.launch == "ready" else None) for i in order]
-    elif g is not None and g.group == "all":
-        comms = [coll("all_reduce", sum(grad))]
-    elif g is not None:
-        comms = [coll(g.op, sum(grad[i] for i in b), max(ready[i] for i in b) if g.launch == "ready" else None)
-                 for b in buckets]
-    if g is not None and g.host_copies:  # into buffers allocated for them and back: read and write, twice
-        comms.append(Collective(2 * 2 * sum(grad) / system.hbm_Bps * 1e3, None))
-    q = plan.parameters
-    if q is not None and n > 1:
-        if q.group == "bucket":
-            opt_comm = sum(_collective(system, q.op, sum(grad[i] for i in b), n) for b in buckets)
-        else:  # per tensor or all at once: one collective of every parameter
-            opt_comm = _collective(system, q.op, sum(grad), n)
-    updated = 1 / n if plan.update == "shard" else 1.0
-    step = Step(forward_ms=forward, backward_ms=backward, collectives=comms if n > 1 else [],
-                optimizer_ms=optimizer * updated, optimizer_comm_ms=opt_comm)
-    r = replay(step)
-    comm_total = sum(c.ms for c in step.collectives) + opt_comm
-    return {"step_ms": r.step_ms, "exposed_ms": r.exposed_ms, "comm_ms": comm_total, "compute_ms": forward + backward,
-            "optimizer_ms": step.optimizer_ms}
-
-
-def _fsdp(system: System, params, n, forward, backward, optimizer, wire_bytes, _collective) -> dict:
-    """Units (the embedding, each block, the head) gathered before their forward and again before their
-    backward, one unit ahead, and reduce-scattered after their backward, on one channel in issue
-    order; a unit's compute waits for its gather."""
-    units: dict[str, list[int]] = {}
-    for i, p in enumerate(params):
-        units.setdefault(p["unit"], []).append(i)
-    order = list(units)
-    size = {u: sum(params[i]["numel"] for i in idx) * wire_bytes for u, idx in units.items()}
-    gather = {u: _collective(system, "all_gather", size[u], n) for u in order}
-    scatter = {u: _collective(system, "reduce_scatter", size[u], n) for u in order}
-    bwd = {u: sum(params[i]["bwd_ms"] for i in idx) for u, idx in units.items()}
-    fwd = {u: bwd[u] * forward / backward for u in order}
-
-    def phase(seq, compute, after=None):
-        channel = gather[seq[0]]
-        gathered, t = {seq[0]: channel}, 0.0
-        for k, u in enumerate(seq):
-            start = max(t, gathered[u])
-            if k + 1 < len(seq):
-                channel = max(channel, start) + gather[seq[k + 1]]
-                gathered[seq[k + 1]] = channel
-            t = start + compute[u]
-            if after is not None:
-                channel = max(channel, t) + after[u]
-        return t, max(channel, t)
-
-    f_end, _ = phase(order, fwd)
-    _, b_end = phase(order[::-1], bwd, scatter)
-    step = f_end + b_end + optimizer
-    return {"step_ms": step, "exposed_ms": step - forward - backward - optimizer,
-            "comm_ms": 2 * sum(gather.values()) + sum(scatter.values()), "compute_ms": forward + backward,
-            "optimizer_ms": optimizer}
+    step, r = interpret(plan, work_of(w, first_bucket_mb), NcclCosts(system, n, seconds))
+    return {"step_ms": r.step_ms, "exposed_ms": r.exposed_ms, "comm_ms": r.comm_ms,
+            "compute_ms": w.forward_ms + w.backward_ms, "optimizer_ms": step.optimizer_ms}
 
 
 def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: float | None = None) -> float:
