@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("scale", help="predicted step time on a named GPU system at several world sizes")
     s.add_argument("--system", default="h100-nvlink", help=f"one of {', '.join(SYSTEMS)}")
     s.add_argument("--model", default="xl", help="a conf/model name (small, medium, large, xl, 2.7b, tiny) or a "
-                   "model description FILE.json (parameters and compute; docs/predict.md)")
+                   "model description FILE.json (parameters and compute; docs/notebook/predict.md)")
     s.add_argument("--world-size", default="8,64,512", help="comma-separated GPU counts")
     s.add_argument("--strategy", default="bucketed,zero1,zero2,fsdp", help=f"comma-separated, of "
                    f"{', '.join(scaling.scalable())}")

@@ -1,4 +1,4 @@
-"""`predict heldout OUT`: score the predictor on jobs its fit never saw (docs/predict.md, "Held out").
+"""`predict heldout OUT`: score the predictor on jobs its fit never saw (docs/notebook/predict.md, "Held out").
 
 The protocol, run by benchmarks/predict_heldout.sh into OUT:
 

@@ -28,7 +28,7 @@ algorithm bandwidth on 8 H100s and NVIDIA's sweep measures 274:
   x (channels - 1) / channels / (1 + 1/n);
 - pipeline fill: two stages, each one slice per channel before the switch streams (NCCL_BUFFSIZE
   4 MiB / NCCL_STEPS 8 = 512 KiB per channel, NCCL_NVLS_NCHANNELS 16): 16 MiB at algbw. This term
-  was added after looking at the 8 x H100 table's middle sizes (docs/predict.md says so); its size
+  was added after looking at the 8 x H100 table's middle sizes (docs/notebook/predict.md says so); its size
   is NCCL's default buffer arithmetic, not fitted.
 """
 

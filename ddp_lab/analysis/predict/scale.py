@@ -130,7 +130,7 @@ def transformer_workload(system: System, cfg, batch: int) -> Workload:
 
 
 def described_workload(system: System, desc: dict, batch: int | None = None) -> Workload:
-    """A model given by its parameters and compute (any model: `scale --model FILE.json`, docs/predict.md):
+    """A model given by its parameters and compute (any model: `scale --model FILE.json`, docs/notebook/predict.md):
 
         {"name": "resnet50", "wire_bytes": 4,
          "compute_ms": {"forward": 32.3, "backward": 64.7, "optimizer": 0},     # one GPU's step, or
@@ -156,7 +156,7 @@ def described_workload(system: System, desc: dict, batch: int | None = None) -> 
             backward = float(desc["flops_per_sample"]["backward"]) * samples * ms_per_flop
     except (KeyError, TypeError, ValueError) as exc:
         raise PredictError(f"model description {desc.get('name', '?') if isinstance(desc, dict) else '?'}: "
-                           f"missing or bad field ({exc}); see docs/predict.md") from None
+                           f"missing or bad field ({exc}); see docs/notebook/predict.md") from None
     if not params or any(p["numel"] <= 0 for p in params):
         raise PredictError("model description: needs parameters, each with numel > 0")
     total = sum(p["work"] for p in params)
