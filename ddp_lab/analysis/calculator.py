@@ -22,12 +22,12 @@ import json
 import sys
 from dataclasses import fields
 
+from ddp_lab.arithmetic.zero_bytes import DTYPE_BYTES, model_state_bytes
 from ddp_lab.config import compose_model, key_values
 from ddp_lab.models.facts import flops_per_token, parameter_counts, parameter_facts
 from ddp_lab.spec.schedule import Schedule
 from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
 from ddp_lab.spec.strategy import StrategySpec
-from ddp_lab.spec.zero_bytes import DTYPE_BYTES, model_state_bytes
 
 
 def load_model_config(name: str, overrides: dict | None = None):

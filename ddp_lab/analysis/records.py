@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ddp_lab.analysis.accuracy import accuracy
+from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
 from ddp_lab.spec.figures import (
     ALGBW,
@@ -28,7 +29,6 @@ from ddp_lab.spec.figures import (
     training_figures,
 )
 from ddp_lab.spec.labels import collective_label, row_label
-from ddp_lab.spec.zero_bytes import model_state_bytes
 from ddp_lab.units import MiB
 
 
@@ -135,7 +135,7 @@ def memory_record(res: dict) -> dict:
     the strategy keeps beside it (`strategy_state`, `state_total`: rank/memory.py).
 
     The paper's figure is recomputed here from the recorded parameter count, stage, dtype and world
-    size by spec/zero_bytes.py's model_state_bytes, the one function the rank's own `expected` and the
+    size by arithmetic/zero_bytes.py's model_state_bytes, the one function the rank's own `expected` and the
     calculator's rows also come from. Empty values for jobs without memory figures.
     """
     memory = _get(res, "summary", "memory") or {}

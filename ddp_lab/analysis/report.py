@@ -145,7 +145,7 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
         parts += ["## Model state per rank: measured vs ZeRO paper", "",
                   "MiB (2^20 bytes) on the rank holding the most model state (params + grads + optimizer state, "
                   "the largest of after init, before and after the last step); the ZeRO paper's figure for the "
-                  "job's stage (ddp_lab/spec/zero_bytes.py) with fp32 AdamW's 4 + 4 + 8 bytes per parameter, "
+                  "job's stage (ddp_lab/arithmetic/zero_bytes.py) with fp32 AdamW's 4 + 4 + 8 bytes per parameter, "
                   "what ddp-lab keeps at every train.precision (autocast keeps fp32 parameters and gradients), as "
                   "`python -m ddp_lab.calculator` prints it; under bf16/fp16 compute the paper's mixed-precision "
                   "2 + 2 + 12 beside it. × paper = measured / paper: the bar is 1.05. Strategy state: what the "

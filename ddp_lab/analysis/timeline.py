@@ -5,7 +5,7 @@
 One panel per run (stacked, same time scale, so a longer step looks longer), two lanes per rank.
 The communication lane is split into what ran while the rank was computing (hidden) and what it
 waited for (exposed): whether a strategy overlaps is visible at a glance. Lanes come from
-`spec.traces.lanes`, so the picture and the overlap figure in results.json agree.
+`arithmetic.traces.lanes`, so the picture and the overlap figure in results.json agree.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only: no display on cluster nodes or in tests
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ddp_lab.spec import traces as ta  # noqa: E402
+from ddp_lab.arithmetic import traces as ta  # noqa: E402
 
 COLORS = {"compute": "#4C72B0", "hidden": "#55A868", "exposed": "#C44E52"}
 

@@ -17,12 +17,12 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
+from ddp_lab.arithmetic.bandwidth import bytes_per_rank
 from ddp_lab.config import Config
 from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
-from ddp_lab.spec.bandwidth import bytes_per_rank
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec
 from ddp_lab.units import MiB

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ddp_lab.arithmetic.stats import summarize_steps
 from ddp_lab.jobdir import (
     RESULTS,
     make_results,
@@ -42,7 +43,6 @@ from ddp_lab.jobdir import (
 from ddp_lab.launcher.emulated_network import NODE_IF, EmulatedNodes
 from ddp_lab.launcher.failures import diagnose, oom_kills
 from ddp_lab.launcher.resume import set_aside_previous_attempt
-from ddp_lab.spec.stats import summarize_steps
 
 GRACE_S = 15  # torchrun's own SIGTERM-to-SIGKILL wait is 30 s: the launcher does not wait that long
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 The model's facts are counted from the model built on the meta device (ddp_lab/models/facts.py): its
 parameters, and the activations autograd saves in one forward of a rank's micro-batch. The model state
-is spec/zero_bytes.py's (fp32 AdamW, divided over ranks as the strategy's ZeRO stage says), plus one
+is arithmetic/zero_bytes.py's (fp32 AdamW, divided over ranks as the strategy's ZeRO stage says), plus one
 gradient-sized communication buffer. Errs on the generous side: it only has to tell 'fits' from 'will be
 OOM-killed'.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.models.facts import activation_bytes, parameter_counts
-from ddp_lab.spec.zero_bytes import model_state_bytes
 
 FP32 = 4
 

@@ -27,7 +27,7 @@ fp16) parameters, gradients and AdamW's moments all stay fp32 here, and fsdp's c
 only the gathered copies, so the figure is fp32's 4 + 4 + 8 bytes per parameter at every
 precision. In mixed precision the ZeRO paper's 2 + 2 + 12 (fp16 weights and gradients, fp32
 master copy and moments; section 3.1 / figure 1) is recorded beside it as `paper_mixed`. Both
-come from one function, ddp_lab/spec/zero_bytes.py's `model_state_bytes` (the calculator's
+come from one function, ddp_lab/arithmetic/zero_bytes.py's `model_state_bytes` (the calculator's
 rows and the report's "measured vs ZeRO paper" table use it too): stage 1 divides the optimizer
 state by N, stage 2 also the gradients, stage 3 also the parameters.
 """
@@ -40,7 +40,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ddp_lab.spec import zero_bytes
+from ddp_lab.arithmetic import zero_bytes
 from ddp_lab.units import tensor_bytes
 
 KEYS = ("params", "grads", "optimizer_state")

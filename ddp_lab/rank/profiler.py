@@ -3,7 +3,7 @@
 Kept out of the train loop, which only enters `StepProfiler` and calls `profiler.step()` once per
 step. Each rank writes a Chrome/Perfetto trace to JOB/traces/rank{R}.json (open it in
 https://ui.perfetto.dev or chrome://tracing). When the loop ends, rank 0 reads every rank's trace and
-computes the overlap of communication with computation (`spec.traces.analyze_run`: compute during
+computes the overlap of communication with computation (`arithmetic.traces.analyze_run`: compute during
 comm over comm, per rank, then the mean) for results.json's `summary.trace_overlap`. The picture of
 it (JOB/timeline.png, a compute and a comm lane per rank) is drawn from those files by launch.py when
 the job has ended (analysis/timeline.py): a rank records, it does not plot.
@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from ddp_lab.arithmetic.traces import analyze_run, find_traces
 from ddp_lab.jobdir import PHASES, TRACES, trace_file, write_json_atomic
 from ddp_lab.rank.host_timing import host_timings
 from ddp_lab.rank.process_group import synchronize
-from ddp_lab.spec.traces import analyze_run, find_traces
 
 PROFILED_STEPS = 3
 COMPUTE_ALONE_WARMUP, COMPUTE_ALONE_REPEATS = 2, 10

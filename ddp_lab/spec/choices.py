@@ -23,7 +23,7 @@ class Dtype(Choice):
 
 
 class CollectiveOp(Choice):
-    """task=allreduce: the collective timed (spec/bandwidth.py has each one's bus factor)."""
+    """task=allreduce: the collective timed (arithmetic/bandwidth.py has each one's bus factor)."""
 
     all_reduce = "all_reduce"
     reduce_scatter = "reduce_scatter"

@@ -3,7 +3,7 @@
 A row says once what a figure is: its key (in steps.jsonl, results.json's `steps` and `summary`, and
 W&B), its unit, how a step's ranks combine it, whether the job's summary gives its statistics, what W&B's
 run summary keeps, when it is present, and what it means. The readers take the table, not lists of
-names: the reduction over ranks (rank/timing.py), a training job's summary (spec/stats.py), W&B's
+names: the reduction over ranks (rank/timing.py), a training job's summary (arithmetic/stats.py), W&B's
 `define_metric` (rank/recorder.py), the flat records the tables and report read (analysis/records.py),
 and the per-step section of docs/measurements.md (`figures_markdown`, held to the table by a test).
 

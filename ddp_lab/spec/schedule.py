@@ -5,7 +5,7 @@ A `Schedule` is built by a strategy's spec from its knobs (`StrategySpec.schedul
 vocabulary that the strategies here are made of:
 
 - `gradients` (`GradientSync`): how gradients travel during or after backward: one collective per
-  gradient tensor, per bucket (spec/buckets.py's plan at `bucket_mb`) or one for all of them; launched
+  gradient tensor, per bucket (arithmetic/buckets.py's plan at `bucket_mb`) or one for all of them; launched
   as soon as the tensor or bucket is ready, or after backward; all-reduced (every rank gets the
   average) or reduce-scattered (each rank only its share: a 1/N slice of each bucket, or the whole
   tensors it owns);

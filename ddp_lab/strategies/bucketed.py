@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 from ddp_lab.strategies.collectives import two_level_all_reduce_mean_async
 from ddp_lab.strategies.hsdp import shard_layout
 from ddp_lab.strategies.overlap_engine import OverlapEngine

@@ -38,8 +38,8 @@ from contextlib import contextmanager
 
 import torch
 
+from ddp_lab.arithmetic.intervals import total
 from ddp_lab.rank.process_group import synchronize
-from ddp_lab.spec.intervals import total
 
 
 class CommStats:

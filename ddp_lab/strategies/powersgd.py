@@ -56,7 +56,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.bucketed import BucketedDDP
 from ddp_lab.strategies.collectives import all_reduce_sum_async
 from ddp_lab.strategies.comm_stats import Stamp, record_intervals

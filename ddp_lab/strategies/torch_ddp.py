@@ -42,8 +42,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.rank.process_group import synchronize
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.collectives import (
     WIRE_DTYPES,

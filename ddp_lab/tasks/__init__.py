@@ -2,7 +2,7 @@
 
 A task module has `run(cfg, device, recorder, job_dir) -> {"summary": ..., "steps": [...]}` (every
 rank calls it inside the process group; rank 0's result becomes results.json). The summary of the
-steps a failed job streamed is spec/stats.py's `summarize_steps`, which the launcher calls.
+steps a failed job streamed is arithmetic/stats.py's `summarize_steps`, which the launcher calls.
 """
 
 from ddp_lab.tasks import allreduce, train

@@ -7,7 +7,7 @@ only the launch). `task.barrier=false` drops the barrier: calls then run back to
 from the end of the one before, which is what a strategy issuing blocking collectives one after
 another (naive) pays, the ranks' drift and the backend's wake-up included. The per-rank times are
 gathered and each iteration is billed at its slowest rank, because a collective is done only when
-its last rank is (spec/bandwidth.py does the arithmetic).
+its last rank is (arithmetic/bandwidth.py does the arithmetic).
 
 A 1 GiB message on a loaded CPU box can take seconds per call, so after the warm-up one probe
 call decides how many timed iterations fit in `task.time_budget_s` (every rank uses the slowest
@@ -23,8 +23,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ddp_lab.rank.process_group import synchronize
-from ddp_lab.spec.bandwidth import (
+from ddp_lab.arithmetic.bandwidth import (
     OPS,
     algbw,
     busbw,
@@ -32,6 +31,7 @@ from ddp_lab.spec.bandwidth import (
     message_numel,
     summarize_collective,
 )
+from ddp_lab.rank.process_group import synchronize
 from ddp_lab.spec.figures import ALGBW, BUSBW, LATENCY, RANK_SPREAD
 from ddp_lab.strategies.collectives import all_gather, broadcasts, collectives_in_use, reduce_scatter
 from ddp_lab.strategies.rings import global_rank

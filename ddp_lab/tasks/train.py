@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddp_lab.arithmetic.stats import summarize_training
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
 from ddp_lab.rank.data import BatchSource
@@ -30,7 +31,6 @@ from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
-from ddp_lab.spec.stats import summarize_training
 from ddp_lab.spec.strategies import spec_of
 
 

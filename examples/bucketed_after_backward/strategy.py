@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.strategies import DataParallelBase, plan_buckets
 from ddp_lab.strategies.collectives import all_reduce_mean_async
 from ddp_lab.strategies.comm_stats import record_intervals

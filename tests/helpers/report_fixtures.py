@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from ddp_lab.spec.bandwidth import summarize_collective
+from ddp_lab.arithmetic.bandwidth import summarize_collective
 
 MiB = 2**20
 PNG = b"\x89PNG\r\n\x1a\n"

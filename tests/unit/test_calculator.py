@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ddp_lab.analysis import calculator as calc
+from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.models import build_model
 from ddp_lab.models.facts import parameter_counts
-from ddp_lab.spec.zero_bytes import model_state_bytes
 
 SIZES = ["toy", "tiny", "small", "medium", "large", "xl", "2.7b"]
 

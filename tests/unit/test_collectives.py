@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from ddp_lab.arithmetic import bandwidth as C
+from ddp_lab.arithmetic.stats import SUMMARY_KEYS
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.spec import bandwidth as C
-from ddp_lab.spec.stats import SUMMARY_KEYS
 from ddp_lab.tasks.allreduce import benchmark_collective, resolve_collective
 
 

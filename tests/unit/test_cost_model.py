@@ -74,7 +74,7 @@ def test_pipeline_closed_form_matches_simulation(backward_s):
 
 
 def test_fit_from_benchmark_summaries():
-    from ddp_lab.spec.bandwidth import summarize_collective
+    from ddp_lab.arithmetic.bandwidth import summarize_collective
 
     sizes = [2**20, 10 * 2**20, 100 * 2**20, 1000 * 2**20]
     jobs = [summarize_collective("all_reduce", b, 4, [OVERHEAD + b / W] * 5) for b in sizes]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from ddp_lab.analysis.report import main as report_main
+from ddp_lab.arithmetic.stats import summarize_training
 from ddp_lab.jobdir import RESULTS, ResultsSchemaError, make_results, read_results
 from ddp_lab.rank.recorder import declare_metrics
 from ddp_lab.spec.figures import FIGURES, SCHEMA_VERSION, figure, figures_markdown, training_figures
-from ddp_lab.spec.stats import summarize_training
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ddp_lab"
 
@@ -28,7 +28,7 @@ HOMONYMS = {
     # the one schedule interpreter will take them from this table
     "analysis/predict/": {"comm_ms", "optimizer_ms", "collectives", "busbw_GBps", "loss"},
     "rank/profiler.py": {"comm_ms"},  # phases.json: the step's comm intervals, not their union
-    "spec/traces.py": {"comm_ms"},  # a profiler trace's comm lane per rank
+    "arithmetic/traces.py": {"comm_ms"},  # a profiler trace's comm lane per rank
     "analysis/timeline.py": {"comm_ms"},  # the same, drawn
     "rank/worker.py": {"collectives"},  # env.collectives: the implementation that ran (ring, native)
     "spec/labels.py": {"collectives"},  # the same, in run names

@@ -5,7 +5,8 @@
   strategies/ or tasks/;
 - checked on the modules a fresh interpreter has loaded after importing every module of a package
   (`sys.modules`), so an import through another module counts too: spec/ (the description layer
-  every process reads) loads no torch and none of the folders that read it; nothing that runs in a
+  every process reads) and arithmetic/ (the arithmetic every process shares) load no torch and none of
+  the folders that read them; nothing that runs in a
   rank or the launcher (rank/, strategies/, tasks/, launcher/) loads analysis/, which is a leaf; the
   launcher loads no rank code (not rank/, strategies/ or tasks/);
 - rank/ never imports launcher/ (a rank does not run the launcher's code), and the launcher never
@@ -112,6 +113,8 @@ def _loaded_after_importing(package: str) -> set[str]:
 @pytest.mark.parametrize("package, forbidden", [
     ("ddp_lab.spec", ("torch", "ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies",
                       "ddp_lab.tasks")),
+    ("ddp_lab.arithmetic", ("torch", "ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.rank", "ddp_lab.strategies",
+                            "ddp_lab.tasks")),
     ("ddp_lab.strategies", ("ddp_lab.analysis", "ddp_lab.launcher", "ddp_lab.tasks", "rich", "matplotlib")),
     ("ddp_lab.rank", ("ddp_lab.analysis", "ddp_lab.launcher", "matplotlib")),
     ("ddp_lab.tasks", ("ddp_lab.analysis", "ddp_lab.launcher", "matplotlib")),

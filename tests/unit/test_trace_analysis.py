@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from ddp_lab.arithmetic import traces as ta
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.spec import traces as ta
 
 
 def test_interval_arithmetic():

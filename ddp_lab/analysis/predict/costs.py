@@ -3,7 +3,7 @@ the tokens a rank computes. fit.py writes the constants these read; schedule.py 
 
 from __future__ import annotations
 
-from ddp_lab.spec.bandwidth import bus_factor
+from ddp_lab.arithmetic.bandwidth import bus_factor
 
 
 class PredictError(ValueError):

@@ -42,10 +42,10 @@ from ddp_lab.analysis.cost_model import fit_link
 from ddp_lab.analysis.predict.costs import PredictError, ring_steps, tokens_per_rank
 from ddp_lab.analysis.predict.schedule import job_step
 from ddp_lab.analysis.records import collective_record, load_runs, task_of
+from ddp_lab.arithmetic.bandwidth import bus_factor
+from ddp_lab.arithmetic.intervals import intersect, merge, total
 from ddp_lab.jobdir import PHASES, read_results
-from ddp_lab.spec.bandwidth import bus_factor
 from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, SYNC
-from ddp_lab.spec.intervals import intersect, merge, total
 
 VERSION = 1
 

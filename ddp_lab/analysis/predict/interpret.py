@@ -41,7 +41,7 @@ from typing import Callable, Protocol
 
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.replay import Collective, Replayed, Step, replay
-from ddp_lab.spec.buckets import plan_bucket_indices
+from ddp_lab.arithmetic.buckets import plan_bucket_indices
 from ddp_lab.spec.schedule import GradientSync, ParameterSync, Schedule
 
 

@@ -31,9 +31,9 @@ from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.interpret import Work, interpret, planned_units, units_by_name
 from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.systems import System, busbw
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.config import compose_model
 from ddp_lab.models.facts import flops_per_token, parameter_facts
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.schedule import Schedule
 from ddp_lab.spec.strategies import SPECS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.choices import AllReduce, Dtype
 from ddp_lab.spec.schedule import GradientSync, Schedule
 from ddp_lab.spec.strategy import StrategySpec, knob_at_least, require

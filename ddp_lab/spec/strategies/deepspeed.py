@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.strategy import StrategySpec, knob_at_least, require
 
 INSTALL = 'pip install --no-build-isolation -e ".[deepspeed]"'

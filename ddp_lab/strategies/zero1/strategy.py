@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ddp_lab.spec.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.choices import ZeroComm
 from ddp_lab.spec.strategies.zero1 import GradSync, Zero1Spec
 from ddp_lab.strategies.base import DataParallelBase

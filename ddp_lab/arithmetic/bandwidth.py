@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddp_lab.arithmetic.stats import summarize
 from ddp_lab.spec.choices import CollectiveOp
 from ddp_lab.spec.figures import ALGBW, BUSBW, LATENCY
-from ddp_lab.spec.stats import summarize
 from ddp_lab.units import GB
 
 OPS = tuple(op.value for op in CollectiveOp)

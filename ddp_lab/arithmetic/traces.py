@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp_lab.spec.intervals import Interval, intersect, merge, subtract, total
+from ddp_lab.arithmetic.intervals import Interval, intersect, merge, subtract, total
 
 COMM_PATTERN = re.compile(r"nccl|^gloo:|^c10d::|record_param_comms", re.IGNORECASE)
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
