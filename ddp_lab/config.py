@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ddp_lab.spec.choices import Choice, CollectiveOp, Dtype
+from ddp_lab.spec.models import MODEL_SCHEMAS
 from ddp_lab.spec.strategies import register as register_strategy_specs
 
 
@@ -93,53 +94,6 @@ class TaskConfig:
     barrier: bool = True
     """task=allreduce: a barrier before each timed call (one collective alone); false times calls
     back to back, as a strategy issuing blocking collectives one after another does."""
-
-
-@dataclass
-class ModelConfig:
-    """What every model's config node has. `_target_` is the model class, `name` the group option (a label
-    in results and W&B); the other keys are the class's arguments. Each model class has a node of its own
-    (below), which its YAMLs in conf/model/ extend; a model from outside the package is a YAML whose
-    `_target_` names its class (examples/conf/model/). The model's facts (parameters, FLOPs,
-    activations) are counted from the module itself (ddp_lab/models/facts.py)."""
-
-    _target_: str = MISSING
-    name: str = MISSING
-    vocab_size: int = 10000
-    """Token ids the model embeds; data=text sets 256 (its bytes); a token file's ids must be below it."""
-    context_length: int = 128
-    """Tokens per sequence."""
-
-
-@dataclass
-class TransformerConfig(ModelConfig):
-    """ddp_lab.models.Transformer: CS336's pre-norm decoder (RMSNorm, RoPE, SwiGLU, untied head)."""
-
-    _target_: str = "ddp_lab.models.Transformer"
-    d_model: int = 768
-    """Width of the residual stream."""
-    d_ff: int = 3072
-    """Hidden width of each SwiGLU feed-forward block."""
-    num_layers: int = 12
-    num_heads: int = 12
-    """Attention heads; d_model must divide by it."""
-    rope_theta: float = 10000.0
-
-
-@dataclass
-class ToyMLPConfig(ModelConfig):
-    """ddp_lab.models.ToyMLP: token embeddings through an MLP, no attention."""
-
-    _target_: str = "ddp_lab.models.ToyMLP"
-    d_model: int = 64
-    """Width of the embeddings."""
-    d_ff: int = 256
-    """Hidden width of each layer."""
-    num_layers: int = 2
-
-
-MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig}
-"""Each model class's node, stored as `schema/model/NAME` (conf/model/*.yaml list it in their defaults)."""
 
 
 @dataclass

@@ -14,7 +14,8 @@
 - at most 10 modules directly in ddp_lab/;
 - every conf/strategy/NAME.yaml extends the spec the registry lists under NAME, whose runtime class
   keeps the contract (its own knob defaults agreeing with the spec's), and every registered strategy
-  has a YAML; every conf/model/NAME.yaml composes and builds on the meta device;
+  has a YAML; every conf/model/NAME.yaml extends a node of spec/models/ naming a class of ddp_lab.models,
+  and composes and builds on the meta device;
 - no function in ddp_lab/ over 80 lines.
 """
 
@@ -190,6 +191,19 @@ def test_every_model_yaml_composes_and_builds_on_the_meta_device(yaml):
     with torch.device("meta"):
         model = build_model(node)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("yaml", sorted((ROOT / "conf" / "model").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_model_yaml_extends_a_registered_node_of_a_real_class(yaml):
+    """As a strategy YAML extends its spec: each conf/model/NAME.yaml extends one node of spec/models/, whose
+    `_target_` is a model class of ddp_lab.models."""
+    from ddp_lab.spec.models import MODEL_SCHEMAS
+
+    (entry,) = OmegaConf.load(yaml).defaults
+    node = entry.removeprefix("/schema/model/").removesuffix("@_here_")
+    assert node in MODEL_SCHEMAS, entry
+    target = MODEL_SCHEMAS[node]._target_
+    assert target.startswith("ddp_lab.models.") and isinstance(get_class(target), type)
 
 
 def test_no_function_over_80_lines():
