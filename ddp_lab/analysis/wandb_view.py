@@ -115,12 +115,13 @@ def workspace(spec: dict, entity: str, project: str):
             return wr.BarPlot(title=p["title"], metrics=list(p["summary"]))
         return wr.LinePlot(title=p["title"], x=p["x"], y=list(p["y"]))
 
+    # And(...), not a plain list: wandb-workspaces 0.4.13 deprecates a list of filters (DeprecationWarning)
+    group = expr.And(expr.Metric("Group") == spec["group"]) if spec["group"] else []
     return ws.Workspace(
         entity=entity, project=project, name=spec["name"],
         sections=[ws.Section(name=s["name"], panels=[panel(p) for p in s["panels"]], is_open=True)
                   for s in spec["sections"]],
-        runset_settings=ws.RunsetSettings(filters=[expr.Metric("Group") == spec["group"]] if spec["group"] else [],
-                                          groupby=[expr.Config(k) for k in spec["groupby"]]))
+        runset_settings=ws.RunsetSettings(filters=group, groupby=[expr.Config(k) for k in spec["groupby"]]))
 
 
 def _logged_in() -> bool:

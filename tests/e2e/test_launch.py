@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -77,7 +78,11 @@ def test_two_job_sweep_one_wandb_folder_and_its_view(sweeps_started_together, tm
     panels = {p["title"] for s in spec["sections"] for p in s["panels"]}
     assert {"step time p50 (ms)", "overlap (%)", "validation loss against wall time", "bytes per step",
             "model state per rank (bytes, most-loaded rank)"} <= panels
-    view = wandb_view.workspace(spec, "someone", "ddp-lab")  # a valid wandb-workspaces view, built offline
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        view = wandb_view.workspace(spec, "someone", "ddp-lab")  # a valid wandb-workspaces view, built offline
+    assert not [w for w in caught if "FilterExpr" in str(w.message)]  # our call is not the deprecated form
+    assert str(view.runset_settings.filters) == f"Metric(\"Group\") == '{spec['group']}'"
     assert [s.name for s in view.sections] == ["Step time", "Communication", "Memory", "Loss"]
     # the end-of-sweep output says where the runs are and how to compare them
     assert f"wandb leet {proc.relative / 'wandb'}" in proc.stdout and "naive" in proc.stdout and "p50" in proc.stdout
