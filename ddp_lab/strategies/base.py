@@ -24,7 +24,11 @@ each with its default here, so nothing is probed with getattr:
   gradients and optimizer state (buckets, error feedback, anchors), for the memory accounting
   (rank/memory.py counts each storage once, and none that holds model state); `[]` when nothing;
 - `peak_gathered_bytes`: the most bytes of gathered parameters held at once (ZeRO-3), None where
-  nothing is gathered.
+  nothing is gathered;
+- `checkpoint_params()` and `checkpoint_optimizer(optimizer)`: where this rank keeps each piece of the
+  parameters and of the optimizer state (strategies/checkpoint_layout.py), which rank/checkpoint.py
+  saves where it lies and loads any other layout's checkpoint into; whole parameters and the optimizer's
+  (or its inner, sharded optimizer's) own tensors by default.
 
 What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule, the model
 it needs) is its spec's to say, not the runtime class's.
@@ -40,6 +44,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ddp_lab.strategies.checkpoint_layout import Pieces, optimizer_pieces, whole_parameters
 from ddp_lab.strategies.collectives import broadcast_module_state, wire_dtype
 from ddp_lab.strategies.comm_stats import CommStats
 
@@ -98,6 +103,17 @@ class DataParallelBase(nn.Module):
 
     def full_state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def checkpoint_params(self) -> Pieces:
+        """Each parameter by its name in the wrapped model: its full shape and the pieces this rank holds."""
+        return whole_parameters(self.module)
+
+    def checkpoint_optimizer(self, optimizer) -> tuple[torch.optim.Optimizer, dict[int, tuple[str, int]]]:
+        """The optimizer holding this rank's state (a sharded optimizer's inner one) and, per tensor it
+        updates (by id), the parameter it is a piece of and the piece's offset."""
+        inner = getattr(optimizer, "optim", None)
+        inner = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+        return inner, optimizer_pieces(inner, self.module)
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():

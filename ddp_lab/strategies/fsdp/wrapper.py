@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
 from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.checkpoint_layout import Pieces
 from ddp_lab.strategies.collectives import collectives_in_use
 from ddp_lab.strategies.comm_stats import record_intervals
 from ddp_lab.strategies.fsdp.unit import Unit
@@ -172,6 +173,27 @@ class FSDP(DataParallelBase):
         by_id = {id(p): full[name] for name, p in self.module.named_parameters()}
         return {k: by_id[id(v)] if id(v) in by_id else v.detach().clone()
                 for k, v in self.module.state_dict(keep_vars=True).items()}
+
+    def checkpoint_params(self) -> Pieces:
+        """Each sharded parameter's rows this rank holds (a piece at row lo's offset), replicated ones whole."""
+        out = {}
+        for unit in self.units:
+            for entry in unit.sharded:
+                lo = min(unit.rank * entry.chunk, entry.rows)
+                piece = [(lo * entry.row_numel, entry.local.detach().reshape(-1))] if entry.local_rows else []
+                out[entry.name] = (entry.shape, piece)
+            for entry in unit.replicated:
+                out[entry.name] = (tuple(entry.param.shape), [(0, entry.param.detach().reshape(-1))])
+        return out
+
+    def checkpoint_optimizer(self, optimizer) -> tuple[torch.optim.Optimizer, dict[int, tuple[str, int]]]:
+        where = {}
+        for unit in self.units:
+            for entry in unit.sharded:
+                where[id(entry.local)] = (entry.name, min(unit.rank * entry.chunk, entry.rows) * entry.row_numel)
+            for entry in unit.replicated:
+                where[id(entry.param)] = (entry.name, 0)
+        return optimizer, where
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
