@@ -247,6 +247,9 @@ class LauncherConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None
+    max_restarts: int = 0
+    """torchrun's --max-restarts: when a rank fails, restart every worker this many times at most; each
+    restart goes on from the job's newest checkpoint (needs checkpoint.every)."""
     watchdog_s: float = 0.0
     """Last resort after backend.timeout_s: stop a job still running after this many seconds
     (0 = never). For what no collective timeout sees: every rank stuck outside a collective."""
@@ -260,6 +263,20 @@ class FaultConfig:
     rank: int = 0
     """-1: every rank."""
     step: int = 0
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints written with torch.distributed.checkpoint, each rank its own pieces (rank/checkpoint.py,
+    docs/checkpoints.md): loadable by any strategy at any world size."""
+
+    every: int = 0
+    """Save after every N steps and after the last one; 0: never."""
+    keep: int = 2
+    """Complete checkpoints kept in JOB/checkpoints/ (the newest ones); 0: every one."""
+    load: Optional[str] = None
+    """Start from a checkpoint: a step folder (JOB/checkpoints/step_N) or a job folder (its newest one),
+    written by any strategy at any world size; the run goes on from the step after it."""
 
 
 @dataclass
@@ -281,6 +298,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: bool = False
     """torch.profiler traces of a few training steps, and the timeline picture."""
     resume: Optional[str] = None

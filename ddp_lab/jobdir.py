@@ -17,6 +17,10 @@ JOB/
   phases.json          profile=true: every rank's forward, gradient-ready, comm and lap times per step
   wandb/               rank 0's W&B run (offline by default)
   attempts/K/          what an earlier attempt left, moved aside by `resume=`
+  restarts.jsonl       launcher.max_restarts: each restart of the workers, the step it resumed from and
+                       what the failure cost
+  checkpoints/step_N/  checkpoint.every: the state after step N-1 (torch.distributed.checkpoint's files,
+                       complete ones only: a save in progress is step_N.partial/)
 ```
 """
 
@@ -40,6 +44,10 @@ TIMELINE = "timeline.png"
 PHASES = "phases.json"  # what `python -m ddp_lab.predict fit` reads (rank/profiler.py GradientClock)
 WANDB = "wandb"  # the offline W&B run: `wandb sync JOB/wandb/offline-run-*`
 ATTEMPTS = "attempts"
+CHECKPOINTS = "checkpoints"
+RESTARTS = "restarts.jsonl"  # launcher.max_restarts: one line per restart, what the failure cost (rank/checkpoint.py)
+CHECKPOINT_DONE = ".metadata"  # torch.distributed.checkpoint writes it last, once every rank's files are written
+CHECKPOINT_META = "checkpoint.json"  # what a checkpoint holds (rank/checkpoint.py), written before it is complete
 MULTIRUN = "multirun.yaml"  # Hydra's record of a sweep's command line, in the sweep folder
 
 
@@ -128,3 +136,53 @@ def read_results(job_dir: Path) -> dict | None:
 def make_results(status: str, error: str | None, config: dict, env: dict, summary: dict, steps: list[dict]) -> dict:
     return {"schema": SCHEMA_VERSION, "status": status, "error": error, "config": config, "env": env,
             "summary": summary, "steps": steps}
+
+
+def checkpoint_path(job_dir: Path | str, step: int) -> Path:
+    """Where the checkpoint taken before step `step` (after `step` steps) lives."""
+    return Path(job_dir) / CHECKPOINTS / f"step_{step}"
+
+
+def complete_checkpoints(job_dir: Path | str) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint of a job, oldest first."""
+    found = []
+    for path in (Path(job_dir) / CHECKPOINTS).glob("step_*"):
+        number = path.name.removeprefix("step_")
+        if number.isdigit() and (path / CHECKPOINT_DONE).is_file():
+            found.append((int(number), path))
+    return sorted(found)
+
+
+def newest_checkpoint(path: Path | str) -> Path | None:
+    """`path` itself if it is a complete checkpoint, else the newest complete one of the job folder `path`."""
+    path = Path(path)
+    if (path / CHECKPOINT_DONE).is_file():
+        return path
+    found = complete_checkpoints(path)
+    return found[-1][1] if found else None
+
+
+CHECKPOINT_FORMAT = 1  # what rank/checkpoint.py writes; a newer one is refused
+
+
+def read_checkpoint(path: Path | str) -> dict:
+    """What a complete checkpoint holds (its checkpoint.json): the step to run next, the format, the strategy,
+    world size and model that wrote it, each parameter's shape. ValueError for anything else."""
+    try:
+        return json.loads((Path(path) / CHECKPOINT_META).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a complete checkpoint ({exc.__class__.__name__}: {exc})") from None
+
+
+def checkpoint_problem(meta: dict, shapes: dict) -> str | None:
+    """Why a checkpoint (`read_checkpoint`) cannot load into a model of these parameter shapes, or None."""
+    if meta.get("format", 0) > CHECKPOINT_FORMAT:
+        return f"checkpoint format {meta.get('format')} is newer than this version's ({CHECKPOINT_FORMAT}): upgrade"
+    theirs = meta.get("shapes", {})
+    for name, shape in shapes.items():
+        if name not in theirs:
+            return f"it is of another model: it has no parameter {name!r}"
+        if list(theirs[name]) != list(shape):
+            return f"it is of another model: {name!r} is {list(theirs[name])} there, {list(shape)} here"
+    extra = sorted(set(theirs) - set(shapes))
+    return f"it is of another model: it has parameter {extra[0]!r}, this one not" if extra else None

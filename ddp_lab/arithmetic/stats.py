@@ -26,8 +26,10 @@ TRAINING_SUMMARIZED = tuple(f.key for f in training_figures() if f.summarized)
 
 
 def summarize_training(steps: list[dict], warmup_steps: int) -> dict:
-    """Summaries over the measured (post-warm-up) steps, plus overlap % where comm was in flight."""
-    measured = [s for s in steps if s["step"] >= warmup_steps]
+    """Summaries over the measured steps (after the first `warmup_steps` this run made: a run started from a
+    checkpoint warms up again), plus overlap % where comm was in flight."""
+    first = steps[0]["step"] if steps else 0
+    measured = [s for s in steps if s["step"] >= first + warmup_steps]
     summary = {key: summarize(s.get(key) for s in measured) for key in TRAINING_SUMMARIZED}
     total = sum(s.get(COMM.key, 0.0) for s in measured)
     exposed = sum(s.get(EXPOSED.key, 0.0) for s in measured)

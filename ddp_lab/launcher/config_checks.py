@@ -11,6 +11,7 @@ about a second, not after torch's import (3 s on 2 cores) and the meta model's (
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra.errors import InstantiationException
@@ -56,6 +57,7 @@ def validate(cfg: DictConfig) -> None:
     _require(nnodes == 1 or cfg.launcher.rdzv_endpoint or _scheduler_places_nodes(cfg),
              "launcher.nnodes > 1 needs launcher.rdzv_endpoint=HOST:PORT (the node_rank=0 machine), "
              "or hydra/launcher=slurm")
+    _require(cfg.launcher.max_restarts >= 0, f"launcher.max_restarts must be >= 0, got {cfg.launcher.max_restarts}")
     _require(cfg.launcher.watchdog_s >= 0,
              f"launcher.watchdog_s must be >= 0 seconds (0 = off), got {cfg.launcher.watchdog_s}")
     _require(-1 <= cfg.fault.rank < ws,
@@ -166,6 +168,7 @@ def _validate_train(cfg: DictConfig) -> None:
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
     module = _meta_model(cfg)
     _validate_model_for_strategy(cfg, spec, module)
+    _validate_checkpoint(cfg, spec, module)
     _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ranks_per_node))
 
 
@@ -229,6 +232,36 @@ def _validate_model_for_strategy(cfg: DictConfig, spec: StrategySpec, module: to
         spec.check_model(module)
     except ValueError as exc:
         raise ConfigError(f"strategy={spec.name} with model={cfg.model.name}: {exc}") from None
+
+
+def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.Module) -> None:
+    c, t = cfg.checkpoint, cfg.train
+    _require(c.every >= 0, f"checkpoint.every must be >= 0 steps (0 = never), got {c.every}")
+    _require(c.keep >= 0, f"checkpoint.keep must be >= 0 checkpoints (0 = every one), got {c.keep}")
+    if cfg.launcher.max_restarts and not c.every:
+        raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts} restarts the workers from the job's "
+                          "newest checkpoint, and checkpoint.every=0 writes none: set checkpoint.every")
+    if not (c.every or c.load or cfg.launcher.max_restarts):
+        return
+    _require(spec.not_checkpointed is None, f"strategy={spec.name} cannot be checkpointed yet: {spec.not_checkpointed}")
+    if not c.load:
+        return
+    from ddp_lab.jobdir import checkpoint_problem, newest_checkpoint, read_checkpoint
+
+    _require(Path(c.load).is_dir(), f"checkpoint.load={c.load}: no such folder")
+    path = newest_checkpoint(c.load)
+    _require(path is not None, f"checkpoint.load={c.load}: no complete checkpoint there (a step folder "
+             "JOB/checkpoints/step_N, or a job folder that has one)")
+    try:
+        meta = read_checkpoint(path)
+    except ValueError as exc:
+        raise ConfigError(f"checkpoint.load={c.load}: {exc}") from None
+    problem = checkpoint_problem(meta, {name: list(p.shape) for name, p in module.named_parameters()})
+    _require(problem is None, f"checkpoint.load={path}: {problem}")
+    _require(t.steps - meta["step"] > t.warmup_steps,
+             f"checkpoint.load={path} was taken after step {meta['step']}: train.steps={t.steps} leaves "
+             f"{max(0, t.steps - meta['step'])} steps, not more than train.warmup_steps={t.warmup_steps}: raise "
+             "train.steps")
 
 
 def _validate_collective(cfg: DictConfig) -> None:

@@ -57,7 +57,8 @@ def torchrun_command(cfg: DictConfig, job_dir: Path) -> list[str]:
     """`python -m torch.distributed.run ... -m ddp_lab.rank.worker JOB_DIR`: torchrun's own rendezvous."""
     launcher = cfg.launcher
     nproc = cfg.world_size // launcher.nnodes
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--max-restarts=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--max-restarts={launcher.max_restarts}",
            "--monitor-interval=0.2"]
     if launcher.nnodes == 1:
         cmd.append("--standalone")  # c10d rendezvous on a free port of this machine: sweeps never collide
@@ -76,6 +77,12 @@ def worker_env(cfg: DictConfig, ranks_on_this_machine: int | None = None) -> dic
     # Workers import ddp_lab from this checkout even when it is not pip-installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env[MARK] = f"{os.getpid()}:{cfg.launcher.node_rank}"  # this launcher's torchrun and ranks, no one else's
+    if cfg.launcher.max_restarts:
+        # Restarted workers must not share torchrun's rendezvous store: in it the failed generation's keys
+        # remain, and a new rank could read the old rank 0's address (gloo: "connectFullMesh failed ...
+        # Connection refused", 1 restart in 3 here; pytorch/pytorch#135712, #167288). With this, rank 0
+        # hosts a fresh store for each generation.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
 

@@ -8,6 +8,7 @@ of memory must say so.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 
@@ -21,8 +22,12 @@ class InjectedFault(RuntimeError):
 
 
 def maybe_inject_fault(fault, rank: int, step: int) -> None:
+    """Inject `fault` if this is its rank and step, on the job's first attempt only: after torchrun restarted
+    the workers (`launcher.max_restarts`) the run recovers from its checkpoint and passes that step."""
     kind = str(getattr(fault.kind, "value", fault.kind))
     if kind == "none" or fault.rank not in (rank, -1) or step != fault.step:
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
     if kind == "crash":
         raise InjectedFault(f"injected crash at step {step}")

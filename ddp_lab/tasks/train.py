@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ddp_lab.arithmetic.stats import summarize_training
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
+from ddp_lab.rank.checkpoint import Checkpoints, restarts
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.faults import maybe_inject_fault
 from ddp_lab.rank.grad_error import GradErrorProbe
@@ -93,6 +94,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     held_out = HeldOutLoss(cfg, data)
+    checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": world_size, "model": cfg.model.name})
+    first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded
 
     def before_step():
         if step == cfg.train.steps - 1:  # optimizer state exists from the first step on
@@ -103,7 +106,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     recorder.start(cfg.train.steps)
     with StepProfiler(cfg, job_dir, device) as profiler:  # no-op unless profile=true
         profiler.watch(model.module)
-        for step in range(cfg.train.steps):
+        for step in range(first, cfg.train.steps):
             maybe_inject_fault(cfg.fault, rank, step)
             measured = {}  # grad_error, when measured
             timer.start()
@@ -113,8 +116,10 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             profiler.end_step(timer, model.comm.intervals)
             if step == cfg.train.steps - 1:
                 memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
+            saved = checkpoints.after_step(step, model, optimizer, precision)  # when due: its time and bytes
             record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
-                                                         **model.comm.pop(), **precision.record(), **measured}, device)}
+                                                         **model.comm.pop(), **precision.record(), **measured,
+                                                         **saved}, device)}
             if held_out.due(step) and not profiler.records(step):
                 record[VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
             steps.append(record)
@@ -133,5 +138,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute, shard_ranks)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
+    summary["resumed_from"] = checkpoints.loaded  # None, or the checkpoint this run started from
+    summary["restarts"] = restarts(job_dir)  # launcher.max_restarts: each restart and what it cost
     summary.update(data.facts())
     return {"summary": summary, "steps": steps}

@@ -30,6 +30,8 @@ class DeepSpeedSpec(StrategySpec):
     """DeepSpeed's overlap_comm: reduce on a side stream (async on CPU) instead of blocking in the hook."""
 
     runtime = "ddp_lab.strategies.DeepSpeedZeRO"
+    not_checkpointed = ("DeepSpeed's engine keeps its state in its own layout, not wired to "
+                        "torch.distributed.checkpoint yet")
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

@@ -1,0 +1,317 @@
+"""Checkpoints that move between strategies and world sizes (`checkpoint.every`, `.keep`, `.load`).
+
+Every rank saves the pieces of the parameters and of the optimizer state it holds, where they lie, with
+torch.distributed.checkpoint (DCP): each piece is a chunk of its tensor flattened, at its offset
+(strategies/checkpoint_layout.py), so a sharded strategy writes its shards as they are and nothing is
+gathered on one rank; a piece every rank holds (a replicated parameter) is written once (DCP's dedup).
+A load asks for the pieces the loading strategy holds and DCP reads whatever chunks overlap them:
+any strategy's checkpoint loads into any strategy at any world size, optimizer state included (a
+parameter's state follows it to its new owner).
+
+What a checkpoint holds, as DCP keys: `model.NAME` and `optim.NAME.KEY` (AdamW's exp_avg, exp_avg_sq,
+each parameter's step) as 1-D tensors of the full parameter's size; `rng.R`, rank R's random generator
+state, restored where the world size is the same. Beside them `checkpoint.json`: the step to run next,
+the format, the strategy, world size and model it came from, each parameter's shape, the fp16 loss
+scaler; launch.py reads it to refuse a checkpoint that does not fit before any rank starts. The data position
+is the step: every batch is drawn from (seed, step).
+
+A checkpoint is complete or absent: DCP writes into `step_N.partial/`, and once its metadata is written
+(last, after every rank's files) rank 0 renames the folder to `step_N/`; a load takes only those
+(jobdir.complete_checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_local_save_plan,
+)
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import _create_read_items, create_read_items_for_chunk_list
+
+from ddp_lab.jobdir import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_META,
+    RESTARTS,
+    STEPS,
+    checkpoint_path,
+    checkpoint_problem,
+    complete_checkpoints,
+    newest_checkpoint,
+    read_checkpoint,
+)
+from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_SAVE, STEP_TIME
+from ddp_lab.strategies.checkpoint_layout import local_view
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded here, said in one line."""
+
+
+@dataclass
+class Flat:
+    """A tensor of `numel` elements, flattened, of which this rank holds `pieces`: (offset, 1-D view)."""
+
+    numel: int
+    pieces: list
+
+
+class _SavePlanner(DefaultSavePlanner):
+    """DCP's planner, plus a write item per piece of each `Flat` (a chunk at its offset)."""
+
+    def __init__(self):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def create_local_plan(self):
+        plan = create_default_local_save_plan({k: v for k, v in self.state_dict.items() if not isinstance(v, Flat)},
+                                              self.is_coordinator)
+        items = list(plan.items)
+        for key, flat in self.state_dict.items():
+            if isinstance(flat, Flat):
+                items += [WriteItem(index=MetadataIndex(key, torch.Size([offset])), type=WriteItemType.SHARD,
+                                    tensor_data=TensorWriteData(
+                                        chunk=ChunkStorageMetadata(torch.Size([offset]), torch.Size([piece.numel()])),
+                                        properties=TensorProperties.create_from_tensor(piece),
+                                        size=torch.Size([flat.numel])))
+                          for offset, piece in flat.pieces]
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def resolve_data(self, write_item):
+        value = self.state_dict[write_item.index.fqn]
+        if isinstance(value, Flat):
+            return _piece_at(value, write_item.index.offset[0]).detach().cpu()
+        return super().resolve_data(write_item)
+
+
+class _LoadPlanner(DefaultLoadPlanner):
+    """DCP's planner, reading into each piece of each `Flat` whatever saved chunks overlap it."""
+
+    def __init__(self):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        # DefaultLoadPlanner's would first pass the state dict through _init_state_dict, which replaces
+        # every value that is no tensor (a Flat) by None
+        self.original_state_dict = self.state_dict = state_dict
+        self.metadata, self.is_coordinator = metadata, is_coordinator
+
+    def create_local_plan(self):
+        requests = []
+        for key, value in self.state_dict.items():
+            md = self.metadata.state_dict_metadata[key]
+            if isinstance(value, Flat):
+                chunks = [ChunkStorageMetadata(torch.Size([o]), torch.Size([p.numel()])) for o, p in value.pieces]
+                requests += create_read_items_for_chunk_list(key, md, chunks)
+            else:
+                requests += _create_read_items(key, md, value)
+        return LoadPlan(requests)
+
+    def resolve_tensor(self, read_item):
+        value = self.state_dict[read_item.dest_index.fqn]
+        if isinstance(value, Flat):
+            piece = _piece_at(value, read_item.dest_index.offset[0])
+            return piece.narrow(0, read_item.dest_offsets[0], read_item.lengths[0])
+        return super().resolve_tensor(read_item)
+
+    def commit_tensor(self, read_item, tensor):
+        if not isinstance(self.state_dict[read_item.dest_index.fqn], Flat):
+            super().commit_tensor(read_item, tensor)  # a Flat's piece was read into in place
+
+
+def _piece_at(flat: Flat, offset: int) -> torch.Tensor:
+    return next(piece for at, piece in flat.pieces if at == offset)
+
+
+# --- what a checkpoint holds ----------------------------------------------------------------------------
+
+def _model_state(model) -> tuple[dict, dict]:
+    """(`model.NAME` Flats, each parameter's full shape)."""
+    params = model.checkpoint_params()
+    shapes = {name: list(shape) for name, (shape, _) in params.items()}
+    flats = {f"model.{name}": Flat(math.prod(shape), [(o, p) for o, p in pieces if p.numel()])
+             for name, (shape, pieces) in params.items()}
+    return flats, shapes
+
+
+def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -> dict:
+    """`optim.NAME.KEY` Flats of the optimizer state this rank holds; with `names` (the keys a checkpoint
+    has), AdamW's state is first created (zeros) where it does not exist yet, to be read into."""
+    inner, where = model.checkpoint_optimizer(optimizer)
+    flats: dict[str, Flat] = {}
+    for group in inner.param_groups:
+        for tensor in group["params"]:
+            if id(tensor) not in where:
+                continue
+            name, offset = where[id(tensor)]
+            if names is not None and tensor not in inner.state and f"optim.{name}.exp_avg" in names:
+                inner.state[tensor] = _fresh_adamw_state(tensor)
+            for key, value in inner.state.get(tensor, {}).items():
+                if not torch.is_tensor(value):
+                    continue
+                if key == "step":
+                    flat = flats.setdefault(f"optim.{name}.step", Flat(1, []))
+                    if not flat.pieces:
+                        flat.pieces.append((0, value.detach().reshape(1)))
+                    continue
+                view = local_view(value)
+                if view.numel():
+                    flat = flats.setdefault(f"optim.{name}.{key}", Flat(math.prod(shapes[name]), []))
+                    flat.pieces.append((offset, view))
+    return flats
+
+
+def _fresh_adamw_state(tensor: torch.Tensor) -> dict:
+    """AdamW's state as its first step creates it (torch/optim/adamw.py `_init_group`), to be read into."""
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return {"step": torch.tensor(0.0, dtype=dtype), "exp_avg": torch.zeros_like(tensor),
+            "exp_avg_sq": torch.zeros_like(tensor)}
+
+
+def _rng_key(rank: int) -> str:
+    return f"rng.{rank}"
+
+
+# --- save and load ------------------------------------------------------------------------------------
+
+def save(job_dir: Path, step: int, model, optimizer, precision, about: dict) -> int:
+    """Save the state after `step` steps to JOB/checkpoints/step_{step} (collective: every rank calls it);
+    return the tensor bytes this rank wrote. `about`: the strategy, world size and model it was written by,
+    for the record and for a load's checks."""
+    rank = dist.get_rank()
+    final = checkpoint_path(job_dir, step)
+    partial = final.with_name(final.name + ".partial")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # a save that was killed before it completed
+    dist.barrier()
+    flats, shapes = _model_state(model)
+    rng = torch.get_rng_state()
+    state = {**flats, **_optimizer_state(model, optimizer, shapes), _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
+    planner = _SavePlanner()
+    dcp.save(state, storage_writer=FileSystemWriter(partial), planner=planner)
+    if rank == 0:  # DCP wrote its metadata last: every rank's files are in; now the checkpoint exists
+        meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
+                "loss_scaler": vars(precision.scaler) if precision.scaler is not None else None}
+        (partial / CHECKPOINT_META).write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+    dist.barrier()
+    return sum(math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+               for item in planner.plan.items if item.tensor_data is not None)  # this rank's items after dedup
+
+
+def load(path: Path, model, optimizer, precision) -> int:
+    """Load the checkpoint at `path` (written by any strategy at any world size) into this rank's pieces;
+    return the step to run next. Collective: every rank calls it."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    meta = read_checkpoint(path)
+    flats, shapes = _model_state(model)
+    problem = checkpoint_problem(meta, shapes)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
+    names = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+    state = {**flats, **_optimizer_state(model, optimizer, shapes, names)}
+    missing = sorted(k for k in state if k not in names)
+    if missing:
+        raise CheckpointError(f"{path}: no {missing[0]} in the checkpoint (it has no optimizer state for it)")
+    rng = torch.get_rng_state()
+    if meta.get("world_size") == world_size and _rng_key(rank) in names:
+        state[_rng_key(rank)] = Flat(rng.numel(), [(0, rng)])
+    dcp.load(state, storage_reader=FileSystemReader(path), planner=_LoadPlanner())
+    if _rng_key(rank) in state:
+        torch.set_rng_state(rng)
+    if precision.scaler is not None and meta.get("loss_scaler"):
+        vars(precision.scaler).update(meta["loss_scaler"])
+    return int(meta["step"])
+
+
+def prune(job_dir: Path, keep: int) -> None:
+    """Remove all but the newest `keep` complete checkpoints (0: keep every one). Rank 0 only."""
+    if keep > 0:
+        for _, path in complete_checkpoints(job_dir)[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Checkpoints:
+    """What the train loop asks of checkpoints: the step to start from (a load), and after each step the
+    save when one is due, as the step's figures. After torchrun restarted the workers
+    (`launcher.max_restarts`) the job's own newest checkpoint is loaded, else `checkpoint.load`'s."""
+
+    def __init__(self, cfg, job_dir: Path, about: dict):
+        self.cfg, self.job_dir, self.about = cfg.checkpoint, Path(job_dir), about
+        self.last = cfg.train.steps - 1
+        self.loaded: dict | None = None
+
+    def _to_load(self) -> Path | None:
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            return newest_checkpoint(self.job_dir)
+        if self.cfg.load:
+            path = newest_checkpoint(self.cfg.load)
+            if path is None:
+                raise CheckpointError(f"checkpoint.load={self.cfg.load}: no complete checkpoint there")
+            return path
+        return None
+
+    def start(self, model, optimizer, precision) -> int:
+        """Load the checkpoint this run starts from, if any; the step to run first."""
+        path = self._to_load()
+        if path is None:
+            return 0
+        began = time.perf_counter()
+        step = load(path, model, optimizer, precision)
+        self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
+                       **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and dist.get_rank() == 0:
+            note_restart(self.job_dir, step)
+        return step
+
+    def after_step(self, step: int, model, optimizer, precision) -> dict:
+        """Save after `step` when due (every `checkpoint.every` steps and after the last): its figures."""
+        every = self.cfg.every
+        if not every or ((step + 1) % every and step != self.last):
+            return {}
+        began = time.perf_counter()
+        written = save(self.job_dir, step + 1, model, optimizer, precision, self.about)
+        if dist.get_rank() == 0:
+            prune(self.job_dir, self.cfg.keep)
+        return {CHECKPOINT_SAVE.key: (time.perf_counter() - began) * 1e3, CHECKPOINT_BYTES.key: written}
+
+
+def note_restart(job_dir: Path, resumed: int) -> None:
+    """After torchrun restarted the workers: append to JOB/restarts.jsonl what the failure cost, from what the
+    failed attempt left in steps.jsonl: the steps it had run past the checkpoint (to be run again) and their
+    time, and the time from its last recorded step to now (detecting the failure, restarting the workers,
+    their rendezvous, the load)."""
+    path = Path(job_dir) / STEPS
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    latest = {r["step"]: r for r in records}  # each step's record from the attempt that ran it last
+    failed_after = max(latest, default=resumed - 1)
+    again = [latest[s] for s in range(resumed, failed_after + 1) if s in latest]
+    restart_s = time.time() - path.stat().st_mtime if path.exists() else None
+    recomputed_s = sum(r.get(STEP_TIME.key, 0.0) for r in again) / 1e3
+    note = {"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "resumed_from_step": resumed,
+            "failed_after_step": failed_after, "steps_recomputed": len(again), "recomputed_s": recomputed_s,
+            "restart_s": restart_s, "seconds_lost": recomputed_s + (restart_s or 0.0)}
+    with open(Path(job_dir) / RESTARTS, "a") as f:
+        f.write(json.dumps(note) + "\n")
+
+
+def restarts(job_dir: Path) -> list[dict]:
+    """Every restart of this job so far (restarts.jsonl), oldest first."""
+    path = Path(job_dir) / RESTARTS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
