@@ -74,6 +74,12 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "network=host network.gbps=1": "gbps",
     "strategy=zero1 strategy.comm=reduce_scatter strategy.grad_sync=naive":
         "strategy.grad_sync=naive has no effect with strategy.comm=reduce_scatter",
+    "checkpoint.every=-1": "checkpoint.every must be >= 0 steps",
+    "checkpoint.keep=-1": "checkpoint.keep must be >= 0",
+    "launcher.max_restarts=-1": "launcher.max_restarts must be >= 0",
+    "launcher.max_restarts=1": "checkpoint.every=0 writes none: set checkpoint.every",
+    "strategy=powersgd checkpoint.every=2": "strategy=powersgd cannot be checkpointed yet",
+    "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
 }
 
 

@@ -1,0 +1,127 @@
+"""Checkpoints (rank/checkpoint.py) continue a run exactly and move it between strategies and world sizes.
+
+- continue exactly: 2 steps, a checkpoint, 2 more, against a second model (other random weights) loaded
+  from the checkpoint and run the same 2 steps: bit for bit at 2 ranks, to float32 rounding at 3 (a
+  fresh torch DDP sums in other buckets on its first step, and at 3 ranks the order of a sum is not
+  free), for every strategy that can be checkpointed, on a model with tied and one with frozen
+  parameters and on the tiny Transformer;
+- move: 2 steps under A at N ranks, a checkpoint, 2 under B at M ranks, against 4 steps under B at M
+  ranks from the same first weights and batches; parameters and optimizer state, read back whole from
+  each run's final checkpoint (DCP's own `dcp_to_torch_save`), equal to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import ATOL, RTOL, data_cfg, full_state
+from ddp_lab.check.ranks import run_ranks
+from ddp_lab.jobdir import checkpoint_path
+from ddp_lab.spec.strategies import SPECS
+
+CHECKPOINTED = [name for name, spec in SPECS.items() if spec.not_checkpointed is None]
+SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
+PRECISION = "fp32"
+BATCH = 12  # the same global batches at 2, 3 and 4 ranks
+HALF = 2    # steps before the checkpoint, and after it
+
+
+def _build(strategy: dict, model: str, seed: int):
+    from ddp_lab.spec.strategies import spec_of
+    from ddp_lab.tasks.train import wrap
+
+    torch.manual_seed(seed)
+    return wrap(spec_of(strategy), MODELS[model](), PRECISION, "cpu", 1e-2, 0.1)
+
+
+def _steps(model, optimizer, precision, rank, world_size, steps):
+    from ddp_lab.rank.data import BatchSource
+    from ddp_lab.tasks.train import train_step
+
+    batches = BatchSource(data_cfg(1, BATCH), rank, world_size, torch.device("cpu"))
+    for step in steps:
+        train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
+
+
+def _continue(rank, world_size, strategies, models, root):
+    """{(strategy, model): (weights after 2 x HALF steps straight, after HALF + a reload + HALF)}."""
+    from ddp_lab.rank.checkpoint import load, save
+
+    out = {}
+    for name in strategies:
+        for model_name in models:
+            folder = root / f"{name}-{model_name}"
+            model, optimizer, precision = _build({"name": name}, model_name, seed=rank)
+            _steps(model, optimizer, precision, rank, world_size, range(HALF))
+            save(folder, HALF, model, optimizer, precision, {"strategy": name, "world_size": world_size})
+            _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
+            straight = full_state(model)
+            model, optimizer, precision = _build({"name": name}, model_name, seed=100 + rank)  # other weights
+            assert load(checkpoint_path(folder, HALF), model, optimizer, precision) == HALF
+            _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
+            out[name, model_name] = (straight, full_state(model))
+    return out
+
+
+def _check_continued(results, exact: bool) -> None:
+    for key, (straight, resumed) in results[0].items():
+        for tensor_name, tensor in straight.items():
+            if exact:
+                assert torch.equal(resumed[tensor_name], tensor), f"{key} {tensor_name}: not bit for bit"
+            else:
+                torch.testing.assert_close(resumed[tensor_name], tensor, atol=ATOL, rtol=RTOL,
+                                           msg=lambda m, k=key, n=tensor_name: f"{k} {n}: {m}")
+
+
+@pytest.mark.parametrize("model", ["tied", "frozen", "transformer"])
+def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path, model):
+    _check_continued(run_ranks(_continue, 2, CHECKPOINTED, [model], tmp_path), exact=True)
+
+
+def test_sharded_strategies_continue_at_3_ranks(tmp_path):
+    _check_continued(run_ranks(_continue, 3, SHARDED, ["transformer"], tmp_path), exact=False)
+
+
+def _first(rank, world_size, strategy, root):
+    from ddp_lab.rank.checkpoint import save
+
+    model, optimizer, precision = _build(strategy, "transformer", seed=rank)
+    _steps(model, optimizer, precision, rank, world_size, range(HALF))
+    save(root, HALF, model, optimizer, precision, {"strategy": strategy["name"], "world_size": world_size})
+
+
+def _second(rank, world_size, strategy, start, root):
+    """HALF steps from the checkpoint `start` (None: 2 x HALF from the first weights), then a checkpoint."""
+    from ddp_lab.rank.checkpoint import load, save
+
+    model, optimizer, precision = _build(strategy, "transformer", seed=rank if start is None else 100 + rank)
+    first = 0 if start is None else load(start, model, optimizer, precision)
+    _steps(model, optimizer, precision, rank, world_size, range(first, 2 * HALF))
+    save(root, 2 * HALF, model, optimizer, precision, {"strategy": strategy["name"], "world_size": world_size})
+
+
+def _whole(folder, step, into) -> dict:
+    dcp_to_torch_save(checkpoint_path(folder, step), into)
+    return torch.load(into)
+
+
+@pytest.mark.parametrize("a, n, b, m", [
+    ({"name": "bucketed"}, 2, {"name": "fsdp"}, 3),
+    ({"name": "fsdp"}, 2, {"name": "zero1"}, 4),
+    ({"name": "zero2"}, 3, {"name": "bucketed"}, 2),
+    ({"name": "hsdp", "shard_size": 2}, 4, {"name": "fsdp_torch"}, 2),
+    ({"name": "zero1_torch"}, 2, {"name": "zero2"}, 2),
+], ids=lambda v: v["name"] if isinstance(v, dict) else str(v))
+def test_a_run_moves_between_strategies_and_world_sizes(tmp_path, a, n, b, m):
+    run_ranks(_first, n, a, tmp_path / "a")
+    run_ranks(_second, m, b, checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved")
+    run_ranks(_second, m, b, None, tmp_path / "straight")
+    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
+    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
+    assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
+    for key, tensor in straight.items():
+        if key.startswith(("model.", "optim.")):
+            torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
