@@ -72,3 +72,18 @@ def test_allreduce_benchmark_on_nccl(tmp_path):
     assert record["status"] == "ok", record["error"]
     assert record["env"]["backend"] == "nccl"
     assert "cpu" not in record["env"]["devices"][0]
+
+
+def test_a_checkpoint_moves_between_strategies_on_the_gpu(tmp_path):
+    """DCP's save from CUDA tensors and its load into them: fsdp's checkpoint after 4 steps, taken by
+    bucketed for 4 more, ends where fsdp's own 8 steps end (to float32 rounding)."""
+    run = [*FAST, *ONE_GPU, "logger=none", "train.steps=8", "train.save_model=true"]
+    for side in ("fsdp", "bucketed"):
+        (tmp_path / side).mkdir()
+    first = launch(*run, "strategy=fsdp", "checkpoint.every=4", tmp_path=tmp_path / "fsdp")
+    assert first.returncode == 0, first.stderr
+    moved = launch(*run, "strategy=bucketed", f"checkpoint.load={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step_4'}",
+                   tmp_path=tmp_path / "bucketed")
+    assert moved.returncode == 0, moved.stderr
+    assert results(tmp_path / "bucketed" / "run")["summary"]["resumed_from"]["step"] == 4
+    assert_same_saved_weights(tmp_path / "bucketed" / "run", tmp_path / "fsdp" / "run")
