@@ -164,10 +164,11 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -
             for key, value in inner.state.get(tensor, {}).items():
                 if not torch.is_tensor(value):
                     continue
-                if key == "step":
+                if key == "step":  # one count per parameter: one optimizer tensor of it per rank (all here)
                     flat = flats.setdefault(f"optim.{name}.step", Flat(1, []))
-                    if not flat.pieces:
-                        flat.pieces.append((0, value.detach().reshape(1)))
+                    if flat.pieces:
+                        raise NotImplementedError(f"two optimizer tensors of {name!r} on one rank")
+                    flat.pieces.append((0, value.detach().reshape(1)))
                     continue
                 view = local_view(value)
                 if view.numel():
@@ -206,7 +207,7 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict) -> 
     dcp.save(state, storage_writer=FileSystemWriter(partial), planner=planner)
     if rank == 0:  # DCP wrote its metadata last: every rank's files are in; now the checkpoint exists
         meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
-                "loss_scaler": vars(precision.scaler) if precision.scaler is not None else None}
+                "loss_scaler": _scaler_state(precision)}
         (partial / CHECKPOINT_META).write_text(json.dumps(meta, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
@@ -240,6 +241,12 @@ def load(path: Path, model, optimizer, precision) -> int:
     return int(meta["step"])
 
 
+def _scaler_state(precision) -> dict | None:
+    """fp16's loss scaler, where it stands (its settings are the loading run's own)."""
+    scaler = precision.scaler
+    return None if scaler is None else {k: getattr(scaler, k) for k in ("scale", "clean_steps", "skipped_steps")}
+
+
 def prune(job_dir: Path, keep: int) -> None:
     """Remove all but the newest `keep` complete checkpoints (0: keep every one). Rank 0 only."""
     if keep > 0:
@@ -250,33 +257,34 @@ def prune(job_dir: Path, keep: int) -> None:
 class Checkpoints:
     """What the train loop asks of checkpoints: the step to start from (a load), and after each step the
     save when one is due, as the step's figures. After torchrun restarted the workers
-    (`launcher.max_restarts`) the job's own newest checkpoint is loaded, else `checkpoint.load`'s."""
+    (`launcher.max_restarts`) the job's own newest checkpoint is loaded; before it has one, or on a first
+    attempt, `checkpoint.load`'s."""
 
     def __init__(self, cfg, job_dir: Path, about: dict):
         self.cfg, self.job_dir, self.about = cfg.checkpoint, Path(job_dir), about
         self.last = cfg.train.steps - 1
         self.loaded: dict | None = None
 
-    def _to_load(self) -> Path | None:
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-            return newest_checkpoint(self.job_dir)
-        if self.cfg.load:
-            path = newest_checkpoint(self.cfg.load)
-            if path is None:
-                raise CheckpointError(f"checkpoint.load={self.cfg.load}: no complete checkpoint there")
-            return path
-        return None
+    def _requested(self) -> Path | None:
+        if not self.cfg.load:
+            return None
+        path = newest_checkpoint(self.cfg.load)
+        if path is None:
+            raise CheckpointError(f"checkpoint.load={self.cfg.load}: no complete checkpoint there")
+        return path
 
     def start(self, model, optimizer, precision) -> int:
-        """Load the checkpoint this run starts from, if any; the step to run first."""
-        path = self._to_load()
-        if path is None:
-            return 0
-        began = time.perf_counter()
-        step = load(path, model, optimizer, precision)
-        self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
-                       **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and dist.get_rank() == 0:
+        """Load the checkpoint this run starts from, if any; the step to run first. After a restart, note
+        what the failure cost (restarts.jsonl), a restart before the first checkpoint too (from step 0)."""
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        path = (newest_checkpoint(self.job_dir) if restarted else None) or self._requested()
+        step = 0
+        if path is not None:
+            began = time.perf_counter()
+            step = load(path, model, optimizer, precision)
+            self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
+                           **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}
+        if restarted and dist.get_rank() == 0:
             note_restart(self.job_dir, step)
         return step
 

@@ -29,12 +29,12 @@ BATCH = 12  # the same global batches at 2, 3 and 4 ranks
 HALF = 2    # steps before the checkpoint, and after it
 
 
-def _build(strategy: dict, model: str, seed: int):
+def _build(strategy: dict, model: str, seed: int, precision: str = PRECISION):
     from ddp_lab.spec.strategies import spec_of
     from ddp_lab.tasks.train import wrap
 
     torch.manual_seed(seed)
-    return wrap(spec_of(strategy), MODELS[model](), PRECISION, "cpu", 1e-2, 0.1)
+    return wrap(spec_of(strategy), MODELS[model](), precision, "cpu", 1e-2, 0.1)
 
 
 def _steps(model, optimizer, precision, rank, world_size, steps):
@@ -46,21 +46,26 @@ def _steps(model, optimizer, precision, rank, world_size, steps):
         train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
 
 
-def _continue(rank, world_size, strategies, models, root):
-    """{(strategy, model): (weights after 2 x HALF steps straight, after HALF + a reload + HALF)}."""
+def _continue(rank, world_size, strategies, models, root, compute=PRECISION):
+    """{(strategy, model): (weights after 2 x HALF steps straight, after HALF + a reload + HALF)}. In fp16 the
+    loss scaler is set where no run would be by then, and must come back as it was."""
     from ddp_lab.rank.checkpoint import load, save
 
     out = {}
     for name in strategies:
         for model_name in models:
             folder = root / f"{name}-{model_name}"
-            model, optimizer, precision = _build({"name": name}, model_name, seed=rank)
+            model, optimizer, precision = _build({"name": name}, model_name, rank, compute)
             _steps(model, optimizer, precision, rank, world_size, range(HALF))
+            if precision.scaler is not None:
+                precision.scaler.scale, precision.scaler.clean_steps = 1024.0, 7
             save(folder, HALF, model, optimizer, precision, {"strategy": name, "world_size": world_size})
             _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
             straight = full_state(model)
-            model, optimizer, precision = _build({"name": name}, model_name, seed=100 + rank)  # other weights
+            model, optimizer, precision = _build({"name": name}, model_name, 100 + rank, compute)  # other weights
             assert load(checkpoint_path(folder, HALF), model, optimizer, precision) == HALF
+            if precision.scaler is not None:
+                assert (precision.scaler.scale, precision.scaler.clean_steps) == (1024.0, 7)
             _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
             out[name, model_name] = (straight, full_state(model))
     return out
@@ -79,6 +84,10 @@ def _check_continued(results, exact: bool) -> None:
 @pytest.mark.parametrize("model", ["tied", "frozen", "transformer"])
 def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path, model):
     _check_continued(run_ranks(_continue, 2, CHECKPOINTED, [model], tmp_path), exact=True)
+
+
+def test_fp16_continues_with_its_loss_scale(tmp_path):
+    _check_continued(run_ranks(_continue, 2, ["bucketed", "zero2"], ["transformer"], tmp_path, "fp16"), exact=True)
 
 
 def test_sharded_strategies_continue_at_3_ranks(tmp_path):
