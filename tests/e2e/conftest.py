@@ -15,9 +15,10 @@ LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
 
 @pytest.fixture(scope="session")
 def ladder(tmp_path_factory) -> dict[str, Path]:
-    """bucketed and the strategies that shard, on the toy model with the final weights saved (logger=none):
-    {strategy: its job folder}. test_zero1_launch, test_zero2_launch and test_fsdp_launch read it."""
-    return strategy_sweep(tmp_path_factory.mktemp("ladder"), LADDER)
+    """bucketed and the strategies that shard, on the toy model with the final weights saved (logger=none),
+    a checkpoint after steps 2 and 4: {strategy: its job folder}. test_zero1_launch, test_zero2_launch and
+    test_fsdp_launch read it, test_checkpoint_launch its checkpoints."""
+    return strategy_sweep(tmp_path_factory.mktemp("ladder"), LADDER, "checkpoint.every=2")
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """Checkpoints (rank/checkpoint.py) continue a run exactly and move it between strategies and world sizes.
 
-- continue exactly: 2 steps, a checkpoint, 2 more, against a second model (other random weights) loaded
-  from the checkpoint and run the same 2 steps: bit for bit at 2 ranks, to float32 rounding at 3 (a
+- continue exactly: a step, a checkpoint, a step more, against a second model (other random weights)
+  loaded from the checkpoint and run the same step: bit for bit at 2 ranks, to float32 rounding at 3 (a
   fresh torch DDP sums in other buckets on its first step, and at 3 ranks the order of a sum is not
   free), for every strategy that can be checkpointed, on a model with tied and one with frozen
   parameters and on the tiny Transformer;
-- move: 2 steps under A at N ranks, a checkpoint, 2 under B at M ranks, against 4 steps under B at M
+- move: a step under A at N ranks, a checkpoint, a step under B at M ranks, against 2 steps under B at M
   ranks from the same first weights and batches; parameters and optimizer state, read back whole from
   each run's final checkpoint (DCP's own `dcp_to_torch_save`), equal to float32 rounding.
 """
@@ -26,7 +26,7 @@ CHECKPOINTED = [name for name, spec in SPECS.items() if spec.not_checkpointed is
 SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
 PRECISION = "fp32"
 BATCH = 12  # the same global batches at 2, 3 and 4 ranks
-HALF = 2    # steps before the checkpoint, and after it
+HALF = 1    # steps before the checkpoint, and after it: AdamW state exists after one
 
 
 def _build(strategy: dict, model: str, seed: int, precision: str = PRECISION):
@@ -81,9 +81,8 @@ def _check_continued(results, exact: bool) -> None:
                                            msg=lambda m, k=key, n=tensor_name: f"{k} {n}: {m}")
 
 
-@pytest.mark.parametrize("model", ["tied", "frozen", "transformer"])
-def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path, model):
-    _check_continued(run_ranks(_continue, 2, CHECKPOINTED, [model], tmp_path), exact=True)
+def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path):
+    _check_continued(run_ranks(_continue, 2, CHECKPOINTED, ["tied", "frozen", "transformer"], tmp_path), exact=True)
 
 
 def test_fp16_continues_with_its_loss_scale(tmp_path):
