@@ -179,9 +179,9 @@ def workload(system: System, model, batch: int) -> Workload:
 class NcclCosts:
     """A GPU system's prices (interpret.Costs): each collective by `seconds(system, op, bytes, n)` (ddp-lab's
     NCCL model, or torch's estimator); a host copy reads and writes its bytes at the GPU's memory
-    bandwidth; the zeroing and adds of gradients kept in buckets are not priced (on the GPU they are
-    memory-bound kernels inside backward, which the MFU's compute already stands for); no contention:
-    NCCL runs on SMs of its own. PowerSGD's phases have no price here."""
+    bandwidth; the zeroing and adds of gradients kept in buckets are not priced (an assumption, as before
+    the one interpreter: the MFU's compute is taken to cover these memory-bound kernels of backward); no
+    contention: NCCL runs on SMs of its own. PowerSGD's phases have no price here."""
 
     compute_slowdown = comm_slowdown = 1.0
     launch_ms = 0.0
