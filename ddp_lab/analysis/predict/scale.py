@@ -23,8 +23,7 @@ averaging every k steps are not replayed here.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ddp_lab.analysis.predict import torch_estimate
 from ddp_lab.analysis.predict.costs import PredictError
@@ -113,6 +112,15 @@ class Workload:
     optimizer_ms: float
     wire_bytes: int = WIRE_BYTES
     cfg: object = None           # the conf model it was counted from (None: a described model)
+    _units: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def units(self, policy: str):
+        """fsdp's units under `policy`, planned once per workload (every bucket size and world size a row
+        replays asks again): its own plan of a conf model, or a described model's `unit` fields."""
+        if policy not in self._units:
+            self._units[policy] = planned_units(self.cfg, self.params, policy) if self.cfg is not None \
+                else units_by_name(self.params)
+        return self._units[policy]
 
 
 def transformer_workload(system: System, cfg, batch: int) -> Workload:
@@ -211,10 +219,8 @@ def work_of(w: Workload, first_bucket_mb: float | None = None) -> Work:
     for i in reversed(range(len(params))):
         done += params[i]["bwd_ms"]
         ready[i] = min(done, w.backward_ms)
-    units = functools.partial(planned_units, w.cfg, params) if w.cfg is not None \
-        else (lambda policy: units_by_name(params))
     return Work(params=params, wire=[p["bytes"] for p in params], ready=ready, forward_ms=w.forward_ms,
-                backward_ms=w.backward_ms, optimizer_ms=w.optimizer_ms, units=units, first_bucket_mb=first_bucket_mb)
+                backward_ms=w.backward_ms, optimizer_ms=w.optimizer_ms, units=w.units, first_bucket_mb=first_bucket_mb)
 
 
 def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket_mb: float = DEFAULT_BUCKET_MB,
