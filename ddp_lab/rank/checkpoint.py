@@ -55,6 +55,7 @@ from ddp_lab.jobdir import (
     newest_checkpoint,
     read_checkpoint,
 )
+from ddp_lab.rank.process_group import restart_count
 from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_SAVE, STEP_TIME
 from ddp_lab.strategies.checkpoint_layout import local_view
 
@@ -276,7 +277,7 @@ class Checkpoints:
     def start(self, model, optimizer, precision) -> int:
         """Load the checkpoint this run starts from, if any; the step to run first. After a restart, note
         what the failure cost (restarts.jsonl), a restart before the first checkpoint too (from step 0)."""
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        restarted = restart_count() > 0
         path = (newest_checkpoint(self.job_dir) if restarted else None) or self._requested()
         step = 0
         if path is not None:
@@ -312,7 +313,7 @@ def note_restart(job_dir: Path, resumed: int) -> None:
     again = [latest[s] for s in range(resumed, failed_after + 1) if s in latest]
     restart_s = time.time() - path.stat().st_mtime if path.exists() else None
     recomputed_s = sum(r.get(STEP_TIME.key, 0.0) for r in again) / 1e3
-    note = {"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "resumed_from_step": resumed,
+    note = {"restart": restart_count(), "resumed_from_step": resumed,
             "failed_after_step": failed_after, "steps_recomputed": len(again), "recomputed_s": recomputed_s,
             "restart_s": restart_s, "seconds_lost": recomputed_s + (restart_s or 0.0)}
     with open(Path(job_dir) / RESTARTS, "a") as f:

@@ -8,13 +8,13 @@ of memory must say so.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 
 import torch
 
 from ddp_lab.machine import host_available_bytes
+from ddp_lab.rank.process_group import restart_count
 
 
 class InjectedFault(RuntimeError):
@@ -27,7 +27,7 @@ def maybe_inject_fault(fault, rank: int, step: int) -> None:
     kind = str(getattr(fault.kind, "value", fault.kind))
     if kind == "none" or fault.rank not in (rank, -1) or step != fault.step:
         return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if restart_count() > 0:
         return
     if kind == "crash":
         raise InjectedFault(f"injected crash at step {step}")

@@ -1,4 +1,4 @@
-"""Joining the process group torchrun prepared, seeding, and waiting for the device.
+"""Joining the process group torchrun prepared, which attempt this is, seeding, and waiting for the device.
 
 Used inside a rank only: the worker joins, the tasks seed, timers and comm figures synchronize.
 """
@@ -43,3 +43,9 @@ def synchronize(device: torch.device) -> None:
     """
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+def restart_count() -> int:
+    """How many times torchrun has restarted this job's workers (`launcher.max_restarts`); 0 on the first
+    attempt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
