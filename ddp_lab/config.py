@@ -277,6 +277,10 @@ class CheckpointConfig:
     load: Optional[str] = None
     """Start from a checkpoint: a step folder (JOB/checkpoints/step_N) or a job folder (its newest one),
     written by any strategy at any world size; the run goes on from the step after it."""
+    async_save: bool = False
+    """Write each checkpoint but the last while training goes on (DCP's `async_save`, on a gloo group of its
+    own): the loop waits only for a copy of this rank's pieces in host memory. design.md named the key
+    `async`; that is a Python keyword, which no structured config's field can be, so it is DCP's name."""
 
 
 @dataclass

@@ -241,6 +241,8 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
     if cfg.launcher.max_restarts and not c.every:
         raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts} restarts the workers from the job's "
                           "newest checkpoint, and checkpoint.every=0 writes none: set checkpoint.every")
+    _require(not c.async_save or c.every, "checkpoint.async_save=true writes the checkpoints checkpoint.every asks "
+             "for, and checkpoint.every=0 asks for none: set checkpoint.every")
     if not (c.every or c.load or cfg.launcher.max_restarts):
         return
     _require(spec.not_checkpointed is None, f"strategy={spec.name} cannot be checkpointed yet: {spec.not_checkpointed}")

@@ -58,6 +58,21 @@ def strategy_knob_error(exc: BaseException) -> str | None:
     return None
 
 
+RENAMED = {("checkpoint", "async"): "checkpoint.async is spelled checkpoint.async_save here: async is a Python "
+                                    "keyword, which no structured config's field can be (docs/checkpoints.md)"}
+"""Keys the design named that the config spells otherwise, and why: the one line a user who typed them reads."""
+
+
+def renamed_key_error(exc: BaseException) -> str | None:
+    """Hydra's refusal of a key in RENAMED, worded as RENAMED has it; None for any other error."""
+    cause = exc.__cause__
+    node = getattr(getattr(cause, "object_type", None), "__name__", "")
+    for (group, key), why in RENAMED.items():
+        if getattr(cause, "key", None) == key and node.lower() == f"{group}config":
+            return why
+    return None
+
+
 def split_overrides(args: list[str]) -> tuple[list[str], bool]:
     """The overrides on a command line (flags dropped) and whether it asks for a multirun."""
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -131,7 +146,7 @@ def check_command_line(config_dir: Path, config_name: str, args: list[str],
     except ConfigError as exc:
         _refuse(str(exc))
     except Exception as exc:  # Hydra's composition and override-parsing errors
-        _refuse(strategy_knob_error(exc) or one_line(exc))
+        _refuse(strategy_knob_error(exc) or renamed_key_error(exc) or one_line(exc))
 
 
 def check_output_folder(cfg, multirun: bool) -> None:

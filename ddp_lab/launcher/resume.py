@@ -11,7 +11,9 @@ folder. Overrides given with `resume=` apply on top of every re-run job (say, a 
 `backend.timeout_s`). Only sweeps of Hydra's basic sweeper can be resumed.
 
 A re-run job first moves its previous attempt's files into `attempts/K/` (see
-`set_aside_previous_attempt`), so nothing is lost and the new attempt starts clean.
+`set_aside_previous_attempt`), so nothing is lost and the new attempt starts clean. A job that left a
+complete checkpoint (`checkpoint.every`) goes on from its newest one (`checkpoint.load=` its own folder,
+`own_checkpoint`) instead of from step 0; its checkpoints stay where they are.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from ddp_lab.jobdir import (
     STEPS,
     WANDB,
     error_file,
+    newest_checkpoint,
     node_file,
     rank_log,
+    read_checkpoint,
     read_results,
     torchrun_log,
 )
@@ -59,10 +63,21 @@ def is_ok(job_dir: Path) -> bool:
     return (read_results(job_dir) or {}).get("status") == "ok"
 
 
+def own_checkpoint(job_dir: Path) -> list[str]:
+    """`checkpoint.load=JOB` when the job left a complete checkpoint with measured steps still to run after it
+    (its config.yaml's train.steps and warmup_steps), so that its re-run goes on from there; else nothing."""
+    path = newest_checkpoint(job_dir) if (job_dir / CONFIG).exists() else None
+    if path is None:
+        return []
+    train = OmegaConf.load(job_dir / CONFIG).train
+    return [f"checkpoint.load={job_dir}"] if train.steps - read_checkpoint(path)["step"] > train.warmup_steps else []
+
+
 def pending_jobs(sweep_dir: Path) -> list[tuple[int, list[str]]]:
-    """(job number, overrides) of every job of the sweep without an ok result."""
-    return [(num, point) for num, point in enumerate(sweep_points(sweep_dir))
-            if not is_ok(Path(sweep_dir) / str(num))]
+    """(job number, overrides) of every job of the sweep without an ok result, each going on from its own
+    newest checkpoint where it left one."""
+    return [(num, merge_overrides(point, own_checkpoint(Path(sweep_dir) / str(num))))
+            for num, point in enumerate(sweep_points(sweep_dir)) if not is_ok(Path(sweep_dir) / str(num))]
 
 
 def recorded_hydra_overrides(hydra_yaml: Path, drop: tuple[str, ...]) -> list[str]:
@@ -95,7 +110,8 @@ def resume_command_line(args: list[str]) -> tuple[list[str], list[list[str]]] | 
     if is_ok(folder):
         return [], []
     hydra = recorded_hydra_overrides(folder / ".hydra" / "hydra.yaml", drop=("hydra.run.dir",))
-    point = hydra + merge_overrides(list(OmegaConf.load(recorded)), extra) + [f"hydra.run.dir={folder}"]
+    own = merge_overrides(list(OmegaConf.load(recorded)), own_checkpoint(folder))
+    point = hydra + merge_overrides(own, extra) + [f"hydra.run.dir={folder}"]
     return point, [point]
 
 

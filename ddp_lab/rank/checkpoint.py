@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from torch.distributed.checkpoint.default_planner import (
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import LoadPlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import _create_read_items, create_read_items_for_chunk_list
+from torch.distributed.checkpoint.staging import AsyncStager
 
 from ddp_lab.jobdir import (
     CHECKPOINT_FORMAT,
@@ -55,8 +57,9 @@ from ddp_lab.jobdir import (
     newest_checkpoint,
     read_checkpoint,
 )
+from ddp_lab.rank.memory import host_peak_bytes, host_peak_from_now
 from ddp_lab.rank.process_group import restart_count
-from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_SAVE, STEP_TIME
+from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_SAVE, STEP_TIME
 from ddp_lab.strategies.checkpoint_layout import local_view
 
 
@@ -191,10 +194,11 @@ def _rng_key(rank: int) -> str:
 
 # --- save and load ------------------------------------------------------------------------------------
 
-def save(job_dir: Path, step: int, model, optimizer, precision, about: dict) -> int:
-    """Save the state after `step` steps to JOB/checkpoints/step_{step} (collective: every rank calls it);
-    return the tensor bytes this rank wrote. `about`: the strategy, world size and model it was written by,
-    for the record and for a load's checks."""
+def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, background=None) -> Saving:
+    """Save the state after `step` steps to JOB/checkpoints/step_{step} (collective: every rank calls it).
+    `about`: the strategy, world size and model it was written by, for the record and for a load's checks.
+    With `background` (a gloo process group of the checkpoints' own) the pieces are copied to host memory and
+    written by DCP's `async_save` while training goes on; else written before this returns."""
     rank = dist.get_rank()
     final = checkpoint_path(job_dir, step)
     partial = final.with_name(final.name + ".partial")
@@ -204,17 +208,62 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict) -> 
     flats, shapes = _model_state(model)
     rng = torch.get_rng_state()
     state = {**flats, **_optimizer_state(model, optimizer, shapes), _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
-    planner = _SavePlanner()
-    dcp.save(state, storage_writer=FileSystemWriter(partial), planner=planner)
-    if rank == 0:  # DCP wrote its metadata last: every rank's files are in; now the checkpoint exists
-        meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
-                "loss_scaler": _scaler_state(precision)}
-        (partial / CHECKPOINT_META).write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-    dist.barrier()
-    return sum(math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
-               for item in planner.plan.items if item.tensor_data is not None)  # this rank's items after dedup
+    meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
+            "loss_scaler": _scaler_state(precision)}
+    saving = Saving(partial, final, meta, _SavePlanner())
+    writer = FileSystemWriter(partial)
+    if background is None:
+        dcp.save(state, storage_writer=writer, planner=saving.planner)
+        saving.written(None)
+        dist.barrier()
+        return saving
+    staged = {key: Flat(flat.numel, [(o, p.detach().to("cpu", copy=True)) for o, p in flat.pieces])
+              for key, flat in state.items()}  # what training changes next is not what is written
+    future = dcp.async_save(staged, storage_writer=writer, planner=saving.planner, process_group=background,
+                            async_stager=_AlreadyStaged())
+    future.add_done_callback(saving.written)
+    return saving
+
+
+class _AlreadyStaged(AsyncStager):
+    """The state handed to `async_save` is already a copy in host memory (`save`): nothing to stage."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict):
+        return state_dict
+
+
+class Saving:
+    """A save under way or done. Once DCP has written it (its metadata last, after every rank's files), rank 0
+    adds checkpoint.json and renames `step_N.partial/` to `step_N/`: the checkpoint now exists. For an
+    asynchronous save that happens in DCP's writing thread, as soon as it is written."""
+
+    def __init__(self, partial: Path, final: Path, meta: dict, planner: _SavePlanner):
+        self.partial, self.final, self.meta, self.planner = partial, final, meta, planner
+        self.done, self.error = threading.Event(), None
+
+    def written(self, future) -> None:
+        try:
+            if future is not None:
+                future.result()
+            if dist.get_rank() == 0:
+                (self.partial / CHECKPOINT_META).write_text(json.dumps(self.meta, indent=1))
+                shutil.rmtree(self.final, ignore_errors=True)
+                os.replace(self.partial, self.final)
+        except BaseException as exc:  # raised again in the training thread, by wait()
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def wait(self) -> int:
+        """Block until the checkpoint is complete; the tensor bytes this rank wrote (its items after DCP's
+        dedup of the pieces several ranks hold)."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return sum(math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+                   for item in self.planner.plan.items if item.tensor_data is not None)
 
 
 def load(path: Path, model, optimizer, precision) -> int:
@@ -265,6 +314,9 @@ class Checkpoints:
         self.cfg, self.job_dir, self.about = cfg.checkpoint, Path(job_dir), about
         self.last = cfg.train.steps - 1
         self.loaded: dict | None = None
+        self.saving: Saving | None = None  # the latest save, maybe still writing
+        # DCP's writing thread runs its collectives on a group of its own, never interleaved with training's
+        self.background = dist.new_group(backend="gloo") if self.cfg.async_save and self.cfg.every else None
 
     def _requested(self) -> Path | None:
         if not self.cfg.load:
@@ -290,15 +342,24 @@ class Checkpoints:
         return step
 
     def after_step(self, step: int, model, optimizer, precision) -> dict:
-        """Save after `step` when due (every `checkpoint.every` steps and after the last): its figures."""
+        """Save after `step` when due (every `checkpoint.every` steps and after the last): the figures of the
+        loop's wait. With `checkpoint.async_save` every save but the last is written while training goes on:
+        the loop waits for the copy it writes from, and for the save before it if that is still writing."""
         every = self.cfg.every
         if not every or ((step + 1) % every and step != self.last):
             return {}
-        began = time.perf_counter()
-        written = save(self.job_dir, step + 1, model, optimizer, precision, self.about)
+        began, resident = time.perf_counter(), host_peak_from_now()
+        if self.saving is not None:
+            self.saving.wait()
+        background = self.background if step != self.last else None
+        self.saving = save(self.job_dir, step + 1, model, optimizer, precision, self.about, background)
+        figures = {} if background is not None else {CHECKPOINT_BYTES.key: self.saving.wait()}
         if dist.get_rank() == 0:
-            prune(self.job_dir, self.cfg.keep)
-        return {CHECKPOINT_SAVE.key: (time.perf_counter() - began) * 1e3, CHECKPOINT_BYTES.key: written}
+            prune(self.job_dir, self.cfg.keep)  # the complete ones: an async save joins them once written
+        figures[CHECKPOINT_SAVE.key] = (time.perf_counter() - began) * 1e3
+        if resident is not None:
+            figures[CHECKPOINT_MEMORY.key] = host_peak_bytes() - resident
+        return figures
 
 
 def note_restart(job_dir: Path, resumed: int) -> None:

@@ -35,6 +35,7 @@ state by N, stage 2 also the gradients, stage 3 also the parameters.
 from __future__ import annotations
 
 import gc
+import re
 import sys
 
 import torch
@@ -180,6 +181,30 @@ def memory_snapshot(model, optimizer, device: torch.device, census: bool = False
     if device.type == "cuda":
         snapshot["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
     return snapshot
+
+
+def host_peak_from_now() -> int | None:
+    """Start this process's peak resident memory afresh (Linux: writing 5 to /proc/self/clear_refs sets VmHWM
+    to VmRSS) and return the resident bytes now; None where the kernel offers neither (no /proc)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _proc_status_bytes("VmRSS")
+    except OSError:
+        return None
+
+
+def host_peak_bytes() -> int | None:
+    """This process's peak resident memory since `host_peak_from_now()` (VmHWM); None without /proc."""
+    try:
+        return _proc_status_bytes("VmHWM")
+    except OSError:
+        return None
+
+
+def _proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) * 1024
 
 
 def model_state(snapshot: dict) -> int:

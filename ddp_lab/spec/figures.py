@@ -91,16 +91,21 @@ BUSBW = Figure("busbw_GBps", "GB/s", "algbw times the op's bus factor (nccl-test
                "per second", task="allreduce", summarized=False)
 RANK_SPREAD = Figure("rank_spread_ms", "ms", "the slowest rank's time minus the fastest's in the iteration",
                      task="allreduce", summarized=False)
-CHECKPOINT_SAVE = Figure("checkpoint_save_ms", "ms", "saving a checkpoint after the step, until it is complete "
-                         "(every rank's pieces written, then renamed), outside the step's time", summarized=False,
-                         wandb="mean", when="checkpoint.every steps and the last")
+CHECKPOINT_SAVE = Figure("checkpoint_save_ms", "ms", "the loop waiting for a checkpoint after the step, outside the "
+                         "step's time: the whole save until complete (every rank's pieces written, then renamed); "
+                         "with checkpoint.async_save the copy it writes from, and any earlier save still writing",
+                         summarized=False, wandb="mean", when="checkpoint.every steps and the last")
 CHECKPOINT_BYTES = Figure("checkpoint_bytes", "bytes", "tensor bytes the most-writing rank wrote into the checkpoint "
                           "(a piece several ranks hold is written by one)", summarized=False,
-                          when="checkpoint.every steps and the last")
+                          when="checkpoint.every steps and the last; with checkpoint.async_save the last only")
+CHECKPOINT_MEMORY = Figure("checkpoint_extra_bytes", "bytes", "host memory the save added at its peak while the loop "
+                           "waited, over what the rank held before it (Linux's VmHWM, reset; the copy an async save "
+                           "writes from is in it)", summarized=False,
+                           when="checkpoint.every steps and the last, on Linux")
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
-                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
+                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""
 
 BY_KEY = {f.key: f for f in FIGURES}

@@ -16,9 +16,10 @@ LADDER = ["bucketed", "zero1", "zero1_torch", "zero2", "fsdp", "fsdp_torch"]
 @pytest.fixture(scope="session")
 def ladder(tmp_path_factory) -> dict[str, Path]:
     """bucketed and the strategies that shard, on the toy model with the final weights saved (logger=none),
-    a checkpoint after steps 2 and 4: {strategy: its job folder}. test_zero1_launch, test_zero2_launch and
-    test_fsdp_launch read it, test_checkpoint_launch its checkpoints."""
-    return strategy_sweep(tmp_path_factory.mktemp("ladder"), LADDER, "checkpoint.every=2")
+    a checkpoint after steps 2 and 4, the first written while steps 2 and 3 run (checkpoint.async_save):
+    {strategy: its job folder}. test_zero1_launch, test_zero2_launch and test_fsdp_launch read it,
+    test_checkpoint_launch its checkpoints."""
+    return strategy_sweep(tmp_path_factory.mktemp("ladder"), LADDER, "checkpoint.every=2", "checkpoint.async_save=true")
 
 
 @pytest.fixture(scope="session")

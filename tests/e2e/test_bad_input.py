@@ -78,6 +78,8 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "checkpoint.keep=-1": "checkpoint.keep must be >= 0",
     "launcher.max_restarts=-1": "launcher.max_restarts must be >= 0",
     "launcher.max_restarts=1": "checkpoint.every=0 writes none: set checkpoint.every",
+    "checkpoint.async_save=true": "checkpoint.every=0 asks for none: set checkpoint.every",
+    "checkpoint.async=true": "checkpoint.async_save",
     "strategy=powersgd checkpoint.every=2": "strategy=powersgd cannot be checkpointed yet",
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
 }

@@ -34,3 +34,17 @@ def test_a_job_goes_on_from_another_strategys_checkpoint_and_recovers_from_a_cra
     assert record["steps"][0]["loss"] == pytest.approx(theirs[2], abs=1e-5)
     assert_same_saved_weights(job, ladder["bucketed"])
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["step_4"]  # its own, after the last step
+
+
+def test_the_ladders_saves_record_what_the_loop_waited_for(ladder):
+    """checkpoint.async_save: after step 1 the loop waits for a copy (its memory recorded), not for the bytes
+    to be written; the last save is written before the run ends, its bytes recorded."""
+    from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_SAVE
+
+    steps = {s["step"]: s for s in results(ladder["fsdp"])["steps"]}
+    saves = {step: {k for k in (CHECKPOINT_SAVE.key, CHECKPOINT_BYTES.key, CHECKPOINT_MEMORY.key) if k in s}
+             for step, s in steps.items()}
+    assert saves == {0: set(), 1: {CHECKPOINT_SAVE.key, CHECKPOINT_MEMORY.key}, 2: set(),
+                     3: {CHECKPOINT_SAVE.key, CHECKPOINT_BYTES.key, CHECKPOINT_MEMORY.key}}
+    assert steps[1][CHECKPOINT_MEMORY.key] >= 0 and steps[3][CHECKPOINT_BYTES.key] > 0
+    assert sorted(p.name for p in (ladder["fsdp"] / "checkpoints").iterdir()) == ["step_2", "step_4"]

@@ -94,9 +94,10 @@ def test_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):
 
 
 def test_sigint_mid_sweep_then_resume_runs_the_rest(tmp_path):
+    """Ctrl-C while job 1 hangs; resume= re-runs jobs 1 and 2, job 1 from the checkpoint it took after step 0."""
     sweep = tmp_path / "multirun"
     args = [sys.executable, str(ROOT / "launch.py"), "-m", *FAST, "fault.rank=-1", "fault.step=1",
-            "fault.kind=none,hang,none", f"hydra.sweep.dir={sweep}"]
+            "fault.kind=none,hang,none", "checkpoint.every=1", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "WANDB_MODE": "offline"})
     # Job 1 hangs (every rank) at step 1: once step 0 is recorded, it is mid-run, whatever the speed.
@@ -120,6 +121,9 @@ def test_sigint_mid_sweep_then_resume_runs_the_rest(tmp_path):
     assert [results(sweep / str(i))["status"] for i in range(3)] == ["ok", "ok", "ok"]
     assert (sweep / "0" / "results.json").read_bytes() == kept
     assert results(sweep / "1" / "attempts" / "1")["status"] == "interrupted"  # the earlier attempt is kept
+    rerun = results(sweep / "1")
+    assert rerun["summary"]["resumed_from"]["step"] == 1 and [s["step"] for s in rerun["steps"]] == [1, 2, 3]
+    assert results(sweep / "2")["summary"]["resumed_from"] is None  # it never started: from step 0
     assert "#0 :" not in resumed.stdout + resumed.stderr  # job 0 was not launched again
     again = launch(f"resume={sweep}", tmp_path=tmp_path)
     assert again.returncode == 0 and "nothing to resume" in again.stdout

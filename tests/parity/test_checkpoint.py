@@ -21,6 +21,7 @@ from ddp_lab.check.parity import ATOL, RTOL, data_cfg, full_state
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.jobdir import checkpoint_path
 from ddp_lab.spec.strategies import SPECS
+from tests.helpers.launching import ROOT
 
 CHECKPOINTED = [name for name, spec in SPECS.items() if spec.not_checkpointed is None]
 SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
@@ -46,11 +47,15 @@ def _steps(model, optimizer, precision, rank, world_size, steps):
         train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
 
 
-def _continue(rank, world_size, strategies, models, root, compute=PRECISION):
+def _continue(rank, world_size, strategies, models, root, compute=PRECISION, asynchronous=False):
     """{(strategy, model): (weights after 2 x HALF steps straight, after HALF + a reload + HALF)}. In fp16 the
-    loss scaler is set where no run would be by then, and must come back as it was."""
+    loss scaler is set where no run would be by then, and must come back as it was. `asynchronous`: the
+    checkpoint is written by DCP's async_save while the next steps change the weights it was taken of."""
+    import torch.distributed as dist
+
     from ddp_lab.rank.checkpoint import load, save
 
+    background = dist.new_group(backend="gloo") if asynchronous else None
     out = {}
     for name in strategies:
         for model_name in models:
@@ -59,8 +64,10 @@ def _continue(rank, world_size, strategies, models, root, compute=PRECISION):
             _steps(model, optimizer, precision, rank, world_size, range(HALF))
             if precision.scaler is not None:
                 precision.scaler.scale, precision.scaler.clean_steps = 1024.0, 7
-            save(folder, HALF, model, optimizer, precision, {"strategy": name, "world_size": world_size})
+            saving = save(folder, HALF, model, optimizer, precision, {"strategy": name, "world_size": world_size},
+                          background)
             _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
+            saving.wait()
             straight = full_state(model)
             model, optimizer, precision = _build({"name": name}, model_name, 100 + rank, compute)  # other weights
             assert load(checkpoint_path(folder, HALF), model, optimizer, precision) == HALF
@@ -87,6 +94,12 @@ def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path):
 
 def test_fp16_continues_with_its_loss_scale(tmp_path):
     _check_continued(run_ranks(_continue, 2, ["bucketed", "zero2"], ["transformer"], tmp_path, "fp16"), exact=True)
+
+
+def test_an_async_save_writes_the_state_it_was_taken_of(tmp_path):
+    """checkpoint.async_save: the next step changes parameters and optimizer state while DCP writes."""
+    _check_continued(run_ranks(_continue, 2, ["bucketed", "zero2", "fsdp", "fsdp_torch"], ["transformer"], tmp_path,
+                               PRECISION, True), exact=True)
 
 
 def test_sharded_strategies_continue_at_3_ranks(tmp_path):
@@ -133,3 +146,52 @@ def test_a_run_moves_between_strategies_and_world_sizes(tmp_path, a, n, b, m):
     for key, tensor in straight.items():
         if key.startswith(("model.", "optim.")):
             torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
+
+
+KILLED_SAVE = """
+import os, signal, sys
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
+from ddp_lab.rank.checkpoint import save
+from tests.parity.test_checkpoint import _build, _steps
+
+job = sys.argv[1]
+dist.init_process_group("gloo", init_method=f"file://{job}/store", rank=0, world_size=1)
+model, optimizer, precision = _build({"name": "zero2"}, "transformer", seed=0)
+_steps(model, optimizer, precision, 0, 1, range(1))
+save(job, 1, model, optimizer, precision, {"strategy": "zero2", "world_size": 1})
+_steps(model, optimizer, precision, 0, 1, range(1, 2))
+# killed once every file of the save is written, before DCP's metadata marks it complete
+FileSystemWriter.finish = lambda self, metadata, results: os.kill(os.getpid(), signal.SIGKILL)
+save(job, 2, model, optimizer, precision, {"strategy": "zero2", "world_size": 1})
+"""
+
+
+def _load_and_save_again(rank, world_size, job):
+    from ddp_lab.jobdir import newest_checkpoint
+    from ddp_lab.rank.checkpoint import load, save
+
+    model, optimizer, precision = _build({"name": "zero2"}, "transformer", seed=7)
+    step = load(newest_checkpoint(job), model, optimizer, precision)
+    save(job, step + 1, model, optimizer, precision, {"strategy": "zero2", "world_size": world_size})
+    return step
+
+
+def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
+    """SIGKILL in DCP's last act (its metadata): the files are there, the checkpoint is not; a load takes the
+    one before, and the next save removes what the killed one left."""
+    import signal
+    import subprocess
+    import sys
+
+    from ddp_lab.jobdir import complete_checkpoints, newest_checkpoint
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    partial = tmp_path / "checkpoints" / "step_2.partial"
+    assert any(partial.glob("*.distcp")) and not checkpoint_path(tmp_path, 2).exists()
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [1]
+    assert newest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 1) and newest_checkpoint(partial) is None
+    assert run_ranks(_load_and_save_again, 1, tmp_path)[0] == 1
+    assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]

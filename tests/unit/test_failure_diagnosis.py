@@ -4,13 +4,14 @@ The torchrun summary below is what torch 2.13's torchrun prints when a rank dies
 test_failures.py checks the same path end to end with a real SIGKILL.
 """
 
+import json
 import os
 import time
 
 from omegaconf import OmegaConf
 
 from ddp_lab.launcher.failures import diagnose, signalled_ranks
-from ddp_lab.launcher.resume import merge_overrides, set_aside_previous_attempt
+from ddp_lab.launcher.resume import merge_overrides, own_checkpoint, set_aside_previous_attempt
 from ddp_lab.rank.worker import describe_exception
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -106,3 +107,24 @@ def test_a_rerun_sets_the_last_attempt_aside_per_node(tmp_path):
     assert (tmp_path / "config.yaml").exists() and not (tmp_path / "results.json").exists()
     set_aside_previous_attempt(tmp_path, node_rank=0, ranks=range(0, 2))  # nothing left: no attempt 2
     assert not (tmp_path / "attempts" / "2").exists()
+
+
+def test_a_rerun_goes_on_from_its_own_newest_checkpoint_while_steps_are_left(tmp_path):
+    """resume=: checkpoint.load= the job's own folder where it left a complete checkpoint with measured steps
+    after it (train.steps - step > warmup_steps), replacing any checkpoint.load it started from."""
+    job = tmp_path / "3"
+    job.mkdir()
+    assert own_checkpoint(job) == []  # no config.yaml: the job never started
+    OmegaConf.save({"train": {"steps": 10, "warmup_steps": 1}}, job / "config.yaml")
+    assert own_checkpoint(job) == []  # no checkpoint
+    for step, complete in ((4, True), (8, True), (9, False)):
+        folder = job / "checkpoints" / (f"step_{step}" if complete else f"step_{step}.partial")
+        folder.mkdir(parents=True)
+        (folder / "checkpoint.json").write_text(json.dumps({"format": 1, "step": step}))
+        if complete:
+            (folder / ".metadata").write_bytes(b"")
+    # the newest complete one, step 8 (9 was never completed): 2 steps left, 1 of them warm-up
+    assert merge_overrides(["model=toy", "checkpoint.load=/elsewhere"], own_checkpoint(job)) == \
+        ["model=toy", f"checkpoint.load={job}"]
+    OmegaConf.save({"train": {"steps": 10, "warmup_steps": 2}}, job / "config.yaml")
+    assert own_checkpoint(job) == []  # no measured step would be left: from step 0

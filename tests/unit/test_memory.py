@@ -1,13 +1,20 @@
 """The memory accounting on tensors of known sizes (no process group): what a rank holds, and its
 summary beside the ZeRO paper's figures (rank/memory.py)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from ddp_lab.rank.memory import memory_snapshot, model_state_bytes, summarize_memory
+from ddp_lab.rank.memory import (
+    host_peak_bytes,
+    host_peak_from_now,
+    memory_snapshot,
+    model_state_bytes,
+    summarize_memory,
+)
 
 MiB = 2**20
 
@@ -122,3 +129,16 @@ def test_strategy_state_counts_kept_storages_that_hold_no_model_state():
     model.weight.grad, model.bias.grad = bucket[:100].view(10, 10), bucket[100:]
     snapshot = memory_snapshot(model, None, torch.device("cpu"))
     assert snapshot["grads"] == 440 and snapshot["strategy_state"] == 200
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's /proc: the peak resident memory")
+def test_the_host_peak_starts_afresh_and_sees_what_came_and_went():
+    """What checkpoint_extra_bytes reads: a peak of 64 MiB allocated and freed after the reset is seen; one
+    before it is not."""
+    block = torch.ones(2**25)  # 128 MiB, freed before the reset
+    del block
+    resident = host_peak_from_now()
+    assert host_peak_bytes() - resident < 2**25
+    block = torch.ones(2**24)  # 64 MiB, touched
+    del block
+    assert host_peak_bytes() - resident >= 2**26 - MiB  # less what the allocator gave back meanwhile
