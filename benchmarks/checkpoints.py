@@ -75,6 +75,7 @@ def ladder(out: Path, model: str) -> list[dict]:
                 writing = range(every, 2 * every - 1)  # the steps after the first save, before the next one
                 row.update({"async_wait_ms": round(first["checkpoint_save_ms"], 1),
                             "async_extra_bytes": first.get("checkpoint_extra_bytes", 0),
+                            "async_staged_bytes": first["checkpoint_staged_bytes"],
                             "async_writing_step_ms": _mean_step(background, writing),
                             "blocking_same_steps_ms": _mean_step(saved, writing)})
             rows.append(row)
@@ -124,11 +125,11 @@ def table(rows: list[dict]) -> str:
               f"{r['load_ms']} | {r['step_p50_ms']} |" for r in rows]
     timed = [r for r in rows if "async_wait_ms" in r]
     if timed:
-        lines += ["", "| model | strategy | ranks | blocking save ms | async wait ms | async extra MiB | "
-                  "steps while writing ms | the same steps, blocking run ms |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| model | strategy | ranks | blocking save ms | async wait ms | staged MiB | async extra MiB | "
+                  "steps while writing ms | the same steps, blocking run ms |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['strategy']} | {r['world_size']} | {r['save_ms'][0]} | {r['async_wait_ms']} | "
-                  f"{r['async_extra_bytes'] / MiB:.1f} | {r['async_writing_step_ms']} | {r['blocking_same_steps_ms']} |"
-                  for r in timed]
+                  f"{r['async_staged_bytes'] / MiB:.1f} | {r['async_extra_bytes'] / MiB:.1f} | "
+                  f"{r['async_writing_step_ms']} | {r['blocking_same_steps_ms']} |" for r in timed]
     return "\n".join(lines)
 
 

@@ -59,7 +59,13 @@ from ddp_lab.jobdir import (
 )
 from ddp_lab.rank.memory import host_peak_bytes, host_peak_from_now
 from ddp_lab.rank.process_group import restart_count
-from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_SAVE, STEP_TIME
+from ddp_lab.spec.figures import (
+    CHECKPOINT_BYTES,
+    CHECKPOINT_MEMORY,
+    CHECKPOINT_SAVE,
+    CHECKPOINT_STAGED,
+    STEP_TIME,
+)
 from ddp_lab.strategies.checkpoint_layout import local_view
 
 
@@ -219,6 +225,7 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
         return saving
     staged = {key: Flat(flat.numel, [(o, p.detach().to("cpu", copy=True)) for o, p in flat.pieces])
               for key, flat in state.items()}  # what training changes next is not what is written
+    saving.staged_bytes = sum(p.numel() * p.element_size() for flat in staged.values() for _, p in flat.pieces)
     future = dcp.async_save(staged, storage_writer=writer, planner=saving.planner, process_group=background,
                             async_stager=_AlreadyStaged())
     future.add_done_callback(saving.written)
@@ -242,6 +249,7 @@ class Saving:
     def __init__(self, partial: Path, final: Path, meta: dict, planner: _SavePlanner):
         self.partial, self.final, self.meta, self.planner = partial, final, meta, planner
         self.done, self.error = threading.Event(), None
+        self.staged_bytes = 0  # the copy an asynchronous save writes from
 
     def written(self, future) -> None:
         try:
@@ -353,7 +361,8 @@ class Checkpoints:
             self.saving.wait()
         background = self.background if step != self.last else None
         self.saving = save(self.job_dir, step + 1, model, optimizer, precision, self.about, background)
-        figures = {} if background is not None else {CHECKPOINT_BYTES.key: self.saving.wait()}
+        figures = ({CHECKPOINT_STAGED.key: self.saving.staged_bytes} if background is not None
+                   else {CHECKPOINT_BYTES.key: self.saving.wait()})
         if dist.get_rank() == 0:
             prune(self.job_dir, self.cfg.keep)  # the complete ones: an async save joins them once written
         figures[CHECKPOINT_SAVE.key] = (time.perf_counter() - began) * 1e3

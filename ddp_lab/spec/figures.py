@@ -102,10 +102,14 @@ CHECKPOINT_MEMORY = Figure("checkpoint_extra_bytes", "bytes", "host memory the s
                            "waited, over what the rank held before it (Linux's VmHWM, reset; the copy an async save "
                            "writes from is in it)", summarized=False,
                            when="checkpoint.every steps and the last, on Linux")
+CHECKPOINT_STAGED = Figure("checkpoint_staged_bytes", "bytes", "the copy of this rank's pieces an async save writes "
+                           "from, held in host memory until written (the most any rank staged)", summarized=False,
+                           when="checkpoint.async_save, every save but the last")
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
-                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
+                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY,
+                               CHECKPOINT_STAGED, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""
 
 BY_KEY = {f.key: f for f in FIGURES}

@@ -39,12 +39,14 @@ def test_a_job_goes_on_from_another_strategys_checkpoint_and_recovers_from_a_cra
 def test_the_ladders_saves_record_what_the_loop_waited_for(ladder):
     """checkpoint.async_save: after step 1 the loop waits for a copy (its memory recorded), not for the bytes
     to be written; the last save is written before the run ends, its bytes recorded."""
-    from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_SAVE
+    from ddp_lab.spec.figures import CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_SAVE, CHECKPOINT_STAGED
 
     steps = {s["step"]: s for s in results(ladder["fsdp"])["steps"]}
-    saves = {step: {k for k in (CHECKPOINT_SAVE.key, CHECKPOINT_BYTES.key, CHECKPOINT_MEMORY.key) if k in s}
-             for step, s in steps.items()}
-    assert saves == {0: set(), 1: {CHECKPOINT_SAVE.key, CHECKPOINT_MEMORY.key}, 2: set(),
+    keys = (CHECKPOINT_SAVE.key, CHECKPOINT_BYTES.key, CHECKPOINT_MEMORY.key, CHECKPOINT_STAGED.key)
+    saves = {step: {k for k in keys if k in s} for step, s in steps.items()}
+    assert saves == {0: set(), 1: {CHECKPOINT_SAVE.key, CHECKPOINT_MEMORY.key, CHECKPOINT_STAGED.key}, 2: set(),
                      3: {CHECKPOINT_SAVE.key, CHECKPOINT_BYTES.key, CHECKPOINT_MEMORY.key}}
+    # fsdp's shards of parameters and AdamW's two moments, fp32, and the steps and random state beside them
+    assert steps[1][CHECKPOINT_STAGED.key] >= 3 * 4 * results(ladder["fsdp"])["summary"]["memory"]["num_params"] / 2
     assert steps[1][CHECKPOINT_MEMORY.key] >= 0 and steps[3][CHECKPOINT_BYTES.key] > 0
     assert sorted(p.name for p in (ladder["fsdp"] / "checkpoints").iterdir()) == ["step_2", "step_4"]

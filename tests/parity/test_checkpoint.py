@@ -21,7 +21,6 @@ from ddp_lab.check.parity import ATOL, RTOL, data_cfg, full_state
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.jobdir import checkpoint_path
 from ddp_lab.spec.strategies import SPECS
-from tests.helpers.launching import ROOT
 
 CHECKPOINTED = [name for name, spec in SPECS.items() if spec.not_checkpointed is None]
 SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
@@ -148,23 +147,22 @@ def test_a_run_moves_between_strategies_and_world_sizes(tmp_path, a, n, b, m):
             torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
 
 
-KILLED_SAVE = """
-import os, signal, sys
-import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemWriter
-from ddp_lab.rank.checkpoint import save
-from tests.parity.test_checkpoint import _build, _steps
+def _killed_mid_save(rank, world_size, job):
+    """A checkpoint after step 1; a step more; SIGKILL once every file of the second save is written, before
+    DCP's metadata (its last act) marks it complete."""
+    import os
+    import signal
 
-job = sys.argv[1]
-dist.init_process_group("gloo", init_method=f"file://{job}/store", rank=0, world_size=1)
-model, optimizer, precision = _build({"name": "zero2"}, "transformer", seed=0)
-_steps(model, optimizer, precision, 0, 1, range(1))
-save(job, 1, model, optimizer, precision, {"strategy": "zero2", "world_size": 1})
-_steps(model, optimizer, precision, 0, 1, range(1, 2))
-# killed once every file of the save is written, before DCP's metadata marks it complete
-FileSystemWriter.finish = lambda self, metadata, results: os.kill(os.getpid(), signal.SIGKILL)
-save(job, 2, model, optimizer, precision, {"strategy": "zero2", "world_size": 1})
-"""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from ddp_lab.rank.checkpoint import save
+
+    model, optimizer, precision = _build({"name": "zero2"}, "transformer", seed=0)
+    _steps(model, optimizer, precision, rank, world_size, range(1))
+    save(job, 1, model, optimizer, precision, {"strategy": "zero2", "world_size": world_size})
+    _steps(model, optimizer, precision, rank, world_size, range(1, 2))
+    FileSystemWriter.finish = lambda self, metadata, results: os.kill(os.getpid(), signal.SIGKILL)
+    save(job, 2, model, optimizer, precision, {"strategy": "zero2", "world_size": world_size})
 
 
 def _load_and_save_again(rank, world_size, job):
@@ -178,17 +176,14 @@ def _load_and_save_again(rank, world_size, job):
 
 
 def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
-    """SIGKILL in DCP's last act (its metadata): the files are there, the checkpoint is not; a load takes the
-    one before, and the next save removes what the killed one left."""
-    import signal
-    import subprocess
-    import sys
+    """The files are there, the checkpoint is not; a load takes the one before, and the next save removes
+    what the killed one left."""
+    from torch.multiprocessing import ProcessExitedException
 
     from ddp_lab.jobdir import complete_checkpoints, newest_checkpoint
 
-    proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with pytest.raises(ProcessExitedException, match="SIGKILL"):
+        run_ranks(_killed_mid_save, 1, tmp_path)
     partial = tmp_path / "checkpoints" / "step_2.partial"
     assert any(partial.glob("*.distcp")) and not checkpoint_path(tmp_path, 2).exists()
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [1]
