@@ -8,21 +8,29 @@ The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-s
 `MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after
 backward. `no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`,
 `bucket_size_mb` or `bucket_cap_mb`: the bucket case), `make_optimizer` and `full_state_dict` are
-used when it has them. One line per case and world size (cases.py says what each proves): ok,
-FAIL with the first rank and parameter that differ, or skip with the reason. Each world size runs
-its cases in one set of gloo ranks on this machine (CPU); when that fails or hangs past `--timeout`,
-each case runs again alone, so the line names the case that broke. Exit status: 0 when no case
-failed, 1 when one did, 2 for bad input.
+used when it has them. One line per case and world size (cases.py says what each proves): ok, FAIL
+with the cause and every parameter that differs (verdict.py), or skip with the reason. Each world size
+runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs past
+`--timeout`, the case it was in fails with the exception and the user's file and line, and the cases
+after it run in one more set. The ranks' prints go to a log folder, kept and named when a case failed
+(with each crashed rank's traceback; `--traceback` prints it). Exit status: 0 when no case failed, 1
+when one did, 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
-from ddp_lab.check.cases import CASES, first_difference, locate, run_cases, skip_reason
+import torch
+
+from ddp_lab.check.cases import CASES, finished, in_progress, locate, run_cases, skip_reason
 from ddp_lab.check.parity import ATOL, RTOL
 from ddp_lab.check.ranks import RanksFailed, run_ranks
+from ddp_lab.check.verdict import crash_line, verdict
 from ddp_lab.config import key_values
 
 
@@ -33,43 +41,55 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _failure(exc: BaseException, timeout_s: float) -> str:
-    """What ended a set of ranks, in a line."""
+def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
+    """What ended a set of ranks, in a line, and the failed rank's traceback where one raised."""
     if isinstance(exc, RanksFailed) and exc.errors:
-        return "a rank raised " + exc.errors[0].strip().splitlines()[-1]
+        return f"rank {exc.failed_ranks[0]} raised {crash_line(exc.errors[0])}", exc.errors[0]
     if isinstance(exc, RanksFailed):
         return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
-                "or for a gradient that never comes")
-    return str(exc)  # a rank killed by a signal or exiting without raising
+                "or for a gradient that never comes"), None
+    return str(exc), None  # a rank killed by a signal or exiting without raising
 
 
-def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float) -> dict:
-    """Case -> (each rank's result, None), or (None, what ended the ranks) for every case of a set that failed."""
+def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str) -> dict:
+    """Case -> (each rank's result, None), or (None, (what ended the ranks, a traceback or None)). A set of
+    ranks that fails part way keeps the cases it finished; the case it was in takes the failure, and the
+    cases after it run in one more set: a crash costs one run more, not one per case."""
     if not names:
         return {}
-    try:
-        per_rank = run_ranks(run_cases, world_size, target, kwargs, names, timeout_s=timeout_s)
-    except Exception as exc:  # a rank raised, died or hung
-        return {n: (None, _failure(exc, timeout_s)) for n in names}
-    return {n: ([r[n] for r in per_rank], None) for n in names}
+    with tempfile.TemporaryDirectory() as progress:
+        try:
+            per_rank = run_ranks(run_cases, world_size, target, kwargs, names, progress, timeout_s=timeout_s,
+                                 log_dir=log_dir)
+            return {n: ([r[n] for r in per_rank], None) for n in names}
+        except Exception as exc:  # a rank raised, died or hung
+            failure = _failure(exc, timeout_s)
+            done = finished(progress, names, world_size)
+            rank = exc.failed_ranks[0] if isinstance(exc, RanksFailed) and exc.failed_ranks else \
+                getattr(exc, "error_index", 0)  # torch's ProcessExitedException: the rank that died
+            failed = in_progress(progress, rank)
+            failed = failed if failed in names and failed not in done else next(n for n in names if n not in done)
+    results = {n: (per_rank, None) for n, per_rank in done.items()}
+    results[failed] = (None, failure)
+    rest = [n for n in names[names.index(failed) + 1:] if n not in done]
+    return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir)}
 
 
-def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float) -> list[tuple]:
-    """(world size, case, "ok" / "FAIL" / "skip", detail) per case and world size."""
+def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
+          log_dir: str) -> list[tuple]:
+    """(world size, case, "ok" / "FAIL" / "skip", detail, a crashed rank's traceback or None) per case and
+    world size."""
     cls = locate(target)
     lines = []
     for world_size in world_sizes:
         runnable = [n for n in names if skip_reason(CASES[n], cls) is None]
-        lines += [(world_size, n, "skip", skip_reason(CASES[n], cls)) for n in names if n not in runnable]
-        results = _run(target, world_size, kwargs, runnable, timeout_s)
-        if len(runnable) > 1 and any(failure for _, failure in results.values()):
-            results = {}  # a rank raised, died or hung: each case alone says which broke
-            for n in runnable:
-                results.update(_run(target, world_size, kwargs, [n], timeout_s))
+        lines += [(world_size, n, "skip", skip_reason(CASES[n], cls), None) for n in names if n not in runnable]
+        results = _run(target, world_size, kwargs, runnable, timeout_s, log_dir)
         for n in runnable:
             per_rank, failure = results[n]
-            difference = failure or first_difference(CASES[n], per_rank, ATOL, RTOL)
-            lines.append((world_size, n, "FAIL" if difference else "ok", difference or CASES[n].proves))
+            line, trace = failure or (verdict(CASES[n], per_rank, ATOL, RTOL), None)
+            lines.append((world_size, n, "FAIL" if line else "ok",
+                          f"{CASES[n].proves}: FAILED: {line}" if line else CASES[n].proves, trace))
     return lines
 
 
@@ -81,23 +101,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
+    parser.add_argument("--traceback", action="store_true", help="print a crashed rank's whole traceback")
     args = parser.parse_args(argv)
+    log_dir = tempfile.mkdtemp(prefix="ddp_lab_check_")
     try:
         world_sizes = _world_sizes(args.world_size)
         names = [n for n in args.cases.split(",") if n]
         unknown = [n for n in names if n not in CASES]
         if unknown or not names:
             raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(CASES)}")
-        lines = check(args.target, world_sizes, names, key_values(args.set, "--set"), args.timeout)
+        lines = check(args.target, world_sizes, names, key_values(args.set, "--set"), args.timeout, log_dir)
     except ValueError as exc:
+        shutil.rmtree(log_dir, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.target} against single-process training (atol {ATOL:g}, rtol {RTOL:g}):")
-    for world_size, name, verdict, detail in lines:
-        print(f"  {verdict:<4}  {world_size} ranks  {name:<12}  {detail}")
-    failed = sum(verdict == "FAIL" for *_, verdict, _ in lines)
-    print(f"{failed} of {len(lines)} failed" if failed else f"every case passed ({len(lines)})")
-    return 1 if failed else 0
+    print(f"{args.target} against single-process training (atol {ATOL:g}, rtol {RTOL:g}; torch {torch.__version__}, "
+          "gloo on CPU):")
+    for world_size, name, verdict_, detail, trace in lines:
+        print(f"  {verdict_:<4}  {world_size} ranks  {name:<12}  {detail}")
+        if trace is not None:
+            Path(log_dir, f"traceback-{world_size}ranks-{name}.txt").write_text(trace)
+            if args.traceback:
+                print(f"\n{world_size} ranks, {name}:\n{trace}", file=sys.stderr)
+    failed = sum(verdict_ == "FAIL" for _, _, verdict_, _, _ in lines)
+    if not failed:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        print(f"every case passed ({len(lines)})")
+        return 0
+    print(f"{failed} of {len(lines)} failed; the ranks' output and tracebacks: {log_dir}")
+    return 1
 
 
 if __name__ == "__main__":

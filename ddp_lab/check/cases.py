@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -79,13 +80,18 @@ def skip_reason(case: Case, cls: type) -> str | None:
     return None
 
 
-def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str]) -> dict:
+def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str],
+              progress: str | None = None) -> dict:
     """On every rank, per named case: this rank's weights right after wrapping, after training, and the
-    reference's after training (on rank 0, else None)."""
+    reference's after training (on rank 0, else None). In the folder `progress`, as it goes: the case this
+    rank is in (`rank{R}.case`) and each finished case's result (`{case}.rank{R}.pt`), so that a set of
+    ranks that fails part way is not run again for the cases it finished."""
     cls = locate(target)
     out = {}
     for name in names:
         case, started = CASES[name], {}
+        if progress is not None:
+            Path(progress, f"rank{rank}.case").write_text(name)
 
         def make(module, case=case, started=started):
             extra = dict(kwargs)
@@ -100,35 +106,19 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
         state, reference = train_distributed(rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
                                              batch_size=SEQUENCES_PER_RANK * world_size, **optimizer)
         out[name] = (started, state, reference)
+        if progress is not None:
+            torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))
     return out
 
 
-def _differs(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
-    if got.shape != expected.shape:
-        return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
-        return f"max |difference| {(got.float() - expected.float()).abs().max().item():.3g}"
-    return None
+def finished(progress: str, names: list[str], world_size: int) -> dict:
+    """Case -> each rank's result, for the cases every rank finished (run_cases' `progress` folder)."""
+    paths = {n: [Path(progress, f"{n}.rank{r}.pt") for r in range(world_size)] for n in names}
+    return {n: [torch.load(p, weights_only=False) for p in ps] for n, ps in paths.items()
+            if all(p.exists() for p in ps)}
 
 
-def first_difference(case: Case, per_rank: list, atol: float, rtol: float) -> str | None:
-    """The first rank and parameter that differ, said in a line; None when every rank matches.
-
-    First the weights right after wrapping, against rank 0's (the start-up broadcast: each rank began
-    from its own seed); then the trained weights against the single-process reference (or, for
-    `ranks_agree_only`, against rank 0's)."""
-    start0, trained0, reference = per_rank[0]
-    for rank, (start, _, _) in enumerate(per_rank):
-        for name, expected in start0.items():
-            how = _differs(start[name], expected, 0.0, 0.0) if name in start else "missing"
-            if how:
-                return f"rank {rank}, {name}: {how} from rank 0's right after wrapping (the start-up broadcast)"
-    for rank, (_, state, _) in enumerate(per_rank):
-        for name, expected in reference.items():
-            against = "the single-process reference"
-            if name.startswith(case.ranks_agree_only):
-                expected, against = trained0[name], "rank 0"
-            how = _differs(state[name], expected, atol, rtol) if name in state else "missing"
-            if how:
-                return f"rank {rank}, {name}: {how} from {against} (tolerance {atol:g} + {rtol:g} x |expected|)"
-    return None
+def in_progress(progress: str, rank: int) -> str | None:
+    """The case `rank` was in when its set of ranks ended (None: it had not begun one)."""
+    path = Path(progress, f"rank{rank}.case")
+    return path.read_text() if path.exists() else None

@@ -33,14 +33,22 @@ PRELOAD = ["ddp_lab.check.fork_server"]
 
 
 class RanksFailed(AssertionError):
-    """A rank raised (`errors`: each failed rank's traceback) or the ranks ran past their deadline."""
+    """A rank raised (`errors`: each failed rank's traceback, `failed_ranks`: which ranks, in the same order)
+    or the ranks ran past their deadline."""
 
-    def __init__(self, message: str, errors: list[str]):
+    def __init__(self, message: str, errors: list[str], failed_ranks: list[int] | None = None):
         super().__init__(message)
-        self.errors = errors
+        self.errors, self.failed_ranks = errors, failed_ranks or []
 
 
-def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, finalize: bool) -> None:
+def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, finalize: bool,
+           log_dir: str | None = None) -> None:
+    if log_dir is not None:  # the rank's prints and warnings, apart from its caller's output
+        log = os.open(os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log, 1)
+        os.dup2(log, 2)
     torch.set_num_threads(1)  # 2 to 5 ranks share 2 cores: oversubscription makes them crawl
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
@@ -69,17 +77,19 @@ def _start_method(finalize: bool) -> str:
     return "forkserver"
 
 
-def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None) -> list:
+def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None,
+              log_dir: str | None = None) -> list:
     """Call `fn(rank, world_size, *args)` on every rank; return the ranks' results in rank order.
 
     A rank that raises, or ranks still running after `timeout_s` (then every rank is killed), raise
     `RanksFailed`; a rank that dies without raising (a signal, an exit code) raises torch's
     `ProcessExitedException`, which names how it ended. `finalize=True` lets a successful rank's
-    interpreter finalize (the teardown benchmark's control).
+    interpreter finalize (the teardown benchmark's control). `log_dir`: each rank's stdout and stderr go to
+    `rank{R}.log` there (appended), not to the caller's.
     """
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
-        context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize),
+        context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize, log_dir),
                                      nprocs=world_size, start_method=_start_method(finalize), join=False)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
@@ -87,8 +97,9 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
                 if deadline is not None and time.monotonic() > deadline:
                     raise RanksFailed(f"the ranks were still running after {timeout_s:g} s", [])
         except mp.ProcessRaisedException:
-            errors = [open(os.path.join(tmp, name)).read() for name in sorted(os.listdir(tmp)) if name.endswith(".err")]
-            raise RanksFailed("a rank failed:\n" + "\n".join(errors), errors) from None
+            failed = sorted(int(name[4:-4]) for name in os.listdir(tmp) if name.endswith(".err"))
+            errors = [open(os.path.join(tmp, f"rank{r}.err")).read() for r in failed]
+            raise RanksFailed("a rank failed:\n" + "\n".join(errors), errors, failed) from None
         finally:
             for process in context.processes:
                 if process.is_alive():

@@ -1,19 +1,30 @@
 """`python -m ddp_lab.check`: it passes wrappers that train like one process and fails, naming the case
 and the parameter, those that do not (tests/helpers/own_ddp.py: written as a CS336 student would)."""
 
+import inspect
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_lab.check.__main__ import main
+from ddp_lab.check.cases import CASES
+from ddp_lab.check.ranks import run_ranks
+from tests.helpers import own_ddp
 from tests.helpers.launching import ROOT
 
 
-def check(*argv, capsys):
+def check(*argv, capsys, keep: bool = False):
+    """main's exit code, stdout and stderr; the log folder a failure keeps is removed unless `keep`."""
     code = main(list(argv))
     out = capsys.readouterr()
+    kept = re.search(r"the ranks' output and tracebacks: (\S+)$", out.out.strip())
+    if kept and not keep:
+        shutil.rmtree(kept.group(1))
     return code, out.out, out.err
 
 
@@ -26,6 +37,7 @@ def verdicts(out: str) -> dict:
 def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
     code, out, _ = check("tests.helpers.own_ddp.AveragingDDP", "--world-size", "3", capsys=capsys)
     assert code == 0, out
+    assert f"torch {torch.__version__}, gloo on CPU" in out.splitlines()[0]
     lines = verdicts(out)
     assert {case for (_, case), (v, _) in lines.items() if v == "ok"} == {"plain", "sgd", "frozen", "tied", "unused"}
     assert lines[(3, "accumulation")] == ("skip", "AveragingDDP has no no_sync()")
@@ -33,16 +45,44 @@ def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
 
 
 @pytest.mark.parametrize("wrapper, case, expected", [
-    ("ForgetsToAverage", "sgd", r"rank \d, \S+: max \|difference\| \S+ from the single-process reference"),
-    ("SkipsFrozenBroadcast", "frozen", r"rank 1, frozen\.weight: max \|difference\| \S+ from rank 0's right after "
-                                       r"wrapping \(the start-up broadcast\)"),
-    ("DropsABucket", "bucket", r"rank \d, \S+: max \|difference\| \S+ from the single-process reference"),
+    ("ForgetsToAverage", "sgd", r"every rank agrees, and all differ from one process: .*: \S+.* differ \(rank \d, "
+                                r"\S+: max \|difference\| \S+ from the single-process reference"),
+    ("SkipsFrozenBroadcast", "frozen", r"the start-up broadcast: rank 1 began from its own weights \(frozen\.weight, "
+                                       r"frozen\.bias differ from rank 0's right after wrapping\)"),
+    ("DropsABucket", "bucket", r"the ranks disagree after training \(.+\): a gradient was not averaged over every "
+                               r"rank"),
+    ("TrainsFrozen", "frozen", r"a frozen parameter moved \(frozen\.bias\): .*: frozen\.weight, frozen\.bias.* differ"),
+    ("BreaksTheTie", "tied", r"the tie is broken on rank \d: embed\.weight and out\.weight are one weight"),
 ])
-def test_a_wrong_wrapper_fails_naming_the_case_and_the_parameter(wrapper, case, expected, capsys):
+def test_a_wrong_wrapper_fails_naming_the_cause_and_the_parameters(wrapper, case, expected, capsys):
     code, out, _ = check(f"tests.helpers.own_ddp.{wrapper}", "--world-size", "2", "--cases", case, capsys=capsys)
     assert code == 1, out
     verdict, detail = verdicts(out)[(2, case)]
-    assert verdict == "FAIL" and re.match(expected, detail), detail
+    proves, _, why = detail.partition(": FAILED: ")
+    assert verdict == "FAIL" and proves == CASES[case].proves and re.match(expected, why), detail
+
+
+def test_a_crash_names_the_exception_and_the_users_line_and_costs_one_run_more(capsys, monkeypatch):
+    """The tied case crashes in a gradient hook; the case before it keeps its result and the one after it runs
+    in one more set of ranks. The ranks' output and the traceback are kept in the folder the last line names."""
+    import ddp_lab.check.__main__ as cli
+
+    runs = []
+    monkeypatch.setattr(cli, "run_ranks", lambda *a, **k: runs.append(a[4]) or run_ranks(*a, **k))
+    code, out, err = check("tests.helpers.own_ddp.CrashesOnTiedWeights", "--world-size", "2", "--cases",
+                           "plain,tied,unused", "--traceback", capsys=capsys, keep=True)
+    assert code == 1 and runs == [["plain", "tied", "unused"], ["unused"]], out
+    lines = verdicts(out)
+    assert lines[(2, "plain")][0] == lines[(2, "unused")][0] == "ok"
+    source = inspect.getsource(own_ddp).splitlines()
+    line = next(n for n, text in enumerate(source, 1) if ".view(-1).copy_" in text)
+    assert re.search(r"FAILED: rank \d raised AttributeError: 'NoneType' object has no attribute 'view' "
+                     rf"\(tests/helpers/own_ddp\.py:{line}, in _hook\)$", lines[(2, "tied")][1]), lines[(2, "tied")]
+    assert "Traceback (most recent call last)" in err
+    folder = Path(out.strip().splitlines()[-1].rsplit(": ", 1)[1])
+    assert (folder / "traceback-2ranks-tied.txt").read_text().startswith("Traceback")
+    assert {p.name for p in folder.glob("rank*.log")} == {"rank0.log", "rank1.log"}
+    shutil.rmtree(folder)
 
 
 def test_drops_a_bucket_passes_with_one_bucket(capsys):
@@ -56,7 +96,7 @@ def test_a_hang_fails_after_the_timeout(capsys):
                          "--timeout", "4", capsys=capsys)  # it never ends: any timeout shows it
     assert code == 1
     verdict, detail = verdicts(out)[(2, "plain")]
-    assert verdict == "FAIL" and detail.startswith("still running after 4 s")
+    assert verdict == "FAIL" and detail.split(": FAILED: ")[1].startswith("still running after 4 s")
 
 
 @pytest.mark.parametrize("argv, message", [

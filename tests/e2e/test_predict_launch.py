@@ -6,17 +6,16 @@ row per training job and its error line."""
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+from ddp_lab.analysis.predict.cli import main as predict
 from ddp_lab.analysis.predict.schedule import job_step
-from tests.helpers.launching import EXAMPLES, FAST, ROOT, launch
+from tests.helpers.launching import EXAMPLES, FAST, launch
 
 
 @pytest.mark.slow
-def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep):
+def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep, capsys):
     coll, prof, train = tmp_path / "coll", tmp_path / "prof", tmp_path / "examples"
     for folder in (coll, prof):
         folder.mkdir()
@@ -35,11 +34,8 @@ def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep):
     assert all(p["numel"] == math.prod(p["shape"]) for p in phases["params"])  # powersgd's matrices
     shutil.copytree(examples_sweep["bucketed"].parent, train / "multirun")  # validate reads one folder tree
 
-    model = tmp_path / "model.json"
-    run = [sys.executable, "-m", "ddp_lab.predict"]
-    fit = subprocess.run(run + ["fit", str(coll / "multirun"), str(prof / "run"), "-o", str(model)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert fit.returncode == 0, fit.stderr
+    model = tmp_path / "model.json"  # the command's own code, in this process (its entry: test_predict.py)
+    assert predict(["fit", str(coll / "multirun"), str(prof / "run"), "-o", str(model)]) == 0
     fitted = json.loads(model.read_text())
     assert fitted["compute"]["strategy"] == "overlap"
     assert fitted["contention"]["identified_by"].startswith("compute_alone") and fitted["contention"]["launch_ms"] >= 0
@@ -50,10 +46,9 @@ def test_fit_then_validate_on_real_runs(tmp_path, examples_sweep):
     compressed["strategy"] = {"name": "powersgd", "bucket_mb": 25.0, "rank": 1, "start_iter": 0}
     step, replayed = job_step(fitted, compressed)
     assert any(c.label == "phase 3 work" for c in step.collectives) and replayed.step_ms > 0
-    out = subprocess.run(run + ["validate", str(model), str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    capsys.readouterr()
+    assert predict(["validate", str(model), str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert any("fsdp" in line for line in lines) and any("overlap" in line for line in lines)
     example = next(line for line in lines if "bucketed_after_backward" in line)
     assert "not predicted" not in example and "error" not in example.lower(), example

@@ -73,3 +73,46 @@ class WaitsForever(AveragingDDP):
         if dist.get_rank() == 0:
             dist.recv(torch.zeros(1), src=1)
 
+
+
+class TrainsFrozen(AveragingDDP):
+    """Turns every parameter trainable (as a wrapper that flattens them and forgets the flags): a frozen layer
+    trains."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
+class BreaksTheTie(AveragingDDP):
+    """Gives every module its own copy of a parameter it shares (as sharding each module apart does): tied
+    weights train apart."""
+
+    def __init__(self, module: nn.Module):
+        seen = set()
+        for sub in module.modules():
+            for name, p in list(sub.named_parameters(recurse=False)):
+                if id(p) in seen:
+                    setattr(sub, name, nn.Parameter(p.detach().clone()))
+                seen.add(id(p))
+        super().__init__(module)
+
+
+class CrashesOnTiedWeights(AveragingDDP):
+    """A bucket map built per module, so a weight two modules share finds no bucket: its gradient hook raises
+    deep in backward (the models without ties train right)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self.buckets, counts = {}, {}
+        for sub in module.modules():
+            for p in sub.parameters(recurse=False):
+                counts[id(p)] = counts.get(id(p), 0) + 1
+                self.buckets[id(p)] = torch.zeros(p.numel()) if counts[id(p)] == 1 else None
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        self.buckets[id(p)].view(-1).copy_(p.grad.view(-1))

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from ddp_lab.check.cases import CASES as CHECK_CASES
-from ddp_lab.check.cases import first_difference, run_cases
+from ddp_lab.check.cases import run_cases
 from ddp_lab.check.parity import ATOL, RTOL, train_distributed
 from ddp_lab.check.ranks import run_ranks
+from ddp_lab.check.verdict import verdict
 from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
 from tests.helpers.extras import requires_deepspeed, skip_without_deepspeed
 from tests.helpers.launching import ROOT
@@ -43,7 +44,7 @@ def results(request):
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("case", CASES)
 def test_every_stage_trains_like_one_process(results, stage, case):
-    assert first_difference(CHECK_CASES[case], [r[stage][case] for r in results], ATOL, RTOL) is None
+    assert verdict(CHECK_CASES[case], [r[stage][case] for r in results], ATOL, RTOL) is None
 
 
 def test_its_collectives_are_counted(results):

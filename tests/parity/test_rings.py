@@ -208,9 +208,10 @@ def _bucketed_two_level(rank, world_size):
 
 
 def test_bucketed_with_a_two_level_all_reduce_trains_like_one_process():
-    from ddp_lab.check.cases import CASES, first_difference
+    from ddp_lab.check.cases import CASES
     from ddp_lab.check.parity import ATOL, RTOL
+    from ddp_lab.check.verdict import verdict
 
     results = run_ranks(_bucketed_two_level, 4)
     for case in TWO_LEVEL_CASES:
-        assert first_difference(CASES[case], [r[case] for r in results], ATOL, RTOL) is None, case
+        assert verdict(CASES[case], [r[case] for r in results], ATOL, RTOL) is None, case

@@ -20,6 +20,7 @@
 """
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -101,14 +102,36 @@ def test_folders_import_only_what_their_process_runs(folder, forbidden):
     assert not {k: v for k, v in offending.items() if v}
 
 
-def _loaded_after_importing(package: str) -> set[str]:
-    """Every module a fresh interpreter has loaded after importing each module of `package`."""
-    probe = (f"import importlib, pkgutil, sys\npackage = importlib.import_module({package!r})\n"
-             "for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
-             "    importlib.import_module(m.name)\n"
-             "print('\\n'.join(sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
-    return set(out.stdout.split())
+PACKAGES = ("ddp_lab.spec", "ddp_lab.arithmetic", "ddp_lab.strategies", "ddp_lab.rank", "ddp_lab.tasks",
+            "ddp_lab.launcher")
+LOADS_TORCH = ("ddp_lab.strategies", "ddp_lab.rank", "ddp_lab.tasks", "ddp_lab.launcher")  # torch is allowed there
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, set[str]]:
+    """{package: every module an interpreter has loaded after importing each module of the package}. One
+    interpreter, forked per package: the packages that may load torch fork from one that imported torch
+    and nothing of ddp_lab (seconds saved per package), the others from one that imported nothing."""
+    probe = f"""
+import importlib, json, os, pkgutil, sys
+def walk(package):
+    read, write = os.pipe()
+    if os.fork() == 0:
+        package = importlib.import_module(package)
+        for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            importlib.import_module(m.name)
+        os.write(write, json.dumps(sorted(sys.modules)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        return json.loads(f.read())
+out = {{p: walk(p) for p in {PACKAGES!r} if p not in {LOADS_TORCH!r}}}
+import torch
+out.update({{p: walk(p) for p in {LOADS_TORCH!r}}})
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    return {package: set(modules) for package, modules in json.loads(run.stdout).items()}
 
 
 @pytest.mark.parametrize("package, forbidden", [
@@ -121,9 +144,8 @@ def _loaded_after_importing(package: str) -> set[str]:
     ("ddp_lab.tasks", ("ddp_lab.analysis", "ddp_lab.launcher", "matplotlib")),
     ("ddp_lab.launcher", ("ddp_lab.analysis", "ddp_lab.rank", "ddp_lab.strategies", "ddp_lab.tasks", "matplotlib")),
 ])
-def test_what_a_package_loads(package, forbidden):
-    loaded = _loaded_after_importing(package)
-    assert not sorted(m for m in loaded if m in forbidden or m.startswith(tuple(f + "." for f in forbidden)))
+def test_what_a_package_loads(loaded, package, forbidden):
+    assert not sorted(m for m in loaded[package] if m in forbidden or m.startswith(tuple(f + "." for f in forbidden)))
 
 
 def test_launch_py_loads_torch_only_where_a_check_needs_it():

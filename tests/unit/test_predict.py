@@ -3,6 +3,8 @@ hand-computed step, strategy schedules and `scale` figures match hand arithmetic
 
 import functools
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +17,7 @@ from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.scale import load_model, step_ms
 from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
 from ddp_lab.analysis.predict.systems import SYSTEMS
+from tests.helpers.launching import ROOT
 from tests.helpers.report_fixtures import collective_results, write_job
 
 # --- fits -------------------------------------------------------------------------------------------
@@ -363,6 +366,13 @@ def test_scale_step_by_hand_on_one_gpu_and_eight():
 
 
 # --- bad input --------------------------------------------------------------------------------------
+
+def test_the_command_is_its_cli():
+    """`python -m ddp_lab.predict` runs cli.main (the tests call main itself, in process)."""
+    out = subprocess.run([sys.executable, "-m", "ddp_lab.predict", "--help"], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.startswith("usage: python -m ddp_lab.predict") and "validate" in out.stdout
+
 
 def test_scale_prints_a_row_per_strategy_and_world_size(capsys):
     assert main(["scale", "--system", "h100-nvlink", "--model", "xl", "--world-size", "8,64",

@@ -1,0 +1,122 @@
+"""What a case's results say, in one line: nothing when every rank trained like one process, else every
+parameter that differs (the frozen, tied and unused ones first) and the cause where the case can tell it.
+
+The cause is read from which parameters differ, from what and on which ranks, knowing the case's model
+(its frozen parameters, its ties, its unused parameter), in this order:
+
+- a rank's weights differ from rank 0's right after wrapping: the start-up broadcast;
+- a frozen parameter moved: something reduced or stepped what must stay as broadcast;
+- two names of one tied weight hold different values on a rank: each was synchronized apart;
+- ranks disagree after training: some gradient was not averaged over every rank (a bucket or a
+  parameter never reduced, a hook that never fired on one rank);
+- every rank agrees and all differ from one process: the average itself is wrong (a sum for a mean, a
+  gradient counted twice) or a step differs.
+
+A crash is read from the rank's traceback (`crash_line`): the exception and the frame nearest the user's
+code (not torch's, not this package's, not Python's own).
+"""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from ddp_lab.check.models import MODELS
+
+SHOWN = 4  # names listed in a FAIL line before "and N more"
+_HARNESS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), sysconfig.get_paths()["stdlib"])
+
+
+def _differs(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
+    if got.shape != expected.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
+        return f"max |difference| {(got.float() - expected.float()).abs().max().item():.3g}"
+    return None
+
+
+def model_facts(model_name: str) -> dict:
+    """{"frozen": names, "tied": [[names of one weight], ...], "unused": names} of a case's model."""
+    model = MODELS[model_name]()
+    by_tensor: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(p), []).append(name)
+    return {"frozen": {n for n, p in model.named_parameters() if not p.requires_grad},
+            "tied": [names for names in by_tensor.values() if len(names) > 1],
+            "unused": {n for n, _ in model.named_parameters() if n.startswith("unused.")}}
+
+
+def _listed(names: list[str], facts: dict) -> str:
+    special = facts["frozen"] | facts["unused"] | {n for names in facts["tied"] for n in names}
+    ordered = sorted(names, key=lambda n: (n not in special, names.index(n)))
+    more = f" and {len(ordered) - SHOWN} more" if len(ordered) > SHOWN else ""
+    return ", ".join(ordered[:SHOWN]) + more
+
+
+def verdict(case, per_rank: list, atol: float, rtol: float) -> str | None:
+    """None when every rank matches; else the cause, every parameter that differs and the largest
+    difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank."""
+    facts = model_facts(case.model)
+    start0, trained0, reference = per_rank[0]
+    moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
+             for r, (start, _, _) in enumerate(per_rank)}
+    if any(moved.values()):
+        rank = next(r for r, names in moved.items() if names)
+        return (f"the start-up broadcast: rank {rank} began from its own weights ({_listed(moved[rank], facts)} "
+                "differ from rank 0's right after wrapping)")
+    wrong, worst = {}, None  # name -> ranks where it differs from what it must equal; the first difference
+    for rank, (_, state, _) in enumerate(per_rank):
+        for name, expected in reference.items():
+            against = "the single-process reference"
+            if name.startswith(case.ranks_agree_only):
+                expected, against = trained0[name], "rank 0"
+            how = _differs(state[name], expected, atol, rtol) if name in state else "missing"
+            if how:
+                wrong.setdefault(name, []).append(rank)
+                worst = worst or f"rank {rank}, {name}: {how} from {against}"
+    if not wrong:
+        return None
+    detail = f"{_listed(list(wrong), facts)} differ ({worst}; tolerance {atol:g} + {rtol:g} x |expected|)"
+    return f"{_cause(per_rank, wrong, facts, atol, rtol)}: {detail}"
+
+
+def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float) -> str:
+    frozen = sorted(facts["frozen"] & set(wrong))
+    if frozen:
+        return f"a frozen parameter moved ({frozen[0]}): it must stay as broadcast, never reduced or stepped"
+    for rank, (_, state, _) in enumerate(per_rank):
+        for names in facts["tied"]:
+            if any(_differs(state[n], state[names[0]], 0.0, 0.0) for n in names[1:] if n in state):
+                return (f"the tie is broken on rank {rank}: {' and '.join(names)} are one weight and hold different "
+                        "values (each was synchronized apart)")
+    trained0 = per_rank[0][1]
+    apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, _ in per_rank[1:] if n in s)]
+    if apart:
+        return (f"the ranks disagree after training ({_listed(apart, facts)}): a gradient was not averaged over every "
+                "rank (a bucket or a parameter never reduced?)")
+    return ("every rank agrees, and all differ from one process: the average is wrong (a sum for a mean, a "
+            "gradient counted twice?) or a step differs")
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+
+
+def crash_line(traceback_text: str) -> str:
+    """`ExceptionType: message (file:line, in function)` from a rank's traceback: the last exception, at the
+    frame nearest the user's code (the innermost that is not torch's, this package's or Python's own;
+    the innermost frame where every one is)."""
+    lines = traceback_text.strip().splitlines()
+    frames = [m for m in map(_FRAME.match, lines) if m]
+    exception = next((line for line in reversed(lines) if line and not line[0].isspace()
+                      and not line.startswith(("Traceback", "During handling", "The above exception"))),
+                     lines[-1].strip() if lines else "an exception")
+    if not frames:
+        return exception
+    own = [f for f in frames if not f["file"].startswith(_HARNESS) and not f["file"].startswith("<")]
+    frame = (own or frames)[-1]
+    path = Path(frame["file"])
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    return f"{exception} ({shown}:{frame['line']}, in {frame['func']})"
