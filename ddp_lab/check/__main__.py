@@ -7,8 +7,8 @@
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
 `MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after
 backward. `no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`,
-`bucket_size_mb` or `bucket_cap_mb`: the bucket case), `make_optimizer` and `full_state_dict` are
-used when it has them. One line per case and world size (cases.py says what each proves): ok, FAIL
+`bucket_size_mb` or `bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor requires
+one and `--set` gives none), `make_optimizer` and `full_state_dict` are used when it has them. One line per case and world size (cases.py says what each proves): ok, FAIL
 with the cause and every parameter that differs (verdict.py), or skip with the reason. Each world size
 runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs past
 `--timeout`, the case it was in fails with the exception and the user's file and line, and the cases

@@ -66,9 +66,21 @@ def locate(target: str) -> type:
     return cls
 
 
+COURSE_BUCKET_MB = 25.0  # what the course's adapter passes, and torch DDP's default bucket_cap_mb
+
+
 def bucket_knob(cls: type) -> str | None:
     parameters = inspect.signature(cls).parameters
     return next((knob for knob in BUCKET_KNOBS if knob in parameters), None)
+
+
+def required_bucket(cls: type, kwargs: dict) -> dict:
+    """{knob: 25.0} when `cls` requires a bucket size (no default) and `kwargs` give none: the size the
+    course's adapter always passes, so that the cases that are not about buckets can build it."""
+    knob = bucket_knob(cls)
+    if knob is None or knob in kwargs or inspect.signature(cls).parameters[knob].default is not inspect.Parameter.empty:
+        return {}
+    return {knob: COURSE_BUCKET_MB}
 
 
 def skip_reason(case: Case, cls: type) -> str | None:
@@ -94,7 +106,7 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             Path(progress, f"rank{rank}.case").write_text(name)
 
         def make(module, case=case, started=started):
-            extra = dict(kwargs)
+            extra = {**required_bucket(cls, kwargs), **kwargs}
             if case.needs == "bucket":
                 largest = max(p.numel() * p.element_size() for p in module.parameters())
                 extra[bucket_knob(cls)] = largest / 2 / MiB

@@ -91,6 +91,15 @@ def test_drops_a_bucket_passes_with_one_bucket(capsys):
     assert code == 0, out
 
 
+def test_a_bucket_size_without_a_default_is_given_the_courses(capsys):
+    """Its constructor requires bucket_size_mb: the cases that are not about buckets get 25 MB (one bucket
+    here: right), the bucket case half the largest parameter (where it drops one)."""
+    code, out, _ = check("tests.helpers.own_ddp.RequiresItsBucketSize", "--world-size", "2", "--cases",
+                         "plain,bucket", capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "bucket")][0] == "FAIL", out
+
+
 def test_a_hang_fails_after_the_timeout(capsys):
     code, out, _ = check("tests.helpers.own_ddp.WaitsForever", "--world-size", "2", "--cases", "plain",
                          "--timeout", "4", capsys=capsys)  # it never ends: any timeout shows it
