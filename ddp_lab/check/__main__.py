@@ -7,14 +7,17 @@
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
 `MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after
 backward. `no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`,
-`bucket_size_mb` or `bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor requires
-one and `--set` gives none), `make_optimizer` and `full_state_dict` are used when it has them. One line per case and world size (cases.py says what each proves): ok, FAIL
-with the cause and every parameter that differs (verdict.py), or skip with the reason. Each world size
-runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs past
-`--timeout`, the case it was in fails with the exception and the user's file and line, and the cases
-after it run in one more set. The ranks' prints go to a log folder, kept and named when a case failed
-(with each crashed rank's traceback; `--traceback` prints it). Exit status: 0 when no case failed, 1
-when one did, 2 for bad input.
+`bucket_size_mb` or `bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor
+requires one and `--set` gives none), `make_optimizer` and `full_state_dict` are used when it has
+them. `--set` values are YAML, and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype.
+`--same-init`: every rank builds the model from one seed (a wrapper that does not broadcast at start,
+as the 2026 course's FSDP may). One line per case and world size (cases.py says what each proves): ok,
+FAIL with the cause and every parameter that differs (verdict.py), or skip with the reason. Each world
+size runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs
+past `--timeout`, the case it was in fails with the exception and the user's file and line, and the
+cases after it run in one more set. The ranks' prints go to a log folder, kept and named when a case
+failed (with each crashed rank's traceback; `--traceback` prints it). Exit status: 0 when no case
+failed, 1 when one did, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -41,6 +44,17 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _constructor_args(items: list[str]) -> dict:
+    """`--set KEY=VALUE` as the wrapper's keyword arguments: YAML values, and a torch dtype's name
+    (`float16`, `torch.bfloat16`) as that dtype, which a `compute_dtype=` argument expects."""
+    out = key_values(items, "--set")
+    for key, value in out.items():
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
+            out[key] = getattr(torch, name)
+    return out
+
+
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
     """What ended a set of ranks, in a line, and the failed rank's traceback where one raised."""
     if isinstance(exc, RanksFailed) and exc.errors:
@@ -51,7 +65,8 @@ def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
     return str(exc), None  # a rank killed by a signal or exiting without raising
 
 
-def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str) -> dict:
+def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str,
+         same_init: bool = False) -> dict:
     """Case -> (each rank's result, None), or (None, (what ended the ranks, a traceback or None)). A set of
     ranks that fails part way keeps the cases it finished; the case it was in takes the failure, and the
     cases after it run in one more set: a crash costs one run more, not one per case."""
@@ -59,8 +74,8 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
         return {}
     with tempfile.TemporaryDirectory() as progress:
         try:
-            per_rank = run_ranks(run_cases, world_size, target, kwargs, names, progress, timeout_s=timeout_s,
-                                 log_dir=log_dir)
+            per_rank = run_ranks(run_cases, world_size, target, kwargs, names, progress, same_init,
+                                 timeout_s=timeout_s, log_dir=log_dir)
             return {n: ([r[n] for r in per_rank], None) for n in names}
         except Exception as exc:  # a rank raised, died or hung
             failure = _failure(exc, timeout_s)
@@ -72,11 +87,11 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
     results = {n: (per_rank, None) for n, per_rank in done.items()}
     results[failed] = (None, failure)
     rest = [n for n in names[names.index(failed) + 1:] if n not in done]
-    return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir)}
+    return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init)}
 
 
 def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
-          log_dir: str) -> list[tuple]:
+          log_dir: str, same_init: bool = False) -> list[tuple]:
     """(world size, case, "ok" / "FAIL" / "skip", detail, a crashed rank's traceback or None) per case and
     world size."""
     cls = locate(target)
@@ -84,7 +99,7 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
     for world_size in world_sizes:
         runnable = [n for n in names if skip_reason(CASES[n], cls) is None]
         lines += [(world_size, n, "skip", skip_reason(CASES[n], cls), None) for n in names if n not in runnable]
-        results = _run(target, world_size, kwargs, runnable, timeout_s, log_dir)
+        results = _run(target, world_size, kwargs, runnable, timeout_s, log_dir, same_init)
         for n in runnable:
             per_rank, failure = results[n]
             line, trace = failure or (verdict(CASES[n], per_rank, ATOL, RTOL), None)
@@ -102,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
     parser.add_argument("--traceback", action="store_true", help="print a crashed rank's whole traceback")
+    parser.add_argument("--same-init", action="store_true",
+                        help="every rank builds the model from one seed (a wrapper that does not broadcast at start)")
     args = parser.parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="ddp_lab_check_")
     try:
@@ -110,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in CASES]
         if unknown or not names:
             raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(CASES)}")
-        lines = check(args.target, world_sizes, names, key_values(args.set, "--set"), args.timeout, log_dir)
+        lines = check(args.target, world_sizes, names, _constructor_args(args.set), args.timeout, log_dir,
+                      args.same_init)
     except ValueError as exc:
         shutil.rmtree(log_dir, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)

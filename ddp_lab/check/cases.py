@@ -93,7 +93,7 @@ def skip_reason(case: Case, cls: type) -> str | None:
 
 
 def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str],
-              progress: str | None = None) -> dict:
+              progress: str | None = None, same_init: bool = False) -> dict:
     """On every rank, per named case: this rank's weights right after wrapping, after training, and the
     reference's after training (on rank 0, else None). In the folder `progress`, as it goes: the case this
     rank is in (`rank{R}.case`) and each finished case's result (`{case}.rank{R}.pt`), so that a set of
@@ -116,7 +116,8 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
 
         optimizer = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": {"lr": 0.1}} if case.sgd else {}
         state, reference = train_distributed(rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
-                                             batch_size=SEQUENCES_PER_RANK * world_size, **optimizer)
+                                             batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init,
+                                             **optimizer)
         out[name] = (started, state, reference)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))

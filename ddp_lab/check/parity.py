@@ -100,7 +100,7 @@ def optimizer_of(ddp, optimizer_cls, **kwargs):
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32", data=None, after_step=None):
+                      precision="fp32", data=None, after_step=None, same_init=False):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -112,9 +112,10 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     (needed where a sharded optimizer sees only its share, the same decision where every rank holds the
     whole average). `data`: a data source's node (conf/data/; synthetic without one), on both sides.
     `after_step(wrapper)`: called on every rank after each step (the held-out loss between steps).
+    `same_init`: every rank builds the model from one seed (a wrapper that does not broadcast at start).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
-    torch.manual_seed(rank)  # different init on every rank, on purpose
+    torch.manual_seed(0 if same_init else rank)  # different init on every rank, on purpose, unless asked
     ddp = make_wrapper(MODELS[model_name]())
     start = full_state(ddp)  # the broadcast weights, whole (collective: fsdp's parameters are shards)
     reference = MODELS[model_name]() if rank == 0 else None

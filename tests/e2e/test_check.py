@@ -100,6 +100,17 @@ def test_a_bucket_size_without_a_default_is_given_the_courses(capsys):
     assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "bucket")][0] == "FAIL", out
 
 
+def test_same_init_and_a_dtype_by_name(capsys):
+    """--same-init: a wrapper that broadcasts nothing frozen passes where every rank starts alike; --set
+    compute_dtype=float32 arrives as torch.float32."""
+    code, out, _ = check("tests.helpers.own_ddp.SkipsFrozenBroadcast", "--world-size", "2", "--cases", "frozen",
+                         "--same-init", capsys=capsys)
+    assert code == 0, out
+    code, out, _ = check("tests.helpers.own_ddp.TakesADtype", "--world-size", "2", "--cases", "plain", "--set",
+                         "compute_dtype=float32", capsys=capsys)
+    assert code == 0, out
+
+
 def test_a_hang_fails_after_the_timeout(capsys):
     code, out, _ = check("tests.helpers.own_ddp.WaitsForever", "--world-size", "2", "--cases", "plain",
                          "--timeout", "4", capsys=capsys)  # it never ends: any timeout shows it

@@ -123,3 +123,12 @@ class RequiresItsBucketSize(DropsABucket):
 
     def __init__(self, module: nn.Module, bucket_size_mb: float):
         super().__init__(module, bucket_size_mb)
+
+
+class TakesADtype(AveragingDDP):
+    """Right, and takes its compute dtype as a torch.dtype (a string would fail in torch.empty, as in the
+    course's FSDP)."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype):
+        super().__init__(module)
+        self.probe = torch.empty(1, dtype=compute_dtype)
