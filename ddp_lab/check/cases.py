@@ -28,9 +28,10 @@ class Case:
     model: str  # a models.MODELS name
     proves: str
     grad_accum_steps: int = 1
-    needs: str | None = None  # "no_sync" or "bucket": skipped for a wrapper without it
+    needs: str | None = None  # "no_sync", "bucket" or "optimizer" (a target that is one): skipped without it
     ranks_agree_only: tuple[str, ...] = ()  # parameters (name prefixes) held against rank 0's, not the reference
     sgd: bool = False  # plain SGD instead of AdamW
+    groups: bool = False  # the optimizer over two param groups with options of their own (parity.two_groups)
 
 
 CASES = {case.name: case for case in (
@@ -45,11 +46,43 @@ CASES = {case.name: case for case in (
     Case("accumulation", "transformer", "two micro-batches, the first under no_sync(), equal one batch",
          grad_accum_steps=2, needs="no_sync"),
     Case("bucket", "transformer", "a bucket smaller than the largest parameter (half its bytes)", needs="bucket"),
+    Case("groups", "transformer", "two param groups, the 1-D parameters without weight decay and at half the "
+         "learning rate: each parameter stepped with its own group's options", needs="optimizer", groups=True),
 )}
 
 
+def is_optimizer(cls: type) -> bool:
+    """A sharded optimizer to check on its own: a torch optimizer, or a class taking `(params,
+    optimizer_cls, ...)` as the course's ShardedOptimizer does."""
+    if issubclass(cls, torch.optim.Optimizer):
+        return True
+    parameters = list(inspect.signature(cls).parameters)
+    return parameters[:2] == ["params", "optimizer_cls"]
+
+
+def under_plain_ddp(optimizer: type) -> type:
+    """The project's plain DDP (one all-reduce per gradient), its optimizer `optimizer(params, optimizer_cls,
+    **kwargs)`, `kwargs` being what `--set` gives: how a sharded optimizer is checked by name."""
+    from ddp_lab.strategies import NaiveDDP
+
+    class PlainDDPWith(NaiveDDP):
+        checks_optimizer = optimizer
+
+        def __init__(self, module, **kwargs):
+            super().__init__(module)
+            self.optimizer_kwargs = kwargs
+
+        def make_optimizer(self, optimizer_cls, params=None, **kwargs):
+            params = self.trainable_parameters() if params is None else params
+            return optimizer(params, optimizer_cls, **kwargs, **self.optimizer_kwargs)
+
+    PlainDDPWith.__name__ = PlainDDPWith.__qualname__ = f"NaiveDDP with {optimizer.__name__}"
+    return PlainDDPWith
+
+
 def locate(target: str) -> type:
-    """The class at a dotted path (`my_pkg.ddp.MyDDP`); ValueError saying what is wrong."""
+    """The wrapper class at a dotted path (`my_pkg.ddp.MyDDP`), or the project's plain DDP around the sharded
+    optimizer there (`my_pkg.optim.ShardedOptimizer`); ValueError saying what is wrong."""
     module_name, _, name = target.rpartition(".")
     if not module_name:
         raise ValueError(f"{target!r} is not a dotted path to a class (my_pkg.module.MyDDP)")
@@ -60,9 +93,12 @@ def locate(target: str) -> type:
     cls = getattr(module, name, None)
     if not inspect.isclass(cls):
         raise ValueError(f"{module_name!r} has no class {name!r}")
+    if not callable(getattr(cls, "finish_gradient_synchronization", None)) and is_optimizer(cls):
+        return under_plain_ddp(cls)
     if not callable(getattr(cls, "finish_gradient_synchronization", None)):
         raise ValueError(f"{target} has no finish_gradient_synchronization(): the check calls it after backward, "
-                         "as the trainer does (ddp_lab/strategies/base.py)")
+                         "as the trainer does (ddp_lab/strategies/base.py); nor is it an optimizer taking "
+                         "(params, optimizer_cls, ...)")
     return cls
 
 
@@ -89,6 +125,8 @@ def skip_reason(case: Case, cls: type) -> str | None:
         return f"{cls.__name__} has no no_sync()"
     if case.needs == "bucket" and bucket_knob(cls) is None:
         return f"{cls.__name__} takes no bucket size ({', '.join(BUCKET_KNOBS)})"
+    if case.needs == "optimizer" and getattr(cls, "checks_optimizer", None) is None:
+        return "a wrapper: param groups are an optimizer's (name a sharded optimizer to check them)"
     return None
 
 
@@ -115,6 +153,7 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             return wrapper
 
         optimizer = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": {"lr": 0.1}} if case.sgd else {}
+        optimizer["groups"] = case.groups
         state, reference = train_distributed(rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
                                              batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init,
                                              **optimizer)

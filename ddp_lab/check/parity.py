@@ -69,12 +69,22 @@ class SingleProcess(nn.Module):
         pass
 
 
+def two_groups(params, lr: float) -> list[dict]:
+    """The parameters in two param groups with options of their own: the matrices as given, the 1-D ones
+    (norms, biases) with no weight decay and half the learning rate."""
+    params = list(params)
+    return [{"params": [p for p in params if p.ndim >= 2]},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr / 2}]
+
+
 def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH,
-                    precision: str = "fp32", reference_wrapper=SingleProcess, data: dict | None = None):
+                    precision: str = "fp32", reference_wrapper=SingleProcess, data: dict | None = None,
+                    groups: bool = False):
     """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches,
-    autocast (and loss-scaled) as `precision` says."""
+    autocast (and loss-scaled) as `precision` says; with `groups`, in `two_groups`."""
     reference = reference_wrapper(model)
-    optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], **opt_kwargs)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = optimizer_cls(two_groups(trainable, opt_kwargs["lr"]) if groups else trainable, **opt_kwargs)
     batches = BatchSource(data_cfg(micro_batches, batch_size, data), 0, 1, torch.device("cpu"))
     mixed = Precision(precision)
     for step in range(steps):
@@ -90,17 +100,22 @@ def full_state(ddp) -> dict:
     return {k: v.detach().clone() for k, v in getattr(ddp, "module", ddp).state_dict().items()}
 
 
-def optimizer_of(ddp, optimizer_cls, **kwargs):
-    """The wrapper's `make_optimizer` (sharded optimizers) or the optimizer over its trainable parameters."""
-    if hasattr(ddp, "make_optimizer"):
-        return ddp.make_optimizer(optimizer_cls, **kwargs)
-    return optimizer_cls([p for p in ddp.parameters() if p.requires_grad], **kwargs)
+def optimizer_of(ddp, optimizer_cls, groups: bool = False, **kwargs):
+    """The wrapper's `make_optimizer` (sharded optimizers) or the optimizer over its trainable parameters;
+    with `groups`, those parameters in `two_groups`."""
+    trainable = [p for p in ddp.parameters() if p.requires_grad]
+    if not groups:
+        return ddp.make_optimizer(optimizer_cls, **kwargs) if hasattr(ddp, "make_optimizer") else \
+            optimizer_cls(trainable, **kwargs)
+    params = two_groups(trainable, kwargs["lr"])
+    return ddp.make_optimizer(optimizer_cls, params=params, **kwargs) if hasattr(ddp, "make_optimizer") else \
+        optimizer_cls(params, **kwargs)
 
 
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32", data=None, after_step=None, same_init=False):
+                      precision="fp32", data=None, after_step=None, same_init=False, groups=False):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -113,6 +128,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     whole average). `data`: a data source's node (conf/data/; synthetic without one), on both sides.
     `after_step(wrapper)`: called on every rank after each step (the held-out loss between steps).
     `same_init`: every rank builds the model from one seed (a wrapper that does not broadcast at start).
+    `groups`: the optimizer on both sides over `two_groups` of the parameters.
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(0 if same_init else rank)  # different init on every rank, on purpose, unless asked
@@ -121,7 +137,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     reference = MODELS[model_name]() if rank == 0 else None
     if reference is not None:
         reference.load_state_dict(start)
-    optimizer = optimizer_of(ddp, optimizer_cls, **opt_kwargs)
+    optimizer = optimizer_of(ddp, optimizer_cls, groups, **opt_kwargs)
     batches = BatchSource(data_cfg(grad_accum_steps, batch_size, data), rank, world_size, torch.device("cpu"))
     mixed = Precision(precision, agree_over_ranks=True)
     for step in range(steps):
@@ -130,7 +146,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
             after_step(ddp)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
-                        precision=precision, reference_wrapper=reference_wrapper, data=data)
+                        precision=precision, reference_wrapper=reference_wrapper, data=data, groups=groups)
     state = full_state(ddp)
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))

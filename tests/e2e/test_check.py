@@ -111,6 +111,18 @@ def test_same_init_and_a_dtype_by_name(capsys):
     assert code == 0, out
 
 
+def test_a_sharded_optimizer_is_checked_by_name_under_plain_ddp(capsys):
+    """Ours keeps each group's options; one that puts every parameter in one group passes the plain case and
+    fails the groups case."""
+    code, out, _ = check("ddp_lab.strategies.ShardedOptimizer", "--world-size", "2", "--cases", "plain,groups",
+                         capsys=capsys)
+    assert code == 0 and "every case passed (2)" in out, out
+    code, out, _ = check("tests.helpers.own_ddp.ShardedOptimizerOneGroup", "--world-size", "2", "--cases",
+                         "plain,groups", capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "groups")][0] == "FAIL", out
+
+
 def test_a_hang_fails_after_the_timeout(capsys):
     code, out, _ = check("tests.helpers.own_ddp.WaitsForever", "--world-size", "2", "--cases", "plain",
                          "--timeout", "4", capsys=capsys)  # it never ends: any timeout shows it

@@ -132,3 +132,23 @@ class TakesADtype(AveragingDDP):
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype):
         super().__init__(module)
         self.probe = torch.empty(1, dtype=compute_dtype)
+
+
+class ShardedOptimizerOneGroup(torch.optim.Optimizer):
+    """A sharded optimizer as a student writes it (each rank steps every N-th parameter, then each owner
+    broadcasts), which puts every parameter in one group: a group's own options are lost."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.all = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        self.optim = optimizer_cls(self.all[rank::world_size], **kwargs)
+        super().__init__(self.all, kwargs)
+
+    def step(self, closure=None):
+        self.optim.step()
+        for i, p in enumerate(self.all):
+            dist.broadcast(p.data, src=i % dist.get_world_size())
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.all:
+            p.grad = None
