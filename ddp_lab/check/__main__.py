@@ -12,7 +12,9 @@ requires one and `--set` gives none), `make_optimizer` and `full_state_dict` are
 them. `--set` values are YAML, and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype.
 `--same-init`: every rank builds the model from one seed (a wrapper that does not broadcast at start,
 as the 2026 course's FSDP may). One line per case and world size (cases.py says what each proves): ok,
-FAIL with the cause and every parameter that differs (verdict.py), or skip with the reason. Each world
+FAIL with the cause and every parameter that differs (verdict.py), or skip with the reason; then a
+`seen` line: the collectives per step, how many were issued during backward, and what rank 0 holds of
+the parameters and of AdamW's state (observe.py: what parity cannot see). Each world
 size runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs
 past `--timeout`, the case it was in fails with the exception and the user's file and line, and the
 cases after it run in one more set. The ranks' prints go to a log folder, kept and named when a case
@@ -31,7 +33,8 @@ from pathlib import Path
 import torch
 
 from ddp_lab.check.cases import CASES, finished, in_progress, locate, run_cases, skip_reason
-from ddp_lab.check.parity import ATOL, RTOL
+from ddp_lab.check.observe import describe
+from ddp_lab.check.parity import ATOL, RTOL, STEPS
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import crash_line, verdict
 from ddp_lab.config import key_values
@@ -105,6 +108,9 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
             line, trace = failure or (verdict(CASES[n], per_rank, ATOL, RTOL), None)
             lines.append((world_size, n, "FAIL" if line else "ok",
                           f"{CASES[n].proves}: FAILED: {line}" if line else CASES[n].proves, trace))
+        watched = next((n for n in runnable if results[n][0] is not None), None)  # plain's, where it ran
+        if watched is not None:
+            lines.append((world_size, watched, "seen", describe(results[watched][0][0][3], STEPS), None))
     return lines
 
 
@@ -142,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.traceback:
                 print(f"\n{world_size} ranks, {name}:\n{trace}", file=sys.stderr)
     failed = sum(verdict_ == "FAIL" for _, _, verdict_, _, _ in lines)
+    cases = sum(verdict_ != "seen" for _, _, verdict_, _, _ in lines)
     if not failed:
         shutil.rmtree(log_dir, ignore_errors=True)
-        print(f"every case passed ({len(lines)})")
+        print(f"every case passed ({cases})")
         return 0
-    print(f"{failed} of {len(lines)} failed; the ranks' output and tracebacks: {log_dir}")
+    print(f"{failed} of {cases} failed; the ranks' output and tracebacks: {log_dir}")
     return 1
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ddp_lab.check.observe import Observer
 from ddp_lab.check.parity import full_state, train_distributed
 from ddp_lab.units import MiB
 
@@ -132,18 +133,22 @@ def skip_reason(case: Case, cls: type) -> str | None:
 
 def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str],
               progress: str | None = None, same_init: bool = False) -> dict:
-    """On every rank, per named case: this rank's weights right after wrapping, after training, and the
-    reference's after training (on rank 0, else None). In the folder `progress`, as it goes: the case this
-    rank is in (`rank{R}.case`) and each finished case's result (`{case}.rank{R}.pt`), so that a set of
-    ranks that fails part way is not run again for the cases it finished."""
+    """On every rank, per named case: this rank's weights right after wrapping, after training, the
+    reference's after training (on rank 0, else None), and what observe.py saw it do. In the folder
+    `progress`, as it goes: the case this rank is in (`rank{R}.case`) and each finished case's result
+    (`{case}.rank{R}.pt`), so that a set of ranks that fails part way is not run again for the cases it
+    finished."""
     cls = locate(target)
     out = {}
     for name in names:
-        case, started = CASES[name], {}
+        case, started, sizes, observer = CASES[name], {}, {}, Observer()
         if progress is not None:
             Path(progress, f"rank{rank}.case").write_text(name)
 
-        def make(module, case=case, started=started):
+        def make(module, case=case, started=started, sizes=sizes):
+            params = list(module.parameters())
+            sizes.update(full=sum(p.numel() * p.element_size() for p in params),
+                         trainable=sum(p.numel() * p.element_size() for p in params if p.requires_grad))
             extra = {**required_bucket(cls, kwargs), **kwargs}
             if case.needs == "bucket":
                 largest = max(p.numel() * p.element_size() for p in module.parameters())
@@ -154,10 +159,13 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
 
         optimizer = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": {"lr": 0.1}} if case.sgd else {}
         optimizer["groups"] = case.groups
-        state, reference = train_distributed(rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
-                                             batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init,
-                                             **optimizer)
-        out[name] = (started, state, reference)
+        state, reference, held = train_distributed(
+            rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
+            batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init, watch=observer.watching(),
+            inspect=lambda wrapper, opt, sizes=sizes: Observer.held(wrapper, opt, sizes["full"], sizes["trainable"]),
+            **optimizer)
+        seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "held": held}
+        out[name] = (started, state, reference, seen)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))
     return out

@@ -12,7 +12,7 @@ At the end every rank's weights must equal the reference's to float32 rounding.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +115,7 @@ def optimizer_of(ddp, optimizer_cls, groups: bool = False, **kwargs):
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32", data=None, after_step=None, same_init=False, groups=False):
+                      precision="fp32", data=None, after_step=None, same_init=False, groups=False, watch=None):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -128,7 +128,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     whole average). `data`: a data source's node (conf/data/; synthetic without one), on both sides.
     `after_step(wrapper)`: called on every rank after each step (the held-out loss between steps).
     `same_init`: every rank builds the model from one seed (a wrapper that does not broadcast at start).
-    `groups`: the optimizer on both sides over `two_groups` of the parameters.
+    `groups`: the optimizer on both sides over `two_groups` of the parameters. `watch`: a context manager
+    around the training steps (the check's observer).
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(0 if same_init else rank)  # different init on every rank, on purpose, unless asked
@@ -140,10 +141,11 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     optimizer = optimizer_of(ddp, optimizer_cls, groups, **opt_kwargs)
     batches = BatchSource(data_cfg(grad_accum_steps, batch_size, data), rank, world_size, torch.device("cpu"))
     mixed = Precision(precision, agree_over_ranks=True)
-    for step in range(steps):
-        train_step(ddp, optimizer, list(batches.micro_batches(step)), set_to_none=set_to_none, precision=mixed)
-        if after_step is not None:
-            after_step(ddp)
+    with watch if watch is not None else nullcontext():
+        for step in range(steps):
+            train_step(ddp, optimizer, list(batches.micro_batches(step)), set_to_none=set_to_none, precision=mixed)
+            if after_step is not None:
+                after_step(ddp)
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper, data=data, groups=groups)

@@ -60,15 +60,15 @@ def verdict(case, per_rank: list, atol: float, rtol: float) -> str | None:
     """None when every rank matches; else the cause, every parameter that differs and the largest
     difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank."""
     facts = model_facts(case.model)
-    start0, trained0, reference = per_rank[0]
+    start0, trained0, reference = per_rank[0][:3]
     moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
-             for r, (start, _, _) in enumerate(per_rank)}
+             for r, (start, *_) in enumerate(per_rank)}
     if any(moved.values()):
         rank = next(r for r, names in moved.items() if names)
         return (f"the start-up broadcast: rank {rank} began from its own weights ({_listed(moved[rank], facts)} "
                 "differ from rank 0's right after wrapping)")
     wrong, worst = {}, None  # name -> ranks where it differs from what it must equal; the first difference
-    for rank, (_, state, _) in enumerate(per_rank):
+    for rank, (_, state, *_) in enumerate(per_rank):
         for name, expected in reference.items():
             against = "the single-process reference"
             if name.startswith(case.ranks_agree_only):
@@ -87,13 +87,13 @@ def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float) -
     frozen = sorted(facts["frozen"] & set(wrong))
     if frozen:
         return f"a frozen parameter moved ({frozen[0]}): it must stay as broadcast, never reduced or stepped"
-    for rank, (_, state, _) in enumerate(per_rank):
+    for rank, (_, state, *_) in enumerate(per_rank):
         for names in facts["tied"]:
             if any(_differs(state[n], state[names[0]], 0.0, 0.0) for n in names[1:] if n in state):
                 return (f"the tie is broken on rank {rank}: {' and '.join(names)} are one weight and hold different "
                         "values (each was synchronized apart)")
     trained0 = per_rank[0][1]
-    apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, _ in per_rank[1:] if n in s)]
+    apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, *_ in per_rank[1:] if n in s)]
     if apart:
         return (f"the ranks disagree after training ({_listed(apart, facts)}): a gradient was not averaged over every "
                 "rank (a bucket or a parameter never reduced?)")

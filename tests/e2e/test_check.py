@@ -29,15 +29,20 @@ def check(*argv, capsys, keep: bool = False):
 
 
 def verdicts(out: str) -> dict:
-    """(world size, case) -> the line's verdict and detail."""
-    found = re.findall(r"^  (ok|FAIL|skip)\s+(\d) ranks  (\w+)\s+(.*)$", out, flags=re.M)
-    return {(int(ws), case): (verdict, detail) for verdict, ws, case, detail in found}
+    """(world size, case) -> the line's verdict and detail; (world size, "seen") -> the case watched and what
+    was seen."""
+    found = re.findall(r"^  (ok|FAIL|skip|seen)\s+(\d) ranks  (\w+)\s+(.*)$", out, flags=re.M)
+    return {(int(ws), "seen" if verdict == "seen" else case): (case if verdict == "seen" else verdict, detail)
+            for verdict, ws, case, detail in found}
 
 
 def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
     code, out, _ = check("tests.helpers.own_ddp.AveragingDDP", "--world-size", "3", capsys=capsys)
     assert code == 0, out
     assert f"torch {torch.__version__}, gloo on CPU" in out.splitlines()[0]
+    seen = verdicts(out)[(3, "seen")]  # the line under the verdicts: nothing sharded, nothing overlapped
+    assert seen[0] == "plain" and seen[1].startswith("per step 17 collectives (all_reduce 17), none during backward")
+    assert seen[1].endswith("rank 0 holds 100% of the parameters, 100% of AdamW's state")
     lines = verdicts(out)
     assert {case for (_, case), (v, _) in lines.items() if v == "ok"} == {"plain", "sgd", "frozen", "tied", "unused"}
     assert lines[(3, "accumulation")] == ("skip", "AveragingDDP has no no_sync()")
@@ -117,6 +122,8 @@ def test_a_sharded_optimizer_is_checked_by_name_under_plain_ddp(capsys):
     code, out, _ = check("ddp_lab.strategies.ShardedOptimizer", "--world-size", "2", "--cases", "plain,groups",
                          capsys=capsys)
     assert code == 0 and "every case passed (2)" in out, out
+    held = float(re.search(r"holds 100% of the parameters, (\d+)% of AdamW's state", out).group(1))
+    assert 30 < held < 70  # its shard: whole parameters to owners, about half
     code, out, _ = check("tests.helpers.own_ddp.ShardedOptimizerOneGroup", "--world-size", "2", "--cases",
                          "plain,groups", capsys=capsys)
     lines = verdicts(out)
@@ -149,3 +156,4 @@ def test_the_command_line_runs_our_own_strategy():
                            "--cases", "bucket,accumulation"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every case passed (2)" in proc.stdout
+    assert "issued during backward (can overlap it)" in proc.stdout  # its buckets go while backward runs
