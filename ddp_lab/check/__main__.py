@@ -5,21 +5,21 @@
     python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --set bucket_mb=1
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
-`MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after
-backward. `no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`,
-`bucket_size_mb` or `bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor
-requires one and `--set` gives none), `make_optimizer` and `full_state_dict` are used when it has
-them. `--set` values are YAML, and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype.
-`--same-init`: every rank builds the model from one seed (a wrapper that does not broadcast at start,
-as the 2026 course's FSDP may). One line per case and world size (cases.py says what each proves): ok,
-FAIL with the cause and every parameter that differs (verdict.py), or skip with the reason; then a
-`seen` line: the collectives per step, how many were issued during backward, and what rank 0 holds of
-the parameters and of AdamW's state (observe.py: what parity cannot see). Each world
-size runs its cases in one set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs
-past `--timeout`, the case it was in fails with the exception and the user's file and line, and the
-cases after it run in one more set. The ranks' prints go to a log folder, kept and named when a case
-failed (with each crashed rank's traceback; `--traceback` prints it). Exit status: 0 when no case
-failed, 1 when one did, 2 for bad input.
+`MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward.
+`no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`, `bucket_size_mb` or
+`bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor requires one and `--set`
+gives none), `make_optimizer` and `full_state_dict` are used when it has them. `--set` values are YAML,
+and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype. `--same-init`: every rank builds the
+model from one seed (a wrapper that does not broadcast at start, as the 2026 course's FSDP may). One
+line per case and world size (cases.py says what each proves): ok, FAIL with the cause and every
+parameter that differs (verdict.py), or skip with the reason; then `seen` lines (the plain case, on
+torch's layers, and own_classes, on the user's kind): the collectives per step, how many were issued
+during backward, and what rank 0 holds of the parameters and of AdamW's state (observe.py: what parity
+cannot see). Each world size runs its cases in one set of gloo ranks on this machine (CPU); when a rank
+raises, dies or hangs past `--timeout`, the case it was in fails with the exception and the user's file
+and line, and the cases after it run in one more set. The ranks' prints go to a log folder, kept and
+named when a case failed (with each crashed rank's traceback; `--traceback` prints it). Exit status: 0
+when no case failed, 1 when one did, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
             line, trace = failure or (verdict(CASES[n], per_rank, ATOL, RTOL), None)
             lines.append((world_size, n, "FAIL" if line else "ok",
                           f"{CASES[n].proves}: FAILED: {line}" if line else CASES[n].proves, trace))
-        watched = next((n for n in runnable if results[n][0] is not None), None)  # plain's, where it ran
-        if watched is not None:
-            lines.append((world_size, watched, "seen", describe(results[watched][0][0][3], STEPS), None))
+        watched = [n for n in ("plain", "own_classes") if n in runnable and results[n][0] is not None] or \
+            [n for n in runnable if results[n][0] is not None][:1]  # torch's layers and the user's kind
+        lines += [(world_size, n, "seen", describe(results[n][0][0][3], STEPS), None) for n in watched]
     return lines
 
 

@@ -40,6 +40,8 @@ CASES = {case.name: case for case in (
          "from a different init on every rank"),
     Case("sgd", "transformer", "the same with plain SGD, where a gradient's scale shows (AdamW hides most of it: "
          "a sum in place of the average moves its step very little)", sgd=True),
+    Case("own_classes", "own_classes", "a model of the user's own layer classes (a Linear, an Embedding, an "
+         "RMSNorm that are not torch's), as the course's are: what a wrapper keyed on torch's classes misses"),
     Case("frozen", "frozen", "a frozen layer: broadcast at start, never reduced"),
     Case("tied", "tied", "one weight shared by two layers: reduced once"),
     Case("unused", "unused", "a parameter no forward uses: the step ends, and every rank keeps the same value",

@@ -29,10 +29,10 @@ def check(*argv, capsys, keep: bool = False):
 
 
 def verdicts(out: str) -> dict:
-    """(world size, case) -> the line's verdict and detail; (world size, "seen") -> the case watched and what
-    was seen."""
+    """(world size, case) -> the line's verdict and detail; (world size, "seen CASE") -> ("seen", what was
+    seen)."""
     found = re.findall(r"^  (ok|FAIL|skip|seen)\s+(\d) ranks  (\w+)\s+(.*)$", out, flags=re.M)
-    return {(int(ws), "seen" if verdict == "seen" else case): (case if verdict == "seen" else verdict, detail)
+    return {(int(ws), f"seen {case}" if verdict == "seen" else case): (verdict, detail)
             for verdict, ws, case, detail in found}
 
 
@@ -40,13 +40,15 @@ def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
     code, out, _ = check("tests.helpers.own_ddp.AveragingDDP", "--world-size", "3", capsys=capsys)
     assert code == 0, out
     assert f"torch {torch.__version__}, gloo on CPU" in out.splitlines()[0]
-    seen = verdicts(out)[(3, "seen")]  # the line under the verdicts: nothing sharded, nothing overlapped
-    assert seen[0] == "plain" and seen[1].startswith("per step 17 collectives (all_reduce 17), none during backward")
-    assert seen[1].endswith("rank 0 holds 100% of the parameters, 100% of AdamW's state")
+    for case in ("plain", "own_classes"):  # the lines under the verdicts: nothing sharded, nothing overlapped
+        _, seen = verdicts(out)[(3, f"seen {case}")]
+        assert re.match(r"per step \d+ collectives \(all_reduce \d+\), none during backward", seen), seen
+        assert seen.endswith("rank 0 holds 100% of the parameters, 100% of AdamW's state")
     lines = verdicts(out)
-    assert {case for (_, case), (v, _) in lines.items() if v == "ok"} == {"plain", "sgd", "frozen", "tied", "unused"}
+    passed = {case for (_, case), (v, _) in lines.items() if v == "ok"}
+    assert passed == {"plain", "sgd", "own_classes", "frozen", "tied", "unused"}
     assert lines[(3, "accumulation")] == ("skip", "AveragingDDP has no no_sync()")
-    assert lines[(3, "bucket")][0] == "skip"
+    assert lines[(3, "bucket")][0] == lines[(3, "groups")][0] == "skip"  # no bucket size; not an optimizer
 
 
 @pytest.mark.parametrize("wrapper, case, expected", [
