@@ -94,10 +94,25 @@ def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int 
 
 def full_state(ddp) -> dict:
     """The whole model's weights: the wrapper's `full_state_dict()` (collective where parameters are
-    sharded) or, for a wrapper without one, its module's state_dict."""
+    sharded), or `gather_full_params()` (the 2026 course's FSDP: the state dict it returns, or its module's
+    once it has gathered), or, for a wrapper with neither, its module's state_dict."""
     if hasattr(ddp, "full_state_dict"):
         return ddp.full_state_dict()
-    return {k: v.detach().clone() for k, v in getattr(ddp, "module", ddp).state_dict().items()}
+    gathered = ddp.gather_full_params() if hasattr(ddp, "gather_full_params") else None
+    state = gathered if isinstance(gathered, dict) else getattr(ddp, "module", ddp).state_dict()
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def _whole(state: dict, model: nn.Module) -> dict:
+    """`state`, if it holds every weight of `model` whole; else ValueError saying what the wrapper must offer."""
+    expected = model.state_dict()
+    wrong = [k for k, v in expected.items() if k not in state or state[k].shape != v.shape]
+    if wrong:
+        got = f"shape {tuple(state[wrong[0]].shape)}" if wrong[0] in state else "missing"
+        raise ValueError(f"the wrapper's weights are not whole ({wrong[0]}: {got}, expected "
+                         f"{tuple(expected[wrong[0]].shape)}): give it full_state_dict() or gather_full_params(), "
+                         "which the check reads the weights through")
+    return state
 
 
 def optimizer_of(ddp, optimizer_cls, groups: bool = False, **kwargs):
@@ -137,7 +152,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     start = full_state(ddp)  # the broadcast weights, whole (collective: fsdp's parameters are shards)
     reference = MODELS[model_name]() if rank == 0 else None
     if reference is not None:
-        reference.load_state_dict(start)
+        reference.load_state_dict(_whole(start, reference))
     optimizer = optimizer_of(ddp, optimizer_cls, groups, **opt_kwargs)
     batches = BatchSource(data_cfg(grad_accum_steps, batch_size, data), rank, world_size, torch.device("cpu"))
     mixed = Precision(precision, agree_over_ranks=True)

@@ -132,6 +132,12 @@ def test_a_sharded_optimizer_is_checked_by_name_under_plain_ddp(capsys):
     assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "groups")][0] == "FAIL", out
 
 
+def test_a_wrapper_read_through_gather_full_params(capsys):
+    code, out, _ = check("tests.helpers.own_ddp.GathersFullParams", "--world-size", "2", "--cases", "plain",
+                         capsys=capsys)
+    assert code == 0, out
+
+
 def test_a_hang_fails_after_the_timeout(capsys):
     code, out, _ = check("tests.helpers.own_ddp.WaitsForever", "--world-size", "2", "--cases", "plain",
                          "--timeout", "4", capsys=capsys)  # it never ends: any timeout shows it

@@ -1,0 +1,78 @@
+"""The check's reading of what ranks left (ddp_lab/check/: verdict.py, observe.py, parity.py, the command's
+arguments), on fabricated results: no rank runs."""
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_lab.check.__main__ import _constructor_args
+from ddp_lab.check.cases import CASES
+from ddp_lab.check.observe import describe
+from ddp_lab.check.parity import _whole
+from ddp_lab.check.verdict import crash_line, verdict
+
+TRACEBACK = '''Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap
+    self.run()
+  File "/work/main/ddp_lab/check/ranks.py", line 52, in _entry
+    result = fn(rank, world_size, *args)
+  File "/home/student/a2/cs336_systems/ddp.py", line 41, in _hook
+    self.buckets[i].view(-1)
+  File "/work/venv/lib/python3.11/site-packages/torch/_tensor.py", line 10, in view
+    raise AttributeError("x")
+AttributeError: 'NoneType' object has no attribute 'view'
+'''
+
+
+def test_a_crash_reads_as_the_exception_at_the_users_frame():
+    import torch as t
+
+    text = TRACEBACK.replace("/work/venv/lib/python3.11/site-packages/torch", str(t.__path__[0]))
+    assert crash_line(text) == ("AttributeError: 'NoneType' object has no attribute 'view' "
+                                "(/home/student/a2/cs336_systems/ddp.py:41, in _hook)")
+    assert crash_line("ValueError: no frames") == "ValueError: no frames"
+
+
+def _result(start: dict, trained: dict, reference: dict | None) -> tuple:
+    return start, trained, reference, {}
+
+
+def test_the_cause_is_read_from_which_parameters_differ_and_where():
+    case = CASES["tied"]  # TiedNet: embed.weight and out.weight are one weight
+    w = {"embed.weight": torch.zeros(2), "out.weight": torch.zeros(2), "hidden.weight": torch.zeros(2)}
+    moved = {**w, "hidden.weight": torch.ones(2)}
+    assert verdict(case, [_result(w, w, w), _result(w, w, None)], 1e-5, 1e-4) is None
+    assert verdict(case, [_result(w, w, w), _result(moved, w, None)], 1e-5, 1e-4).startswith(
+        "the start-up broadcast: rank 1 began from its own weights (hidden.weight differ")
+    untied = {**w, "out.weight": torch.ones(2)}
+    assert verdict(case, [_result(w, untied, w), _result(w, w, None)], 1e-5, 1e-4).startswith(
+        "the tie is broken on rank 0: embed.weight and out.weight are one weight")
+    assert verdict(case, [_result(w, moved, w), _result(w, w, None)], 1e-5, 1e-4).startswith(
+        "the ranks disagree after training (hidden.weight)")
+    assert verdict(case, [_result(w, moved, w), _result(w, moved, None)], 1e-5, 1e-4).startswith(
+        "every rank agrees, and all differ from one process")
+    frozen = {"frozen.weight": torch.zeros(2)}
+    assert verdict(CASES["frozen"], [_result(frozen, {"frozen.weight": torch.ones(2)}, frozen)], 1e-5, 1e-4) \
+        .startswith("a frozen parameter moved (frozen.weight)")
+
+
+def test_weights_that_are_not_whole_are_refused_naming_what_to_offer():
+    model = nn.Linear(4, 2)
+    assert _whole(model.state_dict(), model) is not None
+    with pytest.raises(ValueError, match=r"weight: shape \(4,\), expected \(2, 4\)\): give it full_state_dict\(\) or "
+                                         r"gather_full_params\(\)"):
+        _whole({"weight": torch.zeros(4), "bias": torch.zeros(2)}, model)
+
+
+def test_set_values_naming_a_dtype_are_that_dtype():
+    assert _constructor_args(["compute_dtype=bfloat16", "dtype=torch.float16", "bucket_mb=25", "name=fp16"]) == \
+        {"compute_dtype": torch.bfloat16, "dtype": torch.float16, "bucket_mb": 25, "name": "fp16"}
+
+
+def test_what_was_seen_reads_in_a_line():
+    seen = {"calls": {"all_reduce": 8, "broadcast": 4}, "in_backward": 8,
+            "held": {"params_pct": 50.0, "optimizer_pct": 50.4}}
+    assert describe(seen, 4) == ("per step 3 collectives (all_reduce 2, broadcast 1), 2 of them issued during backward "
+                                 "(can overlap it); rank 0 holds 50% of the parameters, 50% of AdamW's state")
+    assert describe({"calls": {}, "in_backward": 0, "held": {"params_pct": 100.0, "optimizer_pct": None}}, 4) == \
+        "no collective seen; rank 0 holds 100% of the parameters"
