@@ -12,7 +12,7 @@
    3 ranks going on from it to step 40, and fsdp at 2 ranks for 40 steps straight beside them: the loss
    curves, drawn to docs/img/checkpoint_continue.png.
 
-    python benchmarks/checkpoints.py [OUT] [--models tiny,small] [--no-continued]   # about 40 minutes here
+    python benchmarks/checkpoints.py [OUT] [--models tiny,small] [--no-continued]   # about 65 minutes here
 """
 
 from __future__ import annotations
