@@ -86,8 +86,11 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
             rank = exc.failed_ranks[0] if isinstance(exc, RanksFailed) and exc.failed_ranks else \
                 getattr(exc, "error_index", 0)  # torch's ProcessExitedException: the rank that died
             failed = in_progress(progress, rank)
-            failed = failed if failed in names and failed not in done else next(n for n in names if n not in done)
     results = {n: (per_rank, None) for n, per_rank in done.items()}
+    pending = [n for n in names if n not in done]
+    if not pending:  # every case finished on every rank: what failed came after them (the ranks' teardown)
+        return results
+    failed = failed if failed in pending else pending[0]
     results[failed] = (None, failure)
     rest = [n for n in names[names.index(failed) + 1:] if n not in done]
     return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init)}
