@@ -69,8 +69,8 @@ def describe(seen: dict, steps: int) -> str:
     ops = ", ".join(f"{op} {n / steps:g}" for op, n in calls.most_common())
     when = (f"{seen['in_backward'] / steps:g} of them issued during backward (can overlap it)" if seen["in_backward"]
             else "none during backward (each waits for backward to end)")
-    noun = "collective" if total == steps else "collectives"
-    collectives = f"per step {total / steps:g} {noun} ({ops}), {when}" if total else "no collective seen"
+    plural = "" if total == steps else "s"
+    collectives = f"per step {total / steps:g} collective{plural} ({ops}), {when}" if total else "no collective seen"
     state = seen["held"]
     optimizer = f", {state['optimizer_pct']:.0f}% of AdamW's state" if state["optimizer_pct"] is not None else ""
     return f"{collectives}; rank 0 holds {state['params_pct']:.0f}% of the parameters{optimizer}"
