@@ -174,6 +174,11 @@ def read_checkpoint(path: Path | str) -> dict:
         raise ValueError(f"{path}: not a complete checkpoint ({exc.__class__.__name__}: {exc})") from None
 
 
+def leaves_measured_steps(meta: dict, train) -> bool:
+    """A run of `train` (its steps and warmup_steps) started from this checkpoint has a measured step left."""
+    return train.steps - meta["step"] > train.warmup_steps
+
+
 def checkpoint_problem(meta: dict, shapes: dict) -> str | None:
     """Why a checkpoint (`read_checkpoint`) cannot load into a model of these parameter shapes, or None."""
     if meta.get("format", 0) > CHECKPOINT_FORMAT:

@@ -248,7 +248,7 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
     _require(spec.not_checkpointed is None, f"strategy={spec.name} cannot be checkpointed yet: {spec.not_checkpointed}")
     if not c.load:
         return
-    from ddp_lab.jobdir import checkpoint_problem, newest_checkpoint, read_checkpoint
+    from ddp_lab.jobdir import checkpoint_problem, leaves_measured_steps, newest_checkpoint, read_checkpoint
 
     _require(Path(c.load).is_dir(), f"checkpoint.load={c.load}: no such folder")
     path = newest_checkpoint(c.load)
@@ -260,7 +260,7 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
         raise ConfigError(f"checkpoint.load={c.load}: {exc}") from None
     problem = checkpoint_problem(meta, {name: list(p.shape) for name, p in module.named_parameters()})
     _require(problem is None, f"checkpoint.load={path}: {problem}")
-    _require(t.steps - meta["step"] > t.warmup_steps,
+    _require(leaves_measured_steps(meta, t),
              f"checkpoint.load={path} was taken after step {meta['step']}: train.steps={t.steps} leaves "
              f"{max(0, t.steps - meta['step'])} steps, not more than train.warmup_steps={t.warmup_steps}: raise "
              "train.steps")

@@ -31,6 +31,7 @@ from ddp_lab.jobdir import (
     STEPS,
     WANDB,
     error_file,
+    leaves_measured_steps,
     newest_checkpoint,
     node_file,
     rank_log,
@@ -70,7 +71,7 @@ def own_checkpoint(job_dir: Path) -> list[str]:
     if path is None:
         return []
     train = OmegaConf.load(job_dir / CONFIG).train
-    return [f"checkpoint.load={job_dir}"] if train.steps - read_checkpoint(path)["step"] > train.warmup_steps else []
+    return [f"checkpoint.load={job_dir}"] if leaves_measured_steps(read_checkpoint(path), train) else []
 
 
 def pending_jobs(sweep_dir: Path) -> list[tuple[int, list[str]]]:
