@@ -10,10 +10,12 @@ parameter's state follows it to its new owner).
 
 What a checkpoint holds, as DCP keys: `model.NAME` and `optim.NAME.KEY` (AdamW's exp_avg, exp_avg_sq,
 each parameter's step) as 1-D tensors of the full parameter's size; `rng.R`, rank R's random generator
-state, restored where the world size is the same. Beside them `checkpoint.json`: the step to run next,
-the format, the strategy, world size and model it came from, each parameter's shape, the fp16 loss
-scaler; launch.py reads it to refuse a checkpoint that does not fit before any rank starts. The data position
-is the step: every batch is drawn from (seed, step).
+state, restored where the world size is the same; `state.R.NAME`, a strategy's own state of rank R
+(powersgd's error feedback, local SGD's own parameters), given back to it where the world size is the
+same. Beside them `checkpoint.json`: the step to run next, the format, the strategy, world size and model
+it came from, each parameter's shape, the fp16 loss scaler; launch.py reads it to refuse a checkpoint
+that does not fit before any rank starts. The data position is the step: every batch is drawn from
+(seed, step).
 
 A checkpoint is complete or absent: DCP writes into `step_N.partial/`, and once its metadata is written
 (last, after every rank's files) rank 0 renames the folder to `step_N/`; a load takes only those
@@ -31,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -198,6 +201,11 @@ def _rng_key(rank: int) -> str:
     return f"rng.{rank}"
 
 
+def _state_key(rank: int, name: str) -> str:
+    """The DCP key of a strategy's own state of rank `rank` (`checkpoint_rank_state`)."""
+    return f"state.{rank}.{name}"
+
+
 # --- save and load ------------------------------------------------------------------------------------
 
 def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, background=None) -> Saving:
@@ -211,20 +219,26 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # a save that was killed before it completed
     dist.barrier()
-    flats, shapes = _model_state(model)
     rng = torch.get_rng_state()
-    state = {**flats, **_optimizer_state(model, optimizer, shapes), _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
-    meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
-            "loss_scaler": _scaler_state(precision)}
-    saving = Saving(partial, final, meta, _SavePlanner())
-    writer = FileSystemWriter(partial)
+    own = {_state_key(rank, name): Flat(t.numel(), [(0, t.detach().reshape(-1))])
+           for name, t in model.checkpoint_rank_state().items() if t.numel()}  # before any consensus
+    with model.checkpoint_consensus(optimizer):
+        flats, shapes = _model_state(model)
+        state = {**flats, **_optimizer_state(model, optimizer, shapes), **own,
+                 _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
+        meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
+                "loss_scaler": _scaler_state(precision)}
+        saving = Saving(partial, final, meta, _SavePlanner())
+        writer = FileSystemWriter(partial)
+        if background is None:
+            dcp.save(state, storage_writer=writer, planner=saving.planner)
+        else:
+            staged = {key: Flat(flat.numel, [(o, p.detach().to("cpu", copy=True)) for o, p in flat.pieces])
+                      for key, flat in state.items()}  # what training changes next is not what is written
     if background is None:
-        dcp.save(state, storage_writer=writer, planner=saving.planner)
         saving.written(None)
         dist.barrier()
         return saving
-    staged = {key: Flat(flat.numel, [(o, p.detach().to("cpu", copy=True)) for o, p in flat.pieces])
-              for key, flat in state.items()}  # what training changes next is not what is written
     saving.staged_bytes = sum(p.numel() * p.element_size() for flat in staged.values() for _, p in flat.pieces)
     future = dcp.async_save(staged, storage_writer=writer, planner=saving.planner, process_group=background,
                             async_stager=_AlreadyStaged())
@@ -274,29 +288,40 @@ class Saving:
                    for item in self.planner.plan.items if item.tensor_data is not None)
 
 
-def load(path: Path, model, optimizer, precision) -> int:
-    """Load the checkpoint at `path` (written by any strategy at any world size) into this rank's pieces;
-    return the step to run next. Collective: every rank calls it."""
+class Loaded(NamedTuple):
+    step: int         # the step to run next
+    rank_state: bool  # the strategy's own per-rank state was given back (else started afresh, or none)
+
+
+def load(path: Path, model, optimizer, precision) -> Loaded:
+    """Load the checkpoint at `path` (written by any strategy at any world size) into this rank's pieces.
+    The strategy's per-rank state (`checkpoint_rank_state`) comes back where the world size is the same.
+    Collective: every rank calls it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     meta = read_checkpoint(path)
     flats, shapes = _model_state(model)
     problem = checkpoint_problem(meta, shapes)
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
-    names = set(FileSystemReader(path).read_metadata().state_dict_metadata)
-    state = {**flats, **_optimizer_state(model, optimizer, shapes, names)}
-    missing = sorted(k for k in state if k not in names)
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    state = {**flats, **_optimizer_state(model, optimizer, shapes, set(saved))}
+    missing = sorted(k for k in state if k not in saved)
     if missing:
         raise CheckpointError(f"{path}: no {missing[0]} in the checkpoint (it has no optimizer state for it)")
-    rng = torch.get_rng_state()
-    if meta.get("world_size") == world_size and _rng_key(rank) in names:
-        state[_rng_key(rank)] = Flat(rng.numel(), [(0, rng)])
+    rng, own = torch.get_rng_state(), {}
+    if meta.get("world_size") == world_size:
+        if _rng_key(rank) in saved:
+            state[_rng_key(rank)] = Flat(rng.numel(), [(0, rng)])
+        prefix = _state_key(rank, "")
+        own = {key[len(prefix):]: torch.zeros(md.size, dtype=md.properties.dtype)
+               for key, md in saved.items() if key.startswith(prefix)}
+        state.update({prefix + name: Flat(t.numel(), [(0, t)]) for name, t in own.items()})
     dcp.load(state, storage_reader=FileSystemReader(path), planner=_LoadPlanner())
     if _rng_key(rank) in state:
         torch.set_rng_state(rng)
     if precision.scaler is not None and meta.get("loss_scaler"):
         vars(precision.scaler).update(meta["loss_scaler"])
-    return int(meta["step"])
+    return Loaded(int(meta["step"]), model.load_rank_state(own))
 
 
 def _scaler_state(precision) -> dict | None:
@@ -342,8 +367,9 @@ class Checkpoints:
         step = 0
         if path is not None:
             began = time.perf_counter()
-            step = load(path, model, optimizer, precision)
+            step, rank_state = load(path, model, optimizer, precision)
             self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
+                           "rank_state": rank_state,
                            **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}
         if restarted and dist.get_rank() == 0:
             note_restart(self.job_dir, step)

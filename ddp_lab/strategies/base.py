@@ -28,7 +28,13 @@ each with its default here, so nothing is probed with getattr:
 - `checkpoint_params()` and `checkpoint_optimizer(optimizer)`: where this rank keeps each piece of the
   parameters and of the optimizer state (strategies/checkpoint_layout.py), which rank/checkpoint.py
   saves where it lies and loads any other layout's checkpoint into; whole parameters and the optimizer's
-  (or its inner, sharded optimizer's) own tensors by default.
+  (or its inner, sharded optimizer's) own tensors by default;
+- `checkpoint_rank_state()` and `load_rank_state(state)`: state that is this rank's alone (powersgd's
+  error feedback, local SGD's own parameters between syncs), saved per rank and given back only at the
+  same world size; `load_rank_state({})` after a load that has none of it, to start that state afresh
+  from the loaded model; `checkpoint_consensus(optimizer)`: a context in which the live parameters and
+  optimizer state are what every rank agrees on, for the pieces another strategy loads (every
+  strategy's already are, but local SGD's between syncs).
 
 What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule, the model
 it needs) is its spec's to say, not the runtime class's.
@@ -114,6 +120,21 @@ class DataParallelBase(nn.Module):
         inner = getattr(optimizer, "optim", None)
         inner = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
         return inner, optimizer_pieces(inner, self.module)
+
+    def checkpoint_rank_state(self) -> dict[str, torch.Tensor]:
+        """This rank's own state by name (1-D tensors, copies or live), saved for this rank only."""
+        return {}
+
+    def load_rank_state(self, state: dict[str, torch.Tensor]) -> bool:
+        """After a load: take `checkpoint_rank_state()`'s tensors as this rank saved them at this world size
+        (whatever of them the checkpoint had), or, where it had none that fit, start that state afresh from the
+        loaded parameters. Whether it was taken."""
+        return False
+
+    @contextmanager
+    def checkpoint_consensus(self, optimizer):
+        """While a checkpoint is taken: the parameters and optimizer state every rank agrees on."""
+        yield
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():

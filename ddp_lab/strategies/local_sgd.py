@@ -32,6 +32,7 @@ here). There is no gradient collective, so `strategy.comm_dtype` means nothing h
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -73,6 +74,7 @@ class LocalSGD(DataParallelBase):
         self._params = self.trainable_parameters()
         self._buffers_averaged = averaged_buffers(module)
         self._outer_optimizer = None
+        self._optimizer = None  # a weak reference to the optimizer make_optimizer built
         if self.outer == "nesterov" and self._params:
             with torch.no_grad():
                 self._anchor = _flatten_dense_tensors([p.detach() for p in self._params]).clone()  # θ at the last sync
@@ -89,6 +91,82 @@ class LocalSGD(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize: each rank steps on its own gradients."""
 
+    # --- checkpoints: each rank's own model between syncs, and the rank average for any other load ---------
+
+    def _optimizer_state(self) -> list[torch.Tensor]:
+        """This rank's optimizer state tensors (AdamW's moments), parameter by parameter; not its step counts,
+        which every rank shares."""
+        optimizer = self._optimizer() if self._optimizer is not None else None
+        if optimizer is None:
+            return []
+        return [t for p in self._params for key, t in sorted(optimizer.state.get(p, {}).items())
+                if torch.is_tensor(t) and key != "step"]
+
+    def checkpoint_rank_state(self) -> dict[str, torch.Tensor]:
+        """Steps since the start, this rank's own parameters, buffers and optimizer moments (they differ from
+        the other ranks' between syncs), and DiLoCo's outer state (θ at the last sync, the outer momentum)."""
+        own = [p.data for p in self._params] + self._buffers_averaged
+        state = {"local_sgd.steps": torch.tensor([self.steps], dtype=torch.int64)}
+        if own:
+            state["local_sgd.model"] = _flatten_dense_tensors(own)
+        moments = self._optimizer_state()
+        if moments:
+            state["local_sgd.optimizer"] = _flatten_dense_tensors(moments)
+        if self._outer_optimizer is not None:
+            state["local_sgd.anchor"] = self._anchor.detach().clone()
+            momentum = self._outer_optimizer.state.get(self._anchor, {}).get("momentum_buffer")
+            if momentum is not None:
+                state["local_sgd.outer_momentum"] = momentum.detach().clone()
+        return state
+
+    @contextmanager
+    def checkpoint_consensus(self, optimizer):
+        """The checkpoint's parameters, buffers and optimizer moments are the rank average (one all-reduce,
+        outside any step's figures): what another strategy, or another world size, starts from. Each rank's
+        own come back after the save, and are in its `checkpoint_rank_state`."""
+        tensors = [p.data for p in self._params] + self._buffers_averaged + self._optimizer_state()
+        own = [t.clone() for t in tensors]
+        with torch.no_grad():
+            if tensors:
+                flat = _flatten_dense_tensors(tensors)
+                all_reduce_mean_(flat)
+                for tensor, average in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+                    tensor.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for tensor, mine in zip(tensors, own):
+                    tensor.copy_(mine)
+
+    @torch.no_grad()
+    def load_rank_state(self, state: dict[str, torch.Tensor]) -> bool:
+        """This rank's own parameters, moments and outer state as saved, where they fit; else afresh from the
+        loaded (averaged) model: its steps from 0, θ at the last sync := the loaded parameters, no momentum."""
+        own = [p.data for p in self._params] + self._buffers_averaged
+        moments = self._optimizer_state()
+        fits = ("local_sgd.steps" in state
+                and state.get("local_sgd.model", torch.empty(0)).numel() == sum(t.numel() for t in own)
+                and state.get("local_sgd.optimizer", torch.empty(0)).numel() == sum(t.numel() for t in moments)
+                and (self._outer_optimizer is None or "local_sgd.anchor" in state))
+        if self._outer_optimizer is not None:
+            self._outer_optimizer.state.clear()
+        if not fits:
+            self.steps = 0
+            if self._outer_optimizer is not None:
+                self._anchor.copy_(_flatten_dense_tensors([p.detach() for p in self._params]))
+            return False
+        self.steps = int(state["local_sgd.steps"].item())
+        for group, key in ((own, "local_sgd.model"), (moments, "local_sgd.optimizer")):
+            if group:
+                for tensor, saved in zip(group, _unflatten_dense_tensors(state[key], group)):
+                    tensor.copy_(saved)
+        if self._outer_optimizer is not None:
+            self._anchor.copy_(state["local_sgd.anchor"])
+            if "local_sgd.outer_momentum" in state:
+                self._outer_optimizer.state[self._anchor]["momentum_buffer"] = state["local_sgd.outer_momentum"].clone()
+        return True
+
     def facts(self) -> dict:
         sync_bytes = sum(tensor_bytes(t) for t in self._params + self._buffers_averaged)
         outer = {"outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM} if self._outer_optimizer else {}
@@ -99,6 +177,7 @@ class LocalSGD(DataParallelBase):
                        **kwargs) -> torch.optim.Optimizer:
         """The plain optimizer, whose every step is followed by `after_step()`."""
         optimizer = super().make_optimizer(optimizer_cls, params, **kwargs)
+        self._optimizer = weakref.ref(optimizer)  # whose moments a checkpoint saves for this rank
         this = weakref.ref(self)  # the hook must not keep a discarded wrapper alive
 
         def hook(optimizer, args, kwargs) -> None:

@@ -171,6 +171,39 @@ class PowerSGD(BucketedDDP):
         kept = [t for tensors in (self._errors, self._q, self._send) for t in tensors if t is not None]
         return super().kept_tensors() + kept
 
+    def checkpoint_rank_state(self) -> dict[str, torch.Tensor]:
+        """The synchronizations so far, and per compressed bucket its error feedback (this rank's own) and
+        warm-start Q."""
+        state = {"powersgd.syncs": torch.tensor([self.syncs], dtype=torch.int64)}
+        for index, (error, q) in enumerate(zip(self._errors, self._q)):
+            if error is not None:
+                state[f"powersgd.error.{index}"], state[f"powersgd.q.{index}"] = error, q
+        return state
+
+    @torch.no_grad()
+    def load_rank_state(self, state: dict[str, torch.Tensor]) -> bool:
+        """Errors and Q's as this rank saved them, where the plan is the same (bucket sizes, ranks); else
+        afresh: no error, no Q, and the first `start_iter` synchronizations plain again."""
+        self._errors, self._q = [None] * len(self._units), [None] * len(self._units)
+        saved = {int(key.rsplit(".", 1)[1]) for key in state if key.startswith("powersgd.error.")}
+
+        def fits_bucket(index: int) -> bool:
+            matrices = self._matrices[index] if index < len(self._units) else []
+            q = state.get(f"powersgd.q.{index}", torch.empty(0))
+            return bool(matrices) and state[f"powersgd.error.{index}"].numel() == sum(x.n * x.m for x in matrices) \
+                and q.numel() == sum(x.m * x.r for x in matrices)
+
+        fits = "powersgd.syncs" in state and all(fits_bucket(index) for index in saved)
+        if not fits:
+            self.syncs = 0
+            return False
+        self.syncs = int(state["powersgd.syncs"].item())
+        for index in saved:
+            self._allocate(index)
+            self._errors[index].copy_(state[f"powersgd.error.{index}"])
+            self._q[index].copy_(state[f"powersgd.q.{index}"])
+        return True
+
     # --- phase 1: error feedback, P = M Q, all-reduce [plain / N, P] ---------------------------------
 
     @property

@@ -80,7 +80,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "launcher.max_restarts=1": "checkpoint.every=0 writes none: set checkpoint.every",
     "checkpoint.async_save=true": "checkpoint.every=0 asks for none: set checkpoint.every",
     "checkpoint.async=true": "checkpoint.async_save",
-    "strategy=powersgd checkpoint.every=2": "strategy=powersgd cannot be checkpointed yet",
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
 }
 

@@ -46,49 +46,102 @@ def _steps(model, optimizer, precision, rank, world_size, steps):
         train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
 
 
-def _continue(rank, world_size, strategies, models, root, compute=PRECISION, asynchronous=False):
-    """{(strategy, model): (weights after 2 x HALF steps straight, after HALF + a reload + HALF)}. In fp16 the
-    loss scaler is set where no run would be by then, and must come back as it was. `asynchronous`: the
-    checkpoint is written by DCP's async_save while the next steps change the weights it was taken of."""
+def _continue(rank, world_size, strategies, models, root, compute=PRECISION, asynchronous=False, half=HALF):
+    """{(strategy, model): (weights after 2 x half steps straight, after half + a reload + half)}, on every
+    rank. In fp16 the loss scaler is set where no run would be by then, and must come back as it was.
+    `asynchronous`: the checkpoint is written by DCP's async_save while the next steps change the weights it
+    was taken of. A strategy is its name or its config."""
     import torch.distributed as dist
 
     from ddp_lab.rank.checkpoint import load, save
 
     background = dist.new_group(backend="gloo") if asynchronous else None
     out = {}
-    for name in strategies:
+    for strategy in strategies:
+        strategy = strategy if isinstance(strategy, dict) else {"name": strategy}
+        name = "-".join(f"{v}" for v in strategy.values())
         for model_name in models:
             folder = root / f"{name}-{model_name}"
-            model, optimizer, precision = _build({"name": name}, model_name, rank, compute)
-            _steps(model, optimizer, precision, rank, world_size, range(HALF))
+            model, optimizer, precision = _build(strategy, model_name, rank, compute)
+            _steps(model, optimizer, precision, rank, world_size, range(half))
             if precision.scaler is not None:
                 precision.scaler.scale, precision.scaler.clean_steps = 1024.0, 7
-            saving = save(folder, HALF, model, optimizer, precision, {"strategy": name, "world_size": world_size},
-                          background)
-            _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
+            saving = save(folder, half, model, optimizer, precision,
+                          {"strategy": strategy["name"], "world_size": world_size}, background)
+            _steps(model, optimizer, precision, rank, world_size, range(half, 2 * half))
             saving.wait()
             straight = full_state(model)
-            model, optimizer, precision = _build({"name": name}, model_name, 100 + rank, compute)  # other weights
-            assert load(checkpoint_path(folder, HALF), model, optimizer, precision) == HALF
+            model, optimizer, precision = _build(strategy, model_name, 100 + rank, compute)  # other weights
+            assert load(checkpoint_path(folder, half), model, optimizer, precision).step == half
             if precision.scaler is not None:
                 assert (precision.scaler.scale, precision.scaler.clean_steps) == (1024.0, 7)
-            _steps(model, optimizer, precision, rank, world_size, range(HALF, 2 * HALF))
+            _steps(model, optimizer, precision, rank, world_size, range(half, 2 * half))
             out[name, model_name] = (straight, full_state(model))
     return out
 
 
 def _check_continued(results, exact: bool) -> None:
-    for key, (straight, resumed) in results[0].items():
-        for tensor_name, tensor in straight.items():
-            if exact:
-                assert torch.equal(resumed[tensor_name], tensor), f"{key} {tensor_name}: not bit for bit"
-            else:
-                torch.testing.assert_close(resumed[tensor_name], tensor, atol=ATOL, rtol=RTOL,
-                                           msg=lambda m, k=key, n=tensor_name: f"{k} {n}: {m}")
+    for rank, result in enumerate(results):
+        for key, (straight, resumed) in result.items():
+            for tensor_name, tensor in straight.items():
+                if exact:
+                    assert torch.equal(resumed[tensor_name], tensor), f"rank {rank} {key} {tensor_name}: not exact"
+                else:
+                    torch.testing.assert_close(resumed[tensor_name], tensor, atol=ATOL, rtol=RTOL,
+                                               msg=lambda m, k=key, n=tensor_name, r=rank: f"rank {r} {k} {n}: {m}")
 
 
 def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path):
     _check_continued(run_ranks(_continue, 2, CHECKPOINTED, ["tied", "frozen", "transformer"], tmp_path), exact=True)
+
+
+OWN_STATE = [{"name": "powersgd", "start_iter": 0, "rank": 2},            # error feedback and Q from step 1
+             {"name": "powersgd", "start_iter": 2},                       # plain, then compressing
+             {"name": "local_sgd", "sync_every": 2, "outer": "nesterov"},  # ranks apart at the save; momentum
+             {"name": "local_sgd", "sync_every": 4}]
+
+
+def test_a_strategys_own_state_continues_bit_for_bit(tmp_path):
+    """powersgd's per-rank error feedback and warm-start Q; local SGD's ranks, apart between syncs, and
+    DiLoCo's outer state: 3 steps, a checkpoint, 3 more, on every rank."""
+    _check_continued(run_ranks(_continue, 2, OWN_STATE, ["transformer"], tmp_path, PRECISION, False, 3), exact=True)
+
+
+def _local_then_average(rank, world_size, root):
+    """local_sgd, 1 step (ranks apart), a checkpoint; the ranks' average of the weights it was taken of."""
+    import torch.distributed as dist
+
+    from ddp_lab.rank.checkpoint import save
+
+    model, optimizer, precision = _build({"name": "local_sgd", "sync_every": 4}, "transformer", seed=rank)
+    _steps(model, optimizer, precision, rank, world_size, range(1))
+    save(root, 1, model, optimizer, precision, {"strategy": "local_sgd", "world_size": world_size})
+    state = full_state(model)
+    for tensor in state.values():
+        dist.all_reduce(tensor)
+        tensor.div_(world_size)
+    return state
+
+
+def _loaded(rank, world_size, strategy, path):
+    from ddp_lab.rank.checkpoint import load
+
+    model, optimizer, precision = _build(strategy, "transformer", seed=100 + rank)
+    return load(path, model, optimizer, precision).rank_state, full_state(model)
+
+
+def test_another_strategy_or_world_size_starts_from_the_ranks_average(tmp_path):
+    """A local_sgd checkpoint taken while ranks are apart loads elsewhere as their average; at another world
+    size a strategy's own per-rank state starts afresh, and at the same it comes back."""
+    average = run_ranks(_local_then_average, 2, tmp_path)[0]
+    path = checkpoint_path(tmp_path, 1)
+    for world_size, strategy, own in [(3, {"name": "bucketed"}, False), (3, {"name": "local_sgd"}, False),
+                                      (2, {"name": "local_sgd"}, True)]:
+        for rank_state, state in run_ranks(_loaded, world_size, strategy, path):
+            assert rank_state is own
+            if not own:
+                for name, tensor in average.items():
+                    torch.testing.assert_close(state[name], tensor, atol=ATOL, rtol=RTOL)
 
 
 def test_fp16_continues_with_its_loss_scale(tmp_path):
@@ -118,7 +171,7 @@ def _second(rank, world_size, strategy, start, root):
     from ddp_lab.rank.checkpoint import load, save
 
     model, optimizer, precision = _build(strategy, "transformer", seed=rank if start is None else 100 + rank)
-    first = 0 if start is None else load(start, model, optimizer, precision)
+    first = 0 if start is None else load(start, model, optimizer, precision).step
     _steps(model, optimizer, precision, rank, world_size, range(first, 2 * HALF))
     save(root, 2 * HALF, model, optimizer, precision, {"strategy": strategy["name"], "world_size": world_size})
 
@@ -170,7 +223,7 @@ def _load_and_save_again(rank, world_size, job):
     from ddp_lab.rank.checkpoint import load, save
 
     model, optimizer, precision = _build({"name": "zero2"}, "transformer", seed=7)
-    step = load(newest_checkpoint(job), model, optimizer, precision)
+    step = load(newest_checkpoint(job), model, optimizer, precision).step
     save(job, step + 1, model, optimizer, precision, {"strategy": "zero2", "world_size": world_size})
     return step
 

@@ -101,6 +101,24 @@ def test_what_deepspeed_cannot_take_is_refused_in_one_line(setting, phrase, monk
     spec.check_run("fp32", 1)
 
 
+def test_a_checkpoint_of_deepspeed_is_refused_before_launch(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from ddp_lab.config import register_configs
+    from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
+
+    register_configs()
+    real = importlib.util.find_spec  # refused with or without DeepSpeed installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "deepspeed" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(ROOT / "conf", "config", ["strategy=deepspeed_zero2", "checkpoint.every=2",
+                                                     f"hydra.run.dir={tmp_path / 'run'}"])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "strategy=deepspeed_zero2 cannot be checkpointed yet" in err and err.count("\n") == 1
+
+
 def test_its_stage_is_the_option_not_a_knob():
     assert [SPECS[f"deepspeed_zero{s}"].zero_stage for s in STAGES] == [1, 2, 3]
     with pytest.raises(SpecError, match="not a knob"):

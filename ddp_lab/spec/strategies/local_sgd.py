@@ -24,8 +24,6 @@ class LocalSGDSpec(StrategySpec):
     """The outer optimizer applied to the averaged change at each sync."""
 
     runtime = "ddp_lab.strategies.LocalSGD"
-    not_checkpointed = ("its ranks hold different parameters between syncs, and DiLoCo's outer state is not in a "
-                        "checkpoint yet")
     reduces_gradients = False
 
     def check(self) -> None:

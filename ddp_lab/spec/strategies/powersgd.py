@@ -32,7 +32,6 @@ class PowerSGDSpec(StrategySpec):
     train.warmup_steps' default 3."""
 
     runtime = "ddp_lab.strategies.PowerSGD"
-    not_checkpointed = "its error feedback and warm-start Q are per rank and not in a checkpoint yet"
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)
