@@ -32,9 +32,21 @@ from pathlib import Path
 
 import torch
 
-from ddp_lab.check.cases import CASES, finished, in_progress, locate, run_cases, skip_reason
+from ddp_lab.check.cases import (
+    BUCKET_SIZES,
+    CASES,
+    case_of,
+    compute_dtype,
+    finished,
+    in_progress,
+    locate,
+    run_cases,
+    runs,
+    skip_reason,
+)
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
+from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_claim, judge, unjudged
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import crash_line, verdict
 from ddp_lab.config import key_values
@@ -56,6 +68,22 @@ def _constructor_args(items: list[str]) -> dict:
         if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
             out[key] = getattr(torch, name)
     return out
+
+
+def _header(target: str, cls: type, kwargs: dict, fsdp: bool) -> str:
+    """What is checked against what: the reference, the tolerance, torch's version, and how the wrapper was read."""
+    atol, rtol = tolerances(kwargs)
+    dtype = compute_dtype(kwargs)
+    reference = (f"single-process training that computes in {str(dtype).removeprefix('torch.')} as it does"
+                 if dtype else "single-process training")
+    how = ["as an FSDP (its weights through gather_full_params() or full_state_dict())"] if fsdp else []
+    if getattr(cls, "checks_optimizer", None) is not None:
+        how.append("a sharded optimizer, under the project's plain DDP")
+    if runs(cls, kwargs, ["plain"]) != ["plain"]:
+        how.append("every case at " + " and at ".join(f"{v} (@{k})" for k, v in BUCKET_SIZES.items()))
+    read = f"; read {'; '.join(how)}" if how else ""
+    return (f"{target} against {reference} (atol {atol:g}, rtol {rtol:g}; torch {torch.__version__}, gloo on CPU"
+            f"{read}):")
 
 
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
@@ -96,24 +124,56 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
     return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init)}
 
 
+# A compute dtype's tolerance (rtol 0), against a reference that rounds the same way: bit for bit at 2 ranks
+# (the project's FSDP in fp16 and bf16), but at 3 the order of the fp32 sums moves AdamW's steps on tiny
+# low-precision gradients by up to 5e-4 (fsdp, fp16, accumulation: measured). A sum in place of a mean still
+# shows, in the sgd case (by 0.05).
+LOW_ATOL = 1e-3
+
+
+def is_fsdp(cls: type) -> bool:
+    """An FSDP by its look: `gather_full_params()` (the 2026 course's), or FSDP in its name."""
+    return callable(getattr(cls, "gather_full_params", None)) or "fsdp" in cls.__name__.lower()
+
+
+def tolerances(kwargs: dict) -> tuple[float, float]:
+    return (LOW_ATOL, 0.0) if compute_dtype(kwargs) is not None else (ATOL, RTOL)
+
+
 def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
-          log_dir: str, same_init: bool = False) -> list[tuple]:
-    """(world size, case, "ok" / "FAIL" / "skip", detail, a crashed rank's traceback or None) per case and
-    world size."""
+          log_dir: str, same_init: bool = False, expect: set[str] = frozenset(), fsdp: bool = False) -> list[tuple]:
+    """(world size, run or property, "ok" / "FAIL" / "skip" / "seen", detail, a crashed rank's traceback or
+    None) per run (a case, at each bucket size where the check chose them), claimed property and world size."""
     cls = locate(target)
+    atol, rtol = tolerances(kwargs)
+    claims = claimed(expect, fsdp, getattr(cls, "checks_optimizer", None) is not None)
     lines = []
     for world_size in world_sizes:
         runnable = [n for n in names if skip_reason(CASES[n], cls) is None]
         lines += [(world_size, n, "skip", skip_reason(CASES[n], cls), None) for n in names if n not in runnable]
-        results = _run(target, world_size, kwargs, runnable, timeout_s, log_dir, same_init)
-        for n in runnable:
-            per_rank, failure = results[n]
-            line, trace = failure or (verdict(CASES[n], per_rank, ATOL, RTOL), None)
-            lines.append((world_size, n, "FAIL" if line else "ok",
-                          f"{CASES[n].proves}: FAILED: {line}" if line else CASES[n].proves, trace))
-        watched = [n for n in ("plain", "own_classes") if n in runnable and results[n][0] is not None] or \
-            [n for n in runnable if results[n][0] is not None][:1]  # torch's layers and the user's kind
-        lines += [(world_size, n, "seen", describe(results[n][0][0][3], STEPS), None) for n in watched]
+        planned = runs(cls, kwargs, runnable)
+        results = _run(target, world_size, kwargs, planned, timeout_s, log_dir, same_init)
+        for run in planned:
+            per_rank, failure = results[run]
+            case = case_of(run)[0]
+            line, trace = failure or (verdict(case, per_rank, atol, rtol), None)
+            lines.append((world_size, run, "FAIL" if line else "ok",
+                          f"{case.proves}: FAILED: {line}" if line else case.proves, trace))
+        done = {run: per_rank for run, (per_rank, _) in results.items() if per_rank is not None}
+        for prop, why in claims.items():
+            if unjudged(done):
+                lines.append((world_size, prop, "skip", unjudged(done), None))
+                continue
+            problem = judge(prop, world_size, done, fsdp)
+            detail = describe_claim(prop, why)
+            lines.append((world_size, prop, "FAIL" if problem else "ok",
+                          f"{detail}: FAILED: {problem}" if problem else detail, None))
+        first = {}  # each case's first finished run
+        for run in planned:
+            if run in done:
+                first.setdefault(case_of(run)[0].name, run)
+        watched = [first[n] for n in WATCHED if n in first] or list(first.values())[:1]
+        lines += [(world_size, run, "seen", describe(done[run], STEPS), None) for run in watched]
     return lines
 
 
@@ -128,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traceback", action="store_true", help="print a crashed rank's whole traceback")
     parser.add_argument("--same-init", action="store_true",
                         help="every rank builds the model from one seed (a wrapper that does not broadcast at start)")
+    parser.add_argument("--expect", default="", metavar="PROPERTY,...",
+                        help=f"what the wrapper claims beyond parity, of {', '.join(PROPERTIES)}: FAIL where not seen")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="an FSDP (detected by gather_full_params() or its name): claims sharded parameters")
     args = parser.parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="ddp_lab_check_")
     try:
@@ -136,16 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in CASES]
         if unknown or not names:
             raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(CASES)}")
-        lines = check(args.target, world_sizes, names, _constructor_args(args.set), args.timeout, log_dir,
-                      args.same_init)
+        expect = {p for p in args.expect.split(",") if p}
+        if expect - set(PROPERTIES):
+            raise ValueError(f"--expect {sorted(expect - set(PROPERTIES))[0]!r} is no property: "
+                             f"use {', '.join(PROPERTIES)}")
+        kwargs = _constructor_args(args.set)
+        cls = locate(args.target)
+        fsdp = args.fsdp or is_fsdp(cls)
+        lines = check(args.target, world_sizes, names, kwargs, args.timeout, log_dir, args.same_init, expect, fsdp)
     except ValueError as exc:
         shutil.rmtree(log_dir, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.target} against single-process training (atol {ATOL:g}, rtol {RTOL:g}; torch {torch.__version__}, "
-          "gloo on CPU):")
+    print(_header(args.target, cls, kwargs, fsdp))
+    width = max(len(name) for _, name, *_ in lines)
     for world_size, name, verdict_, detail, trace in lines:
-        print(f"  {verdict_:<4}  {world_size} ranks  {name:<12}  {detail}")
+        print(f"  {verdict_:<4}  {world_size} ranks  {name:<{width}}  {detail}")
         if trace is not None:
             Path(log_dir, f"traceback-{world_size}ranks-{name}.txt").write_text(trace)
             if args.traceback:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from ddp_lab.check.observe import Observer
-from ddp_lab.check.parity import full_state, train_distributed
+from ddp_lab.check.observe import Observer, layers
+from ddp_lab.check.parity import CastSingleProcess, full_state, train_distributed
 from ddp_lab.units import MiB
 
 SEQUENCES_PER_RANK = 4  # the global batch divides evenly at any world size, and into 2 micro-batches
@@ -29,8 +30,7 @@ class Case:
     model: str  # a models.MODELS name
     proves: str
     grad_accum_steps: int = 1
-    needs: str | None = None  # "no_sync", "bucket" or "optimizer" (a target that is one): skipped without it
-    ranks_agree_only: tuple[str, ...] = ()  # parameters (name prefixes) held against rank 0's, not the reference
+    needs: str | None = None  # "no_sync" or "optimizer" (a target that is one): skipped without it
     sgd: bool = False  # plain SGD instead of AdamW
     groups: bool = False  # the optimizer over two param groups with options of their own (parity.two_groups)
 
@@ -44,11 +44,10 @@ CASES = {case.name: case for case in (
          "RMSNorm that are not torch's), as the course's are: what a wrapper keyed on torch's classes misses"),
     Case("frozen", "frozen", "a frozen layer: broadcast at start, never reduced"),
     Case("tied", "tied", "one weight shared by two layers: reduced once"),
-    Case("unused", "unused", "a parameter no forward uses: the step ends, and every rank keeps the same value",
-         ranks_agree_only=("unused.",)),
+    Case("unused", "unused", "a parameter no forward uses: the step ends, and it stays where one process leaves "
+         "it (no gradient, so AdamW does not move it, weight decay included)"),
     Case("accumulation", "transformer", "two micro-batches, the first under no_sync(), equal one batch",
          grad_accum_steps=2, needs="no_sync"),
-    Case("bucket", "transformer", "a bucket smaller than the largest parameter (half its bytes)", needs="bucket"),
     Case("groups", "transformer", "two param groups, the 1-D parameters without weight decay and at half the "
          "learning rate: each parameter stepped with its own group's options", needs="optimizer", groups=True),
 )}
@@ -106,6 +105,7 @@ def locate(target: str) -> type:
 
 
 COURSE_BUCKET_MB = 25.0  # what the course's adapter passes, and torch DDP's default bucket_cap_mb
+BUCKET_SIZES = {"25MB": "25 MB buckets, the course's", "small": "buckets of half the largest parameter"}
 
 
 def bucket_knob(cls: type) -> str | None:
@@ -113,21 +113,32 @@ def bucket_knob(cls: type) -> str | None:
     return next((knob for knob in BUCKET_KNOBS if knob in parameters), None)
 
 
-def required_bucket(cls: type, kwargs: dict) -> dict:
-    """{knob: 25.0} when `cls` requires a bucket size (no default) and `kwargs` give none: the size the
-    course's adapter always passes, so that the cases that are not about buckets can build it."""
+def runs(cls: type, kwargs: dict, names: list[str]) -> list[str]:
+    """The runs of the cases `names`: each case once, or, for a wrapper that takes a bucket size `--set` does
+    not give, each case at both of BUCKET_SIZES (`plain@25MB`, `plain@small`): a bug can show at one size
+    and hide at the other."""
     knob = bucket_knob(cls)
-    if knob is None or knob in kwargs or inspect.signature(cls).parameters[knob].default is not inspect.Parameter.empty:
-        return {}
-    return {knob: COURSE_BUCKET_MB}
+    if knob is None or knob in kwargs:
+        return list(names)
+    return [f"{name}@{size}" for name in names for size in BUCKET_SIZES]
+
+
+def case_of(run: str) -> tuple[Case, str | None]:
+    """A run's case and its bucket size (a BUCKET_SIZES key, or None)."""
+    name, _, size = run.partition("@")
+    return CASES[name], size or None
+
+
+def compute_dtype(kwargs: dict) -> torch.dtype | None:
+    """The wrapper's `compute_dtype` (`--set compute_dtype=float16`) where it computes in lower precision."""
+    dtype = kwargs.get("compute_dtype")
+    return dtype if isinstance(dtype, torch.dtype) and dtype != torch.float32 else None
 
 
 def skip_reason(case: Case, cls: type) -> str | None:
     """Why `cls` cannot run `case`, or None."""
     if case.needs == "no_sync" and not callable(getattr(cls, "no_sync", None)):
         return f"{cls.__name__} has no no_sync()"
-    if case.needs == "bucket" and bucket_knob(cls) is None:
-        return f"{cls.__name__} takes no bucket size ({', '.join(BUCKET_KNOBS)})"
     if case.needs == "optimizer" and getattr(cls, "checks_optimizer", None) is None:
         return "a wrapper: param groups are an optimizer's (name a sharded optimizer to check them)"
     return None
@@ -135,26 +146,28 @@ def skip_reason(case: Case, cls: type) -> str | None:
 
 def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str],
               progress: str | None = None, same_init: bool = False) -> dict:
-    """On every rank, per named case: this rank's weights right after wrapping, after training, the
-    reference's after training (on rank 0, else None), and what observe.py saw it do. In the folder
-    `progress`, as it goes: the case this rank is in (`rank{R}.case`) and each finished case's result
-    (`{case}.rank{R}.pt`), so that a set of ranks that fails part way is not run again for the cases it
-    finished."""
+    """On every rank, per run (`runs`): this rank's weights right after wrapping, after training, the
+    reference's after training (on rank 0, else None), and what observe.py saw it do. With a `compute_dtype`
+    the reference rounds as the wrapper does (parity.CastSingleProcess, the ranks' slices as micro-batches).
+    In the folder `progress`, as it goes: the run this rank is in (`rank{R}.case`) and each finished run's
+    result (`{run}.rank{R}.pt`), so that a set of ranks that fails part way is not run again for the runs
+    it finished."""
     cls = locate(target)
+    dtype = compute_dtype(kwargs)
+    low = ({"exact_reference": True, "reference_wrapper": partial(CastSingleProcess, dtype=dtype, ranks=world_size)}
+           if dtype else {})
     out = {}
     for name in names:
-        case, started, sizes, observer = CASES[name], {}, {}, Observer()
+        (case, size), started, before, observer = case_of(name), {}, {}, Observer()
         if progress is not None:
             Path(progress, f"rank{rank}.case").write_text(name)
 
-        def make(module, case=case, started=started, sizes=sizes):
-            params = list(module.parameters())
-            sizes.update(full=sum(p.numel() * p.element_size() for p in params),
-                         trainable=sum(p.numel() * p.element_size() for p in params if p.requires_grad))
-            extra = {**required_bucket(cls, kwargs), **kwargs}
-            if case.needs == "bucket":
+        def make(module, size=size, started=started, before=before):
+            before.update(module=module, layers=layers(module))
+            extra = dict(kwargs)
+            if size is not None:
                 largest = max(p.numel() * p.element_size() for p in module.parameters())
-                extra[bucket_knob(cls)] = largest / 2 / MiB
+                extra[bucket_knob(cls)] = COURSE_BUCKET_MB if size == "25MB" else largest / 2 / MiB
             wrapper = cls(module, **extra)
             started.update(full_state(wrapper))
             return wrapper
@@ -164,8 +177,8 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
         state, reference, held = train_distributed(
             rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
             batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init, watch=observer.watching(),
-            inspect=lambda wrapper, opt, sizes=sizes: Observer.held(wrapper, opt, sizes["full"], sizes["trainable"]),
-            **optimizer)
+            inspect=lambda wrapper, opt, before=before: Observer.held(wrapper, opt, before["module"], before["layers"]),
+            **optimizer, **low)
         seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "held": held}
         out[name] = (started, state, reference, seen)
         if progress is not None:

@@ -6,9 +6,10 @@ bucketing or overlap, so the check watches for them while the ranks train.
   broadcast and the final gather are not counted), per op, and how many were issued while autograd was
   running backward (`torch._C._current_autograd_node()` is set inside a gradient hook): those can overlap
   the rest of backward, the others wait for it;
-- held: after the last step, the parameters and the optimizer state rank 0 holds (rank/memory.py's
+- held: after the last step, the parameters and the optimizer state each rank holds (rank/memory.py's
   accounting: local shards, a sharded optimizer's inner state), against the whole model's and a whole
-  AdamW's (two moments per trainable parameter).
+  AdamW's (two moments per trainable parameter); and which layer classes it holds a shard of (fewer
+  elements of one of their parameters than the model had before wrapping) and which it holds whole.
 """
 
 from __future__ import annotations
@@ -53,17 +54,39 @@ class Observer:
                 setattr(dist, name, fn)
 
     @staticmethod
-    def held(wrapper, optimizer, full_param_bytes: int, trainable_bytes: int) -> dict:
-        """{"params_pct", "optimizer_pct"}: what this rank holds of the whole model's parameters and of a
-        whole AdamW's state (None for an optimizer that keeps none, plain SGD)."""
+    def held(wrapper, optimizer, module: torch.nn.Module, before: dict) -> dict:
+        """{"params_pct", "optimizer_pct", "sharded", "whole"}: what this rank holds of the whole model's
+        parameters and of a whole AdamW's state (None for an optimizer that keeps none, plain SGD), and the
+        layer classes (of `module`, as `layers(module)` found them before wrapping) it holds a shard of, and
+        those holding a matrix it holds whole."""
         held = model_state_bytes(wrapper, optimizer)
-        full_state = 2 * trainable_bytes
-        return {"params_pct": 100 * held["params"] / full_param_bytes,
-                "optimizer_pct": 100 * held["optimizer_state"] / full_state if held["optimizer_state"] else None}
+        full = sum(numel * size for _, numel, size, _, first in before.values() if first)
+        trainable = sum(numel * size for _, numel, size, grad, first in before.values() if grad and first)
+        now = {name: p.numel() for name, p in module.named_parameters(remove_duplicate=False)}
+        sharded = {cls for name, (cls, numel, *_) in before.items() if now.get(name, numel) < numel}
+        whole = {cls for name, (cls, numel, *_) in before.items()
+                 if name in now and now[name] == numel and numel > 1 and cls not in sharded}
+        return {"params_pct": 100 * held["params"] / full,
+                "optimizer_pct": 100 * held["optimizer_state"] / (2 * trainable) if held["optimizer_state"] else None,
+                "sharded": sorted(sharded), "whole": sorted(whole)}
 
 
-def describe(seen: dict, steps: int) -> str:
-    """One line: collectives per step by op, how many during backward, and what rank 0 holds."""
+def layers(module: torch.nn.Module) -> dict:
+    """{parameter name: (its layer's class name, numel, element size, trainable, first)} of a model before
+    wrapping, under each name a tied weight has (`first` on one of them)."""
+    out, seen = {}, set()
+    for layer_name, layer in module.named_modules(remove_duplicate=False):
+        for name, p in layer.named_parameters(recurse=False, remove_duplicate=False):
+            qualified = f"{layer_name}.{name}" if layer_name else name
+            out[qualified] = (type(layer).__name__, p.numel(), p.element_size(), p.requires_grad, id(p) not in seen)
+            seen.add(id(p))
+    return out
+
+
+def describe(per_rank: list, steps: int) -> str:
+    """One line: rank 0's collectives per step by op and how many during backward; what the rank holding
+    most holds; the layer classes whose parameters were sharded, where some were."""
+    seen = per_rank[0][3]
     calls = Counter(seen["calls"])
     total = sum(calls.values())
     ops = ", ".join(f"{op} {n / steps:g}" for op, n in calls.most_common())
@@ -71,6 +94,11 @@ def describe(seen: dict, steps: int) -> str:
             else "none during backward (each waits for backward to end)")
     plural = "" if total == steps else "s"
     collectives = f"per step {total / steps:g} collective{plural} ({ops}), {when}" if total else "no collective seen"
-    state = seen["held"]
-    optimizer = f", {state['optimizer_pct']:.0f}% of AdamW's state" if state["optimizer_pct"] is not None else ""
-    return f"{collectives}; rank 0 holds {state['params_pct']:.0f}% of the parameters{optimizer}"
+    held = [s["held"] for *_, s in per_rank]
+    params = max(h["params_pct"] for h in held)
+    optimizer = [h["optimizer_pct"] for h in held if h["optimizer_pct"] is not None]
+    state = f", {max(optimizer):.0f}% of AdamW's state" if optimizer else ""
+    sharded = sorted({c for h in held for c in h["sharded"]})
+    whole = sorted({c for h in held for c in h["whole"]} - set(sharded))
+    kinds = f"; sharded {', '.join(sharded)}" + (f", whole {', '.join(whole)}" if whole else "") if sharded else ""
+    return f"{collectives}; the largest rank holds {params:.0f}% of the parameters{state}{kinds}"

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
+from torch.func import functional_call
 
 from ddp_lab.check.models import BYTE_VOCAB, CONTEXT, MODELS, VOCAB
 from ddp_lab.rank.data import BatchSource
@@ -67,6 +68,47 @@ class SingleProcess(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         pass
+
+
+class _GradTimes(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+class CastSingleProcess(SingleProcess):
+    """The single-process reference of a compute dtype, rounding as an FSDP with one does: each forward runs
+    on a copy of every parameter cast to `dtype`, and backward through it at the scale of one rank's loss
+    (the reference's micro-batch loss is 1/`ranks` of it: its gradient is multiplied back by `ranks` in fp32
+    before it enters the low-precision graph, where a smaller one would round and underflow otherwise);
+    `finish_gradient_synchronization` widens each copy's gradient, times 1/`ranks`, and adds it to the fp32
+    one (the master weights), micro-batch by micro-batch as ranks sum."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype, ranks: int = 1):
+        super().__init__(module)
+        self.dtype, self.ranks, self.copies = dtype, ranks, []
+
+    def forward(self, *args, **kwargs):
+        low = {n: p.detach().to(self.dtype).requires_grad_(p.requires_grad) for n, p in self.module.named_parameters()}
+        self.copies.append(low)
+        return _GradTimes.apply(functional_call(self.module, low, args, kwargs).float(), float(self.ranks))
+
+    def finish_gradient_synchronization(self) -> None:
+        params = dict(self.module.named_parameters())
+        for low in self.copies:
+            for name, copy in low.items():
+                if copy.grad is not None:
+                    p = params[name]
+                    grad = copy.grad.float() * (1.0 / self.ranks)
+                    p.grad = grad if p.grad is None else p.grad + grad
+        self.copies = []
 
 
 def two_groups(params, lr: float) -> list[dict]:
@@ -134,8 +176,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
-    `exact_reference`: the reference accumulates the ranks' slices as micro-batches, in rank
-    order, each loss divided by N: at 2 ranks that is the same arithmetic as averaging the two
+    `exact_reference`: the reference accumulates the ranks' micro-batches as its own, in rank
+    order, each loss divided by their number: at 2 ranks that is the same arithmetic as averaging the two
     ranks' gradients (halving is exact, and a + b is b + a), so a strategy can match it bit for bit.
     `reference_wrapper`: what runs the reference model (SingleProcess; a compute-dtype test casts).
     `precision`: train.precision on both sides; the loss scaler agrees over ranks whatever the wrapper
@@ -162,7 +204,8 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
             if after_step is not None:
                 after_step(ddp)
     if reference is not None:
-        train_reference(reference, optimizer_cls, steps, opt_kwargs, world_size if exact_reference else 1, batch_size,
+        micro_batches = world_size * grad_accum_steps if exact_reference else 1
+        train_reference(reference, optimizer_cls, steps, opt_kwargs, micro_batches, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper, data=data, groups=groups)
     state = full_state(ddp)
     out = (state, reference.state_dict() if reference is not None else None)

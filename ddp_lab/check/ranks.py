@@ -16,12 +16,14 @@ with torch alone; benchmarks/teardown_repeat.py repeats this harness to count it
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -77,6 +79,25 @@ def _start_method(finalize: bool) -> str:
     return "forkserver"
 
 
+@contextmanager
+def _spawn_log_to(log_dir: str | None):
+    """With `log_dir`, torch's spawn logger ("Terminating process N via signal SIGTERM" when a rank fails)
+    writes to `spawn.log` there instead of the caller's stderr, where it would fall among the verdict lines."""
+    if log_dir is None:
+        yield
+        return
+    logger = logging.getLogger("torch.multiprocessing.spawn")
+    handler, propagate = logging.FileHandler(os.path.join(log_dir, "spawn.log")), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()
+
+
 def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None,
               log_dir: str | None = None) -> list:
     """Call `fn(rank, world_size, *args)` on every rank; return the ranks' results in rank order.
@@ -87,7 +108,7 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
     interpreter finalize (the teardown benchmark's control). `log_dir`: each rank's stdout and stderr go to
     `rank{R}.log` there (appended), not to the caller's.
     """
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _spawn_log_to(log_dir):
         store_path = os.path.join(tmp, "store")
         context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize, log_dir),
                                      nprocs=world_size, start_method=_start_method(finalize), join=False)

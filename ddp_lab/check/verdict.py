@@ -7,6 +7,8 @@ The cause is read from which parameters differ, from what and on which ranks, kn
 - a rank's weights differ from rank 0's right after wrapping: the start-up broadcast;
 - a frozen parameter moved: something reduced or stepped what must stay as broadcast;
 - two names of one tied weight hold different values on a rank: each was synchronized apart;
+- the unused parameter moved while ranks agree: it was given a gradient (zeros) one process does not
+  give it, and the optimizer stepped it;
 - ranks disagree after training: some gradient was not averaged over every rank (a bucket or a
   parameter never reduced, a hook that never fired on one rank);
 - every rank agrees and all differ from one process: the average itself is wrong (a sum for a mean, a
@@ -60,23 +62,21 @@ def verdict(case, per_rank: list, atol: float, rtol: float) -> str | None:
     """None when every rank matches; else the cause, every parameter that differs and the largest
     difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank."""
     facts = model_facts(case.model)
-    start0, trained0, reference = per_rank[0][:3]
+    start0, _, reference = per_rank[0][:3]
     moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
              for r, (start, *_) in enumerate(per_rank)}
     if any(moved.values()):
         rank = next(r for r, names in moved.items() if names)
         return (f"the start-up broadcast: rank {rank} began from its own weights ({_listed(moved[rank], facts)} "
-                "differ from rank 0's right after wrapping)")
+                "differ from rank 0's right after wrapping; a wrapper that expects every rank to start from one "
+                "seed: --same-init)")
     wrong, worst = {}, None  # name -> ranks where it differs from what it must equal; the first difference
     for rank, (_, state, *_) in enumerate(per_rank):
         for name, expected in reference.items():
-            against = "the single-process reference"
-            if name.startswith(case.ranks_agree_only):
-                expected, against = trained0[name], "rank 0"
             how = _differs(state[name], expected, atol, rtol) if name in state else "missing"
             if how:
                 wrong.setdefault(name, []).append(rank)
-                worst = worst or f"rank {rank}, {name}: {how} from {against}"
+                worst = worst or f"rank {rank}, {name}: {how} from the single-process reference"
     if not wrong:
         return None
     detail = f"{_listed(list(wrong), facts)} differ ({worst}; tolerance {atol:g} + {rtol:g} x |expected|)"
@@ -94,6 +94,11 @@ def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float) -
                         "values (each was synchronized apart)")
     trained0 = per_rank[0][1]
     apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, *_ in per_rank[1:] if n in s)]
+    unused = sorted(facts["unused"] & set(wrong))
+    if unused and not apart:
+        return (f"the unused parameter moved ({unused[0]}): no forward uses it, so one process gives it no gradient "
+                "and AdamW leaves it alone; here it was stepped (given a zero gradient, which weight decay then "
+                "moves?)")
     if apart:
         return (f"the ranks disagree after training ({_listed(apart, facts)}): a gradient was not averaged over every "
                 "rank (a bucket or a parameter never reduced?)")

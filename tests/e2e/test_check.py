@@ -31,7 +31,7 @@ def check(*argv, capsys, keep: bool = False):
 def verdicts(out: str) -> dict:
     """(world size, case) -> the line's verdict and detail; (world size, "seen CASE") -> ("seen", what was
     seen)."""
-    found = re.findall(r"^  (ok|FAIL|skip|seen)\s+(\d) ranks  (\w+)\s+(.*)$", out, flags=re.M)
+    found = re.findall(r"^  (ok|FAIL|skip|seen)\s+(\d) ranks  ([\w@]+)\s+(.*)$", out, flags=re.M)
     return {(int(ws), f"seen {case}" if verdict == "seen" else case): (verdict, detail)
             for verdict, ws, case, detail in found}
 
@@ -43,30 +43,32 @@ def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
     for case in ("plain", "own_classes"):  # the lines under the verdicts: nothing sharded, nothing overlapped
         _, seen = verdicts(out)[(3, f"seen {case}")]
         assert re.match(r"per step \d+ collectives \(all_reduce \d+\), none during backward", seen), seen
-        assert seen.endswith("rank 0 holds 100% of the parameters, 100% of AdamW's state")
+        assert seen.endswith("the largest rank holds 100% of the parameters, 100% of AdamW's state")
     lines = verdicts(out)
     passed = {case for (_, case), (v, _) in lines.items() if v == "ok"}
-    assert passed == {"plain", "sgd", "own_classes", "frozen", "tied", "unused"}
+    assert passed == {"plain", "sgd", "own_classes", "frozen", "tied", "unused"}  # one run each: no bucket size
     assert lines[(3, "accumulation")] == ("skip", "AveragingDDP has no no_sync()")
-    assert lines[(3, "bucket")][0] == lines[(3, "groups")][0] == "skip"  # no bucket size; not an optimizer
+    assert lines[(3, "groups")][0] == "skip"  # not an optimizer
 
 
 @pytest.mark.parametrize("wrapper, case, expected", [
     ("ForgetsToAverage", "sgd", r"every rank agrees, and all differ from one process: .*: \S+.* differ \(rank \d, "
                                 r"\S+: max \|difference\| \S+ from the single-process reference"),
     ("SkipsFrozenBroadcast", "frozen", r"the start-up broadcast: rank 1 began from its own weights \(frozen\.weight, "
-                                       r"frozen\.bias differ from rank 0's right after wrapping\)"),
-    ("DropsABucket", "bucket", r"the ranks disagree after training \(.+\): a gradient was not averaged over every "
-                               r"rank"),
+                                       r"frozen\.bias differ from rank 0's right after wrapping; .*: --same-init\)"),
+    ("DropsABucket", "plain@small", r"the ranks disagree after training \(.+\): a gradient was not averaged over "
+                                    r"every rank"),
+    ("GivesUnusedZeros", "unused", r"the unused parameter moved \(unused\.bias\): .*given a zero gradient"),
     ("TrainsFrozen", "frozen", r"a frozen parameter moved \(frozen\.bias\): .*: frozen\.weight, frozen\.bias.* differ"),
     ("BreaksTheTie", "tied", r"the tie is broken on rank \d: embed\.weight and out\.weight are one weight"),
 ])
 def test_a_wrong_wrapper_fails_naming_the_cause_and_the_parameters(wrapper, case, expected, capsys):
-    code, out, _ = check(f"tests.helpers.own_ddp.{wrapper}", "--world-size", "2", "--cases", case, capsys=capsys)
+    code, out, _ = check(f"tests.helpers.own_ddp.{wrapper}", "--world-size", "2", "--cases", case.split("@")[0],
+                         capsys=capsys)
     assert code == 1, out
     verdict, detail = verdicts(out)[(2, case)]
     proves, _, why = detail.partition(": FAILED: ")
-    assert verdict == "FAIL" and proves == CASES[case].proves and re.match(expected, why), detail
+    assert verdict == "FAIL" and proves == CASES[case.split("@")[0]].proves and re.match(expected, why), detail
 
 
 def test_a_crash_names_the_exception_and_the_users_line_and_costs_one_run_more(capsys, monkeypatch):
@@ -92,19 +94,18 @@ def test_a_crash_names_the_exception_and_the_users_line_and_costs_one_run_more(c
     shutil.rmtree(folder)
 
 
-def test_drops_a_bucket_passes_with_one_bucket(capsys):
-    """The bucket case is what catches it: with one bucket (the default 25 MiB) nothing is dropped."""
-    code, out, _ = check("tests.helpers.own_ddp.DropsABucket", "--world-size", "2", "--cases", "plain", capsys=capsys)
-    assert code == 0, out
-
-
-def test_a_bucket_size_without_a_default_is_given_the_courses(capsys):
-    """Its constructor requires bucket_size_mb: the cases that are not about buckets get 25 MB (one bucket
-    here: right), the bucket case half the largest parameter (where it drops one)."""
+def test_every_case_runs_at_the_courses_bucket_size_and_at_one_smaller_than_a_parameter(capsys):
+    """Its constructor requires bucket_size_mb: each case runs at 25 MB (one bucket here: right) and at half the
+    largest parameter (where it drops one); `--set` a size and the cases run at that one alone."""
     code, out, _ = check("tests.helpers.own_ddp.RequiresItsBucketSize", "--world-size", "2", "--cases",
-                         "plain,bucket", capsys=capsys)
+                         "plain,frozen", capsys=capsys)
     lines = verdicts(out)
-    assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "bucket")][0] == "FAIL", out
+    assert code == 1 and "at 25 MB buckets, the course's (@25MB)" in out.splitlines()[0], out
+    assert [lines[(2, run)][0] for run in ("plain@25MB", "frozen@25MB", "plain@small", "frozen@small")] == \
+        ["ok", "ok", "FAIL", "FAIL"], out
+    code, out, _ = check("tests.helpers.own_ddp.RequiresItsBucketSize", "--world-size", "2", "--cases", "plain",
+                         "--set", "bucket_size_mb=25", capsys=capsys)
+    assert code == 0 and list(verdicts(out)) == [(2, "plain"), (2, "seen plain")], out
 
 
 def test_same_init_and_a_dtype_by_name(capsys):
@@ -123,7 +124,8 @@ def test_a_sharded_optimizer_is_checked_by_name_under_plain_ddp(capsys):
     fails the groups case."""
     code, out, _ = check("ddp_lab.strategies.ShardedOptimizer", "--world-size", "2", "--cases", "plain,groups",
                          capsys=capsys)
-    assert code == 0 and "every case passed (2)" in out, out
+    lines = verdicts(out)
+    assert code == 0 and lines[(2, "sharded")][0] == "ok", out  # claimed: a sharded optimizer
     held = float(re.search(r"holds 100% of the parameters, (\d+)% of AdamW's state", out).group(1))
     assert 30 < held < 70  # its shard: whole parameters to owners, about half
     code, out, _ = check("tests.helpers.own_ddp.ShardedOptimizerOneGroup", "--world-size", "2", "--cases",
@@ -132,10 +134,68 @@ def test_a_sharded_optimizer_is_checked_by_name_under_plain_ddp(capsys):
     assert code == 1 and lines[(2, "plain")][0] == "ok" and lines[(2, "groups")][0] == "FAIL", out
 
 
-def test_a_wrapper_read_through_gather_full_params(capsys):
+def test_an_fsdp_that_shards_nothing_trains_right_and_fails_its_claim(capsys):
+    """Read through gather_full_params() (so taken for an FSDP, which claims sharded parameters): its weights
+    are right, and it holds every one whole."""
     code, out, _ = check("tests.helpers.own_ddp.GathersFullParams", "--world-size", "2", "--cases", "plain",
                          capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == "ok", out
+    assert lines[(2, "sharded")][1].endswith("FAILED: in plain a rank holds 100% of the parameters, more than 1/2 + "
+                                             "20% (70%): it shards no layer and holds Embedding, Linear, RMSNorm whole")
+
+
+def test_an_fsdp_of_the_courses_kind_passes_in_fp16_and_shards_the_users_layers(capsys):
+    """No broadcast (--same-init), the course's own Linear and Embedding sharded, weights through
+    gather_full_params(), computing in fp16 against a reference that rounds as it does; detected as an FSDP,
+    so sharding is claimed and checked."""
+    code, out, _ = check("tests.helpers.own_ddp.CourseFSDP", "--world-size", "2,3", "--same-init", "--set",
+                         "compute_dtype=float16", capsys=capsys)
     assert code == 0, out
+    assert "computes in float16 as it does" in out.splitlines()[0] and "read as an FSDP" in out.splitlines()[0]
+    lines = verdicts(out)
+    assert lines[(2, "sharded")][0] == lines[(3, "sharded")][0] == "ok"
+    assert lines[(3, "seen own_classes")][1].endswith("sharded OwnEmbedding, OwnLinear, whole OwnRMSNorm")
+
+
+@pytest.mark.parametrize("target, flags, expected", [
+    ("KeyedOnTorchLayers", ["--same-init"], r"in own_classes a rank holds 100% of the parameters, more than 1/2 \+ "
+                                            r"20% \(70%\): it shards no layer and holds OwnEmbedding, OwnLinear"),
+    ("KeepsEveryState", [], r"in plain a rank holds 100% of AdamW's state, more than 1/2 \+ 20% \(70%\)$"),
+])
+def test_what_shards_nothing_fails_the_claim_it_makes(target, flags, expected, capsys):
+    """An FSDP keyed on torch's classes shards nothing of the course's kind of model; a "sharded" optimizer that
+    keeps every state: both train right, and both claim sharding by what they are."""
+    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2", "--cases", "plain,own_classes",
+                         *flags, capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == lines[(2, "own_classes")][0] == "ok", out
+    verdict, detail = lines[(2, "sharded")]
+    assert verdict == "FAIL" and re.search(expected, detail.split(": FAILED: ")[1]), detail
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("AveragingDDP", {"overlap": "in plain no collective was issued during backward",
+                      "bucketed": "in plain 17 collectives per step for 17 trainable tensors"}),
+    ("IgnoresItsBucketSize", {"bucketed": "1 collective per step with buckets of half the largest parameter "
+                                          r"\(plain@small\), 1 with 25 MB \(plain@25MB\): the bucket size is not "
+                                          "honoured"}),
+])
+def test_a_claim_the_wrapper_does_not_keep_fails(target, expected, capsys):
+    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2", "--cases", "plain", "--expect",
+                         ",".join(expected), capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and all(v == "ok" for (_, run), (v, _) in lines.items() if run.startswith("plain")), out
+    for prop, why in expected.items():
+        verdict, detail = lines[(2, prop)]
+        assert verdict == "FAIL" and re.match(why, detail.split(": FAILED: ")[1]), detail
+
+
+def test_a_sum_for_a_mean_fails_in_fp16_too(capsys):
+    """The compute dtype's wider tolerance still sees a missing division, where SGD shows it."""
+    code, out, _ = check("tests.helpers.own_ddp.ForgetsToAverageFSDP", "--world-size", "2", "--same-init", "--cases",
+                         "sgd", "--set", "compute_dtype=float16", capsys=capsys)
+    assert code == 1 and verdicts(out)[(2, "sgd")][0] == "FAIL", out
 
 
 def test_a_hang_fails_after_the_timeout(capsys):
@@ -152,6 +212,7 @@ def test_a_hang_fails_after_the_timeout(capsys):
     (["torch.nn.Linear"], "error: torch.nn.Linear has no finish_gradient_synchronization()"),
     (["ddp_lab.strategies.NaiveDDP", "--cases", "plain,nope"], "error: unknown case 'nope'"),
     (["ddp_lab.strategies.NaiveDDP", "--world-size", "1"], "error: --world-size takes ranks >= 2"),
+    (["ddp_lab.strategies.NaiveDDP", "--expect", "fast"], "error: --expect 'fast' is no property"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     code, _, err = check(*argv, capsys=capsys)
@@ -161,7 +222,8 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 def test_the_command_line_runs_our_own_strategy():
     proc = subprocess.run([sys.executable, "-m", "ddp_lab.check", "ddp_lab.strategies.BucketedDDP", "--world-size", "2",
-                           "--cases", "bucket,accumulation"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--cases", "plain,accumulation", "--expect", "bucketed,overlap"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "every case passed (2)" in proc.stdout
+    assert "every case passed (6)" in proc.stdout  # two cases at two bucket sizes, two claims
     assert "issued during backward (can overlap it)" in proc.stdout  # its buckets go while backward runs

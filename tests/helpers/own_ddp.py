@@ -170,3 +170,123 @@ class GathersFullParams(nn.Module):
 
     def gather_full_params(self) -> dict:
         return self.inner.module.state_dict()
+
+
+class GivesUnusedZeros(AveragingDDP):
+    """Averages a zero gradient for every parameter backward left without one (as a flat buffer does): AdamW's
+    weight decay then moves a parameter no forward uses, which one process leaves alone."""
+
+    def finish_gradient_synchronization(self) -> None:
+        for p in self.module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        super().finish_gradient_synchronization()
+
+
+class KeepsEveryState(torch.optim.Optimizer):
+    """A "sharded" optimizer that steps every parameter on every rank: right, and nothing sharded."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.all = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        self.optim = optimizer_cls(self.all, **kwargs)
+        super().__init__(self.all, kwargs)
+
+    def step(self, closure=None):
+        self.optim.step()
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.optim.zero_grad(set_to_none)
+
+
+class CourseFSDP(nn.Module):
+    """Right, as a 2026 student writes an FSDP: each Linear and Embedding weight (by the class's name, so the
+    course's own classes too) is sharded by rows at rest; every forward gathers them (all_gather) and, with a
+    `compute_dtype`, runs on every parameter cast to it; after backward each gradient is widened to fp32,
+    averaged, and a sharded weight keeps its rows'. No broadcast at start (every rank must start alike:
+    `--same-init`); the whole weights come from gather_full_params()."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.module, self.dtype = module, compute_dtype
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.rows: dict[nn.Parameter, int] = {}  # a sharded weight -> its full rows
+        for layer in module.modules():
+            weight = getattr(layer, "weight", None)
+            if self.shards(layer) and isinstance(weight, nn.Parameter) and weight not in self.rows:
+                self.rows[weight] = weight.shape[0]
+                weight.data = self._rows_of(weight.data)
+        self.master: dict[nn.Parameter, torch.Tensor] = {}
+
+    def shards(self, layer: nn.Module) -> bool:
+        return type(layer).__name__.endswith(("Linear", "Embedding"))
+
+    def _rows_of(self, full: torch.Tensor) -> torch.Tensor:
+        chunk = -(-full.shape[0] // self.n)
+        padded = torch.zeros(chunk * self.n, *full.shape[1:], dtype=full.dtype)
+        padded[:full.shape[0]] = full
+        return padded[self.rank * chunk:(self.rank + 1) * chunk].clone()
+
+    def _whole(self, p: nn.Parameter) -> torch.Tensor:
+        parts = [torch.empty_like(p.data) for _ in range(self.n)]
+        dist.all_gather(parts, p.data)
+        return torch.cat(parts)[:self.rows[p]]
+
+    def forward(self, *args, **kwargs):
+        for p in self.module.parameters():
+            self.master[p] = p.data
+            full = self._whole(p) if p in self.rows else p.data
+            p.data = full.to(self.dtype) if self.dtype is not None else full
+        return self.module(*args, **kwargs)
+
+    def _mean(self, grad: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(grad)
+        return grad / self.n
+
+    def finish_gradient_synchronization(self) -> None:
+        for p in self.module.parameters():
+            grad = p.grad.float() if p.grad is not None else None
+            p.grad, p.data = None, self.master.pop(p)
+            if grad is not None:
+                grad = self._mean(grad)
+                p.grad = self._rows_of(grad) if p in self.rows else grad
+
+    def gather_full_params(self) -> dict:
+        whole = {p: self._whole(p) for p in self.rows}
+        state = {name: t.clone() for name, t in self.module.state_dict().items()}
+        state.update({name: whole.get(p, p.data).clone()
+                      for name, p in self.module.named_parameters(remove_duplicate=False)})
+        return state
+
+
+class KeyedOnTorchLayers(CourseFSDP):
+    """Right, but it shards torch's nn.Linear and nn.Embedding only: on a model of the course's own layer
+    classes it shards nothing (and still trains right)."""
+
+    def shards(self, layer: nn.Module) -> bool:
+        return isinstance(layer, (nn.Linear, nn.Embedding))
+
+
+class ForgetsToAverageFSDP(CourseFSDP):
+    """Sums the gradients and never divides by the world size."""
+
+    def _mean(self, grad: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(grad)
+        return grad
+
+
+class IgnoresItsBucketSize(AveragingDDP):
+    """Right, and one flat all-reduce of every gradient whatever `bucket_size_mb` says: not the buckets it
+    claims."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
+        super().__init__(module)
+
+    def finish_gradient_synchronization(self) -> None:
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        at = 0
+        for g in grads:
+            g.copy_(flat[at:at + g.numel()].view_as(g))
+            at += g.numel()

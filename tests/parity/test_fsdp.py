@@ -23,12 +23,11 @@ from functools import partial
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import (
     STEPS,
-    SingleProcess,
+    CastSingleProcess,
     assert_parity,
     assert_parity_each,
     per_scenario,
@@ -44,29 +43,6 @@ class FSDPNative(FSDP):
     FSDP itself runs the lab's rings, gloo's default."""
 
     collectives = "native"
-
-
-class CastSingleProcess(SingleProcess):
-    """The single-process reference of a compute dtype: each forward runs on a cast copy of every
-    parameter; `finish_gradient_synchronization` adds the copies' gradients, widened, to the fp32 ones."""
-
-    def __init__(self, module, dtype):
-        super().__init__(module)
-        self.dtype, self.copies = dtype, []
-
-    def forward(self, *args, **kwargs):
-        low = {n: p.detach().to(self.dtype).requires_grad_(p.requires_grad) for n, p in self.module.named_parameters()}
-        self.copies.append(low)
-        return functional_call(self.module, low, args, kwargs)
-
-    def finish_gradient_synchronization(self) -> None:
-        params = dict(self.module.named_parameters())
-        for low in self.copies:
-            for name, copy in low.items():
-                if copy.grad is not None:
-                    p = params[name]
-                    p.grad = copy.grad.float() if p.grad is None else p.grad + copy.grad.float()
-        self.copies = []
 
 
 def inspect(ddp, optimizer) -> dict | None:
