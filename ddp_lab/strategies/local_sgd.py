@@ -164,7 +164,8 @@ class LocalSGD(DataParallelBase):
         if self._outer_optimizer is not None:
             self._anchor.copy_(state["local_sgd.anchor"])
             if "local_sgd.outer_momentum" in state:
-                self._outer_optimizer.state[self._anchor]["momentum_buffer"] = state["local_sgd.outer_momentum"].clone()
+                momentum = state["local_sgd.outer_momentum"].to(self._anchor.device, copy=True)  # read on the CPU
+                self._outer_optimizer.state[self._anchor]["momentum_buffer"] = momentum
         return True
 
     def facts(self) -> dict:

@@ -87,3 +87,21 @@ def test_a_checkpoint_moves_between_strategies_on_the_gpu(tmp_path):
     assert moved.returncode == 0, moved.stderr
     assert results(tmp_path / "bucketed" / "run")["summary"]["resumed_from"]["step"] == 4
     assert_same_saved_weights(tmp_path / "bucketed" / "run", tmp_path / "fsdp" / "run")
+
+
+@pytest.mark.parametrize("strategy", [["strategy=powersgd", "strategy.start_iter=0"],
+                                      ["strategy=local_sgd", "strategy.sync_every=3", "strategy.outer=nesterov"]],
+                         ids=["powersgd", "local_sgd"])
+def test_a_strategys_own_state_continues_on_the_gpu(tmp_path, strategy):
+    """Per-rank state saved from CUDA tensors and given back into them (powersgd's error feedback and Q, local
+    SGD's own parameters and DiLoCo's outer state): 4 steps, a checkpoint, 4 more end where 8 straight do."""
+    run = [*FAST, *ONE_GPU, "logger=none", "train.steps=8", "train.save_model=true", *strategy]
+    for side in ("straight", "resumed"):
+        (tmp_path / side).mkdir()
+    straight = launch(*run, "checkpoint.every=4", tmp_path=tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    resumed = launch(*run, f"checkpoint.load={tmp_path / 'straight' / 'run' / 'checkpoints' / 'step_4'}",
+                     tmp_path=tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert results(tmp_path / "resumed" / "run")["summary"]["resumed_from"]["rank_state"] is True
+    assert_same_saved_weights(tmp_path / "resumed" / "run", tmp_path / "straight" / "run")
