@@ -24,14 +24,28 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddp_lab.models import build_model
 
+SMALL_MODEL_BYTES = 64 * 2**20  # activations counted on a real forward of one sequence below this (see below)
+
+
+class _SkipInit(TorchFunctionMode):
+    """`torch.nn.init`'s fills skipped: on the meta device they are no-ops that run through torch._refs,
+    whose first use imports torch._dynamo (2 s of every launch.py on 2 cores)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
 
 def meta_model(model_cfg) -> nn.Module:
     """The model of `model_cfg` built on the meta device (ValueError, TypeError: it cannot be built)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipInit():
         return build_model(model_cfg)
 
 
@@ -39,8 +53,8 @@ def _key(model_cfg) -> str:
     return OmegaConf.to_yaml(model_cfg if OmegaConf.is_config(model_cfg) else OmegaConf.create(dict(model_cfg)))
 
 
-def _tokens(model_cfg, batch: int = 1) -> torch.Tensor:
-    return torch.zeros(batch, int(model_cfg["context_length"]), dtype=torch.long, device="meta")
+def _tokens(model_cfg, batch: int = 1, device: str = "meta") -> torch.Tensor:
+    return torch.zeros(batch, int(model_cfg["context_length"]), dtype=torch.long, device=device)
 
 
 def parameter_counts(model_cfg) -> dict:
@@ -85,14 +99,20 @@ def _flops_per_token(key: str) -> tuple:
 
 def activation_bytes(model_cfg, batch: int) -> int:
     """Bytes autograd saves in one forward of `batch` sequences (tensors saved for backward that are not
-    parameters, counted at fp32 and each time saved: an upper bound)."""
-    return _activation_bytes(_key(model_cfg), batch)
+    parameters, counted at fp32 and each time saved: an upper bound). A model under SMALL_MODEL_BYTES is
+    counted on a real CPU forward of one sequence, times `batch` (what the CPU's kernels save: on the tiny
+    Transformer 5% less than the meta device's decompositions), since a forward on the meta device runs
+    through torch._refs, whose first use imports torch._dynamo: 2 s of every launch.py, more than that
+    forward takes."""
+    if 4 * parameter_counts(model_cfg)["total"] < SMALL_MODEL_BYTES:
+        return batch * _activation_bytes(_key(model_cfg), 1, "cpu")
+    return _activation_bytes(_key(model_cfg), batch, "meta")
 
 
 @lru_cache(maxsize=32)
-def _activation_bytes(key: str, batch: int) -> int:
+def _activation_bytes(key: str, batch: int, device: str) -> int:
     model_cfg = OmegaConf.create(key)
-    module = meta_model(model_cfg)
+    module = meta_model(model_cfg) if device == "meta" else build_model(model_cfg)
     params = {id(p) for p in module.parameters()}
     saved = []
 
@@ -101,7 +121,7 @@ def _activation_bytes(key: str, batch: int) -> int:
             saved.append(tensor.numel() * max(4, tensor.element_size()))
         return tensor
 
-    tokens = _tokens(model_cfg, batch)
+    tokens = _tokens(model_cfg, batch, device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         F.cross_entropy(module(tokens).flatten(0, 1), tokens.flatten())
     return int(sum(saved))

@@ -27,10 +27,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, context_length: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-        angles = torch.outer(torch.arange(context_length).float(), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # On the CPU whatever the default device, then moved there: on the meta device (the launcher's checks)
+        # this arithmetic with Python numbers runs through torch._refs, whose first use imports torch._dynamo.
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cpu").float() / head_dim)
+        angles = torch.outer(torch.arange(context_length, device="cpu").float(), inv_freq)
+        self.register_buffer("cos", angles.cos().to(torch.get_default_device()), persistent=False)
+        self.register_buffer("sin", angles.sin().to(torch.get_default_device()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (batch, heads, seq, head_dim); rotate interleaved pairs.
