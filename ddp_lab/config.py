@@ -75,6 +75,7 @@ class FaultKind(Choice):
     crash = "crash"
     hang = "hang"
     oom = "oom"
+    slow = "slow"
 
 
 @dataclass
@@ -257,12 +258,14 @@ class LauncherConfig:
 
 @dataclass
 class FaultConfig:
-    """Make a rank fail on purpose at a step (ddp_lab/rank/faults.py)."""
+    """Make a rank fail on purpose at a step, or compute slower from a step on (ddp_lab/rank/faults.py)."""
 
     kind: FaultKind = FaultKind.none
     rank: int = 0
     """-1: every rank."""
     step: int = 0
+    slowdown: float = 2.0
+    """kind=slow: the rank's forward and backward take this many times as long, from `step` on (> 1)."""
 
 
 @dataclass

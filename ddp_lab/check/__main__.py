@@ -2,24 +2,28 @@
 
     python -m ddp_lab.check my_pkg.ddp.MyDDP                      # 2 and 3 gloo ranks, every case
     python -m ddp_lab.check my_pkg.ddp.MyDDP --world-size 2,3,4 --cases plain,frozen
-    python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --set bucket_mb=1
+    python -m ddp_lab.check my_pkg.fsdp.FSDP --same-init --set compute_dtype=float16
+    python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --expect bucketed,overlap
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
 `MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward.
-`no_sync()` (for the accumulation case), a bucket size argument (`bucket_mb`, `bucket_size_mb` or
-`bucket_cap_mb`: the bucket case; 25 MB, the course's, where the constructor requires one and `--set`
-gives none), `make_optimizer` and `full_state_dict` are used when it has them. `--set` values are YAML,
-and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype. `--same-init`: every rank builds the
-model from one seed (a wrapper that does not broadcast at start, as the 2026 course's FSDP may). One
-line per case and world size (cases.py says what each proves): ok, FAIL with the cause and every
-parameter that differs (verdict.py), or skip with the reason; then `seen` lines (the plain case, on
-torch's layers, and own_classes, on the user's kind): the collectives per step, how many were issued
-during backward, and what rank 0 holds of the parameters and of AdamW's state (observe.py: what parity
-cannot see). Each world size runs its cases in one set of gloo ranks on this machine (CPU); when a rank
-raises, dies or hangs past `--timeout`, the case it was in fails with the exception and the user's file
-and line, and the cases after it run in one more set. The ranks' prints go to a log folder, kept and
-named when a case failed (with each crashed rank's traceback; `--traceback` prints it). Exit status: 0
-when no case failed, 1 when one did, 2 for bad input.
+`no_sync()` (for the accumulation case), `make_optimizer`, and `full_state_dict` or `gather_full_params`
+are used when it has them. A wrapper with a bucket size argument (`bucket_mb`, `bucket_size_mb` or
+`bucket_cap_mb`) runs every case at 25 MB and at half the largest parameter unless `--set` gives one
+(cases.runs). `--set` values are YAML, and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype;
+a compute dtype below fp32 is checked against a reference that rounds the same way. `--same-init`: every
+rank builds the model from one seed (a wrapper that does not broadcast at start, as the 2026 course's FSDP
+may). One line per run and world size (cases.py says what each proves): ok, FAIL with the cause and every
+parameter that differs (verdict.py), or skip with the reason; then a line per claimed property
+(`--expect`, an FSDP's or a sharded optimizer's sharding: properties.py), then `seen` lines (the plain
+case, on torch's layers, and own_classes, on the user's kind): the collectives per step, how many were
+issued during backward, what the largest rank holds of the parameters and of AdamW's state and which
+layer classes were sharded (observe.py: what parity cannot see). Each world size runs its cases in one
+set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs past `--timeout`, the case it
+was in fails with the exception and the user's file and line, and the cases after it run in one more set.
+The ranks' prints go to a log folder, kept and named when a case failed (with each crashed rank's
+traceback; `--traceback` prints it). Exit status: 0 when no case failed, 1 when one did, 2 for bad input.
+Every case and option: docs/check.md.
 """
 
 from __future__ import annotations

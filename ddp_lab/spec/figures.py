@@ -105,11 +105,13 @@ CHECKPOINT_MEMORY = Figure("checkpoint_extra_bytes", "bytes", "host memory the s
 CHECKPOINT_STAGED = Figure("checkpoint_staged_bytes", "bytes", "the copy of this rank's pieces an async save writes "
                            "from, held in host memory until written (the most any rank staged)", summarized=False,
                            when="checkpoint.async_save, every save but the last")
+INJECTED_DELAY = Figure("injected_delay_ms", "ms", "the time fault.kind=slow added to the slow rank's forward and "
+                        "backward this step (the straggler's known truth)", when="fault.kind=slow, from fault.step on")
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
                                CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY,
-                               CHECKPOINT_STAGED, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
+                               CHECKPOINT_STAGED, INJECTED_DELAY, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""
 
 BY_KEY = {f.key: f for f in FIGURES}

@@ -23,7 +23,7 @@ from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
 from ddp_lab.rank.checkpoint import Checkpoints, restarts
 from ddp_lab.rank.data import BatchSource
-from ddp_lab.rank.faults import maybe_inject_fault
+from ddp_lab.rank.faults import injected, maybe_inject_fault, slow_compute
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.memory import memory_report, memory_snapshot
@@ -84,6 +84,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     module = build_model(cfg.model).to(device)
+    slow = slow_compute(cfg.fault, rank, module)  # fault.kind=slow: its hooks before the strategy's, or None
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
     spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
@@ -107,7 +108,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     with StepProfiler(cfg, job_dir, device) as profiler:  # no-op unless profile=true
         profiler.watch(model.module)
         for step in range(first, cfg.train.steps):
-            maybe_inject_fault(cfg.fault, rank, step)
+            maybe_inject_fault(cfg.fault, rank, step, slow)
             measured = {}  # grad_error, when measured
             timer.start()
             micro_batches = list(data.micro_batches(step))
@@ -119,7 +120,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             saved = checkpoints.after_step(step, model, optimizer, precision)  # when due: its time and bytes
             record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
                                                          **model.comm.pop(), **precision.record(), **measured,
-                                                         **saved}, device)}
+                                                         **saved, **(slow.pop() if slow else {})}, device)}
             if held_out.due(step) and not profiler.records(step):
                 record[VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
             steps.append(record)
@@ -140,5 +141,6 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["strategy_facts"] = facts
     summary["resumed_from"] = checkpoints.loaded  # None, or the checkpoint this run started from
     summary["restarts"] = restarts(job_dir)  # launcher.max_restarts: each restart and what it cost
+    summary["injected"] = injected(cfg.fault)  # None, or the fault this run was given: not a clean run
     summary.update(data.facts())
     return {"summary": summary, "steps": steps}

@@ -35,13 +35,13 @@ def hsdp_at_four_ranks(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def crash_sweep(tmp_path_factory) -> tuple:
-    """zero2 at 2 bucket sizes x (no fault, rank 1 crashes at step 2), profiled: (launch.py's process, the
-    sweep folder, {job number: results.json}). Jobs 0 and 2 end ok, 1 and 3 failed (Hydra's order: the
-    first override varies slowest). test_failures reads the crash and the sweep going on, test_report_launch
-    the table, the traces and the report."""
+    """zero2 at 2 bucket sizes x (rank 1 a 1.5x straggler from step 2, rank 1 crashes at step 2), profiled:
+    (launch.py's process, the sweep folder, {job number: results.json}). Jobs 0 and 2 end ok, 1 and 3 failed
+    (Hydra's order: the first override varies slowest). test_failures reads the crash, the sweep going on
+    and the straggler's record, test_report_launch the table, the traces and the report."""
     tmp = tmp_path_factory.mktemp("crash_sweep")
-    proc = launch(*FAST, "strategy=zero2", "strategy.bucket_mb=0.05,1", "fault.kind=none,crash", "fault.rank=1",
-                  "fault.step=2", "profile=true", "logger=none", tmp_path=tmp, multirun=True)
+    proc = launch(*FAST, "strategy=zero2", "strategy.bucket_mb=0.05,1", "fault.kind=slow,crash", "fault.rank=1",
+                  "fault.step=2", "fault.slowdown=1.5", "profile=true", "logger=none", tmp_path=tmp, multirun=True)
     sweep = tmp / "multirun"
     return proc, sweep, {i: results(sweep / str(i)) for i in range(4)}
 

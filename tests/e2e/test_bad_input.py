@@ -81,6 +81,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "checkpoint.async_save=true": "checkpoint.every=0 asks for none: set checkpoint.every",
     "checkpoint.async=true": "checkpoint.async_save",
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
+    "fault.kind=slow fault.slowdown=1": "fault.slowdown=1.0 must be > 1 (times as long) with fault.kind=slow",
 }
 
 

@@ -49,6 +49,17 @@ def test_crash_fails_its_job_and_the_sweep_goes_on(crash_sweep):
     assert leftovers(sweep.parent) == []
 
 
+def test_a_slow_rank_ends_ok_and_its_run_says_it_was_slowed(crash_sweep):
+    """fault.kind=slow: the jobs of the crash sweep that do not crash have rank 1 a 1.5x straggler from step 2;
+    the record names the injection and each slowed step the time it added (not how long a step took)."""
+    _, _, jobs = crash_sweep
+    for slowed in (jobs[0], jobs[2]):
+        assert slowed["status"] == "ok"
+        assert slowed["summary"]["injected"] == {"kind": "slow", "rank": 1, "step": 2, "slowdown": 1.5}
+        delays = {s["step"]: s.get("injected_delay_ms") for s in slowed["steps"]}
+        assert delays[0] is None and delays[1] is None and delays[2] > 0 and delays[3] > 0
+
+
 @pytest.fixture(scope="module")
 def oom_and_hang(tmp_path_factory) -> tuple:
     """One sweep, zero2 on the lab's rings with backend.timeout_s=10: rank 1 runs out of memory at step 1 (job
