@@ -46,8 +46,8 @@ WANDB = "wandb"  # the offline W&B run: `wandb sync JOB/wandb/offline-run-*`
 ATTEMPTS = "attempts"
 CHECKPOINTS = "checkpoints"
 RESTARTS = "restarts.jsonl"  # launcher.max_restarts: one line per restart, what the failure cost (rank/checkpoint.py)
-CHECKPOINT_DONE = ".metadata"  # torch.distributed.checkpoint writes it last, once every rank's files are written
-CHECKPOINT_META = "checkpoint.json"  # what a checkpoint holds (rank/checkpoint.py), written before it is complete
+CHECKPOINT_META = "checkpoint.json"  # what a checkpoint holds (rank/checkpoint.py): rank 0 writes it last, once
+# every rank's files are written (DCP's metadata, or a strategy's own format), then renames the folder
 MULTIRUN = "multirun.yaml"  # Hydra's record of a sweep's command line, in the sweep folder
 
 
@@ -148,7 +148,7 @@ def complete_checkpoints(job_dir: Path | str) -> list[tuple[int, Path]]:
     found = []
     for path in (Path(job_dir) / CHECKPOINTS).glob("step_*"):
         number = path.name.removeprefix("step_")
-        if number.isdigit() and (path / CHECKPOINT_DONE).is_file():
+        if number.isdigit() and (path / CHECKPOINT_META).is_file():
             found.append((int(number), path))
     return sorted(found)
 
@@ -156,7 +156,7 @@ def complete_checkpoints(job_dir: Path | str) -> list[tuple[int, Path]]:
 def newest_checkpoint(path: Path | str) -> Path | None:
     """`path` itself if it is a complete checkpoint, else the newest complete one of the job folder `path`."""
     path = Path(path)
-    if (path / CHECKPOINT_DONE).is_file():
+    if (path / CHECKPOINT_META).is_file():
         return path
     found = complete_checkpoints(path)
     return found[-1][1] if found else None
@@ -177,6 +177,22 @@ def read_checkpoint(path: Path | str) -> dict:
 def leaves_measured_steps(meta: dict, train) -> bool:
     """A run of `train` (its steps and warmup_steps) started from this checkpoint has a measured step left."""
     return train.steps - meta["step"] > train.warmup_steps
+
+
+def own_format_problem(meta: dict, strategy: str, own: str | None, world_size: int) -> str | None:
+    """Why a checkpoint (`read_checkpoint`) cannot load into `strategy` at `world_size` by format, or None: a
+    checkpoint in a strategy's own format (`own_checkpoint` of its spec: DeepSpeed's) loads only into that
+    strategy at its world size, and such a strategy takes no other checkpoint."""
+    theirs = meta.get("own_format")
+    if theirs is None and own is None:
+        return None
+    if theirs is None:
+        return (f"strategy={strategy} loads only its own checkpoints ({own}'s format), and this one holds "
+                f"{meta.get('strategy')}'s pieces")
+    if (meta.get("strategy"), meta.get("world_size")) != (strategy, world_size):
+        return (f"it is in {theirs}'s own format, written by strategy={meta.get('strategy')} at "
+                f"{meta.get('world_size')} ranks, which loads only there")
+    return None
 
 
 def checkpoint_problem(meta: dict, shapes: dict) -> str | None:

@@ -247,10 +247,15 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
              "for, and checkpoint.every=0 asks for none: set checkpoint.every")
     if not (c.every or c.load or cfg.launcher.max_restarts):
         return
-    _require(spec.not_checkpointed is None, f"strategy={spec.name} cannot be checkpointed yet: {spec.not_checkpointed}")
     if not c.load:
         return
-    from ddp_lab.jobdir import checkpoint_problem, leaves_measured_steps, newest_checkpoint, read_checkpoint
+    from ddp_lab.jobdir import (
+        checkpoint_problem,
+        leaves_measured_steps,
+        newest_checkpoint,
+        own_format_problem,
+        read_checkpoint,
+    )
 
     _require(Path(c.load).is_dir(), f"checkpoint.load={c.load}: no such folder")
     path = newest_checkpoint(c.load)
@@ -261,6 +266,8 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
     except ValueError as exc:
         raise ConfigError(f"checkpoint.load={c.load}: {exc}") from None
     problem = checkpoint_problem(meta, {name: list(p.shape) for name, p in module.named_parameters()})
+    _require(problem is None, f"checkpoint.load={path}: {problem}")
+    problem = own_format_problem(meta, spec.name, spec.own_checkpoint, cfg.world_size)
     _require(problem is None, f"checkpoint.load={path}: {problem}")
     _require(leaves_measured_steps(meta, t),
              f"checkpoint.load={path} was taken after step {meta['step']}: train.steps={t.steps} leaves "

@@ -18,8 +18,12 @@ that does not fit before any rank starts. The data position is the step: every b
 (seed, step).
 
 A checkpoint is complete or absent: DCP writes into `step_N.partial/`, and once its metadata is written
-(last, after every rank's files) rank 0 renames the folder to `step_N/`; a load takes only those
-(jobdir.complete_checkpoints).
+(last, after every rank's files) rank 0 writes checkpoint.json and renames the folder to `step_N/`; a load
+takes only a `step_N` folder with its checkpoint.json (jobdir.complete_checkpoints).
+
+A strategy whose spec names an `own_checkpoint` format (DeepSpeed's: its engine's flat partitions are no
+DCP pieces) writes its state with `save_own` instead, completed the same way; it loads only into the
+same strategy at the same world size (jobdir.own_format_problem), and takes no other's.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from ddp_lab.jobdir import (
     checkpoint_problem,
     complete_checkpoints,
     newest_checkpoint,
+    own_format_problem,
     read_checkpoint,
 )
 from ddp_lab.rank.memory import host_peak_bytes, host_peak_from_now
@@ -219,12 +224,16 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # a save that was killed before it completed
     dist.barrier()
+    own = _own_format(about)
+    if own is not None:
+        return _save_own(model, partial, final, {"format": CHECKPOINT_FORMAT, "step": step, **about,
+                                                 "own_format": own, "loss_scaler": _scaler_state(precision)})
     rng = torch.get_rng_state()
-    own = {_state_key(rank, name): Flat(t.numel(), [(0, t.detach().reshape(-1))])
-           for name, t in model.checkpoint_rank_state().items() if t.numel()}  # before any consensus
+    mine = {_state_key(rank, name): Flat(t.numel(), [(0, t.detach().reshape(-1))])
+            for name, t in model.checkpoint_rank_state().items() if t.numel()}  # before any consensus
     with model.checkpoint_consensus(optimizer):
         flats, shapes = _model_state(model)
-        state = {**flats, **_optimizer_state(model, optimizer, shapes), **own,
+        state = {**flats, **_optimizer_state(model, optimizer, shapes), **mine,
                  _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
         meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
                 "loss_scaler": _scaler_state(precision)}
@@ -246,6 +255,26 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
     return saving
 
 
+def _own_format(about: dict) -> str | None:
+    """The strategy's own checkpoint format (its spec's `own_checkpoint`), None for DCP's pieces."""
+    from ddp_lab.spec.strategies import SPECS
+
+    spec = SPECS.get(about.get("strategy"))
+    return spec.own_checkpoint if spec is not None else None
+
+
+def _save_own(model, partial: Path, final: Path, meta: dict) -> Saving:
+    """A checkpoint in the strategy's own format (`save_own`, written before this returns, `async_save` or
+    not), completed as every checkpoint is: checkpoint.json and the rename, once every rank has written."""
+    meta["shapes"] = {name: list(getattr(p, "ds_shape", p.shape)) for name, p in model.module.named_parameters()}
+    saving = Saving(partial, final, meta, None)
+    saving.own_bytes = model.save_own(partial)
+    dist.barrier()  # every rank's files written
+    saving.written(None)
+    dist.barrier()
+    return saving
+
+
 class _AlreadyStaged(AsyncStager):
     """The state handed to `async_save` is already a copy in host memory (`save`): nothing to stage."""
 
@@ -260,10 +289,11 @@ class Saving:
     adds checkpoint.json and renames `step_N.partial/` to `step_N/`: the checkpoint now exists. For an
     asynchronous save that happens in DCP's writing thread, as soon as it is written."""
 
-    def __init__(self, partial: Path, final: Path, meta: dict, planner: _SavePlanner):
+    def __init__(self, partial: Path, final: Path, meta: dict, planner: _SavePlanner | None):
         self.partial, self.final, self.meta, self.planner = partial, final, meta, planner
         self.done, self.error = threading.Event(), None
         self.staged_bytes = 0  # the copy an asynchronous save writes from
+        self.own_bytes = 0  # what a save in the strategy's own format wrote of this rank's (no planner)
 
     def written(self, future) -> None:
         try:
@@ -284,6 +314,8 @@ class Saving:
         self.done.wait()
         if self.error is not None:
             raise self.error
+        if self.planner is None:
+            return self.own_bytes
         return sum(math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
                    for item in self.planner.plan.items if item.tensor_data is not None)
 
@@ -293,12 +325,21 @@ class Loaded(NamedTuple):
     rank_state: bool  # the strategy's own per-rank state was given back (else started afresh, or none)
 
 
-def load(path: Path, model, optimizer, precision) -> Loaded:
+def load(path: Path, model, optimizer, precision, about: dict | None = None) -> Loaded:
     """Load the checkpoint at `path` (written by any strategy at any world size) into this rank's pieces.
-    The strategy's per-rank state (`checkpoint_rank_state`) comes back where the world size is the same.
-    Collective: every rank calls it."""
+    The strategy's per-rank state (`checkpoint_rank_state`) comes back where the world size is the same. A
+    checkpoint in a strategy's own format (DeepSpeed's) loads only into that strategy at its world size
+    (`about`: the loading strategy, as save's). Collective: every rank calls it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     meta = read_checkpoint(path)
+    if about is not None:
+        problem = own_format_problem(meta, about["strategy"], _own_format(about), world_size)
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}")
+    if meta.get("own_format") is not None:
+        model.load_own(path)
+        _restore_scaler(precision, meta)
+        return Loaded(int(meta["step"]), True)
     flats, shapes = _model_state(model)
     problem = checkpoint_problem(meta, shapes)
     if problem is not None:
@@ -319,9 +360,13 @@ def load(path: Path, model, optimizer, precision) -> Loaded:
     dcp.load(state, storage_reader=FileSystemReader(path), planner=_LoadPlanner())
     if _rng_key(rank) in state:
         torch.set_rng_state(rng)
+    _restore_scaler(precision, meta)
+    return Loaded(int(meta["step"]), model.load_rank_state(own))
+
+
+def _restore_scaler(precision, meta: dict) -> None:
     if precision.scaler is not None and meta.get("loss_scaler"):
         vars(precision.scaler).update(meta["loss_scaler"])
-    return Loaded(int(meta["step"]), model.load_rank_state(own))
 
 
 def _scaler_state(precision) -> dict | None:
@@ -349,7 +394,8 @@ class Checkpoints:
         self.loaded: dict | None = None
         self.saving: Saving | None = None  # the latest save, maybe still writing
         # DCP's writing thread runs its collectives on a group of its own, never interleaved with training's
-        self.background = dist.new_group(backend="gloo") if self.cfg.async_save and self.cfg.every else None
+        asynchronous = self.cfg.async_save and self.cfg.every and _own_format(about) is None  # DeepSpeed's: blocking
+        self.background = dist.new_group(backend="gloo") if asynchronous else None
 
     def _requested(self) -> Path | None:
         if not self.cfg.load:
@@ -367,7 +413,7 @@ class Checkpoints:
         step = 0
         if path is not None:
             began = time.perf_counter()
-            step, rank_state = load(path, model, optimizer, precision)
+            step, rank_state = load(path, model, optimizer, precision, self.about)
             self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
                            "rank_state": rank_state,
                            **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}

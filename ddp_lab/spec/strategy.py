@@ -19,8 +19,10 @@ instead of probing the runtime class or matching its name:
   comm_dtype is refused, fp16's loss scaler agrees over ranks;
 - `casts_itself`: takes train.precision as `compute_dtype` (the dtype it gathers parameters in)
   instead of autocast (fsdp);
-- `not_checkpointed`: why checkpoints (rank/checkpoint.py) cannot save or load its state yet; None: they
-  can, from any strategy and into any, at any world size;
+- `own_checkpoint`: the name of the format its checkpoints are written in where its state is not
+  torch.distributed.checkpoint's pieces ("deepspeed": its engine's `save_checkpoint`), which loads only
+  into the same strategy at the same world size and takes no other's; None: DCP pieces, from any
+  strategy and into any, at any world size (rank/checkpoint.py);
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -63,7 +65,7 @@ class StrategySpec:
     zero_stage: ClassVar[int] = 0
     reduces_gradients: ClassVar[bool] = True
     casts_itself: ClassVar[bool] = False
-    not_checkpointed: ClassVar[Optional[str]] = None
+    own_checkpoint: ClassVar[Optional[str]] = None
 
     def __post_init__(self) -> None:
         self.check()

@@ -34,7 +34,9 @@ each with its default here, so nothing is probed with getattr:
   same world size; `load_rank_state({})` after a load that has none of it, to start that state afresh
   from the loaded model; `checkpoint_consensus(optimizer)`: a context in which the live parameters and
   optimizer state are what every rank agrees on, for the pieces another strategy loads (every
-  strategy's already are, but local SGD's between syncs).
+  strategy's already are, but local SGD's between syncs); `save_own(folder)` and `load_own(folder)`:
+  a strategy whose spec names an `own_checkpoint` format (DeepSpeed's) writes and reads its state in
+  it instead of DCP pieces.
 
 What a strategy *is* (its name, ZeRO stage, whether it reduces gradients, its schedule, the model
 it needs) is its spec's to say, not the runtime class's.
@@ -130,6 +132,15 @@ class DataParallelBase(nn.Module):
         (whatever of them the checkpoint had), or, where it had none that fit, start that state afresh from the
         loaded parameters. Whether it was taken."""
         return False
+
+    def save_own(self, folder) -> int:
+        """A strategy whose spec names an `own_checkpoint` format writes this rank's state into `folder` in it;
+        the bytes this rank wrote."""
+        raise NotImplementedError(f"{type(self).__name__} checkpoints as DCP pieces (checkpoint_params)")
+
+    def load_own(self, folder) -> None:
+        """Read back what `save_own` wrote (the same strategy, at the same world size)."""
+        raise NotImplementedError(f"{type(self).__name__} checkpoints as DCP pieces (checkpoint_params)")
 
     @contextmanager
     def checkpoint_consensus(self, optimizer):

@@ -37,8 +37,10 @@ from __future__ import annotations
 import os
 import weakref
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
@@ -46,6 +48,7 @@ from ddp_lab.strategies.comm_stats import Stamp, begin_stamp, close_stamps, end_
 from ddp_lab.units import tensor_bytes
 
 FP32_BYTES = 4
+CHECKPOINT_TAG = "deepspeed"  # the folder engine.save_checkpoint writes inside a checkpoint's
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced",
                "all_to_all_single")
@@ -150,6 +153,18 @@ class DeepSpeedZeRO(DataParallelBase):
         return {"deepspeed": {"stage": self.stage, "version": __import__("deepspeed").__version__,
                               "bucket_elements": self.bucket_elements(),
                               "overlap_comm": self.overlap_comm}}
+
+    def save_own(self, folder) -> int:
+        """DeepSpeed's own checkpoint (`engine.save_checkpoint`: its flat partitions, per rank): the bytes of
+        this rank's files (rank 0 also writes the model's)."""
+        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        rank = dist.get_rank()
+        mine = [p for p in Path(folder, CHECKPOINT_TAG).iterdir()
+                if f"zero_pp_rank_{rank}_" in p.name or (rank == 0 and p.name.startswith("mp_rank_"))]
+        return sum(p.stat().st_size for p in mine)
+
+    def load_own(self, folder) -> None:
+        self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
 
     def full_state_dict(self) -> dict:
         """Every parameter whole (stage 3 gathers: collective, every rank calls it)."""

@@ -22,7 +22,8 @@ from ddp_lab.check.ranks import run_ranks
 from ddp_lab.jobdir import checkpoint_path
 from ddp_lab.spec.strategies import SPECS
 
-CHECKPOINTED = [name for name, spec in SPECS.items() if spec.not_checkpointed is None]
+CHECKPOINTED = [name for name, spec in SPECS.items() if spec.own_checkpoint is None]  # DCP's pieces
+OWN_FORMAT = [name for name, spec in SPECS.items() if spec.own_checkpoint is not None]  # test_deepspeed.py
 SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
 PRECISION = "fp32"
 BATCH = 12  # the same global batches at 2, 3 and 4 ranks

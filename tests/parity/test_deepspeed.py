@@ -18,6 +18,7 @@ from ddp_lab.check.cases import case_of, locate, run_cases, runs
 from ddp_lab.check.parity import ATOL, RTOL, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.check.verdict import verdict
+from ddp_lab.jobdir import checkpoint_path
 from ddp_lab.spec.strategies import SPECS, SpecError, spec_of
 from tests.helpers.extras import requires_deepspeed, skip_without_deepspeed
 from tests.helpers.launching import ROOT
@@ -111,22 +112,36 @@ def test_what_deepspeed_cannot_take_is_refused_in_one_line(setting, phrase, monk
     spec.check_run("fp32", 1)
 
 
-def test_a_checkpoint_of_deepspeed_is_refused_before_launch(tmp_path, capsys, monkeypatch):
-    import importlib.util
+@requires_deepspeed
+def test_every_stage_continues_bit_for_bit_from_its_own_checkpoint(tmp_path):
+    """DeepSpeed's own format (its engine's save_checkpoint, completed and renamed as every checkpoint is): a
+    step, a checkpoint, a step more, against a model of other weights loaded from it."""
+    from tests.parity.test_checkpoint import OWN_FORMAT, _check_continued, _continue
 
-    from ddp_lab.config import register_configs
-    from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
+    assert OWN_FORMAT == [f"deepspeed_zero{s}" for s in STAGES]
+    _check_continued(run_ranks(_continue, 2, OWN_FORMAT, ["transformer"], tmp_path), exact=True)
 
-    register_configs()
-    real = importlib.util.find_spec  # refused with or without DeepSpeed installed
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "deepspeed" else real(name, *a))
-    with pytest.raises(SystemExit) as exit_:
-        check_command_line(ROOT / "conf", "config", ["strategy=deepspeed_zero2", "checkpoint.every=2",
-                                                     f"hydra.run.dir={tmp_path / 'run'}"])
-    assert exit_.value.code == EXIT_BAD_INPUT
-    err = capsys.readouterr().err
-    assert "strategy=deepspeed_zero2 cannot be checkpointed yet" in err and err.count("\n") == 1
+
+def _into_another(rank, world_size, root):
+    """deepspeed_zero2's checkpoint, then a load of it by bucketed: refused, naming the format."""
+    from ddp_lab.rank.checkpoint import CheckpointError, load, save
+    from tests.parity.test_checkpoint import _build, _steps
+
+    model, optimizer, precision = _build({"name": "deepspeed_zero2"}, "transformer", rank)
+    _steps(model, optimizer, precision, rank, world_size, range(1))
+    saving = save(root, 1, model, optimizer, precision, {"strategy": "deepspeed_zero2", "world_size": world_size})
+    written = saving.wait()
+    model, optimizer, precision = _build({"name": "bucketed"}, "transformer", rank)
+    with pytest.raises(CheckpointError) as error:
+        load(checkpoint_path(root, 1), model, optimizer, precision, {"strategy": "bucketed"})
+    return written, str(error.value)
+
+
+@requires_deepspeed
+def test_its_checkpoint_loads_nowhere_else(tmp_path):
+    for written, error in run_ranks(_into_another, 2, tmp_path):
+        assert written > 0
+        assert "it is in deepspeed's own format, written by strategy=deepspeed_zero2 at 2 ranks" in error
 
 
 def test_its_stage_is_the_option_not_a_knob():

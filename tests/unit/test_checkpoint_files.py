@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ddp_lab.config import register_configs
-from ddp_lab.jobdir import CHECKPOINT_DONE, CHECKPOINT_META, checkpoint_path, complete_checkpoints, newest_checkpoint
+from ddp_lab.jobdir import CHECKPOINT_META, checkpoint_path, complete_checkpoints, newest_checkpoint
 from ddp_lab.launcher.preflight import EXIT_BAD_INPUT, check_command_line
 from tests.helpers.launching import ROOT
 
@@ -19,15 +19,15 @@ TOY = {"embed.weight": [1000, 64]}  # fabricated: the check reads only checkpoin
 def _checkpoint(job, step, complete=True, **meta):
     path = checkpoint_path(job, step)
     path.mkdir(parents=True)
-    (path / CHECKPOINT_META).write_text(json.dumps({"format": 1, "step": step, "shapes": TOY, **meta}))
+    (path / ".metadata").write_bytes(b"")  # DCP's
     if complete:
-        (path / CHECKPOINT_DONE).write_bytes(b"")
+        (path / CHECKPOINT_META).write_text(json.dumps({"format": 1, "step": step, "shapes": TOY, **meta}))
     return path
 
 
 def test_only_complete_checkpoints_are_taken(tmp_path):
     _checkpoint(tmp_path, 2)
-    _checkpoint(tmp_path, 6, complete=False)            # DCP's metadata not written: the save was killed
+    _checkpoint(tmp_path, 6, complete=False)            # checkpoint.json not written: the save was killed
     partial = checkpoint_path(tmp_path, 8).with_name("step_8.partial")
     partial.mkdir()                                      # a save in progress, never renamed
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [2]
@@ -70,3 +70,18 @@ def test_a_checkpoint_that_cannot_load_is_refused_before_launch(tmp_path, capsys
     else:
         _checkpoint(job, 9, **meta)
     assert phrase in _refused(tmp_path, capsys, f"checkpoint.load={job}")
+
+
+def test_a_checkpoint_in_a_strategys_own_format_loads_only_into_it():
+    from ddp_lab.jobdir import own_format_problem
+
+    theirs = {"strategy": "deepspeed_zero2", "world_size": 2, "own_format": "deepspeed"}
+    assert own_format_problem(theirs, "deepspeed_zero2", "deepspeed", 2) is None
+    assert own_format_problem(theirs, "deepspeed_zero2", "deepspeed", 3) == (
+        "it is in deepspeed's own format, written by strategy=deepspeed_zero2 at 2 ranks, which loads only there")
+    assert "written by strategy=deepspeed_zero2 at 2 ranks" in own_format_problem(theirs, "bucketed", None, 2)
+    pieces = {"strategy": "bucketed", "world_size": 2}
+    assert own_format_problem(pieces, "fsdp", None, 3) is None
+    assert own_format_problem(pieces, "deepspeed_zero1", "deepspeed", 2) == (
+        "strategy=deepspeed_zero1 loads only its own checkpoints (deepspeed's format), and this one holds "
+        "bucketed's pieces")

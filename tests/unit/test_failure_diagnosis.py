@@ -120,9 +120,9 @@ def test_a_rerun_goes_on_from_its_own_newest_checkpoint_while_steps_are_left(tmp
     for step, complete in ((4, True), (8, True), (9, False)):
         folder = job / "checkpoints" / (f"step_{step}" if complete else f"step_{step}.partial")
         folder.mkdir(parents=True)
-        (folder / "checkpoint.json").write_text(json.dumps({"format": 1, "step": step}))
+        (folder / ".metadata").write_bytes(b"")
         if complete:
-            (folder / ".metadata").write_bytes(b"")
+            (folder / "checkpoint.json").write_text(json.dumps({"format": 1, "step": step}))
     # the newest complete one, step 8 (9 was never completed): 2 steps left, 1 of them warm-up
     assert merge_overrides(["model=toy", "checkpoint.load=/elsewhere"], own_checkpoint(job)) == \
         ["model=toy", f"checkpoint.load={job}"]

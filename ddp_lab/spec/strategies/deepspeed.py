@@ -30,8 +30,7 @@ class DeepSpeedSpec(StrategySpec):
     """DeepSpeed's overlap_comm: reduce on a side stream (async on CPU) instead of blocking in the hook."""
 
     runtime = "ddp_lab.strategies.DeepSpeedZeRO"
-    not_checkpointed = ("DeepSpeed's engine keeps its state in its own layout, not wired to "
-                        "torch.distributed.checkpoint yet")
+    own_checkpoint = "deepspeed"  # its engine's save_checkpoint: its flat partitions are no DCP pieces
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)
