@@ -179,7 +179,8 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init, watch=observer.watching(),
             inspect=lambda wrapper, opt, before=before: Observer.held(wrapper, opt, before["module"], before["layers"]),
             **optimizer, **low)
-        seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "held": held}
+        seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "sizes": observer.sizes,
+                "held": held}
         out[name] = (started, state, reference, seen)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))

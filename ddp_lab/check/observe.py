@@ -5,7 +5,8 @@ bucketing or overlap, so the check watches for them while the ranks train.
   built of), made through the module (`dist.all_reduce(...)`), during the training steps (the start-up
   broadcast and the final gather are not counted), per op, and how many were issued while autograd was
   running backward (`torch._C._current_autograd_node()` is set inside a gradient hook): those can overlap
-  the rest of backward, the others wait for it;
+  the rest of backward, the others wait for it; and each call's message (its largest tensor argument), so
+  one per tensor, per bucket or one flat shows in the bytes per step and the largest message;
 - held: after the last step, the parameters and the optimizer state each rank holds (rank/memory.py's
   accounting: local shards, a sharded optimizer's inner state), against the whole model's and a whole
   AdamW's (two moments per trainable parameter); and which layer classes it holds a shard of (fewer
@@ -32,7 +33,7 @@ class Observer:
     rank holds. One per case and rank."""
 
     def __init__(self):
-        self.calls, self.in_backward = Counter(), 0
+        self.calls, self.in_backward, self.sizes = Counter(), 0, []  # sizes: each call's message, in bytes
 
     @contextmanager
     def watching(self):
@@ -42,6 +43,7 @@ class Observer:
             def call(*args, **kwargs):
                 self.calls[name] += 1
                 self.in_backward += torch._C._current_autograd_node() is not None
+                self.sizes.append(message_bytes(args, kwargs))
                 return fn(*args, **kwargs)
             return call
 
@@ -71,6 +73,13 @@ class Observer:
                 "sharded": sorted(sharded), "whole": sorted(whole)}
 
 
+def message_bytes(args, kwargs) -> int:
+    """A collective call's message: the bytes of its largest tensor argument (a list's tensors each)."""
+    tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+               if isinstance(t, torch.Tensor)]
+    return max((t.numel() * t.element_size() for t in tensors), default=0)
+
+
 def layers(module: torch.nn.Module) -> dict:
     """{parameter name: (its layer's class name, numel, element size, trainable, first)} of a model before
     wrapping, under each name a tied weight has (`first` on one of them)."""
@@ -93,7 +102,10 @@ def describe(per_rank: list, steps: int) -> str:
     when = (f"{seen['in_backward'] / steps:g} of them issued during backward (can overlap it)" if seen["in_backward"]
             else "none during backward (each waits for backward to end)")
     plural = "" if total == steps else "s"
-    collectives = f"per step {total / steps:g} collective{plural} ({ops}), {when}" if total else "no collective seen"
+    sizes = seen.get("sizes") or [0]
+    messages = f", {_kib(sum(sizes) / steps)} per step, the largest {_kib(max(sizes))}" if total else ""
+    collectives = (f"per step {total / steps:g} collective{plural} ({ops}{messages}), {when}" if total
+                   else "no collective seen")
     held = [s["held"] for *_, s in per_rank]
     params = max(h["params_pct"] for h in held)
     optimizer = [h["optimizer_pct"] for h in held if h["optimizer_pct"] is not None]
@@ -102,3 +114,7 @@ def describe(per_rank: list, steps: int) -> str:
     whole = sorted({c for h in held for c in h["whole"]} - set(sharded))
     kinds = f"; sharded {', '.join(sharded)}" + (f", whole {', '.join(whole)}" if whole else "") if sharded else ""
     return f"{collectives}; the largest rank holds {params:.0f}% of the parameters{state}{kinds}"
+
+
+def _kib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ddp_lab.arithmetic.stats import summarize_training
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
-from ddp_lab.rank.checkpoint import Checkpoints, restarts
+from ddp_lab.rank.checkpoints import Checkpoints, restarts
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.faults import injected, maybe_inject_fault, slow_compute
 from ddp_lab.rank.grad_error import GradErrorProbe

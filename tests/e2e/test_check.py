@@ -42,7 +42,8 @@ def test_a_hand_written_wrapper_passes_at_an_odd_world_size(capsys):
     assert f"torch {torch.__version__}, gloo on CPU" in out.splitlines()[0]
     for case in ("plain", "own_classes"):  # the lines under the verdicts: nothing sharded, nothing overlapped
         _, seen = verdicts(out)[(3, f"seen {case}")]
-        assert re.match(r"per step \d+ collectives \(all_reduce \d+\), none during backward", seen), seen
+        assert re.match(r"per step \d+ collectives \(all_reduce \d+, [\d.]+ KiB per step, the largest [\d.]+ KiB\), "
+                        r"none during backward", seen), seen
         assert seen.endswith("the largest rank holds 100% of the parameters, 100% of AdamW's state")
     lines = verdicts(out)
     passed = {case for (_, case), (v, _) in lines.items() if v == "ok"}
@@ -222,8 +223,8 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 def test_the_command_line_runs_our_own_strategy():
     proc = subprocess.run([sys.executable, "-m", "ddp_lab.check", "ddp_lab.strategies.BucketedDDP", "--world-size", "2",
-                           "--cases", "plain,accumulation", "--expect", "bucketed,overlap"], cwd=ROOT,
+                           "--cases", "plain", "--expect", "bucketed,overlap"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "every case passed (6)" in proc.stdout  # two cases at two bucket sizes, two claims
+    assert "every case passed (4)" in proc.stdout  # a case at two bucket sizes, two claims
     assert "issued during backward (can overlap it)" in proc.stdout  # its buckets go while backward runs

@@ -72,12 +72,14 @@ def test_set_values_naming_a_dtype_are_that_dtype():
 def test_what_was_seen_reads_in_a_line():
     def rank(params, optimizer, sharded=(), whole=()):
         held = {"params_pct": params, "optimizer_pct": optimizer, "sharded": list(sharded), "whole": list(whole)}
-        return (None, None, None, {"calls": {"all_reduce": 8, "broadcast": 4}, "in_backward": 8, "held": held})
+        return (None, None, None, {"calls": {"all_reduce": 8, "broadcast": 4}, "in_backward": 8, "held": held,
+                                   "sizes": [2**20] * 8 + [2**10] * 4})
 
     per_rank = [rank(50.0, 50.4, ["Linear"], ["RMSNorm"]), rank(52.0, 51.0, ["Embedding", "Linear"], ["RMSNorm"])]
-    assert describe(per_rank, 4) == ("per step 3 collectives (all_reduce 2, broadcast 1), 2 of them issued during "
-                                     "backward (can overlap it); the largest rank holds 52% of the parameters, 51% of "
-                                     "AdamW's state; sharded Embedding, Linear, whole RMSNorm")
+    assert describe(per_rank, 4) == ("per step 3 collectives (all_reduce 2, broadcast 1, 2.00 MiB per step, the "
+                                     "largest 1.00 MiB), 2 of them issued during backward (can overlap it); the "
+                                     "largest rank holds 52% of the parameters, 51% of AdamW's state; sharded "
+                                     "Embedding, Linear, whole RMSNorm")
     quiet = [(None, None, None, {"calls": {}, "in_backward": 0,
                                  "held": {"params_pct": 100.0, "optimizer_pct": None, "sharded": [], "whole": []}})]
     assert describe(quiet, 4) == "no collective seen; the largest rank holds 100% of the parameters"

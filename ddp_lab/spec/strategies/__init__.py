@@ -121,6 +121,13 @@ def spec_of(node: Mapping[str, Any]) -> StrategySpec:
         raise SpecError(str(exc)) from None
 
 
+def own_format(name: str | None) -> str | None:
+    """The strategy `name`'s own checkpoint format (its spec's `own_checkpoint`), None for DCP's pieces (or
+    no such strategy)."""
+    spec = SPECS.get(name)
+    return spec.own_checkpoint if spec is not None else None
+
+
 def not_a_knob(cls: type[StrategySpec], key: str) -> str:
     """One line for `strategy.KEY` set on a strategy whose spec has no such knob (or one it refuses)."""
     name = option(cls)
