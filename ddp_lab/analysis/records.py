@@ -119,11 +119,29 @@ def train_record(res: dict) -> dict:
         "overlap_pct": _get(res, "summary", "overlap_pct"),
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
         "collectives_per_step": _get(res, "summary", "collectives_per_step"),
+        "straggler": straggler_text(_get(res, "summary", "straggler")),
+        "injected": injected_text(_get(res, "summary", "injected")),
         "comm_bytes_per_step": _get(res, "summary", "comm_bytes_per_step"),
         "opt_state_mib_per_rank": (lambda v: None if v is None else v / MiB)(
             _get(res, "summary", "memory", "optimizer_state_max_rank")),
         **memory_record(res),
     }
+
+
+def straggler_text(found: dict | None) -> str | None:
+    """The verdict in a cell: 'rank 1: 31.2 ms (24%), compute'; '-' (None) where no rank stands out."""
+    if not found or found.get("rank") is None:
+        return None
+    cause = f", {found['cause']}" if found.get("cause") else ""
+    return f"rank {found['rank']}: {found['cost_ms']:.1f} ms ({100 * found['share']:.0f}%){cause}"
+
+
+def injected_text(fault: dict | None) -> str | None:
+    """The injected fault in a cell ('slow 1.3x rank 1'), so an injected run is never read as a clean one."""
+    if not fault:
+        return None
+    what = f"slow {fault['slowdown']:g}x" if fault["kind"] == "slow" else fault["kind"]
+    return f"{what} rank {fault['rank']}" if fault["rank"] >= 0 else f"{what} every rank"
 
 
 def _mib(value):

@@ -128,6 +128,34 @@ def accuracy_markdown(records: list[dict], target_loss: float | None) -> str | N
     return intro + "\n\n" + markdown(*table(rows, ACCURACY, keep_empty=True))
 
 
+EXPOSURE = [Column("job", "job"), Column("collective", "collective", "{}"), Column("KiB", "kib", "{:.1f}", "exposure"),
+            Column("exposed ms", "exposed_ms", "{:.2f}", "exposure"),
+            Column("issued ms before backward's end", "issued_before_end_ms", "{:.2f}", "exposure"),
+            Column("why", "why", "{}", "exposure")]
+
+
+def exposure_markdown(runs) -> str | None:
+    """Per training job, each collective a step waited for after backward (summary.exposure): "is my overlap
+    real?" answered per bucket. Collectives hidden in every step are counted, not listed."""
+    rows, hidden = [], []
+    for name, res, _ in runs:
+        exposure = (res.get("summary") or {}).get("exposure")
+        if not exposure:
+            continue
+        shown = [c for c in exposure["collectives"] if c["why"]]
+        rows += [{"job": name, "kib": c["bytes"] / 1024, **c} for c in shown]
+        hidden.append(f"{name}: {len(exposure['collectives']) - len(shown)} of {len(exposure['collectives'])} "
+                      f"hidden (rank {exposure['rank']}, {exposure['steps']} steps)")
+    if not rows and not hidden:
+        return None
+    intro = ("Collectives in issue order (the last issued holds the first layers' gradients), on the most exposed "
+             "rank, means over the measured steps of the step's usual shape; exposed: the part of the wait after "
+             "backward spent on this collective (docs/scale.md, \"Stragglers\": a late peer, queued behind "
+             "earlier collectives on the link, issued late, or issued after backward ended). Hidden: never "
+             "waited for. " + "; ".join(hidden) + ".")
+    return intro + ("\n\n" + markdown(*table(rows, EXPOSURE)) if rows else "")
+
+
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
                    records: list[dict], step_model: str | None = None, target_loss: float | None = None) -> Path:
     train = [r for r in records if r["task"] != "allreduce"]
@@ -140,6 +168,9 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
     cost = accuracy_markdown(records, target_loss)
     if cost:
         parts += ["## Accuracy cost", "", cost, ""]
+    exposed = exposure_markdown(runs)
+    if exposed:
+        parts += ["## Exposed communication per collective", "", exposed, ""]
     memory = memory_markdown(records)
     if memory:
         parts += ["## Model state per rank: measured vs ZeRO paper", "",

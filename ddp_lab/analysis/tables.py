@@ -23,6 +23,8 @@ TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the larg
     Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
     Column("comm p50", "comm_p50_ms", group="speed"), Column("exposed p50", "exposed_p50_ms", group="speed"),
     Column("overlap %", "overlap_pct", group="speed"), Column("colls/step", "collectives_per_step", group="speed"),
+    Column("skew p50", "skew_p50_ms", group="speed"), Column("straggler", "straggler", group="speed"),
+    Column("injected", "injected", group="speed"),
     Column("model state MiB/rank", "model_state_mib_per_rank", group="memory"),
     Column("× ZeRO paper", "model_state_vs_paper", "{:.3f}", group="memory"),  # the bar (1.05) needs 3 digits
     Column("strategy state MiB/rank", "strategy_state_mib_per_rank", group="memory"),
@@ -66,7 +68,7 @@ for _column in TRAINING + COLLECTIVES:
         GROUPS[_column.group] = (*GROUPS.get(_column.group, ()), _column.header)
 # What names a row rather than measures it. Shown when it differs between rows, else in the title.
 IDENTITY = tuple(dict.fromkeys(c.header for c in TRAINING + COLLECTIVES if not c.group))
-TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend")
+TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend", "straggler", "injected")
 FOLD_WIDTH = 24  # a text column wider than this wraps onto more lines (a figure never does)
 
 

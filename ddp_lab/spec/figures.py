@@ -107,11 +107,20 @@ CHECKPOINT_STAGED = Figure("checkpoint_staged_bytes", "bytes", "the copy of this
                            when="checkpoint.async_save, every save but the last")
 INJECTED_DELAY = Figure("injected_delay_ms", "ms", "the time fault.kind=slow added to the slow rank's forward and "
                         "backward this step (the straggler's known truth)", when="fault.kind=slow, from fault.step on")
+SKEW = Figure("skew_ms", "ms", "ranks arriving apart at the step's collectives: the union over collectives of [first "
+              "rank's entry, last rank's entry] (arithmetic/skew.py)", ranks="one", wandb="mean",
+              when="2 ranks or more on one host", record=("p50",), stem="skew")
+PEER_WAIT = Figure("peer_wait_ms", "ms", "the most-waiting rank's time inside collectives before their last rank "
+                   "entered: waiting for a late peer, not moving data", ranks="one", wandb="mean",
+                   when="2 ranks or more on one host")
+TRANSFER = Figure("transfer_ms", "ms", "the same rank's time inside collectives once every rank had entered; with "
+                  "peer_wait_ms it adds up to that rank's comm_ms", ranks="one", wandb="mean",
+                  when="2 ranks or more on one host")
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
-                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY,
-                               CHECKPOINT_STAGED, INJECTED_DELAY, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
+                               CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_STAGED,
+                               INJECTED_DELAY, SKEW, PEER_WAIT, TRANSFER, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""
 
 BY_KEY = {f.key: f for f in FIGURES}

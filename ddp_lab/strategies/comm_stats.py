@@ -51,6 +51,7 @@ class CommStats:
 
     def reset(self) -> None:
         self.intervals: list[tuple[float, float]] = []
+        self.sizes: list[int] = []  # bytes of each interval's collectives, in the same order
         self.collectives = 0
         self.bytes = 0
         self.exposed_s = 0.0
@@ -62,6 +63,7 @@ class CommStats:
     def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
         """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
         self.intervals.append((start, end))
+        self.sizes.append(nbytes)
         self.collectives += calls
         self.bytes += nbytes
 

@@ -30,6 +30,7 @@ from ddp_lab.rank.memory import memory_report, memory_snapshot
 from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
+from ddp_lab.rank.straggler import ArrivalWatch
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
 from ddp_lab.spec.strategies import spec_of
@@ -94,6 +95,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     recorder.log_once({"num_params": num_params, **facts, **data.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
+    arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
     held_out = HeldOutLoss(cfg, data)
     checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": world_size, "model": cfg.model.name})
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded
@@ -111,16 +113,19 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             maybe_inject_fault(cfg.fault, rank, step, slow)
             measured = {}  # grad_error, when measured
             timer.start()
-            micro_batches = list(data.micro_batches(step))
+            with arrivals.drawing():
+                micro_batches = list(data.micro_batches(step))
             loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision)
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
+            skew = arrivals.step(step, model.comm, timer, step_ms)
             if step == cfg.train.steps - 1:
                 memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
             saved = checkpoints.after_step(step, model, optimizer, precision)  # when due: its time and bytes
             record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
                                                          **model.comm.pop(), **precision.record(), **measured,
-                                                         **saved, **(slow.pop() if slow else {})}, device)}
+                                                         **saved, **(slow.pop() if slow else {})}, device),
+                      **skew}
             if held_out.due(step) and not profiler.records(step):
                 record[VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
             steps.append(record)
@@ -142,5 +147,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["resumed_from"] = checkpoints.loaded  # None, or the checkpoint this run started from
     summary["restarts"] = restarts(job_dir)  # launcher.max_restarts: each restart and what it cost
     summary["injected"] = injected(cfg.fault)  # None, or the fault this run was given: not a clean run
+    summary["straggler"] = arrivals.verdict()  # the rank that made the others wait, or why none is named
+    summary["exposure"] = arrivals.exposure()  # which collective each step waited for after backward, and why
     summary.update(data.facts())
     return {"summary": summary, "steps": steps}

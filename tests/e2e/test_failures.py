@@ -58,6 +58,10 @@ def test_a_slow_rank_ends_ok_and_its_run_says_it_was_slowed(crash_sweep):
         assert slowed["summary"]["injected"] == {"kind": "slow", "rank": 1, "step": 2, "slowdown": 1.5}
         delays = {s["step"]: s.get("injected_delay_ms") for s in slowed["steps"]}
         assert delays[0] is None and delays[1] is None and delays[2] > 0 and delays[3] > 0
+        # The verdict from every rank's collective stamps names it, slow in compute (docs/scale.md).
+        straggler = slowed["summary"]["straggler"]
+        assert straggler["rank"] == 1 and straggler["cause"] == "compute", straggler
+        assert all({"skew_ms", "peer_wait_ms", "transfer_ms"} <= set(s) for s in slowed["steps"])
 
 
 @pytest.fixture(scope="module")

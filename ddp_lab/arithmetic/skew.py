@@ -1,0 +1,205 @@
+"""Who made whom wait: each collective's stamps on every rank split into skew and transfer, and the straggler.
+
+Every rank stamps each collective it takes part in (strategies/comm_stats.py): when it entered (launched it)
+and when it completed on that rank, on one host clock (`perf_counter`, CLOCK_MONOTONIC: one clock for every
+process of a host, emulated nodes included; ranks on different hosts have different clocks, and no figure
+here is made from them). The k-th collective of a step is the same collective on every rank: they are issued
+in one order (gloo and NCCL require it). For collective c, with A_c its last arrival (the moment it can
+move data):
+
+- skew_c = A_c - first arrival: the time the first rank waited for the last;
+- transfer_c = completion on the first-arriving (most-waiting) rank - A_c.
+
+So skew_c + transfer_c is the collective's time on its most-waiting rank; exact when that rank completes
+after the last arrival (an all-reduce always does; a broadcast's root may finish sending before a receiver
+enters: its transfer is then 0 and the sum the skew).
+
+Per rank per step: `waiting` is the time inside collectives before their last arrival that is not also a
+transfer of another collective, `transferring` the union of [max(entry, A_c), completion]; the two add up
+to the rank's comm_ms (the union of its collectives' [entry, completion]).
+
+Blame: the last-arriving rank of c alone held the others for A_c minus the second-to-last arrival. A rank's
+blame in a step is the union of those spans over the collectives it arrived last at: what the step would
+lose if that rank were as fast as the next slowest. The straggler is the rank with the most blame over the
+measured steps, named when it is also the rank most often last (HTA's "late start" count agrees) and its
+blame is at least STRAGGLER_SHARE of the step: below that, arrival order is noise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import mean, median
+
+from ddp_lab.arithmetic.intervals import merge, subtract, total
+
+Stamps = list[list[tuple[float, float]]]
+"""One step: stamps[rank][k] = (entry, completion) of the rank's k-th collective, host seconds."""
+
+STRAGGLER_SHARE = 0.05
+"""A rank is named the straggler when its blame is at least this share of the step (measured: with no
+slowdown the most-blamed rank's share on 2 cores stays under 2%, and a 1.1x rank's is above 4%, docs/benchmarks.md)."""
+CAUSE_SHARE = 0.5
+"""A cause is named when the straggler's own excess in that phase over the other ranks' median explains at
+least this share of its blame."""
+
+
+def aligned(stamps: Stamps) -> bool:
+    """Every rank stamped the same number of collectives (else they cannot be matched one to one)."""
+    return len(stamps) > 1 and len({len(s) for s in stamps}) == 1 and len(stamps[0]) > 0
+
+
+def per_collective(stamps: Stamps) -> list[dict]:
+    """Each collective: skew_ms, transfer_ms, its time on the most-waiting rank (`waited_ms`), the last-arriving
+    rank and how long it alone held the others (`held_ms`)."""
+    out = []
+    for k in range(len(stamps[0])):
+        entries = [s[k][0] for s in stamps]
+        order = sorted(range(len(entries)), key=entries.__getitem__)
+        first, last = order[0], order[-1]
+        arrival = entries[last]
+        out.append({"skew_ms": (arrival - entries[first]) * 1e3,
+                    "transfer_ms": max(0.0, stamps[first][k][1] - arrival) * 1e3,
+                    "waited_ms": (stamps[first][k][1] - entries[first]) * 1e3,
+                    "late_rank": last, "held_ms": (arrival - entries[order[-2]]) * 1e3})
+    return out
+
+
+def per_rank(stamps: Stamps) -> list[dict]:
+    """Each rank: `waiting_ms` (for late peers) and `transferring_ms`, adding up to its comm_ms."""
+    arrivals = [max(s[k][0] for s in stamps) for k in range(len(stamps[0]))]
+    out = []
+    for mine in stamps:
+        waits = [(entry, min(arrival, end)) for (entry, end), arrival in zip(mine, arrivals)]
+        moving = merge((max(entry, arrival), end) for (entry, end), arrival in zip(mine, arrivals))
+        out.append({"waiting_ms": total(subtract(waits, moving)) * 1e3, "transferring_ms": total(moving) * 1e3})
+    return out
+
+
+def blame(stamps: Stamps) -> list[float]:
+    """Each rank's blame in ms: the union, over the collectives it arrived last at, of [second-to-last
+    arrival, its arrival]."""
+    held: list[list[tuple[float, float]]] = [[] for _ in stamps]
+    for k in range(len(stamps[0])):
+        entries = sorted((s[k][0], r) for r, s in enumerate(stamps))
+        held[entries[-1][1]].append((entries[-2][0], entries[-1][0]))
+    return [total(spans) * 1e3 for spans in held]
+
+
+def step_figures(stamps: Stamps) -> dict:
+    """One step's figures (spec/figures.py): the skew (the union over collectives of [first, last arrival]),
+    and the most-waiting rank's time waiting for peers against transferring."""
+    if not aligned(stamps):
+        return {}
+    spans = [(min(s[k][0] for s in stamps), max(s[k][0] for s in stamps)) for k in range(len(stamps[0]))]
+    ranks = per_rank(stamps)
+    most = max(range(len(ranks)), key=lambda r: ranks[r]["waiting_ms"])
+    return {"skew_ms": total(spans) * 1e3, "peer_wait_ms": ranks[most]["waiting_ms"],
+            "transfer_ms": ranks[most]["transferring_ms"]}
+
+
+LATE_PEER = "a late peer"
+ISSUED_AFTER = "issued after backward ended"
+ISSUED_LATE = "issued late: backward left it less time than its transfer took"
+QUEUED = "queued behind earlier collectives on the link"
+
+
+def exposure(stamps: Stamps, windows: list[tuple[float, float]]) -> tuple[int, list[dict]]:
+    """Which collective a rank waited for after backward, and why: (the most exposed rank, its collectives).
+
+    `windows[rank]` = (backward's end, the gradient sync's end): the rank's exposed window. Collectives
+    complete in issue order, so at each moment of the window the rank waits for the earliest one not yet
+    complete: collective c's exposure is [max(backward's end, the previous completion, its issue), its
+    completion] within the window (before its issue the rank was not waiting for it, but preparing it).
+    It could move data once issued here (entry), entered by the last rank (arrival) and the collectives
+    before it done (the link free); why it was exposed: `a late peer` when waiting for the
+    last rank's entry, or `queued` when waiting for the link, is at least half its exposure; else it was
+    `issued after backward ended` (its gradients came last: the bucket of the first layers) or `issued late`
+    (backward left it less time than its transfer took)."""
+    arrivals = [max(s[k][0] for s in stamps) for k in range(len(stamps[0]))]
+    rows_by_rank = []
+    for mine, (backward_end, sync_end) in zip(stamps, windows):
+        rows, previous = [], float("-inf")  # the latest completion of the collectives before this one
+        for (entry, done), arrival in zip(mine, arrivals):
+            exposed = max(0.0, min(done, sync_end) - max(previous, backward_end, entry))
+            peer = max(0.0, arrival - max(entry, previous))  # how long the last rank's entry held it
+            queued = max(0.0, previous - max(entry, arrival))  # how long the link held it
+            why = (None if exposed <= 0 else LATE_PEER if peer >= exposed / 2 else QUEUED if queued >= exposed / 2
+                   else ISSUED_AFTER if entry >= backward_end else ISSUED_LATE)
+            rows.append({"exposed_ms": exposed * 1e3, "issued_before_end_ms": (backward_end - entry) * 1e3,
+                         "why": why})
+            previous = max(previous, done)
+        rows_by_rank.append(rows)
+    most = max(range(len(stamps)), key=lambda r: sum(row["exposed_ms"] for row in rows_by_rank[r]))
+    return most, rows_by_rank[most]
+
+
+def exposure_table(steps: list[list[dict]], sizes: list[int]) -> list[dict]:
+    """Per collective (issue order) over a job's measured steps: its bytes, mean exposed ms, mean ms issued
+    before backward's end, and the most common why among the steps it was exposed in."""
+    out = []
+    for k, nbytes in enumerate(sizes):
+        rows = [step[k] for step in steps if k < len(step)]
+        whys = Counter(row["why"] for row in rows if row["why"])
+        out.append({"collective": k, "bytes": nbytes, "exposed_ms": mean(row["exposed_ms"] for row in rows),
+                    "issued_before_end_ms": mean(row["issued_before_end_ms"] for row in rows),
+                    "why": whys.most_common(1)[0][0] if whys else None})
+    return out
+
+
+def evidence(steps: list[dict]) -> dict:
+    """Per rank, means over a job's measured steps: blame_ms, compute_ms, data_ms, and `last`, the collectives
+    it arrived last at (a count over the steps); and the mean step_ms.
+
+    `steps`: per step {"blame": [ms per rank], "last": [count per rank], "step_ms",
+    "phases": {"data": [ms per rank], "compute": [ms per rank]}} (rank/straggler.py gathers them)."""
+    ranks = range(len(steps[0]["blame"]))
+    out = {"blame_ms": [mean(s["blame"][r] for s in steps) for r in ranks],
+           "last": [sum(s["last"][r] for s in steps) for r in ranks]}
+    for phase in steps[0]["phases"]:
+        out[f"{phase}_ms"] = [mean(s["phases"][phase][r] for s in steps) for r in ranks]
+    return {"per_rank": out, "step_ms": mean(s["step_ms"] for s in steps)}
+
+
+def verdict(steps: list[dict]) -> dict | None:
+    """The straggler over a job's measured steps (None without steps): {"rank", "cost_ms", "share", "cause",
+    "excess_ms", "last_share"} with the evidence (`evidence`); "rank" None when no rank stands out.
+
+    The cause: the phase (data, compute) in which the straggler's own time exceeds the other ranks' median by
+    at least CAUSE_SHARE of its blame; else None: it arrived late for a reason the stamps do not show."""
+    if not steps:
+        return None
+    seen = evidence(steps)
+    blamed, last, step_ms = seen["per_rank"]["blame_ms"], seen["per_rank"]["last"], seen["step_ms"]
+    rank = max(range(len(blamed)), key=blamed.__getitem__)
+    if blamed[rank] < STRAGGLER_SHARE * step_ms or max(last) != last[rank]:
+        return {"rank": None, "why": "no rank stands out", **seen}
+    excess = {}
+    for phase in ("data", "compute"):
+        times = seen["per_rank"].get(f"{phase}_ms")
+        if times:
+            excess[phase] = times[rank] - median(t for r, t in enumerate(times) if r != rank)
+    cause = max(excess, key=excess.get) if excess else None
+    if cause is not None and excess[cause] < CAUSE_SHARE * blamed[rank]:
+        cause = None
+    return {"rank": rank, "cost_ms": blamed[rank], "share": blamed[rank] / step_ms, "cause": cause,
+            "excess_ms": excess, "last_share": last[rank] / max(1, sum(last)), **seen}
+
+
+def traceml_rule(seen: dict) -> int | None:
+    """traceml's published straggler rule (traceopt-ai/traceml#228, #253) on `evidence`: the culprit is the
+    rank with the shortest visible phase (here forward + backward: traceml's FSDP phase; our timer has no
+    backward lap of its own), the victim the upper-median rank by it; a finding when (victim - culprit) /
+    the step is at least 10% (20%: critical). The culprit, or None."""
+    visible = [c + d for c, d in zip(seen["per_rank"]["compute_ms"], seen["per_rank"]["data_ms"])]
+    order = sorted(range(len(visible)), key=visible.__getitem__)
+    culprit, victim = order[0], order[len(order) // 2]
+    impact = (visible[victim] - visible[culprit]) / seen["step_ms"]
+    return culprit if impact >= 0.10 else None
+
+
+def late_start_rule(seen: dict) -> int | None:
+    """HTA's late-start idea (a rank whose collectives start after the others'): the rank that arrived last
+    at the most collectives, or None on a tie."""
+    last = seen["per_rank"]["last"]
+    top = max(last)
+    return last.index(top) if top > 0 and last.count(top) == 1 else None

@@ -1,0 +1,149 @@
+"""arithmetic/skew.py on hand-made stamps whose answer is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_lab.arithmetic.skew import (
+    ISSUED_AFTER,
+    ISSUED_LATE,
+    LATE_PEER,
+    QUEUED,
+    aligned,
+    blame,
+    exposure,
+    exposure_table,
+    late_start_rule,
+    per_collective,
+    per_rank,
+    step_figures,
+    traceml_rule,
+    verdict,
+)
+
+# 3 ranks, 2 collectives (seconds). Collective 0: rank 2 enters 30 ms after rank 0, 20 ms after rank 1; all complete
+# 10 ms after rank 2 entered. Collective 1 (launched while 0 is in flight on rank 0): everyone within 1 ms.
+STAMPS = [
+    [(0.000, 0.040), (0.035, 0.050)],
+    [(0.010, 0.040), (0.035, 0.050)],
+    [(0.030, 0.040), (0.036, 0.050)],
+]
+
+
+def test_skew_and_transfer_add_up_to_the_most_waiting_ranks_time():
+    first, second = per_collective(STAMPS)
+    assert first["skew_ms"] == pytest.approx(30) and first["transfer_ms"] == pytest.approx(10)
+    assert first["skew_ms"] + first["transfer_ms"] == pytest.approx(first["waited_ms"]) == pytest.approx(40)
+    assert first["late_rank"] == 2 and first["held_ms"] == pytest.approx(20)  # rank 1 was there 20 ms before it
+    assert second["skew_ms"] == pytest.approx(1) and second["late_rank"] == 2
+
+
+def test_a_ranks_waiting_and_transferring_add_up_to_its_comm_time():
+    ranks = per_rank(STAMPS)
+    # rank 0: waits 0-30 ms for collective 0; from 30 ms on it transfers (collective 1's own wait, 35-36 ms, is
+    # inside collective 0's transfer: counted once, as transfer).
+    assert ranks[0]["waiting_ms"] == pytest.approx(30) and ranks[0]["transferring_ms"] == pytest.approx(20)
+    assert ranks[2]["waiting_ms"] == pytest.approx(0) and ranks[2]["transferring_ms"] == pytest.approx(20)
+    for mine, figures in zip(STAMPS, ranks):
+        comm = max(e for _, e in mine) - min(s for s, _ in mine)  # one unbroken span on every rank here
+        assert figures["waiting_ms"] + figures["transferring_ms"] == pytest.approx(comm * 1e3)
+
+
+def test_blame_is_what_the_last_rank_alone_held_the_others():
+    assert blame(STAMPS) == pytest.approx([0, 0, 20 + 1])
+
+
+def test_a_step_gives_its_skew_and_the_most_waiting_ranks_split():
+    figures = step_figures(STAMPS)
+    assert figures["skew_ms"] == pytest.approx(30 + 1)  # [0, 30] and [35, 36]
+    assert figures["peer_wait_ms"] == pytest.approx(30) and figures["transfer_ms"] == pytest.approx(20)
+
+
+def test_a_broadcast_root_that_finishes_first_transfers_nothing():
+    # The root (rank 0) sends and completes before rank 1 enters: its time is all skew.
+    stamps = [[(0.0, 0.002)], [(0.010, 0.011)]]
+    (c,) = per_collective(stamps)
+    assert c["transfer_ms"] == 0 and c["skew_ms"] == pytest.approx(10)
+
+
+def test_unmatched_stamps_give_no_figures():
+    assert not aligned([[(0, 1)], [(0, 1), (1, 2)]]) and step_figures([[(0, 1)], [(0, 1), (1, 2)]]) == {}
+    assert not aligned([[(0, 1)]])  # one rank: nobody to wait for
+
+
+def _step(blamed, last, compute, data=(1, 1, 1), step_ms=100.0):
+    return {"blame": list(blamed), "last": list(last), "step_ms": step_ms,
+            "phases": {"data": list(data), "compute": list(compute)}}
+
+
+def test_the_verdict_names_the_rank_its_cost_and_a_compute_cause():
+    steps = [_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(4)]
+    found = verdict(steps)
+    assert found["rank"] == 2 and found["cost_ms"] == pytest.approx(30) and found["share"] == pytest.approx(0.3)
+    assert found["cause"] == "compute" and found["excess_ms"]["compute"] == pytest.approx(29.5)
+    assert found["last_share"] == pytest.approx(0.9)
+    assert found["per_rank"]["last"] == [0, 4, 36] and found["per_rank"]["compute_ms"] == [50, 51, 80]
+
+
+def test_a_slow_draw_is_named_as_data():
+    steps = [_step([20, 0, 0], [5, 0, 0], [50, 50, 50], data=(21, 1, 1)) for _ in range(3)]
+    assert verdict(steps)["cause"] == "data"
+
+
+def test_no_rank_stands_out_below_the_share_or_when_another_is_last_more_often():
+    quiet = verdict([_step([0, 1, 2], [1, 1, 2], [50, 50, 50])])  # 2 ms of a 100 ms step
+    assert quiet["rank"] is None and quiet["why"] == "no rank stands out" and quiet["per_rank"]["blame_ms"] == [0, 1, 2]
+    assert verdict([_step([0, 0, 30], [0, 8, 2], [50, 50, 80])])["rank"] is None  # blame and lateness disagree
+    assert verdict([]) is None
+
+
+def test_late_for_a_reason_the_stamps_do_not_show():
+    steps = [_step([0, 30, 0], [0, 6, 0], [50, 52, 50])]
+    assert verdict(steps)["rank"] == 1 and verdict(steps)["cause"] is None
+
+
+def test_the_other_detectors_rules():
+    slow_compute = verdict([_step([0, 0, 30], [0, 1, 9], [50, 50, 80])])
+    assert late_start_rule(slow_compute) == 2
+    # traceml: the culprit has the shortest visible phase, the rank that waited least inside it. Where the
+    # others wait after the phase (our strategies wait in finish_gradient_synchronization), the slow rank's
+    # phase is the longest and nobody is named.
+    assert traceml_rule(slow_compute) is None
+    waits_inside_backward = verdict([_step([0, 0, 30], [0, 1, 9], [80, 80, 50])])  # torch DDP waits in backward()
+    assert traceml_rule(waits_inside_backward) == 2
+    assert traceml_rule(verdict([_step([0, 0, 3], [0, 1, 2], [50, 52, 55])])) is None  # under 10% of the step
+    assert late_start_rule(verdict([_step([0, 0, 0], [2, 2, 0], [50, 50, 50])])) is None  # a tie names no one
+
+
+# Backward ends at 100 ms and the sync at 140 ms on both ranks. Collective 0 completes inside backward; 1 is
+# issued 5 ms before its end and takes 10 ms; 2 is issued after backward ended, once 1 is done.
+WINDOWS = [(0.100, 0.140), (0.100, 0.140)]
+ISSUED = [[(0.050, 0.060), (0.095, 0.110), (0.112, 0.125)]] * 2
+
+
+def test_exposure_splits_the_wait_after_backward_among_the_collectives_and_says_why():
+    rank, rows = exposure(ISSUED, WINDOWS)
+    assert [r["exposed_ms"] for r in rows] == pytest.approx([0, 10, 13])  # 2's from its issue on
+    assert [r["why"] for r in rows] == [None, ISSUED_LATE, ISSUED_AFTER]
+    assert [r["issued_before_end_ms"] for r in rows] == pytest.approx([50, 5, -12])
+
+
+def test_a_collective_held_by_the_one_before_it_is_queued():
+    stamps = [[(0.090, 0.120), (0.092, 0.125)]] * 2  # 1 could have moved from 92 ms; the link was busy to 120
+    _, rows = exposure(stamps, WINDOWS)
+    assert [r["why"] for r in rows] == [ISSUED_LATE, QUEUED] and rows[1]["exposed_ms"] == pytest.approx(5)
+
+
+def test_a_collective_held_by_a_late_rank_names_the_peer_on_the_rank_that_waited():
+    stamps = [[(0.095, 0.130)], [(0.125, 0.130)]]  # rank 1 enters 30 ms late (its backward ended at 125 ms)
+    rank, rows = exposure(stamps, [(0.100, 0.140), (0.125, 0.140)])
+    assert rank == 0 and rows[0]["why"] == LATE_PEER and rows[0]["exposed_ms"] == pytest.approx(30)
+
+
+def test_the_table_averages_each_collective_over_the_steps():
+    steps = [exposure(ISSUED, WINDOWS)[1], exposure([[(0.050, 0.060), (0.095, 0.102), (0.112, 0.117)]] * 2,
+                                                    WINDOWS)[1]]
+    table = exposure_table(steps, [100, 200, 300])
+    assert [c["bytes"] for c in table] == [100, 200, 300]
+    assert [c["exposed_ms"] for c in table] == pytest.approx([0, (10 + 2) / 2, (13 + 5) / 2])
+    assert [c["why"] for c in table] == [None, ISSUED_LATE, ISSUED_AFTER]
