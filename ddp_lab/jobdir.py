@@ -14,6 +14,7 @@ JOB/
   logs/torchrun-node{N}.log
   errors/rank{R}.txt   one line per rank that raised
   traces/rank{R}.json  profile=true: torch.profiler traces;  timeline.png: their picture
+  trace_all_ranks.json profile=true: the ranks' traces merged on one clock, a process per rank (Perfetto)
   phases.json          profile=true: every rank's forward, gradient-ready, comm and lap times per step
   wandb/               rank 0's W&B run (offline by default)
   attempts/K/          what an earlier attempt left, moved aside by `resume=`
@@ -41,6 +42,7 @@ LOGS = "logs"
 ERRORS = "errors"
 TRACES = "traces"
 TIMELINE = "timeline.png"
+MERGED_TRACE = "trace_all_ranks.json"
 PHASES = "phases.json"  # what `python -m ddp_lab.predict fit` reads (rank/profiler.py GradientClock)
 WANDB = "wandb"  # the offline W&B run: `wandb sync JOB/wandb/offline-run-*`
 ATTEMPTS = "attempts"

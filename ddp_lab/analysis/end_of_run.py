@@ -2,7 +2,8 @@
 
 - `job_ended(job_dir, results)`, called by launch.py after each job: the job's table and, for a
   profiled job (profile=true), its timeline picture (JOB/timeline.png, drawn from the ranks' traces:
-  the ranks record, this draws).
+  the ranks record, this draws) and the ranks' traces merged into one for Perfetto
+  (JOB/trace_all_ranks.json).
 - `SweepSummary`, a Hydra callback registered in conf/config.yaml under hydra.callbacks: one
   comparison table at the end of every sweep, and the sweep's exit code. Every job appears, failed
   ones as failed rows (training and task=allreduce jobs each get their table); if any job did not end
@@ -18,7 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddp_lab.analysis.tables import print_tables
-from ddp_lab.jobdir import TIMELINE, read_results
+from ddp_lab.jobdir import MERGED_TRACE, TIMELINE, read_results
 from ddp_lab.spec.labels import run_name
 
 
@@ -34,6 +35,10 @@ def job_ended(job_dir: Path, results: dict) -> None:
                              job_dir / TIMELINE,
                              title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}")
         print(f"timeline: {path}")
+        from ddp_lab.arithmetic.traces import merge_traces
+
+        merged = merge_traces([job_dir / t for t in overlap["traces"]], job_dir / MERGED_TRACE)
+        print(f"every rank on one clock, for https://ui.perfetto.dev: {merged}")
 
 
 class SweepSummary(Callback):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_lab.arithmetic.intervals import Interval, intersect, merge, subtract, total
+from ddp_lab.jobdir import MERGED_TRACE
 
 COMM_PATTERN = re.compile(r"nccl|^gloo:|^c10d::|record_param_comms", re.IGNORECASE)
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
@@ -153,6 +154,8 @@ def find_traces(run_dir) -> list[Path]:
         return [run_dir]
     found = []
     for path in sorted(run_dir.rglob("*.json")) + sorted(run_dir.rglob("*.json.gz")):
+        if path.name == MERGED_TRACE:  # every rank's events in one file: not one rank's trace
+            continue
         is_trace, rank = _sniff(path)
         if is_trace:
             found.append((rank, path))
@@ -174,3 +177,34 @@ def analyze_run(traces) -> dict:
     return {"overlap_pct": sum(pcts) / len(pcts) if pcts else None,
             "comm_ms": mean("comm_ms"), "compute_ms": mean("compute_ms"), "overlap_ms": mean("overlap_ms"),
             "ranks": per_rank}
+
+
+def merge_traces(paths, out) -> Path:
+    """One Chrome trace of every rank's (`paths`, rank order) for Perfetto or chrome://tracing: a process per
+    rank and original process ("rank 1: python"), on one time axis. Each torch.profiler trace counts its `ts`
+    (µs) from its own `baseTimeNanoseconds`; here from the earliest event of all, so the ranks' skew shows
+    as it was (one host's clock: the ranks of one machine)."""
+    traces = [load_trace(p) for p in paths]
+    bases = [t.get("baseTimeNanoseconds", 0) // 1000 for t in traces]  # µs, as integers: no float rounding
+    start = min(base + min((e["ts"] for e in t["traceEvents"] if "ts" in e), default=0)
+                for base, t in zip(bases, traces))
+    events = []
+    for i, (trace, base) in enumerate(zip(traces, bases)):
+        rank = trace_rank(trace, i)
+        pids: dict = {}
+        for event in trace["traceEvents"]:
+            event = dict(event)
+            if "pid" in event:
+                event["pid"] = pids.setdefault(event["pid"], 1000 * rank + len(pids))
+            if "ts" in event:
+                event["ts"] = event["ts"] + base - start
+            if "id" in event and isinstance(event["id"], int):  # flow arrows stay within their rank
+                event["id"] += rank << 40
+            if event.get("ph") == "M" and event.get("name") == "process_name":
+                event["args"] = {"name": f"rank {rank}: {(event.get('args') or {}).get('name', '')}"}
+            elif event.get("ph") == "M" and event.get("name") == "process_sort_index":
+                event["args"] = {"sort_index": event["pid"]}
+            events.append(event)
+    out = Path(out)
+    out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return out
