@@ -167,6 +167,10 @@ class EmulatedNetwork(NetworkConfig):
     """Emulated nodes; world_size splits evenly over them."""
     gbps: Optional[float] = None
     """Each node's link rate in Gbit/s, both directions (a tbf qdisc on both ends); None: unshaped."""
+    slow_node: Optional[int] = None
+    """A node whose link runs at `slow_gbps` instead (a slow link, for the straggler study); None: none."""
+    slow_gbps: Optional[float] = None
+    """The slow node's link rate in Gbit/s, both directions."""
     latency_ms: Optional[float] = None
     """Added one-way delay on each node's link (the netem qdisc: refused where the kernel lacks it)."""
 

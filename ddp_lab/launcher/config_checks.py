@@ -96,6 +96,11 @@ def _validate_network(cfg: DictConfig) -> None:
              "network.nodes) and no SLURM launcher")
     _require(cfg.backend.name != "nccl", "network=emulated runs gloo between namespaces: use backend=gloo or auto")
     _require(net.gbps is None or net.gbps > 0, f"network.gbps must be > 0 Gbit/s (unset: unshaped), got {net.gbps}")
+    _require((net.slow_node is None) == (net.slow_gbps is None),
+             "network.slow_node and network.slow_gbps go together: the node whose link is slower, and its rate")
+    _require(net.slow_node is None or 0 <= net.slow_node < net.nodes,
+             f"network.slow_node must be a node in [0, {net.nodes - 1}], got {net.slow_node}")
+    _require(net.slow_gbps is None or net.slow_gbps > 0, f"network.slow_gbps must be > 0 Gbit/s, got {net.slow_gbps}")
     _require(net.latency_ms is None or net.latency_ms > 0,
              f"network.latency_ms must be > 0 ms (unset: none), got {net.latency_ms}")
     problem = emulation_problem()

@@ -2,7 +2,8 @@
 
 Each emulated node is a network namespace with its own loopback (traffic between ranks of one node stays
 inside it) and one veth link to a bridge that joins the nodes; a `tbf` qdisc shapes both ends of each
-link to `network.gbps`, so a node sends and receives at most that rate. launch.py runs one torchrun per
+link to `network.gbps`, so a node sends and receives at most that rate (`network.slow_node`'s link to
+`network.slow_gbps`: one slow link). launch.py runs one torchrun per
 node inside its namespace (`ip netns exec`) through the multi-node path real nodes use: torchrun's static
 rendezvous on node 0's address, gloo bound to the node's link (GLOO_SOCKET_IFNAME).
 
@@ -84,6 +85,8 @@ class EmulatedNodes:
     nodes: int
     gbps: float | None = None
     latency_ms: float | None = None
+    slow_node: int | None = None  # this node's link runs at slow_gbps instead of gbps
+    slow_gbps: float | None = None
     pid: int = field(default_factory=os.getpid)
     start: str | None = None  # the launcher's start time (default: read from /proc for `pid`)
     job: int = field(default_factory=lambda: next(_jobs))
@@ -134,11 +137,12 @@ class EmulatedNodes:
             _run("ip", "-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", NODE_IF)
             _run("ip", "-n", ns, "link", "set", NODE_IF, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            if self.gbps:
-                _shape(["tc"], host, self.gbps)
-                _shape(["ip", "netns", "exec", ns, "tc"], NODE_IF, self.gbps)
+            gbps = self.slow_gbps if k == self.slow_node else self.gbps
+            if gbps:
+                _shape(["tc"], host, gbps)
+                _shape(["ip", "netns", "exec", ns, "tc"], NODE_IF, gbps)
             if self.latency_ms:
-                _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NODE_IF, "parent", "1:1" if self.gbps
+                _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NODE_IF, "parent", "1:1" if gbps
                      else "root", "netem", "delay", f"{self.latency_ms}ms")
 
     def remove(self) -> None:

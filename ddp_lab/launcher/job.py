@@ -144,7 +144,8 @@ def _emulated(cfg: DictConfig):
     network = OmegaConf.select(cfg, "network")
     if network is None or network.name != "emulated":
         return nullcontext()
-    return EmulatedNodes(network.nodes, network.gbps, network.latency_ms)
+    return EmulatedNodes(network.nodes, network.gbps, network.latency_ms, slow_node=network.slow_node,
+                         slow_gbps=network.slow_gbps)
 
 
 def _wait(children: list[subprocess.Popen], timeout_s: float) -> int | None:
