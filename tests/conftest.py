@@ -1,12 +1,14 @@
-"""The suite runs on 2 workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml): a launch.py job
+"""The suite runs on 2 workers (pytest-xdist, `-n auto --dist loadfile` in pyproject.toml): a launch.py job
 leaves a core idle while one process imports torch (the launcher, then torchrun), and waits for timeouts
-leave both idle, so two tests at once take 13-14 minutes here where one at a time took 19.
+leave both idle, so two tests at once take about 14 minutes here where one at a time took 19.
 
-A fixture shared by several tests must be built once, on one worker: each test is put in the group
-(`xdist_group`) of what it shares, a session-scoped fixture of tests/e2e/conftest.py or its file's
-module-scoped ones (a set of rank processes), joined where one test shares two. The tests of emulated
-nodes share the machine's network namespaces, each asserting it leaves them as it found them: one worker
-runs them, one after another.
+What tests share must be built once, on one worker: a file's module-scoped fixtures (a set of rank
+processes) keep its tests together (one file, one unit of work), and the files reading one of
+tests/e2e/conftest.py's session sweeps form one unit (UNITS; a test outside its sweep's unit fails the
+collection, naming the files to put together). The emulated-node tests share the machine's network namespaces, each
+asserting it leaves them as it found them: one file, one worker. xdist's own `--dist loadgroup` would do
+this from marks, but it stopped grouping on pytest 9.2 (pytest-dev/pytest-xdist#1386): units are
+computed here, by file.
 """
 
 import os
@@ -17,45 +19,51 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-ONE_AT_A_TIME = {"test_emulated_network.py"}
 MAX_WORKERS = 4  # a test starts up to 6 processes (launch.py, torchrun, 4 ranks): more workers only contend
+UNITS = {  # the files reading a session sweep of tests/e2e/conftest.py (named after it): one unit each
+    "ladder": ["test_zero1_launch", "test_zero2_launch", "test_fsdp_launch", "test_checkpoint_launch"],  # and hsdp's
+    "crash_sweep": ["test_failures", "test_report_launch"],
+    "examples_sweep": ["test_examples", "test_predict_launch"],
+    "sweeps_started_together": ["test_launch", "test_scale"],
+}
+UNIT = {f"tests/e2e/{name}.py": unit for unit, names in UNITS.items() for name in names}
+IGNORED_SESSION_FIXTURES = {"tmp_path_factory", "worker_id", "testrun_uid"}  # pytest's and xdist's own
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file's in UNITS, or its file."""
+    path = nodeid.split("::")[0]
+    return UNIT.get(path, path)
 
 
 def pytest_xdist_auto_num_workers(config):
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
-def _shared(item) -> set[str]:
-    """What `item` shares with other tests: its session-scoped fixtures, and its file where it uses a
-    module-scoped one."""
-    module = item.nodeid.split("::")[0]
-    out = {module} if item.path.name in ONE_AT_A_TIME else set()
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return out
-    for name, defs in info.name2fixturedefs.items():
-        scope = defs[-1].scope
-        if scope == "session" and name not in ("tmp_path_factory", "worker_id", "testrun_uid"):
-            out.add(name)
-        elif scope == "module":
-            out.add(module)
-    return out
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        """loadfile with the files of each of UNITS together, in the order collected (the long e2e ones first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # by test count the many short parity tests would go first
+    return FileGroups(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    parent: dict[str, str] = {}
-
-    def root(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    shared = {item.nodeid: _shared(item) for item in items}
-    for names in shared.values():  # tests sharing two things join their groups
-        first, *rest = sorted(names) or [None]
-        for name in rest:
-            parent[root(name)] = root(first)
+    """Every test reading a session sweep is in one unit with the others that read it, or collection fails."""
+    where: dict[str, set[str]] = {}
     for item in items:
-        if shared[item.nodeid]:
-            item.add_marker(pytest.mark.xdist_group(root(min(shared[item.nodeid]))))
+        info = getattr(item, "_fixtureinfo", None)
+        for name, defs in (info.name2fixturedefs.items() if info else ()):
+            if defs[-1].scope == "session" and name not in IGNORED_SESSION_FIXTURES:
+                where.setdefault(name, set()).add(item.nodeid.split("::")[0])
+    for name, files in where.items():
+        if len({unit_of(f) for f in files}) > 1:
+            raise pytest.UsageError(f"tests/conftest.py: session fixture {name!r} is read by {sorted(files)}: put "
+                                    "them in one of UNITS, so that one worker builds it once")

@@ -44,3 +44,9 @@ def test_hsdp_shards_within_its_groups(hsdp_at_four_ranks):
     memory = res["summary"]["memory"]
     assert memory["shard_ranks"] == 2 and memory["zero_stage"] == 3
     assert memory["expected_total"] == 16 * memory["num_params"] / 2 and 1.0 <= memory["model_state_ratio"] < 1.05
+
+
+def test_logger_none_writes_no_wandb(hsdp_at_four_ranks):
+    """The session's 4-rank hsdp job (tests/e2e/conftest.py) ran with logger=none."""
+    assert results(hsdp_at_four_ranks)["env"]["world_size"] == 4
+    assert not (hsdp_at_four_ranks / "wandb").exists()

@@ -94,9 +94,3 @@ def test_two_job_sweep_one_wandb_folder_and_its_view(sweeps_started_together, tm
                          capture_output=True, text=True, timeout=120, env={**os.environ})
     assert pub.returncode == 2 and pub.stderr.startswith("error: not logged in") and pub.stderr.count("\n") == 1
     assert not (sweep / "report.md").exists()
-
-
-def test_logger_none_writes_no_wandb(hsdp_at_four_ranks):
-    """The session's 4-rank hsdp job (tests/e2e/conftest.py) ran with logger=none."""
-    assert results(hsdp_at_four_ranks)["env"]["world_size"] == 4
-    assert not (hsdp_at_four_ranks / "wandb").exists()
