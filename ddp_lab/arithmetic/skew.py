@@ -21,8 +21,9 @@ to the rank's comm_ms (the union of its collectives' [entry, completion]).
 Blame: the last-arriving rank of c alone held the others for A_c minus the second-to-last arrival. A rank's
 blame in a step is the union of those spans over the collectives it arrived last at: what the step would
 lose if that rank were as fast as the next slowest. The straggler is the rank with the most blame over the
-measured steps, named when it is also the rank most often last (HTA's "late start" count agrees) and its
-blame is at least STRAGGLER_SHARE of the step: below that, arrival order is noise.
+measured steps, named when it is also the rank most often last (HTA's "late start" count agrees), its blame
+is at least STANDOUT times any other rank's, and at least STRAGGLER_SHARE of the step: below that, arrival
+order is noise.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ Stamps = list[list[tuple[float, float]]]
 STRAGGLER_SHARE = 0.05
 """A rank is named the straggler when its blame is at least this share of the step (measured: with no
 slowdown the most-blamed rank's share on 2 cores stays under 2%, and a 1.1x rank's is above 4%, docs/benchmarks.md)."""
+STANDOUT = 2.0
+"""...and at least this many times any other rank's blame: ranks of equal speed share the lateness by chance."""
 CAUSE_SHARE = 0.5
 """A cause is named when the straggler's own excess in that phase over the other ranks' median explains at
 least this share of its blame."""
@@ -171,7 +174,8 @@ def verdict(steps: list[dict]) -> dict | None:
     seen = evidence(steps)
     blamed, last, step_ms = seen["per_rank"]["blame_ms"], seen["per_rank"]["last"], seen["step_ms"]
     rank = max(range(len(blamed)), key=blamed.__getitem__)
-    if blamed[rank] < STRAGGLER_SHARE * step_ms or max(last) != last[rank]:
+    runner_up = max((b for r, b in enumerate(blamed) if r != rank), default=0.0)
+    if blamed[rank] < STRAGGLER_SHARE * step_ms or blamed[rank] < STANDOUT * runner_up or max(last) != last[rank]:
         return {"rank": None, "why": "no rank stands out", **seen}
     excess = {}
     for phase in ("data", "compute"):

@@ -25,6 +25,7 @@ from ddp_lab.arithmetic.skew import aligned, blame, exposure, exposure_table, pe
 from ddp_lab.spec.figures import FWD_BWD, SYNC
 
 MULTI_HOST = "the ranks are on several hosts, whose clocks differ: no skew is measured"
+ONE_RANK = "one rank: nobody waits for anybody"
 
 
 class ArrivalWatch:
@@ -33,7 +34,8 @@ class ArrivalWatch:
     def __init__(self, warmup_steps: int):
         hosts = [None] * dist.get_world_size()
         dist.all_gather_object(hosts, socket.gethostname())
-        self.one_host = len(set(hosts)) == 1 and dist.get_world_size() > 1
+        self.why_not = ONE_RANK if len(hosts) == 1 else MULTI_HOST if len(set(hosts)) > 1 else None
+        self.one_host = self.why_not is None  # and more than one rank: stamps to compare
         self.warmup_steps, self.rank = warmup_steps, dist.get_rank()
         self.steps: list[dict] = []
         self.exposed: dict[tuple, list] = defaultdict(list)  # per step shape (the collectives' bytes): its rows
@@ -76,7 +78,7 @@ class ArrivalWatch:
         if self.rank != 0:
             return None
         if not self.one_host:
-            return {"rank": None, "why": MULTI_HOST}
+            return {"rank": None, "why": self.why_not}
         return verdict(self.steps) or {"rank": None, "why": "no collective stamps matched across ranks"}
 
     def exposure(self) -> list[dict] | None:

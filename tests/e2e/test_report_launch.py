@@ -1,4 +1,4 @@
-"""The end-of-sweep table and the report on a real sweep: zero2 at 2 bucket sizes x (rank 1 a 1.5x straggler,
+"""The end-of-sweep table and the report on a real sweep: zero2 at 2 bucket sizes x (rank 1 a 3x straggler,
 rank 1 crashing at step 2), profiled (the session's crash sweep, tests/e2e/conftest.py): failed jobs marked,
 traces, the merged trace, trace overlap and timelines of the ok ones, the straggler and the exposed
 collectives in the report, the crashed jobs kept in their bucket sweep."""
@@ -61,7 +61,7 @@ def test_real_sweep_report(crash_sweep):
     md = (sweep / "report.md").read_text()
     training = md.split("## Training")[1].split("\n## ")[0]
     assert training.count("**failed**") == 2 and "injected crash at step 2" in md  # failed rows in bold
-    assert training.count("slow 1.5x rank 1") == 2  # an injected run never passes for a clean one
+    assert training.count("slow 3x rank 1") == 2  # an injected run never passes for a clean one
     assert training.count("| rank 1: ") == 2  # the straggler column names the slow rank of the ok jobs
     exposure = md.split("## Exposed communication per collective")[1].split("\n## ")[0]
     assert exposure.count("hidden (rank") == 2  # each ok job's collectives, the hidden ones counted

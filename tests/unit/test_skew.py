@@ -94,6 +94,7 @@ def test_no_rank_stands_out_below_the_share_or_when_another_is_last_more_often()
     quiet = verdict([_step([0, 1, 2], [1, 1, 2], [50, 50, 50])])  # 2 ms of a 100 ms step
     assert quiet["rank"] is None and quiet["why"] == "no rank stands out" and quiet["per_rank"]["blame_ms"] == [0, 1, 2]
     assert verdict([_step([0, 0, 30], [0, 8, 2], [50, 50, 80])])["rank"] is None  # blame and lateness disagree
+    assert verdict([_step([0, 20, 30], [0, 2, 8], [50, 50, 80])])["rank"] is None  # 30 ms is not twice 20 ms
     assert verdict([]) is None
 
 
