@@ -1,0 +1,95 @@
+"""Which strategy tolerates a straggler, and at what loss (docs/benchmarks.md, "Stragglers").
+
+2 emulated nodes x 2 ranks joined at 1 Gbit/s (needs root), the tiny Transformer on the built-in text, 32 steps:
+bucketed, zero2, fsdp, powersgd and local SGD (every 4 and 16 steps, with and without the outer Nesterov step),
+each clean, with rank 1 slowed 1.1x, 1.3x and 2x from step 2 (`fault.kind=slow`), and clean with node 1's link
+at 0.25 Gbit/s (`network.slow_node`). One Hydra sweep per row kind; the table (p50 step time, the final
+validation loss, the verdict) is printed and the picture written to docs/img/straggler_study.png.
+
+    python benchmarks/straggler_study.py [OUT]      # about 25 minutes here
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["network=emulated", "network.nodes=2", "network.gbps=1", "world_size=4", "data=text", "model=tiny",
+        "train.steps=32", "train.warmup_steps=4", "train.batch_size=8", "logger=none"]
+STRATEGIES = [("bucketed", []), ("zero2", []), ("fsdp", []), ("powersgd", []),
+              ("local_sgd", ["strategy.sync_every=4,16", "strategy.outer=none,nesterov"])]
+SLOWDOWNS = [1.1, 1.3, 2.0]
+
+
+def sweep(out: Path, name: str, *overrides: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "launch.py"), "-m", *BASE, *overrides, f"hydra.sweep.dir={out / name}"],
+                   cwd=ROOT, stdout=subprocess.DEVNULL, check=False)  # a failed job is a row, not the end
+
+
+def rows(out: Path) -> list[dict]:
+    found = []
+    for path in sorted(out.glob("*/*/results.json")):
+        res = json.loads(path.read_text())
+        cfg, summary = res["config"], res.get("summary") or {}
+        strategy = cfg["strategy"]["name"]
+        if strategy == "local_sgd":
+            strategy += f" H={cfg['strategy']['sync_every']} {cfg['strategy']['outer']}"
+        fault, net = cfg["fault"], cfg["network"]
+        slowdown = float(fault["slowdown"]) if fault["kind"] == "slow" else 1.0
+        straggler = summary.get("straggler") or {}
+        found.append({"strategy": strategy, "slowdown": slowdown, "slow_link": net.get("slow_gbps") is not None,
+                      "status": res["status"], "step_ms": (summary.get("step_time_ms") or {}).get("p50"),
+                      "val_loss": summary.get("final_val_loss"), "named": straggler.get("rank"),
+                      "cost_ms": straggler.get("cost_ms"), "skew_ms": (summary.get("skew_ms") or {}).get("p50")})
+    return found
+
+
+def picture(table: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for strategy in dict.fromkeys(r["strategy"] for r in table):
+        points = sorted((r["slowdown"], r["step_ms"]) for r in table
+                        if r["strategy"] == strategy and not r["slow_link"] and r["step_ms"])
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=strategy)
+    ax.set_xlabel("rank 1's compute slowdown (x)")
+    ax.set_ylabel("step time p50 (ms)")
+    ax.set_title("A straggler on 2 emulated nodes x 2 ranks at 1 Gbit/s (tiny, text)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/bench/straggler_study")
+    for name, knobs in STRATEGIES:
+        sweep(out, f"{name}_clean", f"strategy={name}", *knobs)
+        sweep(out, f"{name}_slow", f"strategy={name}", *knobs, "fault.kind=slow", "fault.rank=1", "fault.step=2",
+              "fault.slowdown=" + ",".join(map(str, SLOWDOWNS)))
+        sweep(out, f"{name}_slow_link", f"strategy={name}", *knobs, "network.slow_node=1", "network.slow_gbps=0.25")
+    table = rows(out)
+    (out / "study.json").write_text(json.dumps(table, indent=1))
+    picture(table, ROOT / "docs" / "img" / "straggler_study.png")
+    print("| strategy | clean ms | 1.1x | 1.3x | 2x | node 1's link at 0.25 Gbit/s | val loss clean / 2x | "
+          "named at 2x |\n|---|---|---|---|---|---|---|---|")
+    for strategy in dict.fromkeys(r["strategy"] for r in table):
+        at = {(r["slowdown"], r["slow_link"]): r for r in table if r["strategy"] == strategy}
+        named = at.get((2.0, False), {}).get("named")
+        print(f"| {strategy} | {_cell(at, (1.0, False))} | {_cell(at, (1.1, False))} | {_cell(at, (1.3, False))} | "
+              f"{_cell(at, (2.0, False))} | {_cell(at, (1.0, True))} | {_cell(at, (1.0, False), 'val_loss')} / "
+              f"{_cell(at, (2.0, False), 'val_loss')} | {'-' if named is None else f'rank {named}'} |")
+
+
+def _cell(at: dict, key: tuple, figure: str = "step_ms") -> str:
+    value = at.get(key, {}).get(figure)
+    return "-" if value is None else f"{value:.3f}" if figure == "val_loss" else f"{value:.0f}"
+
+
+if __name__ == "__main__":
+    main()
