@@ -142,10 +142,11 @@ def exposure_markdown(runs) -> str | None:
         exposure = (res.get("summary") or {}).get("exposure")
         if not exposure:
             continue
-        shown = [c for c in exposure["collectives"] if c["why"]]
+        issued = exposure["per_collective"]
+        shown = [c for c in issued if c["why"]]
         rows += [{"job": name, "kib": c["bytes"] / 1024, **c} for c in shown]
-        hidden.append(f"{name}: {len(exposure['collectives']) - len(shown)} of {len(exposure['collectives'])} "
-                      f"hidden (rank {exposure['rank']}, {exposure['steps']} steps)")
+        hidden.append(f"{name}: {len(issued) - len(shown)} of {len(issued)} hidden (rank {exposure['rank']}, "
+                      f"{exposure['steps']} steps)")
     if not rows and not hidden:
         return None
     intro = ("Collectives in issue order (the last issued holds the first layers' gradients), on the most exposed "

@@ -89,4 +89,4 @@ class ArrivalWatch:
         sizes, steps = max(self.exposed.items(), key=lambda item: len(item[1]))
         ranks = Counter(rank for rank, _ in steps)
         return {"rank": ranks.most_common(1)[0][0], "steps": len(steps),
-                "collectives": exposure_table([rows for _, rows in steps], list(sizes))}
+                "per_collective": exposure_table([rows for _, rows in steps], list(sizes))}

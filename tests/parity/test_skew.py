@@ -98,7 +98,7 @@ def test_the_verdict_names_the_late_rank_and_its_compute(ranks):
 
 def test_the_last_issued_bucket_is_exposed_and_why_is_named(bucketed):
     (table, facts), (elsewhere, _) = bucketed
-    collectives = table["collectives"]
+    collectives = table["per_collective"]
     assert len(collectives) >= 3 and table["steps"] == STEPS - 1 and elsewhere is None
     last = collectives[-1]
     assert last["exposed_ms"] > 0 and last["why"] in (ISSUED_AFTER, ISSUED_LATE, QUEUED, LATE_PEER)
