@@ -1,6 +1,6 @@
 """The suite runs on 2 workers (pytest-xdist, `-n auto --dist loadfile` in pyproject.toml): a launch.py job
 leaves a core idle while one process imports torch (the launcher, then torchrun), and waits for timeouts
-leave both idle, so two tests at once take about 14 minutes here where one at a time took 19.
+leave both idle, so two tests at once take about 11 minutes here where one at a time took 19.
 
 What tests share must be built once, on one worker: a file's module-scoped fixtures (a set of rank
 processes) keep its tests together (one file, one unit of work), and the files reading one of

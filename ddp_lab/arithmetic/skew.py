@@ -37,10 +37,14 @@ Stamps = list[list[tuple[float, float]]]
 """One step: stamps[rank][k] = (entry, completion) of the rank's k-th collective, host seconds."""
 
 STRAGGLER_SHARE = 0.05
-"""A rank is named the straggler when its blame is at least this share of the step (measured: with no
-slowdown the most-blamed rank's share on 2 cores stays under 2%, and a 1.1x rank's is above 4%, docs/benchmarks.md)."""
+"""A rank is named the straggler when its blame is at least this share of the step. Measured
+(benchmarks/stragglers.py, 4 ranks on 2 cores, docs/benchmarks.md "Stragglers"): in clean runs a rank can stand
+out by chance with 3.0% of the step (powersgd, 2.2x the next rank's blame); 1.1x slow ranks that stand out
+hold 3.9-4.8%, 1.3x ones 9.5-21.5%. At 5% no clean run names anyone and every run at 1.3x or more names
+the slow rank."""
 STANDOUT = 2.0
-"""...and at least this many times any other rank's blame: ranks of equal speed share the lateness by chance."""
+"""...and at least this many times any other rank's blame: in clean runs the most-blamed rank holds 1.1-2.2x
+the next one's (ranks of one speed share lateness by chance), a 1.3x slow rank 4.2-8.2x."""
 CAUSE_SHARE = 0.5
 """A cause is named when the straggler's own excess in that phase over the other ranks' median explains at
 least this share of its blame."""
