@@ -29,7 +29,8 @@ ONE_RANK = "one rank: nobody waits for anybody"
 
 
 class ArrivalWatch:
-    """Per step: `drawing()` around the batch's draw, then `step(intervals, laps, step_ms)` on every rank."""
+    """Per step: `drawing()` around the batch's draw, then `step(step, comm, timer, step_ms)` on every rank; at
+    the end `verdict()` and `exposure()` on rank 0."""
 
     def __init__(self, warmup_steps: int):
         hosts = [None] * dist.get_world_size()
@@ -81,7 +82,7 @@ class ArrivalWatch:
             return {"rank": None, "why": self.why_not}
         return verdict(self.steps) or {"rank": None, "why": "no collective stamps matched across ranks"}
 
-    def exposure(self) -> list[dict] | None:
+    def exposure(self) -> dict | None:
         """results.json's `summary.exposure` on rank 0: per collective of the most common step (by the bytes of
         its collectives), what the most exposed rank waited for after backward and why; None elsewhere."""
         if self.rank != 0 or not self.exposed:
