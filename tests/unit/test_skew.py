@@ -148,3 +148,13 @@ def test_the_table_averages_each_collective_over_the_steps():
     assert [c["bytes"] for c in table] == [100, 200, 300]
     assert [c["exposed_ms"] for c in table] == pytest.approx([0, (10 + 2) / 2, (13 + 5) / 2])
     assert [c["why"] for c in table] == [None, ISSUED_LATE, ISSUED_AFTER]
+
+
+def test_the_tables_cells():
+    from ddp_lab.analysis.records import injected_text, straggler_text
+
+    found = verdict([_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(2)])
+    assert straggler_text(found) == "rank 2: 30.0 ms (30%), compute"
+    assert straggler_text({"rank": None, "why": "no rank stands out"}) is None and straggler_text(None) is None
+    assert injected_text({"kind": "slow", "rank": 1, "step": 2, "slowdown": 3.0}) == "slow 3x rank 1"
+    assert injected_text({"kind": "hang", "rank": -1, "step": 1}) == "hang every rank"
