@@ -70,6 +70,11 @@ class TokenDtype(Choice):
     uint32 = "uint32"
 
 
+class OptimizerName(Choice):
+    adamw = "adamw"
+    muon = "muon"
+
+
 class FaultKind(Choice):
     none = "none"
     crash = "crash"
@@ -212,6 +217,9 @@ class TrainConfig:
     """Global batches (train.batch_size sequences each) the validation loss averages; 0: no validation loss."""
     save_model: bool = False
     """Rank 0 writes the final weights to JOB_DIR/model.pt."""
+    optimizer: OptimizerName = OptimizerName.adamw
+    """adamw; or muon: torch's Muon on every 2-D parameter and AdamW on the rest, at train.lr and
+    train.weight_decay (rank/optimizers.py). Strategies whose optimizer sees slices of a parameter refuse muon."""
     precision: Dtype = Dtype.fp32
     """Compute dtype of forward and backward (autocast; fp16 adds a gradient scaler); master weights
     and optimizer state stay fp32. For fsdp and fsdp_torch it is also the dtype parameters are

@@ -164,6 +164,9 @@ def _validate_train(cfg: DictConfig) -> None:
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _require(str(t.optimizer) == "adamw" or spec.whole_parameter_optimizer,
+             f"train.optimizer={t.optimizer} needs whole parameters in the optimizer; strategy={spec.name} gives it "
+             "slices of them (or brings its own): use train.optimizer=adamw, or a strategy that keeps them whole")
     _validate_data(cfg)
     from ddp_lab.machine import precision_problem
 

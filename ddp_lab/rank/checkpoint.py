@@ -156,7 +156,8 @@ def _model_state(model) -> tuple[dict, dict]:
 
 def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -> dict:
     """`optim.NAME.KEY` Flats of the optimizer state this rank holds; with `names` (the keys a checkpoint
-    has), AdamW's state is first created (zeros) where it does not exist yet, to be read into."""
+    has), the optimizer's state is first created (zeros, of the keys the checkpoint has) where it does not exist
+    yet, to be read into."""
     inner, where = model.checkpoint_optimizer(optimizer)
     flats: dict[str, Flat] = {}
     for group in inner.param_groups:
@@ -164,8 +165,11 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -
             if id(tensor) not in where:
                 continue
             name, offset = where[id(tensor)]
-            if names is not None and tensor not in inner.state and f"optim.{name}.exp_avg" in names:
-                inner.state[tensor] = _fresh_adamw_state(tensor)
+            if names is not None and tensor not in inner.state:
+                prefix = f"optim.{name}."
+                keys = [n[len(prefix):] for n in names if n.startswith(prefix) and "." not in n[len(prefix):]]
+                if keys:
+                    inner.state[tensor] = _fresh_state(tensor, keys)
             for key, value in inner.state.get(tensor, {}).items():
                 if not torch.is_tensor(value):
                     continue
@@ -182,11 +186,12 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -
     return flats
 
 
-def _fresh_adamw_state(tensor: torch.Tensor) -> dict:
-    """AdamW's state as its first step creates it (torch/optim/adamw.py `_init_group`), to be read into."""
+def _fresh_state(tensor: torch.Tensor, keys: list[str]) -> dict:
+    """The optimizer's state of `tensor` as its first step creates it (AdamW's `step`, `exp_avg`, `exp_avg_sq`
+    in torch/optim/adamw.py `_init_group`; Muon's `momentum_buffer`), of the keys a checkpoint has, to be read
+    into."""
     dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    return {"step": torch.tensor(0.0, dtype=dtype), "exp_avg": torch.zeros_like(tensor),
-            "exp_avg_sq": torch.zeros_like(tensor)}
+    return {key: torch.tensor(0.0, dtype=dtype) if key == "step" else torch.zeros_like(tensor) for key in keys}
 
 
 def _rng_key(rank: int) -> str:

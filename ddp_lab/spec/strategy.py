@@ -23,6 +23,8 @@ instead of probing the runtime class or matching its name:
   torch.distributed.checkpoint's pieces ("deepspeed": its engine's `save_checkpoint`), which loads only
   into the same strategy at the same world size and takes no other's; None: DCP pieces, from any
   strategy and into any, at any world size (rank/checkpoint.py);
+- `whole_parameter_optimizer`: its optimizer updates whole parameters (False where it sees flat slices:
+  zero2, fsdp, hsdp, fsdp_torch, DeepSpeed; or brings its own: demo), which `train.optimizer=muon` needs;
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -66,6 +68,7 @@ class StrategySpec:
     reduces_gradients: ClassVar[bool] = True
     casts_itself: ClassVar[bool] = False
     own_checkpoint: ClassVar[Optional[str]] = None
+    whole_parameter_optimizer: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.check()

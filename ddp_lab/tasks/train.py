@@ -27,6 +27,7 @@ from ddp_lab.rank.faults import injected, maybe_inject_fault, slow_compute
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.memory import memory_report, memory_snapshot
+from ddp_lab.rank.optimizers import optimizer_class
 from ddp_lab.rank.precision import FP32, Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
@@ -70,12 +71,13 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     return torch.stack(losses).sum()
 
 
-def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float):
-    """The strategy of `spec` around `module`, its AdamW and the `Precision` of `compute` (fp32, bf16,
-    fp16), as every job trains them (tests/parity/test_precision_every_strategy.py builds them here too)."""
+def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer: str = "adamw"):
+    """The strategy of `spec` around `module`, its optimizer (`train.optimizer`: rank/optimizers.py) and the
+    `Precision` of `compute` (fp32, bf16, fp16), as every job trains them (tests/parity/test_precision_every_strategy.py
+    builds them here too)."""
     casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
     model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}))
-    optimizer = model.make_optimizer(torch.optim.AdamW, lr=lr, weight_decay=weight_decay)
+    optimizer = model.make_optimizer(optimizer_class(optimizer), lr=lr, weight_decay=weight_decay)
     precision = Precision(compute, device_type, autocast=not casts_itself,
                           agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
     return model, optimizer, precision
@@ -89,7 +91,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
     spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
-    model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay)
+    model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
+                                       str(cfg.train.optimizer))
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     data = BatchSource(cfg, rank, world_size, device)  # this rank's rows of every batch, the source's facts
     recorder.log_once({"num_params": num_params, **facts, **data.facts()})

@@ -85,6 +85,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "checkpoint.async=true": "checkpoint.async_save",
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
     "fault.kind=slow fault.slowdown=1": "fault.slowdown=1.0 must be > 1 (times as long) with fault.kind=slow",
+    "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",
+    "strategy=zero2 train.optimizer=muon": "train.optimizer=muon needs whole parameters in the optimizer; "
+                                           "strategy=zero2 gives it slices",
+    "strategy=fsdp train.optimizer=muon": "strategy=fsdp gives it slices",
 }
 
 

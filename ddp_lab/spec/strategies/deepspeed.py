@@ -31,6 +31,7 @@ class DeepSpeedSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.DeepSpeedZeRO"
     own_checkpoint = "deepspeed"  # its engine's save_checkpoint: its flat partitions are no DCP pieces
+    whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

@@ -30,6 +30,7 @@ class FSDPSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.FSDP"
     zero_stage = 3
+    whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
     casts_itself = True
 
     def check_model(self, module) -> None:

@@ -29,6 +29,7 @@ class TorchFSDPSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.TorchFSDP"
     zero_stage = 3
+    whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
     casts_itself = True
 
     def check(self) -> None:

@@ -26,6 +26,7 @@ class Zero2Spec(StrategySpec):
 
     runtime = "ddp_lab.strategies.Zero2"
     zero_stage = 2
+    whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)
