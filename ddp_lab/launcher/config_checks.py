@@ -165,8 +165,9 @@ def _validate_train(cfg: DictConfig) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _require(str(t.optimizer) == "adamw" or spec.whole_parameter_optimizer,
-             f"train.optimizer={t.optimizer} needs whole parameters in the optimizer; strategy={spec.name} gives it "
-             "slices of them (or brings its own): use train.optimizer=adamw, or a strategy that keeps them whole")
+             f"train.optimizer={t.optimizer} needs an optimizer over whole parameters, and strategy={spec.name}'s "
+             "updates slices of them, or is its own (demo): use train.optimizer=adamw, or a strategy that keeps them "
+             "whole")
     _validate_data(cfg)
     from ddp_lab.machine import precision_problem
 
@@ -255,6 +256,11 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
              "for, and checkpoint.every=0 asks for none: set checkpoint.every")
     if not (c.every or c.load or cfg.launcher.max_restarts):
         return
+    if c.every:
+        try:
+            spec.check_checkpoints()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if not c.load:
         return
     from ddp_lab.jobdir import (

@@ -34,6 +34,8 @@ instead of probing the runtime class or matching its name:
   share what it shards (hsdp: its shard group; everyone else: all ranks);
 - `check_run(precision, grad_accum_steps)`: what the run needs beyond its ranks (an optional extra
   installed, the train settings it takes), asked before launch;
+- `check_checkpoints()`: whether it can write checkpoints with these knobs (local_sgd's delayed syncs cannot:
+  a checkpoint would miss what is in flight);
 - `check_model(module)`: the model it needs: raise ValueError (one line) for a model it cannot wrap
   (fsdp: nothing to shard); the launcher asks before any rank starts, on the model built on the meta
   device.
@@ -107,6 +109,10 @@ class StrategySpec:
     def check_run(self, precision: str, grad_accum_steps: int) -> None:
         """Raise ValueError, one line, for what this run needs that is not there (an optional extra) or a
         train setting the strategy cannot take (train.precision, train.grad_accum_steps); all fine by default."""
+
+    def check_checkpoints(self) -> None:
+        """Raise ValueError, one line, when the strategy cannot write checkpoints as configured (checkpoint.every
+        is set); all fine by default."""
 
     def check_model(self, module) -> None:
         """Raise ValueError, one line, when the strategy cannot wrap `module` (a torch model, on the meta

@@ -18,6 +18,7 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | hsdp | HSDP (fsdp inside shard groups, replicated across them) | hsdp.py (on fsdp/) |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |
+| demo | DeMo (decoupled momentum: top DCT coefficients all-gathered, sign-SGD) | demo.py |
 | replicate_torch | TorchReplicate (torch's replicate(), DDP on FSDP2) | replicate_torch.py |
 | deepspeed_zero1, _zero2, _zero3 | DeepSpeedZeRO (DeepSpeed's engine, an optional extra) | deepspeed_zero.py |
 
@@ -33,6 +34,7 @@ Adding a strategy: docs/strategies.md, "Adding a strategy" (a runtime class, a s
 from ddp_lab.strategies.base import DataParallelBase
 from ddp_lab.strategies.bucketed import BucketedDDP, plan_buckets
 from ddp_lab.strategies.deepspeed_zero import DeepSpeedZeRO
+from ddp_lab.strategies.demo import DeMo
 from ddp_lab.strategies.flat import FlatDDP
 from ddp_lab.strategies.fsdp import FSDP
 from ddp_lab.strategies.fsdp_torch import TorchFSDP
@@ -46,7 +48,7 @@ from ddp_lab.strategies.torch_ddp import TorchDDP
 from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
-__all__ = ["FSDP", "HSDP", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "TorchReplicate",
+__all__ = ["FSDP", "HSDP", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "DeMo", "TorchReplicate",
            "FlatDDP", "LocalSGD", "NaiveDDP",
            "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2",
            "Zero2Optimizer", "plan_buckets"]

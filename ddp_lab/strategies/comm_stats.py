@@ -47,6 +47,7 @@ class CommStats:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self._carried: list[Stamp] = []  # async collectives that may outlive the step that launched them
         self.reset()
 
     def reset(self) -> None:
@@ -59,6 +60,7 @@ class CommStats:
         self.compress_s = 0.0
         self._arithmetic_events: list = []  # CUDA: (start, end) events of arithmetic not yet added up
         self._exposing = False  # inside exposed(): a wait there is already counted
+        self._opened = time.perf_counter()  # these figures' start: the previous step's pop
 
     def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
         """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
@@ -128,8 +130,29 @@ class CommStats:
             self.compress_s += start.elapsed_time(end) / 1e3
         self._arithmetic_events = []
 
+    def carry(self, stamp: "Stamp") -> None:
+        """An async collective that may still be in flight when this step's figures are taken (local SGD's
+        delayed sync): at each `pop` until it ends, the part of its flight inside that step joins `comm_ms`;
+        its bytes and its call count join the step that launched it."""
+        self._carried.append(stamp)
+
+    def _carry_over(self) -> None:
+        now, still = time.perf_counter(), []
+        for stamp in self._carried:
+            end = stamp.end
+            if end is None and stamp.end_event is not None:
+                end = host_time_of(stamp.end_event)
+            launched_here, start = stamp.start >= self._opened, max(stamp.start, self._opened)
+            self.add(start, max(end if end is not None else now, start),
+                     stamp.nbytes if launched_here else 0, stamp.calls if launched_here else 0)
+            if end is None:
+                still.append(stamp)
+        self._carried = still
+
     def pop(self) -> dict:
         """This step's figures (milliseconds, counts, bytes), then start afresh for the next step."""
+        if self._carried:
+            self._carry_over()
         if self._arithmetic_events:
             synchronize(self.device)
             self._settle()

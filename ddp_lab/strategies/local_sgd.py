@@ -18,19 +18,42 @@ averaging (outer lr 1, no momentum). Buffers are always plainly averaged. The ou
 (θ at the last sync and the momentum b, two copies of the trainable parameters) lives in the
 wrapper, not in the optimizer's state.
 
+`fragments=F` (streaming DiLoCo, Douillard et al. 2025, arXiv 2501.18512): the trainable parameters are cut, in
+`parameters()` order, into F contiguous fragments of about equal bytes, and each fragment is synchronized on
+its own step of the round: fragment f (0-based) after every optimizer step t with t ≡ (f+1)·H/F (mod H),
+H = `sync_every`, so the last fragment syncs at the round's end as the whole model does with F=1, and the
+buffers go with it. Each fragment has its own anchor and outer momentum. The bytes of a round are the
+same; the peak per step is one fragment's instead of the whole model's, which is streaming's point.
+
+`delay=τ` (the overlapped outer step: streaming DiLoCo's τ, torchft's `fragment_sync_delay`): a fragment's
+all-reduce is launched at its sync step and waited for τ optimizer steps later, so it travels behind τ
+steps of compute. The outer step is taken then on the average of the parameters *as they were at the
+sync step* (its pseudo-gradient Δ = anchor - that average), and the fragment becomes
+mix·θ_local + (1 - mix)·θ_global: with `mix=0` (torchft's `fragment_update_alpha` default) the τ local
+steps taken meanwhile are dropped for that fragment and every rank holds the same fragment again; with
+mix > 0 they are partly kept and the replicas stay apart. τ must be below H (the result must land
+before the fragment's next sync: refused otherwise, and so is a delay with sync_every=1). An in-flight
+all-reduce is comm of every step it is in flight (`CommStats.carry`); its bytes count in the step that
+launched it; the wait at its landing step is exposed.
+
+With F=1 and τ=0 this is exactly the plain local SGD / DiLoCo above (the same code path); with H=1,
+plain averaging and a plain SGD inner step it is DDP.
+
 How it fits the strategy contract without the trainer knowing: `make_optimizer` returns the plain
 optimizer with a step post-hook (`register_step_post_hook`) that counts steps and averages. The
 averaging all-reduce is exposed communication inside the optimizer step (as zero1's broadcasts
 are): `comm_bytes` is the whole model's bytes on sync steps and 0 on the others, so a run's mean
 per step is 1/sync_every of a gradient all-reduce's.
 
-Bad input: `sync_every` < 1 and an unknown `outer` are refused (its spec, before launch, and
-here). There is no gradient collective, so `strategy.comm_dtype` means nothing here
-(its spec: `reduces_gradients = False`).
+Bad input: `sync_every` < 1, an unknown `outer`, more fragments than sync steps in a round (or than
+trainable parameter tensors), a delay not below `sync_every`, and `mix` outside [0, 1) or without a delay
+are refused (its spec, before launch, and here). There is no gradient collective, so `strategy.comm_dtype`
+means nothing here (its spec: `reduces_gradients = False`).
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from contextlib import contextmanager
 
@@ -39,7 +62,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.collectives import all_reduce_mean_
+from ddp_lab.strategies.collectives import all_reduce_mean_, all_reduce_mean_async
 from ddp_lab.units import tensor_bytes
 
 OUTER_LR = 0.7        # DiLoCo's outer learning rate (Douillard et al. 2023, section 3)
@@ -60,33 +83,65 @@ def averaged_buffers(module: nn.Module) -> list[torch.Tensor]:
     return out
 
 
-class LocalSGD(DataParallelBase):
-    """Local SGD behind the strategy contract (module docstring): `LocalSGD(module, sync_every=4, outer="none")`."""
+def split_fragments(params: list[nn.Parameter], fragments: int) -> list[list[nn.Parameter]]:
+    """`params` in order, cut into `fragments` contiguous runs, each at least one tensor: a run ends at the first
+    tensor that brings it to its share of the bytes ((f+1)/fragments of them, counted from the first)."""
+    if not 1 <= fragments <= len(params):
+        raise ValueError(f"fragments must be in [1, {len(params)}] (the trainable parameter tensors), got {fragments}")
+    cumulative = list(itertools.accumulate(tensor_bytes(p) for p in params))
+    out, start = [], 0
+    for f in range(fragments):
+        end = start + 1
+        last_start = len(params) - (fragments - f - 1)  # the later fragments need a tensor each
+        while end < last_start and (f == fragments - 1 or cumulative[end - 1] < cumulative[-1] * (f + 1) / fragments):
+            end += 1
+        out.append(params[start:end])
+        start = end
+    return out
 
-    def __init__(self, module: nn.Module, sync_every: int = 4, outer: str = "none"):
+
+class LocalSGD(DataParallelBase):
+    """Local SGD behind the strategy contract (module docstring):
+    `LocalSGD(module, sync_every=4, outer="none", fragments=1, delay=0, mix=0.0)`."""
+
+    def __init__(self, module: nn.Module, sync_every: int = 4, outer: str = "none", fragments: int = 1,
+                 delay: int = 0, mix: float = 0.0):
         if not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
         if str(outer) not in OUTERS:
             raise ValueError(f"outer must be one of {', '.join(OUTERS)}, got {outer!r}")
+        if not (isinstance(fragments, int) and 1 <= fragments <= sync_every):
+            raise ValueError(f"fragments must be an integer in [1, sync_every={sync_every}], got {fragments!r}")
+        if not (isinstance(delay, int) and 0 <= delay < sync_every):
+            raise ValueError(f"delay must be an integer in [0, sync_every={sync_every}), got {delay!r}")
+        if not (0.0 <= mix < 1.0 and (delay > 0 or mix == 0.0)):
+            raise ValueError(f"mix must be in [0, 1), and 0 without a delay, got {mix!r}")
         super().__init__(module)
-        self.sync_every, self.outer = sync_every, str(outer)
+        self.sync_every, self.outer, self.delay, self.mix = sync_every, str(outer), delay, float(mix)
         self.steps = 0  # optimizer steps taken
         self._params = self.trainable_parameters()
+        self._fragments = split_fragments(self._params, fragments) if self._params else [[]]
+        self._phase = [(f + 1) * sync_every // fragments % sync_every for f in range(fragments)]
         self._buffers_averaged = averaged_buffers(module)
+        self._pending: list[tuple[int, int, torch.Tensor, object]] = []  # (due step, fragment, flat, future)
         self._outer_optimizer = None
         self._optimizer = None  # a weak reference to the optimizer make_optimizer built
+        self._anchors: list[torch.Tensor] = []
         if self.outer == "nesterov" and self._params:
-            with torch.no_grad():
-                self._anchor = _flatten_dense_tensors([p.detach() for p in self._params]).clone()  # θ at the last sync
-            self._outer_optimizer = torch.optim.SGD([self._anchor], lr=OUTER_LR, momentum=OUTER_MOMENTUM,
+            with torch.no_grad():  # θ at the last sync, per fragment
+                self._anchors = [_flatten_dense_tensors([p.detach() for p in frag]).clone()
+                                 for frag in self._fragments]
+            self._outer_optimizer = torch.optim.SGD(self._anchors, lr=OUTER_LR, momentum=OUTER_MOMENTUM,
                                                     nesterov=True)
 
     def kept_tensors(self) -> list[torch.Tensor]:
-        """DiLoCo's outer state: θ at the last sync and the outer optimizer's momentum."""
+        """DiLoCo's outer state (θ at the last sync and the outer momentum, per fragment) and the copies of
+        fragments in flight (delay)."""
+        in_flight = [flat for _, _, flat, _ in self._pending]
         if self._outer_optimizer is None:
-            return []
-        return [self._anchor] + [t for s in self._outer_optimizer.state.values() for t in s.values()
-                                 if torch.is_tensor(t)]
+            return in_flight
+        return self._anchors + [t for s in self._outer_optimizer.state.values() for t in s.values()
+                                if torch.is_tensor(t)] + in_flight
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize: each rank steps on its own gradients."""
@@ -102,6 +157,11 @@ class LocalSGD(DataParallelBase):
         return [t for p in self._params for key, t in sorted(optimizer.state.get(p, {}).items())
                 if torch.is_tensor(t) and key != "step"]
 
+    def _outer_momenta(self) -> list[torch.Tensor]:
+        """Each fragment's outer momentum; zeros where it has none yet (SGD's first step makes the same buffer)."""
+        state = self._outer_optimizer.state
+        return [state.get(a, {}).get("momentum_buffer", torch.zeros_like(a)) for a in self._anchors]
+
     def checkpoint_rank_state(self) -> dict[str, torch.Tensor]:
         """Steps since the start, this rank's own parameters, buffers and optimizer moments (they differ from
         the other ranks' between syncs), and DiLoCo's outer state (θ at the last sync, the outer momentum)."""
@@ -113,10 +173,8 @@ class LocalSGD(DataParallelBase):
         if moments:
             state["local_sgd.optimizer"] = _flatten_dense_tensors(moments)
         if self._outer_optimizer is not None:
-            state["local_sgd.anchor"] = self._anchor.detach().clone()
-            momentum = self._outer_optimizer.state.get(self._anchor, {}).get("momentum_buffer")
-            if momentum is not None:
-                state["local_sgd.outer_momentum"] = momentum.detach().clone()
+            state["local_sgd.anchor"] = torch.cat([a.detach() for a in self._anchors])
+            state["local_sgd.outer_momentum"] = torch.cat([m.detach() for m in self._outer_momenta()])
         return state
 
     @contextmanager
@@ -148,13 +206,14 @@ class LocalSGD(DataParallelBase):
         fits = ("local_sgd.steps" in state
                 and state.get("local_sgd.model", torch.empty(0)).numel() == sum(t.numel() for t in own)
                 and state.get("local_sgd.optimizer", torch.empty(0)).numel() == sum(t.numel() for t in moments)
-                and (self._outer_optimizer is None or "local_sgd.anchor" in state))
+                and (self._outer_optimizer is None or state.get("local_sgd.anchor", torch.empty(0)).numel()
+                     == sum(a.numel() for a in self._anchors)))
         if self._outer_optimizer is not None:
             self._outer_optimizer.state.clear()
         if not fits:
             self.steps = 0
-            if self._outer_optimizer is not None:
-                self._anchor.copy_(_flatten_dense_tensors([p.detach() for p in self._params]))
+            for anchor, frag in zip(self._anchors, self._fragments):
+                anchor.copy_(_flatten_dense_tensors([p.detach() for p in frag]))
             return False
         self.steps = int(state["local_sgd.steps"].item())
         for group, key in ((own, "local_sgd.model"), (moments, "local_sgd.optimizer")):
@@ -162,17 +221,28 @@ class LocalSGD(DataParallelBase):
                 for tensor, saved in zip(group, _unflatten_dense_tensors(state[key], group)):
                     tensor.copy_(saved)
         if self._outer_optimizer is not None:
-            self._anchor.copy_(state["local_sgd.anchor"])
+            sizes = [a.numel() for a in self._anchors]
+            for anchor, saved in zip(self._anchors, state["local_sgd.anchor"].split(sizes)):
+                anchor.copy_(saved)
             if "local_sgd.outer_momentum" in state:
-                momentum = state["local_sgd.outer_momentum"].to(self._anchor.device, copy=True)  # read on the CPU
-                self._outer_optimizer.state[self._anchor]["momentum_buffer"] = momentum
+                momenta = state["local_sgd.outer_momentum"].split(sizes)
+                for anchor, momentum in zip(self._anchors, momenta):  # read on the CPU: onto the anchor's device
+                    self._outer_optimizer.state[anchor]["momentum_buffer"] = momentum.to(anchor.device, copy=True)
         return True
 
     def facts(self) -> dict:
         sync_bytes = sum(tensor_bytes(t) for t in self._params + self._buffers_averaged)
         outer = {"outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM} if self._outer_optimizer else {}
+        fragment_bytes = [sum(tensor_bytes(t) for t in self._fragment_tensors(f)) for f in range(len(self._fragments))]
         return {"local_sgd": {"sync_every": self.sync_every, "outer": self.outer, "bytes_per_sync": sync_bytes,
+                              "fragments": len(self._fragments), "fragment_bytes": fragment_bytes,
+                              "peak_bytes_per_step": max(fragment_bytes), "delay": self.delay, "mix": self.mix,
                               **outer}}
+
+    def _fragment_tensors(self, f: int) -> list[torch.Tensor]:
+        """Fragment f's parameters (as data), and the buffers with the fragment that syncs at the round's end."""
+        buffers = self._buffers_averaged if self._phase[f] == 0 else []
+        return [p.data for p in self._fragments[f]] + buffers
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
                        **kwargs) -> torch.optim.Optimizer:
@@ -190,25 +260,52 @@ class LocalSGD(DataParallelBase):
         return optimizer
 
     def after_step(self) -> None:
+        """Count the step; land the delayed syncs due now, then start (or, without a delay, do) the ones due."""
         self.steps += 1
-        if self.steps % self.sync_every == 0:
+        due = [entry for entry in self._pending if entry[0] == self.steps]
+        if due:
+            self._pending = [entry for entry in self._pending if entry[0] != self.steps]
             with self.comm.exposed(in_optimizer=True):
-                self.average()
+                for *_, future in due:
+                    future.wait()
+            for _, f, flat, _ in due:
+                self._land(f, flat)
+        for f, phase in enumerate(self._phase):
+            if self.steps % self.sync_every == phase:
+                self._sync(f)
 
     @torch.no_grad()
-    def average(self) -> None:
-        """Every rank's trainable parameters and buffers := their rank average (then the outer step)."""
-        tensors = [p.data for p in self._params] + self._buffers_averaged
+    def _sync(self, f: int) -> None:
+        """Fragment f's rank average: now (then the outer step), or, with a delay, launched to land later."""
+        tensors = self._fragment_tensors(f)
         if not tensors:
             return
         flat = _flatten_dense_tensors(tensors)
-        with self.comm.timed(tensor_bytes(flat)):
+        if self.delay:
+            if len(tensors) == 1:  # then the "flat" copy is a view of the tensor itself: it must not change meanwhile
+                flat = flat.clone()
+            future, stamp = all_reduce_mean_async(flat)
+            self.comm.carry(stamp)
+            self._pending.append((self.steps + self.delay, f, flat, future))
+            return
+        with self.comm.exposed(in_optimizer=True), self.comm.timed(tensor_bytes(flat)):
             all_reduce_mean_(flat)
+        self._land(f, flat)
+
+    @torch.no_grad()
+    def _land(self, f: int, mean: torch.Tensor) -> None:
+        """Fragment f := the outer step on its average `mean` (plain averaging: the average), mixed with this
+        rank's own by `mix`."""
+        tensors = self._fragment_tensors(f)
         if self._outer_optimizer is not None:
-            mean = flat[:self._anchor.numel()]
-            self._anchor.grad = self._anchor - mean  # the pseudo-gradient Δ = θ - θ̄
-            self._outer_optimizer.step()
-            self._anchor.grad = None  # Δ is used once: not kept until the next sync
-            mean.copy_(self._anchor)
-        for tensor, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
-            tensor.copy_(synced)
+            anchor = self._anchors[f]
+            part = mean[:anchor.numel()]  # its parameters; its buffers after them are plainly averaged
+            anchor.grad = anchor - part  # the pseudo-gradient Δ = θ - θ̄
+            self._outer_optimizer.step()  # the other fragments' anchors have no grad: untouched
+            anchor.grad = None  # Δ is used once: not kept until the next sync
+            part.copy_(anchor)
+        for tensor, synced in zip(tensors, _unflatten_dense_tensors(mean, tensors)):
+            if self.mix:
+                tensor.mul_(self.mix).add_(synced, alpha=1.0 - self.mix)
+            else:
+                tensor.copy_(synced)

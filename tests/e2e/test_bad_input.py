@@ -86,9 +86,22 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
     "fault.kind=slow fault.slowdown=1": "fault.slowdown=1.0 must be > 1 (times as long) with fault.kind=slow",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",
-    "strategy=zero2 train.optimizer=muon": "train.optimizer=muon needs whole parameters in the optimizer; "
-                                           "strategy=zero2 gives it slices",
-    "strategy=fsdp train.optimizer=muon": "strategy=fsdp gives it slices",
+    "strategy=zero2 train.optimizer=muon": "train.optimizer=muon needs an optimizer over whole parameters, and "
+                                           "strategy=zero2's updates slices of them",
+    "strategy=fsdp train.optimizer=muon": "strategy=fsdp's updates slices of them",
+    "strategy=demo train.optimizer=muon": "strategy=demo's updates slices of them, or is its own (demo)",
+    "strategy=demo strategy.chunk=4 strategy.topk=17": "strategy.topk=17 must be in [1, chunk² = 16]",
+    "strategy=demo strategy.chunk=200": "strategy.chunk must be <= 181",
+    "strategy=demo strategy.decay=1": "strategy.decay must be in [0, 1)",
+    "strategy=demo train.precision=fp16": "strategy=demo takes train.precision fp32 or bf16",
+    "strategy=demo strategy.comm_dtype=bf16": "strategy.comm_dtype does not apply to strategy=demo",
+    "strategy=local_sgd strategy.fragments=5": "strategy.fragments=5 must be <= strategy.sync_every=4",
+    "strategy=local_sgd strategy.sync_every=64 strategy.fragments=40": "is more than the model's",
+    "strategy=local_sgd strategy.delay=4": "strategy.delay=4 must be in [0, strategy.sync_every=4)",
+    "strategy=local_sgd strategy.sync_every=1 strategy.delay=1":
+        "strategy.delay=1 must be in [0, strategy.sync_every=1)",
+    "strategy=local_sgd strategy.mix=0.5": "strategy.mix=0.5 needs strategy.delay > 0",
+    "strategy=local_sgd strategy.delay=1 checkpoint.every=2": "a checkpoint would miss the all-reduces in flight",
 }
 
 

@@ -52,6 +52,19 @@ def test_ok_and_a_crashed_rank_across_emulated_nodes(tmp_path, untouched):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("knobs", [["strategy=demo", "strategy.topk=4", "strategy.chunk=8"],
+                                   ["strategy=local_sgd", "strategy.sync_every=2", "strategy.fragments=2",
+                                    "strategy.delay=1", "strategy.outer=nesterov", "train.optimizer=muon"]],
+                         ids=["demo", "muloco_streaming"])
+def test_the_low_bandwidth_methods_across_emulated_nodes(tmp_path, untouched, knobs):
+    """The 2025-26 low-bandwidth methods over a shaped link (their numbers: tests/e2e/test_low_bandwidth_launch.py)."""
+    proc = launch(*EMULATED, *knobs, tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = results(tmp_path / "run")
+    assert out["status"] == "ok" and out["env"]["world_size"] == 4
+    assert sum(s["comm_bytes"] for s in out["steps"]) > 0 and out["summary"]["comm_ms"]["p50"] >= 0
+
+
 def test_ctrl_c_mid_run(tmp_path, untouched):
     job = tmp_path / "run"
     args = [sys.executable, str(ROOT / "launch.py"), *ONE_PER_NODE, "fault.kind=hang", "fault.rank=-1",

@@ -133,3 +133,116 @@ def test_outer_nesterov_matches_a_hand_computation(two):
     plain = sum(torch.arange(6, dtype=torch.float64).view(2, 3) - hand_grad(0, k).double() - hand_grad(1, k).double()
                 for k in range(world_size)) / world_size
     assert not torch.allclose(two[0]["outer"][1]["weight"].double(), plain, atol=1e-3)
+
+
+# --- streaming DiLoCo: fragments, the delayed outer step, mix ---------------------------------------------------
+
+class TwoTensors(nn.Module):
+    """Two weights (24 and 12 bytes: fragments [a] and [b] when cut in two) and a running statistic."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.arange(6, dtype=torch.float32).view(2, 3))
+        self.b = nn.Parameter(torch.arange(3, dtype=torch.float32))
+        self.register_buffer("running", torch.zeros(3))
+
+
+STREAMING = {  # name -> LocalSGD's knobs; each run 9 steps of hand gradients with SGD lr 1
+    "fragments": {"sync_every": 4, "fragments": 2, "outer": "nesterov"},
+    "delay": {"sync_every": 4, "delay": 1},
+    "delay_mix": {"sync_every": 4, "fragments": 2, "delay": 1, "mix": 0.5, "outer": "nesterov"},
+}
+
+
+def _streaming(rank, world_size):
+    out = {}
+    for name, knobs in STREAMING.items():
+        model = TwoTensors()
+        wrapper = LocalSGD(model, **knobs)
+        optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
+        seen = []
+        for step in range(9):
+            model.running.fill_(float(rank + step))
+            model.a.grad, model.b.grad = hand_grad(step, rank), hand_grad(step, rank)[0]
+            optimizer.step()
+            seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(),
+                         "running": model.running.clone(), **wrapper.comm.pop()})
+        out[name] = seen, wrapper.facts()
+    return out
+
+
+streaming = ranks_fixture(_streaming, 2)
+
+
+def _by_hand(knobs: dict, world_size: int = 2) -> list[list[dict]]:
+    """The rule of strategies/local_sgd.py in float64, tensor by tensor: fragment 0 = [a] syncs when
+    t % H == (1·H/F) % H, fragment 1 = [b] (and the buffer) when t % H == 0; a delayed sync lands τ steps
+    later on the average taken at launch; the outer step per fragment; mix keeps part of this rank's own."""
+    H, F, tau, mix = knobs["sync_every"], knobs.get("fragments", 1), knobs.get("delay", 0), knobs.get("mix", 0.0)
+    nesterov = knobs.get("outer") == "nesterov"
+    fragments = [["a"], ["b"]] if F == 2 else [["a", "b"]]
+    phase = [(f + 1) * H // F % H for f in range(F)]
+    local = [{"a": torch.arange(6, dtype=torch.float64).view(2, 3), "b": torch.arange(3, dtype=torch.float64)}
+             for _ in range(world_size)]
+    anchor = [{k: local[0][k].clone() for k in frag} for frag in fragments]
+    momentum = [dict() for _ in fragments]
+    pending, history = [], []
+    for step in range(9):
+        t = step + 1
+        for k, w in enumerate(local):
+            w["a"] = w["a"] - hand_grad(step, k).double()
+            w["b"] = w["b"] - hand_grad(step, k)[0].double()
+        landed = [p for p in pending if p[0] == t]
+        pending = [p for p in pending if p[0] != t]
+        launched = [(t + tau, f, {n: sum(w[n] for w in local) / world_size for n in fragments[f]})
+                    for f in range(F) if t % H == phase[f]]
+        if tau == 0:
+            landed, launched = launched, []
+        pending += launched
+        for _, f, mean in landed:
+            for n in fragments[f]:
+                if nesterov:
+                    delta = anchor[f][n] - mean[n]
+                    momentum[f][n] = delta if n not in momentum[f] else OUTER_MOMENTUM * momentum[f][n] + delta
+                    anchor[f][n] = anchor[f][n] - OUTER_LR * (delta + OUTER_MOMENTUM * momentum[f][n])
+                    target = anchor[f][n]
+                else:
+                    target = mean[n]
+                for w in local:
+                    w[n] = mix * w[n] + (1 - mix) * target
+        history.append([{n: w[n].clone() for n in ("a", "b")} for w in local])
+    return history
+
+
+def test_fragments_delay_and_mix_match_a_hand_computation(streaming):
+    for name, knobs in STREAMING.items():
+        expected = _by_hand(knobs)
+        for step in range(9):
+            for rank in range(2):
+                got = streaming[rank][name][0][step]
+                for n in ("a", "b"):
+                    torch.testing.assert_close(
+                        got[n].double(), expected[step][rank][n], atol=1e-5, rtol=1e-5,
+                        msg=lambda m, s=step, r=rank, n=n, c=name: f"{c} step {s + 1} rank {r} {n}: {m}")
+
+
+def test_fragments_sync_in_turn_and_the_peak_is_one_fragment(streaming):
+    (seen0, facts), (seen1, _) = streaming[0]["fragments"], streaming[1]["fragments"]
+    assert facts["local_sgd"]["fragment_bytes"] == [24, 24]  # [a]; [b] and the running statistic
+    assert facts["local_sgd"]["peak_bytes_per_step"] == 24 and facts["local_sgd"]["bytes_per_sync"] == 48
+    for step, (r0, r1) in enumerate(zip(seen0, seen1)):
+        t = step + 1
+        assert torch.equal(r0["a"], r1["a"]) == (t % 4 == 2), f"a at step {t}"
+        assert torch.equal(r0["b"], r1["b"]) == (t % 4 == 0), f"b at step {t}"
+        assert r0["comm_bytes"] == (24 if t % 2 == 0 else 0)
+        assert torch.equal(r0["running"], torch.full((3,), 0.5 + step)) == (t % 4 == 0)
+
+
+def test_a_delayed_sync_lands_later_and_its_bytes_count_at_launch(streaming):
+    (seen0, _), (seen1, _) = streaming[0]["delay"], streaming[1]["delay"]
+    for step, (r0, r1) in enumerate(zip(seen0, seen1)):
+        t = step + 1
+        assert torch.equal(r0["a"], r1["a"]) == (t % 4 == 1 and t > 1), f"step {t}: equal only where a sync landed"
+        assert r0["comm_bytes"] == (48 if t % 4 == 0 else 0) and r0["collectives"] == (1 if t % 4 == 0 else 0)
+    (mixed0, _), (mixed1, _) = streaming[0]["delay_mix"], streaming[1]["delay_mix"]
+    assert not torch.equal(mixed0[4]["b"], mixed1[4]["b"])  # mix 0.5 keeps part of each rank's own

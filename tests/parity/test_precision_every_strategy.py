@@ -23,27 +23,37 @@ PRECISIONS = ["bf16", "fp16"]
 STEPS = 6
 
 
+def _refused(name: str, precision: str) -> bool:
+    """The pairs the launcher refuses before any rank starts (demo takes no fp16: its spec's check_run)."""
+    try:
+        SPECS[name]().check_run(precision, 1)
+    except ValueError:
+        return True
+    return False
+
+
+PAIRS = [(name, precision) for name in STRATEGIES for precision in PRECISIONS if not _refused(name, precision)]
+
+
 def _losses(rank, world_size):
     """{(strategy, precision): this rank's loss at each step}."""
     from ddp_lab.rank.data import BatchSource
 
     batches, out = BatchSource(data_cfg(), rank, world_size, torch.device("cpu")), {}
-    for name in STRATEGIES:
-        for precision in PRECISIONS:
-            torch.manual_seed(rank)  # different init per rank: the strategy's start-up broadcast fixes it
-            model, optimizer, mixed = wrap(SPECS[name](), MODELS["transformer"](), precision, "cpu",
-                                           lr=1e-2, weight_decay=0.0)
-            out[name, precision] = [
-                train_step(model, optimizer, list(batches.micro_batches(step)), precision=mixed).item()
-                for step in range(STEPS)]
+    for name, precision in PAIRS:
+        torch.manual_seed(rank)  # different init per rank: the strategy's start-up broadcast fixes it
+        model, optimizer, mixed = wrap(SPECS[name](), MODELS["transformer"](), precision, "cpu",
+                                       lr=1e-2, weight_decay=0.0)
+        out[name, precision] = [
+            train_step(model, optimizer, list(batches.micro_batches(step)), precision=mixed).item()
+            for step in range(STEPS)]
     return out
 
 
 losses = ranks_fixture(_losses, 2)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(("strategy", "precision"), PAIRS, ids=[f"{n}-{p}" for n, p in PAIRS])
 def test_every_strategy_trains_in_bf16_and_fp16(losses, strategy, precision):
     per_rank = [rank[strategy, precision] for rank in losses]
     for steps in per_rank:

@@ -6,9 +6,10 @@ memory-mapped windows of 9 tokens) instead of the synthetic sequences, for every
 with its default knobs, at 3 ranks (an odd world size: each rank's slice of a batch is its own rows of
 the windows). Two lossy strategies run where they are exact: powersgd at a rank no matrix is worth
 compressing at (each is sent exactly), local_sgd averaging after every step with SGD (linear in the
-gradient). The held-out loss is measured through the strategy's own forward after every step
-(rank/held_out.py: no gradients; fsdp gathers), as `train.eval_every=1` does: training still ends on
-the single-process weights (measuring changed nothing), and the last measurement equals the reference
+gradient); demo with 1 x 1 blocks (every coefficient sent, an exact DCT), against sign-SGD on the mean
+gradient (what it reduces to: strategies/demo.py). The held-out loss is measured through the strategy's own
+forward after every step (rank/held_out.py: no gradients; fsdp gathers), as `train.eval_every=1` does: training
+still ends on the single-process weights (measuring changed nothing), and the last measurement equals the reference
 model's loss on the same held-out batches. fsdp and fsdp_torch run once more keeping their parameters
 gathered after forward (`reshard_after_forward=False`), where a forward without backward is the case
 to get right.
@@ -26,13 +27,16 @@ from ddp_lab.rank.precision import FP32
 from ddp_lab.spec.strategies import SPECS
 from ddp_lab.tasks.train import loss_fn
 from tests.helpers.extras import runnable_specs
+from tests.helpers.sign_sgd import SignSGD
 
 TEXT = {"name": "text", "path": None, "val_path": None, "val_fraction": 0.1}
 WORLD_SIZE = 3
-EXACT_KNOBS = {"powersgd": {"rank": 10**6, "start_iter": 0}, "local_sgd": {"sync_every": 1}}
+EXACT_KNOBS = {"powersgd": {"rank": 10**6, "start_iter": 0}, "local_sgd": {"sync_every": 1},
+               "demo": {"topk": 1, "chunk": 1}}
 SCENARIOS = {**{name: (name, EXACT_KNOBS.get(name, {})) for name in runnable_specs()},
              **{f"{name}_kept_gathered": (name, {"reshard_after_forward": False}) for name in ("fsdp", "fsdp_torch")}}
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}  # where the strategy is exact for a linear update only
+REFERENCE = {"demo": {"optimizer_cls": SignSGD, "opt_kwargs": {"lr": 1e-2, "weight_decay": 0.01}}}
 
 
 def _held_out_cfg(world_size):
@@ -48,7 +52,7 @@ def _every_strategy(rank, world_size):
         cfg = _held_out_cfg(world_size)
         held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")))
         measured = []
-        sgd = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD} if name in EXACT_KNOBS else {}
+        sgd = REFERENCE.get(name, {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD}) if name in EXACT_KNOBS else {}
         out[scenario] = train_distributed(
             rank, world_size, spec.build, "byte_transformer", batch_size=2 * world_size, data=TEXT,
             after_step=lambda wrapper, h=held_out, m=measured: m.append(h.measure(wrapper, loss_fn, FP32)),

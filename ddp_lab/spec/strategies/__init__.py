@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ddp_lab.spec.strategies.bucketed import BucketedSpec
 from ddp_lab.spec.strategies.deepspeed import DeepSpeedZero1Spec, DeepSpeedZero2Spec, DeepSpeedZero3Spec
+from ddp_lab.spec.strategies.demo import DeMoSpec
 from ddp_lab.spec.strategies.flat import FlatSpec
 from ddp_lab.spec.strategies.fsdp import FSDPSpec
 from ddp_lab.spec.strategies.fsdp_torch import TorchFSDPSpec
@@ -62,7 +63,7 @@ def option(spec_cls: type[StrategySpec]) -> str:
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
     NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
-    PowerSGDSpec, LocalSGDSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
+    PowerSGDSpec, LocalSGDSpec, DeMoSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
     DeepSpeedZero2Spec, DeepSpeedZero3Spec)}
 
 SCHEMA_GROUP = "spec/strategy"
