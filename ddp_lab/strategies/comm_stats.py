@@ -47,7 +47,8 @@ class CommStats:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._carried: list[Stamp] = []  # async collectives that may outlive the step that launched them
+        self._carried: list[tuple[Stamp, bool]] = []  # collectives that may outlive their step, launched in this one?
+        self._last_pop = 0.0  # when the previous step's figures were taken, while a carried collective is in flight
         self.reset()
 
     def reset(self) -> None:
@@ -60,7 +61,6 @@ class CommStats:
         self.compress_s = 0.0
         self._arithmetic_events: list = []  # CUDA: (start, end) events of arithmetic not yet added up
         self._exposing = False  # inside exposed(): a wait there is already counted
-        self._opened = time.perf_counter()  # these figures' start: the previous step's pop
 
     def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
         """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
@@ -134,20 +134,20 @@ class CommStats:
         """An async collective that may still be in flight when this step's figures are taken (local SGD's
         delayed sync): at each `pop` until it ends, the part of its flight inside that step joins `comm_ms`;
         its bytes and its call count join the step that launched it."""
-        self._carried.append(stamp)
+        self._carried.append((stamp, True))
 
     def _carry_over(self) -> None:
         now, still = time.perf_counter(), []
-        for stamp in self._carried:
+        for stamp, launched_here in self._carried:
             end = stamp.end
             if end is None and stamp.end_event is not None:
                 end = host_time_of(stamp.end_event)
-            launched_here, start = stamp.start >= self._opened, max(stamp.start, self._opened)
+            start = stamp.start if launched_here else max(stamp.start, self._last_pop)
             self.add(start, max(end if end is not None else now, start),
                      stamp.nbytes if launched_here else 0, stamp.calls if launched_here else 0)
             if end is None:
-                still.append(stamp)
-        self._carried = still
+                still.append((stamp, False))
+        self._carried, self._last_pop = still, now
 
     def pop(self) -> dict:
         """This step's figures (milliseconds, counts, bytes), then start afresh for the next step."""

@@ -75,3 +75,21 @@ def test_arithmetic_is_compute_and_a_wait_in_backward_is_exposed(monkeypatch):
     figures = comm.pop()
     assert figures["exposed_comm_ms"] == pytest.approx(1000.0 + 1750.0)
     assert figures["compress_ms"] == pytest.approx(750.0)
+
+
+def test_a_carried_collective_counts_in_every_step_it_is_in_flight(monkeypatch):
+    """local SGD's delayed sync: launched at 1.0 in step A (its figures taken at 2.0), in flight through
+    step B (taken at 5.0), ended at 4.0: A has [1, 2] and its bytes, B has [2, 4] and no bytes, C nothing."""
+    clock = iter([2.0, 5.0, 7.0])
+    monkeypatch.setattr(comm_stats.time, "perf_counter", lambda: next(clock))
+    comm = CommStats(torch.device("cpu"))
+    stamp = comm_stats.Stamp(1000)
+    stamp.start = 1.0
+    comm.carry(stamp)
+    a = comm.pop()
+    stamp.end = 4.0
+    b = comm.pop()
+    c = comm.pop()
+    assert (a["comm_ms"], a["comm_bytes"], a["collectives"]) == (pytest.approx(1000.0), 1000, 1)
+    assert (b["comm_ms"], b["comm_bytes"], b["collectives"]) == (pytest.approx(2000.0), 0, 0)
+    assert (c["comm_ms"], c["comm_bytes"], c["collectives"]) == (0.0, 0, 0)
