@@ -25,16 +25,16 @@ H = `sync_every`, so the last fragment syncs at the round's end as the whole mod
 buffers go with it. Each fragment has its own anchor and outer momentum. The bytes of a round are the
 same; the peak per step is one fragment's instead of the whole model's, which is streaming's point.
 
-`delay=τ` (the overlapped outer step: streaming DiLoCo's τ, torchft's `fragment_sync_delay`): a fragment's
-all-reduce is launched at its sync step and waited for τ optimizer steps later, so it travels behind τ
-steps of compute. The outer step is taken then on the average of the parameters *as they were at the
-sync step* (its pseudo-gradient Δ = anchor - that average), and the fragment becomes
-mix·θ_local + (1 - mix)·θ_global: with `mix=0` (torchft's `fragment_update_alpha` default) the τ local
-steps taken meanwhile are dropped for that fragment and every rank holds the same fragment again; with
-mix > 0 they are partly kept and the replicas stay apart. τ must be below H (the result must land
-before the fragment's next sync: refused otherwise, and so is a delay with sync_every=1). An in-flight
-all-reduce is comm of every step it is in flight (`CommStats.carry`); its bytes count in the step that
-launched it; the wait at its landing step is exposed.
+`delay=τ` (the overlapped outer step: streaming DiLoCo's τ, torchft's `fragment_sync_delay`, with its
+schedule): a fragment's all-reduce is launched τ optimizer steps before its sync step and waited for at
+it, so it travels behind τ steps of compute. The outer step is taken then on the average of the
+parameters *as they were at launch* (its pseudo-gradient Δ = anchor - that average), and the fragment
+becomes mix·θ_local + (1 - mix)·θ_global: with `mix=0` (torchft's `fragment_update_alpha` default) the
+τ local steps taken meanwhile are dropped for that fragment and every rank holds the same fragment
+again; with mix > 0 they are partly kept and the replicas stay apart. τ must be below H (the result must
+land before the fragment's next launch: refused otherwise, and so is a delay with sync_every=1). An
+in-flight all-reduce is comm of every step it is in flight (`CommStats.carry`); its bytes count in the
+step that launched it; the wait at its sync step is exposed.
 
 With F=1 and τ=0 this is exactly the plain local SGD / DiLoCo above (the same code path); with H=1,
 plain averaging and a plain SGD inner step it is DDP.
@@ -260,7 +260,8 @@ class LocalSGD(DataParallelBase):
         return optimizer
 
     def after_step(self) -> None:
-        """Count the step; land the delayed syncs due now, then start (or, without a delay, do) the ones due."""
+        """Count the step; land the delayed syncs due now, then launch the ones that land `delay` steps from now
+        (without a delay: do them)."""
         self.steps += 1
         due = [entry for entry in self._pending if entry[0] == self.steps]
         if due:
@@ -271,7 +272,7 @@ class LocalSGD(DataParallelBase):
             for _, f, flat, _ in due:
                 self._land(f, flat)
         for f, phase in enumerate(self._phase):
-            if self.steps % self.sync_every == phase:
+            if self.steps % self.sync_every == (phase - self.delay) % self.sync_every:
                 self._sync(f)
 
     @torch.no_grad()

@@ -45,8 +45,9 @@ def test_bytes_are_what_the_strategy_sends(sweep):
         else:
             plan = facts["local_sgd"]
             assert plan["fragments"] == 2 and plan["delay"] == 1 and len(plan["fragment_bytes"]) == 2
-            expected = [plan["fragment_bytes"][0] if (s["step"] + 1) % 4 == 2 else
-                        plan["fragment_bytes"][1] if (s["step"] + 1) % 4 == 0 else 0 for s in steps]
+            # fragment 0 syncs at step 2 of each round of 4, fragment 1 at step 4: each launched a step before
+            expected = [plan["fragment_bytes"][0] if (s["step"] + 1) % 4 == 1 else
+                        plan["fragment_bytes"][1] if (s["step"] + 1) % 4 == 3 else 0 for s in steps]
             assert [s["comm_bytes"] for s in steps] == expected
             assert plan["peak_bytes_per_step"] < plan["bytes_per_sync"]
             assert job["config"]["train"]["optimizer"] == "muon"

@@ -176,8 +176,9 @@ streaming = ranks_fixture(_streaming, 2)
 
 def _by_hand(knobs: dict, world_size: int = 2) -> list[list[dict]]:
     """The rule of strategies/local_sgd.py in float64, tensor by tensor: fragment 0 = [a] syncs when
-    t % H == (1·H/F) % H, fragment 1 = [b] (and the buffer) when t % H == 0; a delayed sync lands τ steps
-    later on the average taken at launch; the outer step per fragment; mix keeps part of this rank's own."""
+    t % H == (1·H/F) % H, fragment 1 = [b] (and the buffer) when t % H == 0; a delayed sync is launched τ steps
+    before and lands then on the average taken at launch; the outer step per fragment; mix keeps part of this
+    rank's own."""
     H, F, tau, mix = knobs["sync_every"], knobs.get("fragments", 1), knobs.get("delay", 0), knobs.get("mix", 0.0)
     nesterov = knobs.get("outer") == "nesterov"
     fragments = [["a"], ["b"]] if F == 2 else [["a", "b"]]
@@ -195,7 +196,7 @@ def _by_hand(knobs: dict, world_size: int = 2) -> list[list[dict]]:
         landed = [p for p in pending if p[0] == t]
         pending = [p for p in pending if p[0] != t]
         launched = [(t + tau, f, {n: sum(w[n] for w in local) / world_size for n in fragments[f]})
-                    for f in range(F) if t % H == phase[f]]
+                    for f in range(F) if t % H == (phase[f] - tau) % H]
         if tau == 0:
             landed, launched = launched, []
         pending += launched
@@ -238,11 +239,12 @@ def test_fragments_sync_in_turn_and_the_peak_is_one_fragment(streaming):
         assert torch.equal(r0["running"], torch.full((3,), 0.5 + step)) == (t % 4 == 0)
 
 
-def test_a_delayed_sync_lands_later_and_its_bytes_count_at_launch(streaming):
+def test_a_delayed_sync_is_launched_early_and_its_bytes_count_at_launch(streaming):
     (seen0, _), (seen1, _) = streaming[0]["delay"], streaming[1]["delay"]
     for step, (r0, r1) in enumerate(zip(seen0, seen1)):
         t = step + 1
-        assert torch.equal(r0["a"], r1["a"]) == (t % 4 == 1 and t > 1), f"step {t}: equal only where a sync landed"
-        assert r0["comm_bytes"] == (48 if t % 4 == 0 else 0) and r0["collectives"] == (1 if t % 4 == 0 else 0)
+        assert torch.equal(r0["a"], r1["a"]) == (t % 4 == 0), f"step {t}: equal only where a sync landed"
+        launched = t % 4 == 3  # one step before the sync step
+        assert r0["comm_bytes"] == (48 if launched else 0) and r0["collectives"] == (1 if launched else 0)
     (mixed0, _), (mixed1, _) = streaming[0]["delay_mix"], streaming[1]["delay_mix"]
     assert not torch.equal(mixed0[4]["b"], mixed1[4]["b"])  # mix 0.5 keeps part of each rank's own

@@ -45,7 +45,7 @@ CASES = {  # case: (strategy, knobs beyond its spec's defaults)
     **{name: (name, {}) for name in runnable_specs()},
     "powersgd compressing": ("powersgd", {"start_iter": 0, "rank": 2}),
     "local_sgd nesterov": ("local_sgd", {"outer": "nesterov", "sync_every": 1}),
-    # after 3 steps fragment 0's all-reduce (launched at step 2, landing at 4) is still held: its copy is kept
+    # after 3 steps fragment 1's all-reduce (launched at step 2, landing at 4) is still held: its copy is kept
     "local_sgd streaming delayed": ("local_sgd", {"outer": "nesterov", "sync_every": 4, "fragments": 2, "delay": 2}),
     "demo every coefficient": ("demo", {"topk": 64, "chunk": 8}),
     "torch_ddp grads copied": ("torch_ddp", {"gradient_as_bucket_view": False}),
@@ -167,7 +167,7 @@ def test_kept_state_is_counted_where_a_strategy_keeps_some(census):
         assert result["powersgd compressing"]["strategy_state"] > 0
         assert result["local_sgd nesterov"]["strategy_state"] == 2 * result["local_sgd nesterov"]["params"]
         assert result["local_sgd"]["strategy_state"] == 0
-        # the anchors (one copy; no outer step has landed yet, so no momentum) and fragment 0's copy in flight
+        # the anchors (one copy; no outer step has landed yet, so no momentum) and fragment 1's copy in flight
         streaming = result["local_sgd streaming delayed"]
         assert streaming["params"] < streaming["strategy_state"] < 2 * streaming["params"]
         demo = result["demo every coefficient"]  # its momentum, one copy, and the 8 x 8 DCT basis
