@@ -164,6 +164,8 @@ def _validate_train(cfg: DictConfig) -> None:
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _require(cfg.network.name != "emulated" or spec.emulated_nodes, f"strategy={spec.name} runs on the host network "
+             "only: its servers advertise this host's name, which another emulated node cannot reach")
     _require(str(t.optimizer) == "adamw" or spec.whole_parameter_optimizer,
              f"train.optimizer={t.optimizer} needs an optimizer over whole parameters, and strategy={spec.name}'s "
              "updates slices of them, or is its own (demo): use train.optimizer=adamw, or a strategy that keeps them "

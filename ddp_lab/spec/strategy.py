@@ -25,6 +25,8 @@ instead of probing the runtime class or matching its name:
   strategy and into any, at any world size (rank/checkpoint.py);
 - `whole_parameter_optimizer`: its optimizer updates whole parameters (False where it sees flat slices:
   zero2, fsdp, hsdp, fsdp_torch, DeepSpeed; or brings its own: demo), which `train.optimizer=muon` needs;
+- `emulated_nodes`: it runs across emulated nodes (False: local_sgd_torchft, whose servers advertise a host
+  name another namespace cannot reach);
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -71,6 +73,7 @@ class StrategySpec:
     casts_itself: ClassVar[bool] = False
     own_checkpoint: ClassVar[Optional[str]] = None
     whole_parameter_optimizer: ClassVar[bool] = True
+    emulated_nodes: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.check()

@@ -18,6 +18,7 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 | hsdp | HSDP (fsdp inside shard groups, replicated across them) | hsdp.py (on fsdp/) |
 | powersgd | PowerSGD | powersgd.py (on bucketed.py's buckets) |
 | local_sgd | LocalSGD | local_sgd.py |
+| local_sgd_torchft | TorchftDiLoCo (torchft's streaming DiLoCo, an optional extra) | local_sgd_torchft.py |
 | demo | DeMo (decoupled momentum: top DCT coefficients all-gathered, sign-SGD) | demo.py |
 | replicate_torch | TorchReplicate (torch's replicate(), DDP on FSDP2) | replicate_torch.py |
 | deepspeed_zero1, _zero2, _zero3 | DeepSpeedZeRO (DeepSpeed's engine, an optional extra) | deepspeed_zero.py |
@@ -40,6 +41,7 @@ from ddp_lab.strategies.fsdp import FSDP
 from ddp_lab.strategies.fsdp_torch import TorchFSDP
 from ddp_lab.strategies.hsdp import HSDP
 from ddp_lab.strategies.local_sgd import LocalSGD
+from ddp_lab.strategies.local_sgd_torchft import TorchftDiLoCo
 from ddp_lab.strategies.naive import NaiveDDP
 from ddp_lab.strategies.overlap import OverlapDDP
 from ddp_lab.strategies.powersgd import PowerSGD
@@ -50,5 +52,6 @@ from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
 __all__ = ["FSDP", "HSDP", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "DeMo", "TorchReplicate",
            "FlatDDP", "LocalSGD", "NaiveDDP",
-           "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "Zero1", "Zero2",
+           "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "TorchftDiLoCo",
+           "Zero1", "Zero2",
            "Zero2Optimizer", "plan_buckets"]

@@ -17,6 +17,20 @@ def skip_without_deepspeed() -> None:
         pytest.skip(NO_DEEPSPEED)
 
 
+TORCHFT = importlib.util.find_spec("torchft") is not None
+NO_TORCHFT = 'torchft is not installed (pip install -e ".[dev,torchft]")'
+requires_torchft = pytest.mark.skipif(not TORCHFT, reason=NO_TORCHFT)
+
+
+def installed(name: str) -> bool:
+    """Whether the optional extra strategy `name` needs (if any) is installed here."""
+    if name.startswith("deepspeed_"):
+        return DEEPSPEED
+    return TORCHFT if name.endswith("_torchft") else True
+
+
 def runnable_specs() -> list[str]:
-    """Every registered strategy this machine can run: DeepSpeed's only with DeepSpeed installed."""
-    return [name for name in SPECS if DEEPSPEED or not name.startswith("deepspeed_")]
+    """Every registered strategy the every-strategy tests run here: DeepSpeed's only with DeepSpeed installed;
+    never torchft's DiLoCo, which starts servers of its own and takes no checkpoints: its own tests
+    (tests/parity/test_local_sgd_torchft.py, tests/e2e/test_torchft_launch.py) hold it against local_sgd."""
+    return [name for name in SPECS if installed(name) and not name.endswith("_torchft")]

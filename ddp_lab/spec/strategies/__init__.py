@@ -41,6 +41,7 @@ from ddp_lab.spec.strategies.fsdp import FSDPSpec
 from ddp_lab.spec.strategies.fsdp_torch import TorchFSDPSpec
 from ddp_lab.spec.strategies.hsdp import HSDPSpec
 from ddp_lab.spec.strategies.local_sgd import LocalSGDSpec
+from ddp_lab.spec.strategies.local_sgd_torchft import TorchftLocalSGDSpec
 from ddp_lab.spec.strategies.naive import NaiveSpec
 from ddp_lab.spec.strategies.overlap import OverlapSpec
 from ddp_lab.spec.strategies.powersgd import PowerSGDSpec
@@ -63,7 +64,8 @@ def option(spec_cls: type[StrategySpec]) -> str:
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
     NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
-    PowerSGDSpec, LocalSGDSpec, DeMoSpec, FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
+    PowerSGDSpec, LocalSGDSpec, TorchftLocalSGDSpec, DeMoSpec,
+    FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
     DeepSpeedZero2Spec, DeepSpeedZero3Spec)}
 
 SCHEMA_GROUP = "spec/strategy"
