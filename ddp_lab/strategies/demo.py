@@ -78,20 +78,29 @@ def dct_basis(n: int) -> torch.Tensor:
 class Blocks:
     """One parameter's DCT blocks: its shape split into chunks, the encode and decode, its top-k."""
 
-    def __init__(self, shape: torch.Size, chunk: int, topk: int, bases: dict[int, torch.Tensor]):
+    def __init__(self, shape: torch.Size, chunk: int, topk: int, bases: dict[int, torch.Tensor] | None):
+        """`bases`: the DCT bases by side, shared between parameters (filled here); None: no transform, the blocks'
+        own values (SparseLoCo's chunking)."""
         self.shape = shape
         dims = list(shape) if len(shape) in (1, 2) else [math.prod(shape)]  # a scalar or >2-D: one long vector
         self.sides = [largest_divisor_at_most(n, chunk) for n in dims]
         self.dims = dims
-        for side in self.sides:
+        self.dct = bases is not None
+        for side in self.sides if self.dct else []:
             bases.setdefault(side, dct_basis(side))
-        self.bases = [bases[side] for side in self.sides]
+        self.bases = [bases[side] for side in self.sides] if self.dct else []
         self.per_block = math.prod(self.sides)
         self.count = math.prod(n // s for n, s in zip(dims, self.sides))
         self.k = min(topk, self.per_block)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """(blocks, per_block) DCT coefficients of x."""
+        """(blocks, per_block) DCT coefficients of x (without bases: its values, block by block)."""
+        if len(self.dims) == 2 and not self.dct:
+            (h, w) = self.sides
+            blocks = x.reshape(self.dims[0] // h, h, self.dims[1] // w, w).permute(0, 2, 1, 3)
+            return blocks.reshape(self.count, self.per_block)
+        if not self.dct:
+            return x.reshape(self.count, self.per_block)
         if len(self.dims) == 2:
             (h, w), (dh, dw) = self.sides, self.bases
             blocks = x.reshape(self.dims[0] // h, h, self.dims[1] // w, w)
@@ -100,6 +109,12 @@ class Blocks:
 
     def decode(self, coefficients: torch.Tensor) -> torch.Tensor:
         """The tensor (of the parameter's shape) whose coefficients these are."""
+        if len(self.dims) == 2 and not self.dct:
+            (h, w) = self.sides
+            blocks = coefficients.reshape(self.dims[0] // h, self.dims[1] // w, h, w).permute(0, 2, 1, 3)
+            return blocks.reshape(self.shape)
+        if not self.dct:
+            return coefficients.reshape(self.shape)
         if len(self.dims) == 2:
             (h, w), (dh, dw) = self.sides, self.bases
             blocks = coefficients.reshape(self.dims[0] // h, self.dims[1] // w, h, w)

@@ -36,6 +36,13 @@ land before the fragment's next launch: refused otherwise, and so is a delay wit
 in-flight all-reduce is comm of every step it is in flight (`CommStats.carry`); its bytes count in the
 step that launched it; the wait at its sync step is exposed.
 
+`outer_topk=k` (SparseLoCo, arXiv 2508.15706; strategies/sparse_outer.py): a sync sends, instead of the
+parameters' all-reduce, each rank's pseudo-gradient Δ = anchor - θ with error feedback, cut to the k
+largest values of each block and quantized to 2 bits, in one all-gather; the anchor takes the plain
+average of what the ranks sent (outer lr 1, no momentum: `outer=nesterov` is refused with it). It works
+with fragments and a delay as the all-reduce does. Models with running statistics are refused (a sparse
+pseudo-gradient does not carry them), and so are checkpoints (its error feedback is not saved yet).
+
 With F=1 and τ=0 this is exactly the plain local SGD / DiLoCo above (the same code path); with H=1,
 plain averaging and a plain SGD inner step it is DDP.
 
@@ -58,11 +65,13 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddp_lab.strategies.base import DataParallelBase
-from ddp_lab.strategies.collectives import all_reduce_mean_, all_reduce_mean_async
+from ddp_lab.strategies.collectives import all_gather, all_reduce_mean_, all_reduce_mean_async, launch_stamped
+from ddp_lab.strategies.sparse_outer import BITS, SparseOuter, gathered_buffer
 from ddp_lab.units import tensor_bytes
 
 OUTER_LR = 0.7        # DiLoCo's outer learning rate (Douillard et al. 2023, section 3)
@@ -101,11 +110,12 @@ def split_fragments(params: list[nn.Parameter], fragments: int) -> list[list[nn.
 
 
 class LocalSGD(DataParallelBase):
-    """Local SGD behind the strategy contract (module docstring):
-    `LocalSGD(module, sync_every=4, outer="none", fragments=1, delay=0, mix=0.0)`."""
+    """Local SGD behind the strategy contract (module docstring): `LocalSGD(module, sync_every=4, outer="none",
+    fragments=1, delay=0, mix=0.0, outer_topk=None, outer_chunk=64, outer_bits=2, error_decay=0.95)`."""
 
     def __init__(self, module: nn.Module, sync_every: int = 4, outer: str = "none", fragments: int = 1,
-                 delay: int = 0, mix: float = 0.0):
+                 delay: int = 0, mix: float = 0.0, outer_topk: int | None = None, outer_chunk: int = 64,
+                 outer_bits: int = 2, error_decay: float = 0.95):
         if not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
         if str(outer) not in OUTERS:
@@ -116,6 +126,10 @@ class LocalSGD(DataParallelBase):
             raise ValueError(f"delay must be an integer in [0, sync_every={sync_every}), got {delay!r}")
         if not (0.0 <= mix < 1.0 and (delay > 0 or mix == 0.0)):
             raise ValueError(f"mix must be in [0, 1), and 0 without a delay, got {mix!r}")
+        if outer_topk is not None and not (str(outer) == "none" and 1 <= outer_topk <= outer_chunk ** 2
+                                           and outer_bits in BITS and 0.0 <= error_decay < 1.0):
+            raise ValueError(f"outer_topk={outer_topk!r} needs outer=none, 1 <= outer_topk <= outer_chunk², "
+                             f"outer_bits in {BITS} and 0 <= error_decay < 1")
         super().__init__(module)
         self.sync_every, self.outer, self.delay, self.mix = sync_every, str(outer), delay, float(mix)
         self.steps = 0  # optimizer steps taken
@@ -127,21 +141,29 @@ class LocalSGD(DataParallelBase):
         self._outer_optimizer = None
         self._optimizer = None  # a weak reference to the optimizer make_optimizer built
         self._anchors: list[torch.Tensor] = []
-        if self.outer == "nesterov" and self._params:
+        self._sparse = None
+        if outer_topk is not None and self._params:
+            if self._buffers_averaged:
+                raise ValueError("outer_topk: the model has running statistics (persistent buffers), which a sparse "
+                                 "pseudo-gradient does not carry")
+            self._sparse = [SparseOuter(frag, outer_chunk, outer_topk, outer_bits, error_decay)
+                            for frag in self._fragments]
+        if (self.outer == "nesterov" or self._sparse) and self._params:
             with torch.no_grad():  # θ at the last sync, per fragment
                 self._anchors = [_flatten_dense_tensors([p.detach() for p in frag]).clone()
                                  for frag in self._fragments]
+        if self.outer == "nesterov" and self._params:
             self._outer_optimizer = torch.optim.SGD(self._anchors, lr=OUTER_LR, momentum=OUTER_MOMENTUM,
                                                     nesterov=True)
 
     def kept_tensors(self) -> list[torch.Tensor]:
-        """DiLoCo's outer state (θ at the last sync and the outer momentum, per fragment) and the copies of
-        fragments in flight (delay)."""
+        """DiLoCo's outer state (θ at the last sync and the outer momentum, per fragment), SparseLoCo's error
+        feedback, and the copies of fragments (or payloads) in flight (delay)."""
         in_flight = [flat for _, _, flat, _ in self._pending]
-        if self._outer_optimizer is None:
-            return in_flight
-        return self._anchors + [t for s in self._outer_optimizer.state.values() for t in s.values()
-                                if torch.is_tensor(t)] + in_flight
+        errors = [e for sparse in self._sparse or [] for e in sparse.error]
+        momenta = [] if self._outer_optimizer is None else [
+            t for s in self._outer_optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        return self._anchors + momenta + errors + in_flight
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize: each rank steps on its own gradients."""
@@ -203,7 +225,7 @@ class LocalSGD(DataParallelBase):
         loaded (averaged) model: its steps from 0, θ at the last sync := the loaded parameters, no momentum."""
         own = [p.data for p in self._params] + self._buffers_averaged
         moments = self._optimizer_state()
-        fits = ("local_sgd.steps" in state
+        fits = (self._sparse is None and "local_sgd.steps" in state  # SparseLoCo's state is not saved: afresh
                 and state.get("local_sgd.model", torch.empty(0)).numel() == sum(t.numel() for t in own)
                 and state.get("local_sgd.optimizer", torch.empty(0)).numel() == sum(t.numel() for t in moments)
                 and (self._outer_optimizer is None or state.get("local_sgd.anchor", torch.empty(0)).numel()
@@ -234,10 +256,15 @@ class LocalSGD(DataParallelBase):
         sync_bytes = sum(tensor_bytes(t) for t in self._params + self._buffers_averaged)
         outer = {"outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM} if self._outer_optimizer else {}
         fragment_bytes = [sum(tensor_bytes(t) for t in self._fragment_tensors(f)) for f in range(len(self._fragments))]
+        sparse = {}
+        if self._sparse:  # what comm_bytes counts: the all-gather's output, every rank's payload
+            sent = [s.payload_bytes for s in self._sparse]
+            sparse = {"outer_bytes_sent_per_sync": sum(sent), "outer_compression": round(sync_bytes / sum(sent), 2)}
+            fragment_bytes = [dist.get_world_size() * b for b in sent]
         return {"local_sgd": {"sync_every": self.sync_every, "outer": self.outer, "bytes_per_sync": sync_bytes,
                               "fragments": len(self._fragments), "fragment_bytes": fragment_bytes,
                               "peak_bytes_per_step": max(fragment_bytes), "delay": self.delay, "mix": self.mix,
-                              **outer}}
+                              **outer, **sparse}}
 
     def _fragment_tensors(self, f: int) -> list[torch.Tensor]:
         """Fragment f's parameters (as data), and the buffers with the fragment that syncs at the round's end."""
@@ -281,6 +308,8 @@ class LocalSGD(DataParallelBase):
         tensors = self._fragment_tensors(f)
         if not tensors:
             return
+        if self._sparse:
+            return self._sync_sparse(f)
         flat = _flatten_dense_tensors(tensors)
         if self.delay:
             if len(tensors) == 1:  # then the "flat" copy is a view of the tensor itself: it must not change meanwhile
@@ -294,11 +323,35 @@ class LocalSGD(DataParallelBase):
         self._land(f, flat)
 
     @torch.no_grad()
+    def _sync_sparse(self, f: int) -> None:
+        """SparseLoCo: this rank's compressed pseudo-gradient of fragment f, all-gathered (now, or to land later)."""
+        anchor, params = self._anchors[f], [p.data for p in self._fragments[f]]
+        deltas = [a - p for a, p in zip(_unflatten_dense_tensors(anchor, params), params)]
+        with self.comm.arithmetic():
+            payload = self._sparse[f].encode(deltas)
+        gathered = gathered_buffer(payload)
+        if self.delay:
+            future, stamp = launch_stamped(lambda: [all_gather(gathered, payload, async_op=True)],
+                                           tensor_bytes(gathered), gathered.is_cuda)
+            self.comm.carry(stamp)
+            self._pending.append((self.steps + self.delay, f, gathered, future))
+            return
+        with self.comm.exposed(in_optimizer=True), self.comm.timed(tensor_bytes(gathered)):
+            all_gather(gathered, payload)
+        self._land(f, gathered)
+
+    @torch.no_grad()
     def _land(self, f: int, mean: torch.Tensor) -> None:
         """Fragment f := the outer step on its average `mean` (plain averaging: the average), mixed with this
         rank's own by `mix`."""
         tensors = self._fragment_tensors(f)
-        if self._outer_optimizer is not None:
+        if self._sparse:  # `mean` is every rank's payload: the anchor takes the averaged sparse step
+            with self.comm.arithmetic():
+                step = self._sparse[f].decode(mean.view(dist.get_world_size(), -1))
+            anchor = self._anchors[f]
+            anchor.sub_(_flatten_dense_tensors(step))
+            mean = anchor
+        elif self._outer_optimizer is not None:
             anchor = self._anchors[f]
             part = mean[:anchor.numel()]  # its parameters; its buffers after them are plainly averaged
             anchor.grad = anchor - part  # the pseudo-gradient Δ = θ - θ̄

@@ -102,6 +102,11 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
         "strategy.delay=1 must be in [0, strategy.sync_every=1)",
     "strategy=local_sgd strategy.mix=0.5": "strategy.mix=0.5 needs strategy.delay > 0",
     "strategy=local_sgd strategy.delay=1 checkpoint.every=2": "a checkpoint would miss the all-reduces in flight",
+    "strategy=local_sgd strategy.outer_topk=8 strategy.outer=nesterov": "takes strategy.outer=none",
+    "strategy=local_sgd strategy.outer_topk=17 strategy.outer_chunk=4": "strategy.outer_topk=17 must be in [1, "
+                                                                        "outer_chunk² = 16]",
+    "strategy=local_sgd strategy.outer_topk=8 strategy.outer_bits=8": "strategy.outer_bits must be 2 or 32",
+    "strategy=local_sgd strategy.outer_topk=8 checkpoint.every=2": "SparseLoCo's error feedback is not in checkpoints",
 }
 
 

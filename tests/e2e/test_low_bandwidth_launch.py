@@ -1,7 +1,9 @@
-"""strategy=demo and local_sgd's streaming options (fragments, delay) with train.optimizer=muon (MuLoCo)
+"""strategy=demo, local_sgd's streaming options (fragments, delay) with train.optimizer=muon (MuLoCo) and its
+SparseLoCo compression (outer_topk)
 through launch.py on data=text, at 2 and 4 ranks (one multirun each): the loss falls, the bytes are what
 the strategy says it sends (demo: world_size x its bytes sent, every step; streaming local SGD: a
-fragment's bytes on its sync steps), and results.json records the knobs. The same on emulated nodes:
+fragment's bytes on its sync steps; SparseLoCo: every rank's payload on sync steps), and results.json records the
+knobs. The same on emulated nodes:
 tests/e2e/test_emulated_network.py."""
 
 import pytest
@@ -14,7 +16,9 @@ TEXT = ["data=text", "model=tiny", *NARROW, "model.context_length=16", "model.vo
         "train.warmup_steps=2", "train.batch_size=8", "train.lr=3e-3", "logger=none", "world_size=2,4"]
 RUNS = {"demo": ["strategy=demo", "strategy.topk=8", "strategy.chunk=16"],
         "muloco_streaming": ["strategy=local_sgd", "strategy.sync_every=4", "strategy.outer=nesterov",
-                             "strategy.fragments=2", "strategy.delay=1", "train.optimizer=muon"]}
+                             "strategy.fragments=2", "strategy.delay=1", "train.optimizer=muon"],
+        "sparseloco": ["strategy=local_sgd", "strategy.sync_every=4", "strategy.outer_topk=16",
+                       "strategy.outer_chunk=16"]}
 
 
 @pytest.fixture(scope="module", params=list(RUNS))
@@ -42,6 +46,11 @@ def test_bytes_are_what_the_strategy_sends(sweep):
             sent = facts["demo"]["bytes_sent_per_step"]
             assert {s["comm_bytes"] for s in steps} == {world * sent}
             assert facts["demo"]["compression"] > 4
+        elif name == "sparseloco":
+            plan = facts["local_sgd"]
+            assert plan["outer_compression"] > 4
+            assert [s["comm_bytes"] for s in steps] == [plan["fragment_bytes"][0] if (s["step"] + 1) % 4 == 0 else 0
+                                                        for s in steps]
         else:
             plan = facts["local_sgd"]
             assert plan["fragments"] == 2 and plan["delay"] == 1 and len(plan["fragment_bytes"]) == 2

@@ -248,3 +248,84 @@ def test_a_delayed_sync_is_launched_early_and_its_bytes_count_at_launch(streamin
         assert r0["comm_bytes"] == (48 if launched else 0) and r0["collectives"] == (1 if launched else 0)
     (mixed0, _), (mixed1, _) = streaming[0]["delay_mix"], streaming[1]["delay_mix"]
     assert not torch.equal(mixed0[4]["b"], mixed1[4]["b"])  # mix 0.5 keeps part of each rank's own
+
+
+# --- SparseLoCo: the compressed outer step ----------------------------------------------------------------------
+
+class TwoWeights(TwoTensors):
+    """TwoTensors without the running statistic (SparseLoCo refuses models that have one)."""
+
+    def __init__(self):
+        super().__init__()
+        del self.running
+
+
+SPARSE = {  # name -> LocalSGD's knobs
+    "every_value": {"sync_every": 4, "fragments": 2, "outer_topk": 4, "outer_chunk": 2, "outer_bits": 32},
+    "compressed": {"sync_every": 2, "outer_topk": 1, "outer_chunk": 2, "outer_bits": 2, "error_decay": 0.5},
+}
+
+
+def _sparse(rank, world_size):
+    out = {}
+    for name, knobs in SPARSE.items():
+        model = TwoWeights()
+        wrapper = LocalSGD(model, **knobs)
+        optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
+        seen = []
+        for step in range(8):
+            model.a.grad, model.b.grad = hand_grad(step, rank), hand_grad(step, rank)[0]
+            optimizer.step()
+            seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(),
+                         "error": [e.clone() for s in wrapper._sparse for e in s.error], **wrapper.comm.pop()})
+        out[name] = seen, wrapper.facts()
+    return out
+
+
+sparse = ranks_fixture(_sparse, 2)
+
+
+def test_sparseloco_sending_every_value_is_plain_averaging(sparse):
+    """outer_topk = every value of a block, unquantized: nothing stays behind, the anchor becomes the rank mean."""
+    knobs = {k: v for k, v in SPARSE["every_value"].items() if not k.startswith("outer_")}
+    expected = _by_hand(knobs)
+    for step in range(8):
+        for rank in range(2):
+            got = sparse[rank]["every_value"][0][step]
+            for n in ("a", "b"):
+                torch.testing.assert_close(got[n].double(), expected[step][rank][n], atol=1e-5, rtol=1e-5)
+            assert all(float(e.abs().max()) == 0.0 for e in got["error"])
+
+
+def test_sparseloco_compressed_agrees_after_each_sync_and_keeps_the_rest(sparse):
+    (seen0, facts), (seen1, _) = sparse[0]["compressed"], sparse[1]["compressed"]
+    plan = facts["local_sgd"]
+    # a (2 x 3): sides 2 and 1, 3 blocks of 2; b (3): 3 blocks of 1; k = 1: 6 scales, 6 int16 indices, 2 bytes of codes
+    assert plan["outer_bytes_sent_per_sync"] == 6 * 4 + 6 * 2 + 2
+    assert plan["fragment_bytes"] == [2 * plan["outer_bytes_sent_per_sync"]]  # the all-gather's output
+    for step, (r0, r1) in enumerate(zip(seen0, seen1)):
+        synced = (step + 1) % 2 == 0
+        assert torch.equal(r0["a"], r1["a"]) == synced and torch.equal(r0["b"], r1["b"]) == synced, step
+        assert r0["comm_bytes"] == (plan["fragment_bytes"][0] if synced else 0)
+    assert any(float(e.abs().max()) > 0 for e in seen0[-1]["error"])  # what was not sent waits
+
+
+def test_sparse_payload_parts_round_trip():
+    from ddp_lab.strategies.sparse_outer import SparseOuter, dequantize, pack, quantize, unpack
+
+    codes = torch.tensor([0, 1, 2, 3, 3, 2, 1], dtype=torch.uint8)
+    assert torch.equal(unpack(pack(codes), 7), codes)
+    values = torch.tensor([[-2.0, -0.6, 0.7, 2.0]])
+    code, scale, stands_for = quantize(values)
+    assert code.tolist() == [[0, 1, 2, 3]] and scale.tolist() == [2.0]
+    torch.testing.assert_close(stands_for, torch.tensor([[-2.0, -2 / 3, 2 / 3, 2.0]]))
+    torch.testing.assert_close(dequantize(code, scale), stands_for)
+    # error feedback: what is sent plus what stays is decay x what stayed + Δ, value for value
+    torch.manual_seed(0)
+    outer = SparseOuter([torch.zeros(4, 6)], chunk=2, topk=1, bits=2, decay=0.5)
+    outer.error[0].copy_(torch.randn(4, 6))
+    before, delta = outer.error[0].clone(), torch.randn(4, 6)
+    payload = outer.encode([delta])
+    assert payload.numel() == outer.payload_bytes
+    sent = outer.decode(torch.stack([payload, payload]))[0]  # two identical ranks: their mean is one's
+    torch.testing.assert_close(sent + outer.error[0], 0.5 * before + delta)

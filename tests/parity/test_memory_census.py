@@ -48,6 +48,7 @@ CASES = {  # case: (strategy, knobs beyond its spec's defaults)
     # after 3 steps fragment 1's all-reduce (launched at step 2, landing at 4) is still held: its copy is kept
     "local_sgd streaming delayed": ("local_sgd", {"outer": "nesterov", "sync_every": 4, "fragments": 2, "delay": 2}),
     "demo every coefficient": ("demo", {"topk": 64, "chunk": 8}),
+    "local_sgd sparseloco": ("local_sgd", {"sync_every": 2, "outer_topk": 16, "outer_chunk": 16}),
     "torch_ddp grads copied": ("torch_ddp", {"gradient_as_bucket_view": False}),
     "zero1 reduce_scatter": ("zero1", {"comm": "reduce_scatter"}),
     "fsdp kept gathers": ("fsdp", {"reshard_after_forward": False}),
@@ -170,6 +171,8 @@ def test_kept_state_is_counted_where_a_strategy_keeps_some(census):
         # the anchors (one copy; no outer step has landed yet, so no momentum) and fragment 1's copy in flight
         streaming = result["local_sgd streaming delayed"]
         assert streaming["params"] < streaming["strategy_state"] < 2 * streaming["params"]
+        sparse = result["local_sgd sparseloco"]  # the anchors and the error feedback: a copy each
+        assert sparse["strategy_state"] == 2 * sparse["params"]
         demo = result["demo every coefficient"]  # its momentum, one copy, and the 8 x 8 DCT basis
         assert demo["strategy_state"] == demo["params"] + 8 * 8 * 4
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from ddp_lab.spec.strategies.local_sgd import LocalSGDSpec
+from ddp_lab.spec.strategies.local_sgd import DiLoCoSpec
 from ddp_lab.spec.strategy import require
 
 INSTALL = 'pip install -e ".[torchft]"'
 
 
 @dataclass
-class TorchftLocalSGDSpec(LocalSGDSpec):
+class TorchftLocalSGDSpec(DiLoCoSpec):
     """torchft's DiLoCo (torchft.local_sgd.DiLoCo, streaming: fragments, fragment_sync_delay,
     fragment_update_alpha) with local_sgd's knobs, each rank a replica group of one under torchft's
     Lighthouse: the bar for local_sgd. An optional extra; host network only."""
