@@ -15,6 +15,13 @@ import os
 
 import pytest
 
+# ATen's AVX2 kernels on every x86 machine, in this process and every rank and launch it starts (they inherit the
+# environment; set before any test imports torch): the parity tolerances were set on AVX2, and on an AVX-512
+# machine two cases land outside them (the two-level ring at 2 ranks: 3.6e-5 on lm_head against 1e-5 + 1e-4 x
+# |w|; the course's FSDP in fp16 at 3 ranks: 1.3e-3 against 1e-3), both equal to the reference again with AVX2.
+# Their tolerances are to be derived from the kernels' rounding, not widened to fit: until then the suite pins
+# the kernels. `ATEN_CPU_CAPABILITY=default pytest tests` (or avx512) runs it on other kernels.
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 # No test talks to W&B's servers; offline runs are written where a test asks for them.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

@@ -22,7 +22,17 @@ from ddp_lab.check.ranks import run_ranks
 from ddp_lab.jobdir import checkpoint_path
 from ddp_lab.spec.strategies import SPECS
 
-CHECKPOINTED = [name for name, spec in SPECS.items() if spec.own_checkpoint is None]  # DCP's pieces
+
+def _takes_checkpoints(spec_cls) -> bool:
+    """Its spec lets checkpoint.every be set with its default knobs (torchft's DiLoCo refuses: its own state)."""
+    try:
+        spec_cls().check_checkpoints()
+    except ValueError:
+        return False
+    return True
+
+
+CHECKPOINTED = [name for name, spec in SPECS.items() if spec.own_checkpoint is None and _takes_checkpoints(spec)]
 OWN_FORMAT = [name for name, spec in SPECS.items() if spec.own_checkpoint is not None]  # test_deepspeed.py
 SHARDED = ["zero1", "zero2", "fsdp", "fsdp_torch", "zero1_torch", "hsdp"]
 PRECISION = "fp32"
