@@ -12,8 +12,14 @@ computed here, by file.
 """
 
 import os
+import signal
 
 import pytest
+
+# A suite started in the background (`pytest tests &` in a script, nohup, some CI runners) inherits SIGINT
+# ignored, and so would every launch.py it starts, which then never sees the Ctrl-C a test sends it (seen: the
+# interrupt tests waited for ever). Python's own handler again here; children get SIGINT's default with it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ATen's AVX2 kernels on every x86 machine, in this process and every rank and launch it starts (they inherit the
 # environment; set before any test imports torch): the parity tolerances were set on AVX2, and on an AVX-512
