@@ -154,22 +154,29 @@ STREAMING = {  # name -> LocalSGD's knobs; each run 9 steps of hand gradients wi
 }
 
 
-def _streaming(rank, world_size):
+def hand_run(rank, configs: dict, make, model_cls, steps: int, seen=lambda model, wrapper: {}) -> dict:
+    """{name: (each step's weights a, b, `seen(model, wrapper)` and comm figures; the wrapper's facts)} of
+    `make(model_cls(), **knobs)` per config, trained by hand gradients with SGD lr 1 (the running statistic,
+    where the model has one, set per rank and step)."""
     out = {}
-    for name, knobs in STREAMING.items():
-        model = TwoTensors()
-        wrapper = LocalSGD(model, **knobs)
+    for name, knobs in configs.items():
+        model = model_cls()
+        wrapper = make(model, **knobs)
         optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
-        seen = []
-        for step in range(9):
-            model.running.fill_(float(rank + step))
+        steps_seen = []
+        for step in range(steps):
+            if hasattr(model, "running"):
+                model.running.fill_(float(rank + step))
             model.a.grad, model.b.grad = hand_grad(step, rank), hand_grad(step, rank)[0]
             optimizer.step()
-            seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(),
-                         "running": model.running.clone(), **wrapper.comm.pop()})
-        out[name] = seen, wrapper.facts()
+            steps_seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(), **seen(model, wrapper),
+                               **wrapper.comm.pop()})
+        out[name] = steps_seen, wrapper.facts()
     return out
 
+
+def _streaming(rank, world_size):
+    return hand_run(rank, STREAMING, LocalSGD, TwoTensors, 9, lambda model, _: {"running": model.running.clone()})
 
 streaming = ranks_fixture(_streaming, 2)
 
@@ -267,20 +274,8 @@ SPARSE = {  # name -> LocalSGD's knobs
 
 
 def _sparse(rank, world_size):
-    out = {}
-    for name, knobs in SPARSE.items():
-        model = TwoWeights()
-        wrapper = LocalSGD(model, **knobs)
-        optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
-        seen = []
-        for step in range(8):
-            model.a.grad, model.b.grad = hand_grad(step, rank), hand_grad(step, rank)[0]
-            optimizer.step()
-            seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(),
-                         "error": [e.clone() for s in wrapper._sparse for e in s.error], **wrapper.comm.pop()})
-        out[name] = seen, wrapper.facts()
-    return out
-
+    return hand_run(rank, SPARSE, LocalSGD, TwoWeights, 8,
+                    lambda _, wrapper: {"error": [e.clone() for s in wrapper._sparse for e in s.error]})
 
 sparse = ranks_fixture(_sparse, 2)
 

@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers.distributed import ranks_fixture
 from tests.helpers.extras import requires_torchft
-from tests.parity.test_local_sgd import STREAMING, TwoTensors, _by_hand, hand_grad
+from tests.parity.test_local_sgd import STREAMING, TwoTensors, _by_hand, hand_run
 
 pytestmark = requires_torchft
 
@@ -17,20 +17,7 @@ pytestmark = requires_torchft
 def _torchft(rank, world_size):
     from ddp_lab.strategies import TorchftDiLoCo
 
-    out = {}
-    for name, knobs in STREAMING.items():
-        model = TwoTensors()
-        wrapper = TorchftDiLoCo(model, **knobs)
-        optimizer = wrapper.make_optimizer(torch.optim.SGD, lr=1.0)
-        seen = []
-        for step in range(9):
-            model.a.grad, model.b.grad = hand_grad(step, rank), hand_grad(step, rank)[0]
-            optimizer.step()
-            seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(), **wrapper.comm.pop()})
-        out[name] = seen, wrapper.facts()
-        wrapper.manager.shutdown(wait=False)
-    return out
-
+    return hand_run(rank, STREAMING, TorchftDiLoCo, TwoTensors, 9)
 
 reference = ranks_fixture(_torchft, 2)
 
