@@ -55,5 +55,10 @@ def test_without_torchft_it_is_refused_before_launch(tmp_path, capsys, monkeypat
     (["network=emulated", "world_size=4"], "runs on the host network only"),
     (["checkpoint.every=2"], "takes no checkpoints here"),
 ])
-def test_torchfts_own_constraints_are_refused(tmp_path, capsys, args, message):
+def test_torchfts_own_constraints_are_refused(tmp_path, capsys, monkeypatch, args, message):
+    """Its constraints are checked whether or not torchft is here (as if it were: nothing imports it before launch)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torchft" else real(name, *a))
     assert message in _refused(["strategy=local_sgd_torchft", *args], tmp_path, capsys)
