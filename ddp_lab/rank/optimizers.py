@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-OPTIMIZERS = ("adamw", "muon")
+from ddp_lab.config import OptimizerName
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -59,4 +59,4 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
         return torch.optim.AdamW
     if name == "muon":
         return MuonAdamW
-    raise ValueError(f"train.optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    raise ValueError(f"train.optimizer must be one of {', '.join(o.value for o in OptimizerName)}, got {name!r}")
