@@ -126,6 +126,11 @@ class Blocks:
         index = torch.topk(coefficients.abs(), self.k, dim=-1, sorted=False).indices
         return index, coefficients.gather(-1, index)
 
+    def place(self, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """(blocks, per_block) coefficients: `values` at `index` (one per place), 0 elsewhere: what was sent."""
+        out = torch.zeros(self.count, self.per_block, dtype=values.dtype, device=values.device)
+        return out.scatter_(-1, index, values)
+
     def scatter_mean(self, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """(blocks, per_block) coefficients: at each index the mean of the values sent for it, else 0."""
         out = torch.zeros(self.count, self.per_block, dtype=values.dtype, device=values.device)
@@ -192,8 +197,7 @@ class DeMo(DataParallelBase):
             if p.grad is not None:  # an unused parameter adds nothing to its momentum this step
                 m.add_(p.grad)
             index, value = blocks.top(blocks.encode(m))
-            sent = torch.zeros(blocks.count, blocks.per_block, dtype=m.dtype, device=m.device)
-            m.sub_(blocks.decode(sent.scatter_(-1, index, value)))
+            m.sub_(blocks.decode(blocks.place(index, value)))
             values.append(value.reshape(-1))
             indices.append(index.reshape(-1).to(INDEX))
         return torch.cat([torch.cat(values).to(VALUE).view(torch.uint8), torch.cat(indices).view(torch.uint8)])

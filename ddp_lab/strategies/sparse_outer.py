@@ -85,8 +85,7 @@ class SparseOuter:
                 codes.append(code.reshape(-1))
             else:
                 floats.append(value.reshape(-1))
-            sent = torch.zeros(blocks.count, blocks.per_block, dtype=error.dtype, device=error.device)
-            error.sub_(blocks.decode(sent.scatter_(-1, index, value.to(error.dtype))))
+            error.sub_(blocks.decode(blocks.place(index, value.to(error.dtype))))
             indices.append(index.reshape(-1).to(INDEX))
         parts = [torch.cat(floats).float().view(torch.uint8), torch.cat(indices).view(torch.uint8)]
         if codes:
