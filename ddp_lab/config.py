@@ -176,6 +176,10 @@ class EmulatedNetwork(NetworkConfig):
     """A node whose link runs at `slow_gbps` instead (a slow link, for the straggler study); None: none."""
     slow_gbps: Optional[float] = None
     """The slow node's link rate in Gbit/s, both directions."""
+    slow_step: int = 0
+    """The step from which the slow node's link runs at `slow_gbps` (before it: at `gbps`). The launcher
+    changes both ends of the link once rank 0 has recorded the step before, so the change lands early in
+    this step; results.json's `summary.injected_link` says in which step it was made."""
     latency_ms: Optional[float] = None
     """Added one-way delay on each node's link (the netem qdisc: refused where the kernel lacks it)."""
 

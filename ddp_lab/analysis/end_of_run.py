@@ -30,10 +30,10 @@ def job_ended(job_dir: Path, results: dict) -> None:
     if overlap and overlap.get("traces"):
         from ddp_lab.analysis.timeline import plot_timeline  # matplotlib: ~0.4 s, only for profiled runs
 
-        steps = overlap["profiled_steps"]
-        path = plot_timeline({run_name(results["config"]): [job_dir / t for t in overlap["traces"]]},
-                             job_dir / TIMELINE,
-                             title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}")
+        steps, name = overlap["profiled_steps"], run_name(results["config"])
+        path = plot_timeline({name: [job_dir / t for t in overlap["traces"]]}, job_dir / TIMELINE,
+                             title=f"Compute and communication per rank, profiled steps {steps[0]}-{steps[-1]}",
+                             exposures={name: results["summary"].get("exposure")})
         print(f"timeline: {path}")
         from ddp_lab.arithmetic.traces import merge_traces
 

@@ -303,7 +303,9 @@ def plot_timelines(runs, path) -> bool:
         return False
     profiled = profiled[:MAX_TIMELINES]
     names = labels([record(name, res) for name, res, _ in profiled])
-    plot_timeline({label: job / TRACES for label, (_, _, job) in zip(names, profiled)}, path)
+    plot_timeline({label: job / TRACES for label, (_, _, job) in zip(names, profiled)}, path,
+                  exposures={label: (res.get("summary") or {}).get("exposure")
+                             for label, (_, res, _) in zip(names, profiled)})
     return True
 
 

@@ -120,7 +120,7 @@ def train_record(res: dict) -> dict:
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
         "collectives_per_step": _get(res, "summary", "collectives_per_step"),
         "straggler": straggler_text(_get(res, "summary", "straggler")),
-        "injected": injected_text(_get(res, "summary", "injected")),
+        "injected": injected_text(_get(res, "summary", "injected"), _get(res, "summary", "injected_link")),
         "comm_bytes_per_step": _get(res, "summary", "comm_bytes_per_step"),
         "opt_state_mib_per_rank": (lambda v: None if v is None else v / MiB)(
             _get(res, "summary", "memory", "optimizer_state_max_rank")),
@@ -129,19 +129,27 @@ def train_record(res: dict) -> dict:
 
 
 def straggler_text(found: dict | None) -> str | None:
-    """The verdict in a cell: 'rank 1: 31.2 ms (24%), compute'; '-' (None) where no rank stands out."""
-    if not found or found.get("rank") is None:
+    """The verdict in a cell: 'rank 1: 31.2 ms (24%), compute', 'rank 3 (node 1): ...', 'node 1: ..., link';
+    '-' (None) where no rank or node stands out."""
+    if not found or (found.get("rank") is None and found.get("node") is None):
         return None
+    who = f"node {found['node']}" if found.get("rank") is None else (
+        f"rank {found['rank']}" + (f" (node {found['node']})" if found.get("node") is not None else ""))
     cause = f", {found['cause']}" if found.get("cause") else ""
-    return f"rank {found['rank']}: {found['cost_ms']:.1f} ms ({100 * found['share']:.0f}%){cause}"
+    return f"{who}: {found['cost_ms']:.1f} ms ({100 * found['share']:.0f}%){cause}"
 
 
-def injected_text(fault: dict | None) -> str | None:
-    """The injected fault in a cell ('slow 1.3x rank 1'), so an injected run is never read as a clean one."""
-    if not fault:
-        return None
-    what = f"slow {fault['slowdown']:g}x" if fault["kind"] == "slow" else fault["kind"]
-    return f"{what} rank {fault['rank']}" if fault["rank"] >= 0 else f"{what} every rank"
+def injected_text(fault: dict | None, link: dict | None = None) -> str | None:
+    """The injected fault and slow link in a cell ('slow 1.3x rank 1', 'node 1 link 0.25 Gbit/s from step 8'),
+    so an injected run is never read as a clean one."""
+    parts = []
+    if fault:
+        what = f"slow {fault['slowdown']:g}x" if fault["kind"] == "slow" else fault["kind"]
+        parts.append(f"{what} rank {fault['rank']}" if fault["rank"] >= 0 else f"{what} every rank")
+    if link:
+        parts.append(f"node {link['node']} link {link['gbps']:g} Gbit/s"
+                     + (f" from step {link['made_in_step']}" if link.get("made_in_step") else ""))
+    return "; ".join(parts) or None
 
 
 def _mib(value):

@@ -6,6 +6,10 @@ One panel per run (stacked, same time scale, so a longer step looks longer), two
 The communication lane is split into what ran while the rank was computing (hidden) and what it
 waited for (exposed): whether a strategy overlaps is visible at a glance. Lanes come from
 `arithmetic.traces.lanes`, so the picture and the overlap figure in results.json agree.
+
+Beside each panel, where the run's results.json has `summary.exposure` (a job folder given here, or the
+end of a profiled job): one bar per collective in issue order, the ms of the wait after backward spent on
+it, coloured by why (arithmetic/skew.py `exposure`): "is my overlap real?" bucket by bucket.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ddp_lab.arithmetic import traces as ta  # noqa: E402
+from ddp_lab.arithmetic.skew import ISSUED_AFTER, ISSUED_LATE, LATE_PEER, QUEUED  # noqa: E402
+from ddp_lab.jobdir import read_results  # noqa: E402
 
 COLORS = {"compute": "#4C72B0", "hidden": "#55A868", "exposed": "#C44E52"}
+WHY_COLORS = {ISSUED_AFTER: "#C44E52", ISSUED_LATE: "#DD8452", QUEUED: "#8172B3", LATE_PEER: "#937860"}
 
 
 def _run_lanes(run) -> list[ta.Lanes]:
@@ -42,13 +49,39 @@ def _bars(intervals, t0):
     return [((s - t0) / 1e3, (e - s) / 1e3) for s, e in intervals]
 
 
-def plot_timeline(runs: dict, out, title: str | None = None) -> Path:
-    """Draw `runs` ({label: folder | trace path | [traces]}) into the PNG `out`; returns its path."""
+def exposure_bars(ax, exposure: dict | None) -> None:
+    """One bar per collective in issue order: its exposed ms on the most exposed rank, coloured by why."""
+    if not exposure:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no per-collective exposure\n(results.json's summary.exposure)", ha="center",
+                va="center", fontsize=8, color="0.4", transform=ax.transAxes)
+        return
+    rows = exposure["per_collective"]
+    ax.bar(range(len(rows)), [r["exposed_ms"] for r in rows],
+           color=[WHY_COLORS.get(r["why"], "0.7") for r in rows])
+    ax.set_title(f"exposed after backward per collective\n(rank {exposure['rank']}, mean of {exposure['steps']} "
+                 "steps)", fontsize=8)
+    ax.set_xlabel("collective, in issue order (last: the first layers')", fontsize=7)
+    ax.set_ylabel("ms", fontsize=7)
+    ax.tick_params(labelsize=7)
+    whys = [why for why in WHY_COLORS if any(r["why"] == why for r in rows)]
+    if whys:
+        ax.legend(handles=[Patch(color=WHY_COLORS[why], label=why) for why in whys], loc="upper left",
+                  fontsize=5, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_timeline(runs: dict, out, title: str | None = None, exposures: dict | None = None) -> Path:
+    """Draw `runs` ({label: folder | trace path | [traces]}) into the PNG `out`; returns its path.
+    `exposures` ({label: summary.exposure}): the per-collective bars beside a run's panel."""
     runs = {label: _run_lanes(run) for label, run in runs.items()}
+    exposures = exposures or {}
     n_lanes = [2 * len(lanes) for lanes in runs.values()]
-    fig, axes = plt.subplots(len(runs), 1, sharex=True, squeeze=False,
-                             figsize=(12, 1.0 + sum(0.45 * n + 0.6 for n in n_lanes)),
-                             gridspec_kw={"height_ratios": n_lanes})
+    fig, axes = plt.subplots(len(runs), 2, sharex="col", squeeze=False,
+                             figsize=(15, 1.0 + sum(0.45 * n + 0.6 for n in n_lanes)),
+                             gridspec_kw={"height_ratios": n_lanes, "width_ratios": [4, 1]})
+    for bars, label in zip(axes[:, 1], runs):
+        exposure_bars(bars, exposures.get(label))
     for ax, (label, lanes) in zip(axes[:, 0], runs.items()):
         t0 = min(ln.start for ln in lanes)
         yticks, ylabels = [], []
@@ -77,6 +110,7 @@ def plot_timeline(runs: dict, out, title: str | None = None) -> Path:
                         Patch(color=COLORS["hidden"], label="comm, hidden (compute running)"),
                         Patch(color=COLORS["exposed"], label="comm, exposed (no compute)")],
                loc="upper right", ncol=3, fontsize=8, frameon=False)
+
     fig.suptitle(title or "Compute and communication per rank", x=0.01, ha="left", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     out = Path(out)
@@ -95,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.labels or [Path(r).name for r in args.runs]
     if len(labels) != len(args.runs):
         parser.error(f"{len(args.runs)} runs but {len(labels)} labels")
+    exposures = {}
+    for label, run in zip(labels, args.runs):
+        results = read_results(Path(run)) if Path(run).is_dir() else None
+        exposures[label] = ((results or {}).get("summary") or {}).get("exposure")
     try:
-        out = plot_timeline(dict(zip(labels, args.runs)), args.out)
+        out = plot_timeline(dict(zip(labels, args.runs)), args.out, exposures=exposures)
     except FileNotFoundError as exc:
         parser.error(str(exc))
     print(out)

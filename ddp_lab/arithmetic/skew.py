@@ -23,7 +23,16 @@ blame in a step is the union of those spans over the collectives it arrived last
 lose if that rank were as fast as the next slowest. The straggler is the rank with the most blame over the
 measured steps, named when it is also the rank most often last (HTA's "late start" count agrees), its blame
 is at least STANDOUT times any other rank's, and at least STRAGGLER_SHARE of the step: below that, arrival
-order is noise.
+order is noise. Where no rank stands out and the ranks are on several nodes, the same rule runs on the nodes
+(a node's arrival at a collective is its last rank's): a slow node whose ranks share the lateness.
+
+Why it was late (`lateness`): at each collective it arrived last at, its lateness (its entry minus the others'
+median entry) is split into `link`, the part by which the collective before it completed later on it than on
+the others (the transfer into it ended late), and `work`, the rest (its own work between the two took
+longer). The cause is `link` when that part is most of it; else `data` when its draw of the batch explains
+it, `compute` when its forward and backward (or its work between collectives) do.
+
+Which collective a rank waited for after backward, and why: `exposure`.
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ CAUSE_SHARE = 0.5
 least this share of its blame."""
 
 
+def arrivals(stamps: Stamps) -> list[float]:
+    """Each collective's last arrival: the moment it can move data."""
+    return [max(s[k][0] for s in stamps) for k in range(len(stamps[0]))]
+
+
 def aligned(stamps: Stamps) -> bool:
     """Every rank stamped the same number of collectives (else they cannot be matched one to one)."""
     return len(stamps) > 1 and len({len(s) for s in stamps}) == 1 and len(stamps[0]) > 0
@@ -73,11 +87,11 @@ def per_collective(stamps: Stamps) -> list[dict]:
 
 def per_rank(stamps: Stamps) -> list[dict]:
     """Each rank: `waiting_ms` (for late peers) and `transferring_ms`, adding up to its comm_ms."""
-    arrivals = [max(s[k][0] for s in stamps) for k in range(len(stamps[0]))]
+    last = arrivals(stamps)
     out = []
     for mine in stamps:
-        waits = [(entry, min(arrival, end)) for (entry, end), arrival in zip(mine, arrivals)]
-        moving = merge((max(entry, arrival), end) for (entry, end), arrival in zip(mine, arrivals))
+        waits = [(entry, min(arrival, end)) for (entry, end), arrival in zip(mine, last)]
+        moving = merge((max(entry, arrival), end) for (entry, end), arrival in zip(mine, last))
         out.append({"waiting_ms": total(subtract(waits, moving)) * 1e3, "transferring_ms": total(moving) * 1e3})
     return out
 
@@ -90,6 +104,46 @@ def blame(stamps: Stamps) -> list[float]:
         entries = sorted((s[k][0], r) for r, s in enumerate(stamps))
         held[entries[-1][1]].append((entries[-2][0], entries[-1][0]))
     return [total(spans) * 1e3 for spans in held]
+
+
+def lateness(stamps: Stamps) -> dict:
+    """Each rank's lateness (ms) at the collectives it arrived last at, summed and split: `link`, the part by
+    which the collective before (on its own clock of issue) completed later on it than the others' median
+    completion of it, where it waited for that completion before entering (its entry after it); `work`, the
+    rest. A collective it issued while the one before was still in flight (overlap) is all `work`: that
+    completion did not hold it. The first collective of a step has no collective before it here: all `work`
+    (its draw of the batch and its forward are in it)."""
+    out = {"link": [0.0] * len(stamps), "work": [0.0] * len(stamps)}
+    for k in range(len(stamps[0])):
+        entries = [s[k][0] for s in stamps]
+        last = max(range(len(stamps)), key=entries.__getitem__)
+        others = [r for r in range(len(stamps)) if r != last]
+        late = entries[last] - median(entries[r] for r in others)
+        link = 0.0
+        if k > 0 and stamps[last][k - 1][1] <= entries[last]:
+            behind = stamps[last][k - 1][1] - median(stamps[r][k - 1][1] for r in others)
+            link = min(late, max(0.0, behind))
+        out["link"][last] += link * 1e3
+        out["work"][last] += (late - link) * 1e3
+    return out
+
+
+def node_stamps(stamps: Stamps, nodes: list[int]) -> Stamps:
+    """The stamps of the nodes: each collective's last entry and last completion among the node's ranks
+    (`nodes[rank]`: the rank's node)."""
+    groups = [[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))]
+    return [[(max(stamps[r][k][0] for r in ranks), max(stamps[r][k][1] for r in ranks))
+             for k in range(len(stamps[0]))] for ranks in groups]
+
+
+def step_evidence(stamps: Stamps) -> dict:
+    """One step's evidence of who made whom wait, from its stamps: each one's blame, the collectives it arrived
+    last at, its lateness split into link and work (lists indexed like `stamps`)."""
+    last = [0] * len(stamps)
+    for c in per_collective(stamps):
+        last[c["late_rank"]] += 1
+    late = lateness(stamps)
+    return {"blame": blame(stamps), "last": last, "late_link": late["link"], "late_work": late["work"]}
 
 
 def step_figures(stamps: Stamps) -> dict:
@@ -122,11 +176,10 @@ def exposure(stamps: Stamps, windows: list[tuple[float, float]]) -> tuple[int, l
     last rank's entry, or `queued` when waiting for the link, is at least half its exposure; else it was
     `issued after backward ended` (its gradients came last: the bucket of the first layers) or `issued late`
     (backward left it less time than its transfer took)."""
-    arrivals = [max(s[k][0] for s in stamps) for k in range(len(stamps[0]))]
     rows_by_rank = []
     for mine, (backward_end, sync_end) in zip(stamps, windows):
         rows, previous = [], float("-inf")  # the latest completion of the collectives before this one
-        for (entry, done), arrival in zip(mine, arrivals):
+        for (entry, done), arrival in zip(mine, arrivals(stamps)):
             exposed = max(0.0, min(done, sync_end) - max(previous, backward_end, entry))
             peer = max(0.0, arrival - max(entry, previous))  # how long the last rank's entry held it
             queued = max(0.0, previous - max(entry, arrival))  # how long the link held it
@@ -154,43 +207,89 @@ def exposure_table(steps: list[list[dict]], sizes: list[int]) -> list[dict]:
 
 
 def evidence(steps: list[dict]) -> dict:
-    """Per rank, means over a job's measured steps: blame_ms, compute_ms, data_ms, and `last`, the collectives
-    it arrived last at (a count over the steps); and the mean step_ms.
+    """Per rank, over a job's measured steps: blame_ms, late_link_ms, late_work_ms, data_ms, compute_ms (means)
+    and `last`, the collectives it arrived last at (a count); the mean step_ms; and where the ranks are on
+    several nodes, the same per node (`per_node`, from the node stamps; `nodes`: each rank's node).
 
-    `steps`: per step {"blame": [ms per rank], "last": [count per rank], "step_ms",
-    "phases": {"data": [ms per rank], "compute": [ms per rank]}} (rank/straggler.py gathers them)."""
-    ranks = range(len(steps[0]["blame"]))
-    out = {"blame_ms": [mean(s["blame"][r] for s in steps) for r in ranks],
-           "last": [sum(s["last"][r] for s in steps) for r in ranks]}
-    for phase in steps[0]["phases"]:
-        out[f"{phase}_ms"] = [mean(s["phases"][phase][r] for s in steps) for r in ranks]
-    return {"per_rank": out, "step_ms": mean(s["step_ms"] for s in steps)}
+    `steps`: per step {"step_ms", "phases": {"data": [ms per rank], "compute": [ms per rank]}} with the ranks'
+    `step_evidence` ("blame", "last", and "late_link", "late_work" where measured), and optionally "nodes"
+    (each rank's node) and "per_node" (the nodes' `step_evidence`) (rank/straggler.py gathers them)."""
+    out = {"per_rank": _means([{**s, **{f"{p}": v for p, v in s["phases"].items()}} for s in steps]),
+           "step_ms": mean(s["step_ms"] for s in steps)}
+    if steps[0].get("per_node"):
+        out["per_node"] = _means([s["per_node"] for s in steps])
+        out["nodes"] = steps[0]["nodes"]
+    return out
+
+
+def _means(steps: list[dict]) -> dict:
+    """blame, late_*, and phase figures: per-index means over the steps, as `<key>_ms`; last: summed."""
+    out = {}
+    for key in steps[0]:
+        values = steps[0][key]
+        if key == "last":
+            out["last"] = [sum(s["last"][r] for s in steps) for r in range(len(values))]
+        elif isinstance(values, list) and key != "nodes":
+            out[f"{key}_ms"] = [mean(s[key][r] for s in steps) for r in range(len(values))]
+    return out
+
+
+def _standout(group: dict, step_ms: float) -> int | None:
+    """The one (rank or node) with the most blame, if it stands out (module docstring); else None."""
+    blamed, last = group["blame_ms"], group["last"]
+    who = max(range(len(blamed)), key=blamed.__getitem__)
+    runner_up = max((b for r, b in enumerate(blamed) if r != who), default=0.0)
+    if blamed[who] < STRAGGLER_SHARE * step_ms or blamed[who] < STANDOUT * runner_up or max(last) != last[who]:
+        return None
+    return who
+
+
+def _cause(group: dict, who: int) -> tuple[str | None, dict]:
+    """(cause, each phase's excess over the others' median) of `who` in `group` (per_rank or per_node)."""
+    blamed = group["blame_ms"][who]
+    excess = {}
+    for phase in ("data", "compute"):
+        times = group.get(f"{phase}_ms")
+        if times:
+            excess[phase] = times[who] - median(t for r, t in enumerate(times) if r != who)
+    link, work = (group.get(f"late_{part}_ms", [0.0] * (who + 1))[who] for part in ("link", "work"))
+    if link + work > 0 and link >= CAUSE_SHARE * (link + work):
+        return "link", excess
+    phase = max(excess, key=excess.get) if excess else None
+    if phase is not None and excess[phase] >= CAUSE_SHARE * blamed:
+        return phase, excess
+    if work >= CAUSE_SHARE * blamed > 0:  # its own work between collectives (forward, backward, the update)
+        return "compute", excess
+    return None, excess
 
 
 def verdict(steps: list[dict]) -> dict | None:
     """The straggler over a job's measured steps (None without steps): {"rank", "cost_ms", "share", "cause",
-    "excess_ms", "last_share"} with the evidence (`evidence`); "rank" None when no rank stands out.
+    "excess_ms", "last_share"} with the evidence (`evidence`) and, on several nodes, its "node"; "rank" None
+    when no rank stands out, with "node" when a node does (its ranks share the lateness), else "why".
 
-    The cause: the phase (data, compute) in which the straggler's own time exceeds the other ranks' median by
-    at least CAUSE_SHARE of its blame; else None: it arrived late for a reason the stamps do not show."""
+    The cause: `link` when most of its lateness is the collective before completing late on it
+    (`lateness`); else the phase (data, compute) in which its own time exceeds the others' median by at least
+    CAUSE_SHARE of its blame; else `compute` when its own work between collectives is that much of its blame;
+    else None: it arrived late for a reason the stamps do not show."""
     if not steps:
         return None
     seen = evidence(steps)
-    blamed, last, step_ms = seen["per_rank"]["blame_ms"], seen["per_rank"]["last"], seen["step_ms"]
-    rank = max(range(len(blamed)), key=blamed.__getitem__)
-    runner_up = max((b for r, b in enumerate(blamed) if r != rank), default=0.0)
-    if blamed[rank] < STRAGGLER_SHARE * step_ms or blamed[rank] < STANDOUT * runner_up or max(last) != last[rank]:
-        return {"rank": None, "why": "no rank stands out", **seen}
-    excess = {}
-    for phase in ("data", "compute"):
-        times = seen["per_rank"].get(f"{phase}_ms")
-        if times:
-            excess[phase] = times[rank] - median(t for r, t in enumerate(times) if r != rank)
-    cause = max(excess, key=excess.get) if excess else None
-    if cause is not None and excess[cause] < CAUSE_SHARE * blamed[rank]:
-        cause = None
-    return {"rank": rank, "cost_ms": blamed[rank], "share": blamed[rank] / step_ms, "cause": cause,
-            "excess_ms": excess, "last_share": last[rank] / max(1, sum(last)), **seen}
+    step_ms, ranks, nodes = seen["step_ms"], seen["per_rank"], seen.get("per_node")
+    rank = _standout(ranks, step_ms)
+    if rank is not None:
+        cause, excess = _cause(ranks, rank)
+        where = {"node": seen["nodes"][rank]} if nodes else {}
+        return {"rank": rank, **where, "cost_ms": ranks["blame_ms"][rank], "share": ranks["blame_ms"][rank] / step_ms,
+                "cause": cause, "excess_ms": excess, "last_share": ranks["last"][rank] / max(1, sum(ranks["last"])),
+                **seen}
+    node = _standout(nodes, step_ms) if nodes else None
+    if node is not None:
+        cause, excess = _cause(nodes, node)
+        return {"rank": None, "node": node, "cost_ms": nodes["blame_ms"][node],
+                "share": nodes["blame_ms"][node] / step_ms, "cause": cause, "excess_ms": excess,
+                "last_share": nodes["last"][node] / max(1, sum(nodes["last"])), **seen}
+    return {"rank": None, "why": "no rank stands out", **seen}
 
 
 def traceml_rule(seen: dict) -> int | None:

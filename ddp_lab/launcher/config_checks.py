@@ -101,6 +101,14 @@ def _validate_network(cfg: DictConfig) -> None:
     _require(net.slow_node is None or 0 <= net.slow_node < net.nodes,
              f"network.slow_node must be a node in [0, {net.nodes - 1}], got {net.slow_node}")
     _require(net.slow_gbps is None or net.slow_gbps > 0, f"network.slow_gbps must be > 0 Gbit/s, got {net.slow_gbps}")
+    if net.slow_step:
+        _require(net.slow_node is not None, "network.slow_step needs network.slow_node and network.slow_gbps: the "
+                 "link that turns slow at that step")
+        _require(cfg.task.name == "train", "network.slow_step counts training steps: it needs task=train")
+        _require(0 < net.slow_step < cfg.train.steps, f"network.slow_step must be a step of the run, in [1, "
+                 f"{cfg.train.steps - 1}] (0: slow from the start), got {net.slow_step}")
+        _require(net.latency_ms is None, "network.slow_step with network.latency_ms: changing a shaped link "
+                 "would drop its delay qdisc; give one of the two")
     _require(net.latency_ms is None or net.latency_ms > 0,
              f"network.latency_ms must be > 0 ms (unset: none), got {net.latency_ms}")
     problem = emulation_problem()

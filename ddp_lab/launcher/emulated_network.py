@@ -3,7 +3,8 @@
 Each emulated node is a network namespace with its own loopback (traffic between ranks of one node stays
 inside it) and one veth link to a bridge that joins the nodes; a `tbf` qdisc shapes both ends of each
 link to `network.gbps`, so a node sends and receives at most that rate (`network.slow_node`'s link to
-`network.slow_gbps`: one slow link). launch.py runs one torchrun per
+`network.slow_gbps`: one slow link, from the start or, with `network.slow_step`, from a step on: `slow_down()`
+changes both ends of it while the job runs). launch.py runs one torchrun per
 node inside its namespace (`ip netns exec`) through the multi-node path real nodes use: torchrun's static
 rendezvous on node 0's address, gloo bound to the node's link (GLOO_SOCKET_IFNAME).
 
@@ -87,6 +88,7 @@ class EmulatedNodes:
     latency_ms: float | None = None
     slow_node: int | None = None  # this node's link runs at slow_gbps instead of gbps
     slow_gbps: float | None = None
+    slow_later: bool = False  # the slow node's link starts at gbps; slow_down() turns it to slow_gbps
     pid: int = field(default_factory=os.getpid)
     start: str | None = None  # the launcher's start time (default: read from /proc for `pid`)
     job: int = field(default_factory=lambda: next(_jobs))
@@ -137,13 +139,20 @@ class EmulatedNodes:
             _run("ip", "-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", NODE_IF)
             _run("ip", "-n", ns, "link", "set", NODE_IF, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            gbps = self.slow_gbps if k == self.slow_node else self.gbps
+            gbps = self.slow_gbps if k == self.slow_node and not self.slow_later else self.gbps
             if gbps:
-                _shape(["tc"], host, gbps)
-                _shape(["ip", "netns", "exec", ns, "tc"], NODE_IF, gbps)
+                self._shape_link(k, gbps)
             if self.latency_ms:
                 _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", NODE_IF, "parent", "1:1" if gbps
                      else "root", "netem", "delay", f"{self.latency_ms}ms")
+
+    def _shape_link(self, node: int, gbps: float, verb: str = "add") -> None:
+        _shape(["tc"], self.host_links[node], gbps, verb)
+        _shape(["ip", "netns", "exec", self.namespaces[node], "tc"], NODE_IF, gbps, verb)
+
+    def slow_down(self) -> None:
+        """The slow node's link, both ends, to slow_gbps now (`tc qdisc replace`: shaped or not before)."""
+        self._shape_link(self.slow_node, self.slow_gbps, "replace")
 
     def remove(self) -> None:
         """Every namespace and link of this job, by name (a veth's two ends go together)."""
@@ -153,12 +162,12 @@ class EmulatedNodes:
             _run("ip", "link", "del", link, check=False)
 
 
-def _shape(tc: list[str], dev: str, gbps: float) -> None:
+def _shape(tc: list[str], dev: str, gbps: float, verb: str = "add") -> None:
     """A token bucket at `gbps` on `dev`'s egress: a burst of 1 ms of traffic (at least 64 KiB), and at most
-    100 ms of queue."""
+    100 ms of queue. `verb`: tc's add, or replace (whatever root qdisc was there)."""
     rate_bytes = gbps * 1e9 / 8
     burst = max(int(rate_bytes / 1000), 64 * 1024)
-    _run(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", f"{gbps}gbit", "burst", str(burst),
+    _run(*tc, "qdisc", verb, "dev", dev, "root", "handle", "1:", "tbf", "rate", f"{gbps}gbit", "burst", str(burst),
          "latency", "100ms")
 
 

@@ -10,7 +10,9 @@ share its folder and, under slurm_local, this machine. Nothing this job started 
 
 network=emulated (launcher/emulated_network.py): one launch.py runs every node of the job, one torchrun
 per node inside the node's network namespace, each with the command a real node would run; it waits
-for all of them and stops all of them, and the namespaces and links go with the job.
+for all of them and stops all of them, and the namespaces and links go with the job. With
+`network.slow_step` it also turns the slow node's link slow at that step (`SlowLinkFrom`), and records
+every injected slow link in results.json (`summary.injected_link`).
 
 Multi-node: torchrun's *static* rendezvous, not c10d. c10d numbers the nodes in order of
 (hostname, pid) and ignores `--node-rank` (torchrun warns so), which could put global rank 0, the
@@ -20,6 +22,7 @@ one that writes results.json and the W&B run, on any node. Static makes node_ran
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_lab.arithmetic.stats import summarize_steps
 from ddp_lab.jobdir import (
     RESULTS,
+    STEPS,
     make_results,
     node_file,
     read_results,
@@ -145,14 +149,46 @@ def _emulated(cfg: DictConfig):
     if network is None or network.name != "emulated":
         return nullcontext()
     return EmulatedNodes(network.nodes, network.gbps, network.latency_ms, slow_node=network.slow_node,
-                         slow_gbps=network.slow_gbps)
+                         slow_gbps=network.slow_gbps, slow_later=bool(network.slow_step))
 
 
-def _wait(children: list[subprocess.Popen], timeout_s: float) -> int | None:
+class SlowLinkFrom:
+    """network.slow_step: turns the slow node's link slow once rank 0 has recorded the step before it (read
+    from JOB/steps.jsonl as it grows, only its new bytes each tick), and says what was injected and when
+    (`record()`: results.json's `summary.injected_link`)."""
+
+    def __init__(self, cfg: DictConfig, job_dir: Path, net: EmulatedNodes | None):
+        network = OmegaConf.select(cfg, "network")
+        slow = net is not None and network.slow_node is not None
+        self.net, self.path = net, job_dir / STEPS
+        self.step = network.slow_step if slow else None
+        self.injected = ({"kind": "slow link", "node": int(network.slow_node), "gbps": float(network.slow_gbps),
+                          "step": int(network.slow_step)} if slow else None)
+        self.offset, self.done = 0, 0  # bytes of steps.jsonl read; steps recorded (the next one's index)
+        self.made_in_step = 0 if slow and not self.step else None
+
+    def tick(self) -> None:
+        if self.step is None or self.made_in_step is not None or not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            *complete, _ = f.read().split(b"\n")  # the last piece: a line still being written, or b""
+        for line in complete:
+            self.offset += len(line) + 1
+            self.done = json.loads(line)["step"] + 1
+        if self.done >= self.step:
+            self.net.slow_down()
+            self.made_in_step = self.done  # the step rank 0 was in once both ends had changed (or later)
+
+    def record(self) -> dict | None:
+        return None if self.injected is None else {**self.injected, "made_in_step": self.made_in_step}
+
+
+def _wait(children: list[subprocess.Popen], timeout_s: float, tick=lambda: None) -> int | None:
     """Until every child has ended, or one has failed: returns the index of the first that failed (None:
     none did); TimeoutExpired after `timeout_s` (0: no limit). One failed node fails the job, and the
     other nodes are stopped (by the caller), not waited for: their ranks could wait on the failed ones
-    for ever (emulated nodes, a rank hung alone on its node)."""
+    for ever (emulated nodes, a rank hung alone on its node). `tick()` runs every 0.1 s meanwhile."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     while any(child.poll() is None for child in children):
         failed = [i for i, child in enumerate(children) if child.poll() not in (None, 0)]
@@ -160,6 +196,7 @@ def _wait(children: list[subprocess.Popen], timeout_s: float) -> int | None:
             return failed[0]
         if deadline is not None and time.monotonic() > deadline:
             raise subprocess.TimeoutExpired("torchrun", timeout_s)
+        tick()
         time.sleep(0.1)
     failed = [i for i, child in enumerate(children) if child.returncode != 0]
     return failed[0] if failed else None
@@ -177,12 +214,13 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted)}
     try:
         with _emulated(cfg) as net:  # network=emulated: removed on every way out of this block
+            link = SlowLinkFrom(cfg, job_dir, net)
             try:
                 for node, command, env in node_launches(cfg, job_dir, net):
                     with open(job_dir / torchrun_log(node), "ab") as log:
                         children.append((node, subprocess.Popen(command, env=env, stderr=log,
                                                                 start_new_session=True)))
-                first_failed = _wait([child for _, child in children], cfg.launcher.watchdog_s)
+                first_failed = _wait([child for _, child in children], cfg.launcher.watchdog_s, link.tick)
             except subprocess.TimeoutExpired:
                 stopped = "watchdog"
             except (KeyboardInterrupt, Interrupted):
@@ -203,7 +241,7 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
     if late and stopped is None and returncode != 0:
         stopped = "interrupted"
     results = finalize(cfg, job_dir, returncode, stopped, oom_kills() > oom_before,
-                       log_node=failed[0][0] if failed else cfg.launcher.node_rank)
+                       log_node=failed[0][0] if failed else cfg.launcher.node_rank, injected_link=link.record())
     if late and stopped != "interrupted":
         signal.raise_signal(late[0])  # the job was over when it came: pass it on to the sweep
     return results
@@ -214,10 +252,11 @@ def _raise_interrupted(signum, frame):
 
 
 def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: str | None,
-             oom_killed: bool = False, log_node: int | None = None) -> dict:
+             oom_killed: bool = False, log_node: int | None = None, injected_link: dict | None = None) -> dict:
     """Keep rank 0's results when the job succeeded; otherwise write a failed/interrupted record
     that keeps every step already measured. A node other than node_rank 0 writes node{N}.json.
-    `log_node`: the node whose torchrun log explains a failure (an emulated job's failing node)."""
+    `log_node`: the node whose torchrun log explains a failure (an emulated job's failing node);
+    `injected_link`: the slow link this launcher made (SlowLinkFrom.record), added to the summary."""
     node = cfg.launcher.node_rank
     results = read_results(job_dir) if node == 0 else None
     if returncode == 0 and stopped is None and (results is not None or node > 0):
@@ -240,9 +279,14 @@ def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: st
         write_json_atomic(job_dir / node_file(node), record)
         return {**record, "config": OmegaConf.to_container(cfg, resolve=True), "summary": {}, "steps": []}
     if status == "ok":
+        if injected_link is not None:
+            results["summary"]["injected_link"] = injected_link
+            write_json_atomic(job_dir / RESULTS, results)
         return results
     steps = results["steps"] if results else read_steps(job_dir)
     summary = results["summary"] if results else (summarize_steps(steps, cfg) if steps else {})
+    if injected_link is not None:
+        summary = {**summary, "injected_link": injected_link}
     env = results["env"] if results else {"world_size": cfg.world_size}
     results = make_results(status, error, OmegaConf.to_container(cfg, resolve=True), env, summary, steps)
     write_json_atomic(job_dir / RESULTS, results)

@@ -14,6 +14,7 @@ on real machines), nothing is gathered and no figure is made (`summary.straggler
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections import Counter, defaultdict
@@ -21,7 +22,15 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from ddp_lab.arithmetic.skew import aligned, blame, exposure, exposure_table, per_collective, step_figures, verdict
+from ddp_lab.arithmetic.skew import (
+    aligned,
+    exposure,
+    exposure_table,
+    node_stamps,
+    step_evidence,
+    step_figures,
+    verdict,
+)
 from ddp_lab.spec.figures import FWD_BWD, SYNC
 
 MULTI_HOST = "the ranks are on several hosts, whose clocks differ: no skew is measured"
@@ -34,8 +43,10 @@ class ArrivalWatch:
 
     def __init__(self, warmup_steps: int):
         hosts = [None] * dist.get_world_size()
-        dist.all_gather_object(hosts, socket.gethostname())
-        self.why_not = ONE_RANK if len(hosts) == 1 else MULTI_HOST if len(set(hosts)) > 1 else None
+        # torchrun's GROUP_RANK: this rank's node (an emulated node is a node of one host)
+        dist.all_gather_object(hosts, (socket.gethostname(), int(os.environ.get("GROUP_RANK", 0))))
+        self.nodes = [node for _, node in hosts]
+        self.why_not = ONE_RANK if len(hosts) == 1 else MULTI_HOST if len({h for h, _ in hosts}) > 1 else None
         self.one_host = self.why_not is None  # and more than one rank: stamps to compare
         self.warmup_steps, self.rank = warmup_steps, dist.get_rank()
         self.steps: list[dict] = []
@@ -63,11 +74,11 @@ class ArrivalWatch:
         if self.rank != 0 or not aligned(stamps):
             return {}
         if step >= self.warmup_steps:
-            late = [0] * len(stamps)
-            for c in per_collective(stamps):
-                late[c["late_rank"]] += 1
-            self.steps.append({"blame": blame(stamps), "last": late, "step_ms": max(g[3] for g in gathered),
-                               "phases": {"data": [g[1] for g in gathered], "compute": [g[2] for g in gathered]}})
+            record = {**step_evidence(stamps), "step_ms": max(g[3] for g in gathered),
+                      "phases": {"data": [g[1] for g in gathered], "compute": [g[2] for g in gathered]}}
+            if len(set(self.nodes)) > 1:
+                record |= {"nodes": self.nodes, "per_node": step_evidence(node_stamps(stamps, self.nodes))}
+            self.steps.append(record)
             windows = [g[4] for g in gathered]
             if all(None not in w for w in windows):
                 self.exposed[tuple(comm.sizes)].append(exposure(stamps, windows))

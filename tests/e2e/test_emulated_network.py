@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from ddp_lab.launcher.emulated_network import EmulatedNodes, ours, problem, remove_stale
-from tests.helpers.launching import FAST, ROOT, launch, results
+from tests.helpers.launching import FAST, NARROW, ROOT, launch, results
 from tests.helpers.processes import leftovers, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(problem() is not None, reason=str(problem()))]
@@ -63,6 +63,22 @@ def test_the_low_bandwidth_methods_across_emulated_nodes(tmp_path, untouched, kn
     out = results(tmp_path / "run")
     assert out["status"] == "ok" and out["env"]["world_size"] == 4
     assert sum(s["comm_bytes"] for s in out["steps"]) > 0 and out["summary"]["comm_ms"]["p50"] >= 0
+
+
+def test_a_link_turned_slow_at_a_step_slows_the_steps_after_it_and_is_recorded(tmp_path, untouched):
+    """network.slow_step: node 1's link from 1 Gbit/s to 0.05 at step 4 of 8 (model=tiny at 1/50: 2.6 MB of
+    gradient a step, 1/3 s at that rate, 20 ms before)."""
+    proc = launch(*ONE_PER_NODE, "model=tiny", *NARROW, "train.steps=8", "network.slow_node=1",
+                  "network.slow_gbps=0.05", "network.slow_step=4", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = results(tmp_path / "run")
+    link = out["summary"]["injected_link"]
+    assert link == {"kind": "slow link", "node": 1, "gbps": 0.05, "step": 4, "made_in_step": link["made_in_step"]}
+    assert link["made_in_step"] in (4, 5)  # made once step 3 was recorded: early in step 4, or the next one
+    comm = [s["comm_ms"] for s in out["steps"]]
+    before, after = max(comm[1:4]), min(comm[link["made_in_step"] + 1:])
+    assert after > 3 * before, comm
+    assert "node 1 link 0.05 Gbit/s from step" in proc.stdout  # the end-of-run table's injected cell
 
 
 def test_ctrl_c_mid_run(tmp_path, untouched):

@@ -14,8 +14,11 @@ from ddp_lab.arithmetic.skew import (
     exposure,
     exposure_table,
     late_start_rule,
+    lateness,
+    node_stamps,
     per_collective,
     per_rank,
+    step_evidence,
     step_figures,
     traceml_rule,
     verdict,
@@ -158,3 +161,67 @@ def test_the_tables_cells():
     assert straggler_text({"rank": None, "why": "no rank stands out"}) is None and straggler_text(None) is None
     assert injected_text({"kind": "slow", "rank": 1, "step": 2, "slowdown": 3.0}) == "slow 3x rank 1"
     assert injected_text({"kind": "hang", "rank": -1, "step": 1}) == "hang every rank"
+
+
+def _measured(stamps, compute=(50, 50, 50), nodes=None, step_ms=100.0):
+    """A step as rank/straggler.py records it, from stamps (the phases say nothing unless given)."""
+    step = {**step_evidence(stamps), "step_ms": step_ms,
+            "phases": {"data": [1] * len(stamps), "compute": list(compute)[: len(stamps)]}}
+    if nodes:
+        step |= {"nodes": nodes, "per_node": step_evidence(node_stamps(stamps, nodes))}
+    return step
+
+
+# 3 ranks, two blocking collectives (each rank enters the second 5 ms after the first completed on it).
+# LINK: the first completes 20 ms later on rank 2 (the transfer into it ended late): it enters the second late.
+# WORK: the first completes together; rank 2 works 25 ms before the second instead of 5.
+LINK = [[(0.0, 0.010), (0.015, 0.040)], [(0.0, 0.010), (0.015, 0.040)], [(0.0, 0.030), (0.035, 0.040)]]
+WORK = [[(0.0, 0.010), (0.015, 0.040)], [(0.0, 0.010), (0.015, 0.040)], [(0.0, 0.010), (0.035, 0.040)]]
+
+
+def test_lateness_splits_into_the_link_into_the_rank_and_its_own_work():
+    assert lateness(LINK)["link"] == pytest.approx([0, 0, 20]) and lateness(LINK)["work"][2] == pytest.approx(0)
+    assert lateness(WORK)["work"] == pytest.approx([0, 0, 20]) and lateness(WORK)["link"][2] == pytest.approx(0)
+    # Issued while the one before was in flight (overlap): that completion did not hold it, all work.
+    overlapped = [[(0.0, 0.050), (0.015, 0.060)], [(0.0, 0.050), (0.015, 0.060)], [(0.0, 0.070), (0.035, 0.070)]]
+    assert lateness(overlapped)["link"] == [0, 0, 0] and lateness(overlapped)["work"][2] == pytest.approx(20)
+
+
+def test_a_rank_late_because_the_transfer_into_it_ended_late_is_blamed_on_the_link():
+    found = verdict([_measured(LINK)] * 3)
+    assert found["rank"] == 2 and found["cause"] == "link" and found["per_rank"]["late_link_ms"][2] == pytest.approx(20)
+
+
+def test_a_rank_whose_own_work_is_longer_is_compute_even_where_the_phases_hide_it():
+    # fsdp: the others wait inside forward and backward (blocking all-gathers), so their compute phase is as
+    # long as the slow rank's; its own work between collectives is what the stamps show.
+    found = verdict([_measured(WORK, compute=(80, 80, 80))] * 3)
+    assert found["rank"] == 2 and found["cause"] == "compute" and found["excess_ms"]["compute"] == 0
+
+
+def test_a_slow_node_whose_ranks_share_the_lateness_is_named_when_no_rank_stands_out():
+    # Ranks 2 and 3 (node 1) enter each of 4 collectives 30 ms after node 0's, taking turns at being last.
+    stamps = [[(0.1 * k, 0.1 * k + 0.04) for k in range(4)]] * 2 + [
+        [(0.1 * k + 0.030 + 0.001 * (k % 2 == r), 0.1 * k + 0.04) for k in range(4)] for r in (0, 1)]
+    found = verdict([_measured(stamps, compute=(50,) * 4, nodes=[0, 0, 1, 1])] * 2)
+    assert found["rank"] is None and found["node"] == 1
+    assert found["cost_ms"] == pytest.approx(4 * 31) and found["per_rank"]["blame_ms"][2] == pytest.approx(2)
+    assert found["cause"] == "compute"  # the node's own work: each collective before completed on time on it
+    assert found["nodes"] == [0, 0, 1, 1] and found["per_node"]["last"] == [0, 8]
+    # One rank of several nodes stands out: its node comes with it.
+    assert verdict([_measured(LINK, nodes=[0, 0, 1])] * 2)["node"] == 1
+
+
+def test_the_cells_of_a_node_verdict():
+    from ddp_lab.analysis.records import straggler_text
+
+    assert straggler_text({"rank": None, "node": 1, "cost_ms": 12.0, "share": 0.1, "cause": "link"}) == (
+        "node 1: 12.0 ms (10%), link")
+    assert straggler_text({"rank": 3, "node": 1, "cost_ms": 12.0, "share": 0.1, "cause": None}) == (
+        "rank 3 (node 1): 12.0 ms (10%)")
+    from ddp_lab.analysis.records import injected_text
+
+    link = {"kind": "slow link", "node": 1, "gbps": 0.25, "step": 8, "made_in_step": 8}
+    assert injected_text(None, link) == "node 1 link 0.25 Gbit/s from step 8"
+    assert injected_text({"kind": "slow", "rank": 1, "step": 2, "slowdown": 1.3}, {**link, "made_in_step": 0}) == (
+        "slow 1.3x rank 1; node 1 link 0.25 Gbit/s")

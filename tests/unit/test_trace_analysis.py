@@ -170,3 +170,26 @@ def test_timeline_png(real_traces, tmp_path):
     from ddp_lab.analysis.timeline import main
     assert main([str(real_traces / "naive"), "-o", str(tmp_path / "cli.png")]) == 0
     assert (tmp_path / "cli.png").stat().st_size > 5_000
+
+
+def test_the_timeline_has_a_bar_per_collective_coloured_by_why_it_was_exposed(tmp_path):
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from ddp_lab.analysis.timeline import WHY_COLORS, exposure_bars, plot_timeline
+    from ddp_lab.arithmetic.skew import ISSUED_AFTER, ISSUED_LATE
+
+    exposure = {"rank": 1, "steps": 5, "per_collective": [
+        {"collective": 0, "bytes": 100, "exposed_ms": 0.0, "issued_before_end_ms": 40.0, "why": None},
+        {"collective": 1, "bytes": 100, "exposed_ms": 3.0, "issued_before_end_ms": 2.0, "why": ISSUED_LATE},
+        {"collective": 2, "bytes": 50, "exposed_ms": 9.0, "issued_before_end_ms": -1.0, "why": ISSUED_AFTER}]}
+    fig, ax = plt.subplots()
+    exposure_bars(ax, exposure)
+    assert [bar.get_height() for bar in ax.patches] == [0.0, 3.0, 9.0]
+    assert [to_hex(bar.get_facecolor()) for bar in ax.patches[1:]] == [
+        to_hex(WHY_COLORS[ISSUED_LATE]), to_hex(WHY_COLORS[ISSUED_AFTER])]
+    plt.close(fig)
+    traces = [synthetic_host_trace(0), synthetic_host_trace(1, shift=30)]
+    with_bars = plot_timeline({"s": traces}, tmp_path / "bars.png", exposures={"s": exposure})
+    without = plot_timeline({"s": traces}, tmp_path / "plain.png")
+    assert with_bars.read_bytes() != without.read_bytes()
