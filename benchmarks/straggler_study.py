@@ -2,12 +2,12 @@
 
 2 emulated nodes x 2 ranks joined at 1 Gbit/s (needs root), the tiny Transformer on the built-in text, 32 steps:
 bucketed, zero2, fsdp, powersgd and local SGD (every 4 and 16 steps, with and without the outer Nesterov step),
-each clean, with rank 1 slowed 1.1x, 1.3x and 2x from step 2 (`fault.kind=slow`), and clean with node 1's link
-at 0.25 Gbit/s (`network.slow_node`). One Hydra sweep per row kind; the table (mean step time: local SGD's
-median step has no communication; the final validation loss; the verdict) is printed and the picture written
-to docs/img/straggler_study.png.
+each clean, with rank 1 slowed 1.1x, 1.3x and 2x from step 2 (`fault.kind=slow`), clean with node 1's link
+at 0.25 Gbit/s (`network.slow_node`), and clean with that link turning slow at step 16 (`network.slow_step`).
+One Hydra sweep per row kind; the table (mean step time: local SGD's median step has no communication; the
+final validation loss; the verdicts) is printed and the picture written to docs/img/straggler_study.png.
 
-    python benchmarks/straggler_study.py [OUT]                # about 26 minutes here
+    python benchmarks/straggler_study.py [OUT]                # about 32 minutes here
     python benchmarks/straggler_study.py OUT --table-only     # the table and the picture again, from OUT
 """
 
@@ -17,13 +17,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from statistics import mean
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from ddp_lab.analysis.records import straggler_text  # noqa: E402
+
 BASE = ["network=emulated", "network.nodes=2", "network.gbps=1", "world_size=4", "data=text", "model=tiny",
         "train.steps=32", "train.warmup_steps=4", "train.batch_size=8", "logger=none"]
 STRATEGIES = [("bucketed", []), ("zero2", []), ("fsdp", []), ("powersgd", []),
               ("local_sgd", ["strategy.sync_every=4,16", "strategy.outer=none,nesterov"])]
 SLOWDOWNS = [1.1, 1.3, 2.0]
+SLOW_LINK = ["network.slow_node=1", "network.slow_gbps=0.25"]
+LINK_STEP = 16  # the step the link turns slow at, in the last kind of row
 
 
 def sweep(out: Path, name: str, *overrides: str) -> None:
@@ -42,11 +48,21 @@ def rows(out: Path) -> list[dict]:
         fault, net = cfg["fault"], cfg["network"]
         slowdown = float(fault["slowdown"]) if fault["kind"] == "slow" else 1.0
         straggler = summary.get("straggler") or {}
-        found.append({"strategy": strategy, "slowdown": slowdown, "slow_link": net.get("slow_gbps") is not None,
+        link = "none" if net.get("slow_gbps") is None else "from step" if net.get("slow_step") else "whole run"
+        made = (summary.get("injected_link") or {}).get("made_in_step")
+        times = [(s["step"], s["step_time_ms"]) for s in res.get("steps") or [] if s["step"] >= 4]
+        found.append({"strategy": strategy, "slowdown": slowdown, "slow_link": link,
                       "status": res["status"], "step_ms": (summary.get("step_time_ms") or {}).get("mean"),
                       "val_loss": summary.get("final_val_loss"), "named": straggler.get("rank"),
-                      "cost_ms": straggler.get("cost_ms"), "skew_ms": (summary.get("skew_ms") or {}).get("p50")})
+                      "verdict": straggler_text(straggler), "cost_ms": straggler.get("cost_ms"),
+                      "skew_ms": (summary.get("skew_ms") or {}).get("p50"),
+                      "before_ms": _mean([t for step, t in times if made is not None and step < made]),
+                      "after_ms": _mean([t for step, t in times if made is not None and step > made])})
     return found
+
+
+def _mean(values: list[float]) -> float | None:
+    return mean(values) if values else None
 
 
 def picture(table: list[dict], path: Path) -> None:
@@ -58,7 +74,7 @@ def picture(table: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for strategy in dict.fromkeys(r["strategy"] for r in table):
         points = sorted((r["slowdown"], r["step_ms"]) for r in table
-                        if r["strategy"] == strategy and not r["slow_link"] and r["step_ms"])
+                        if r["strategy"] == strategy and r["slow_link"] == "none" and r["step_ms"])
         ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=strategy)
     ax.set_xlabel("rank 1's compute slowdown (x)")
     ax.set_ylabel("mean step time (ms)")
@@ -75,18 +91,26 @@ def main() -> None:
         sweep(out, f"{name}_clean", f"strategy={name}", *knobs)
         sweep(out, f"{name}_slow", f"strategy={name}", *knobs, "fault.kind=slow", "fault.rank=1", "fault.step=2",
               "fault.slowdown=" + ",".join(map(str, SLOWDOWNS)))
-        sweep(out, f"{name}_slow_link", f"strategy={name}", *knobs, "network.slow_node=1", "network.slow_gbps=0.25")
+        sweep(out, f"{name}_slow_link", f"strategy={name}", *knobs, *SLOW_LINK)
+        sweep(out, f"{name}_slow_link_from_{LINK_STEP}", f"strategy={name}", *knobs, *SLOW_LINK,
+              f"network.slow_step={LINK_STEP}")
     table = rows(out)
     (out / "study.json").write_text(json.dumps(table, indent=1))
     picture(table, ROOT / "docs" / "img" / "straggler_study.png")
     print("| strategy | clean ms | 1.1x | 1.3x | 2x | node 1's link at 0.25 Gbit/s | val loss | named at 1.3x / 2x "
-          "|\n|---|---|---|---|---|---|---|---|")
+          f"| verdict, 2x | verdict, slow link | link slow from step {LINK_STEP}: ms before / after | verdict |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for strategy in dict.fromkeys(r["strategy"] for r in table):
         at = {(r["slowdown"], r["slow_link"]): r for r in table if r["strategy"] == strategy}
-        named = [at.get((x, False), {}).get("named") for x in (1.3, 2.0)]
-        print(f"| {strategy} | {_cell(at, (1.0, False))} | {_cell(at, (1.1, False))} | {_cell(at, (1.3, False))} | "
-              f"{_cell(at, (2.0, False))} | {_cell(at, (1.0, True))} | {_cell(at, (1.0, False), 'val_loss')} | "
-              + " / ".join("-" if n is None else f"rank {n}" for n in named) + " |")
+        named = " / ".join("-" if n is None else f"rank {n}" for n in (at.get((x, "none"), {}).get("named")
+                                                                       for x in (1.3, 2.0)))
+        later = at.get((1.0, "from step"), {})
+        print(f"| {strategy} | {_cell(at, (1.0, 'none'))} | {_cell(at, (1.1, 'none'))} | "
+              f"{_cell(at, (1.3, 'none'))} | {_cell(at, (2.0, 'none'))} | {_cell(at, (1.0, 'whole run'))} | "
+              f"{_cell(at, (1.0, 'none'), 'val_loss')} | {named} | {at.get((2.0, 'none'), {}).get('verdict') or '-'} | "
+              f"{at.get((1.0, 'whole run'), {}).get('verdict') or '-'} | "
+              f"{_cell(at, (1.0, 'from step'), 'before_ms')} / {_cell(at, (1.0, 'from step'), 'after_ms')} | "
+              f"{later.get('verdict') or '-'} |")
 
 
 def _cell(at: dict, key: tuple, figure: str = "step_ms") -> str:
