@@ -279,6 +279,9 @@ class FaultConfig:
     kind: FaultKind = FaultKind.none
     rank: int = 0
     """-1: every rank."""
+    node: Optional[int] = None
+    """Every rank of this node instead of `rank` (torchrun's GROUP_RANK: a node of launcher.nnodes, or an
+    emulated node): a slow node."""
     step: int = 0
     slowdown: float = 2.0
     """kind=slow: the rank's forward and backward take this many times as long, from `step` on (> 1)."""

@@ -145,7 +145,8 @@ def injected_text(fault: dict | None, link: dict | None = None) -> str | None:
     parts = []
     if fault:
         what = f"slow {fault['slowdown']:g}x" if fault["kind"] == "slow" else fault["kind"]
-        parts.append(f"{what} rank {fault['rank']}" if fault["rank"] >= 0 else f"{what} every rank")
+        parts.append(f"{what} node {fault['node']}" if fault.get("node") is not None else
+                     f"{what} rank {fault['rank']}" if fault["rank"] >= 0 else f"{what} every rank")
     if link:
         parts.append(f"node {link['node']} link {link['gbps']:g} Gbit/s"
                      + (f" from step {link['made_in_step']}" if link.get("made_in_step") else ""))

@@ -62,6 +62,9 @@ def validate(cfg: DictConfig) -> None:
              f"launcher.watchdog_s must be >= 0 seconds (0 = off), got {cfg.launcher.watchdog_s}")
     _require(-1 <= cfg.fault.rank < ws,
              f"fault.rank={cfg.fault.rank} must be a rank in [0, {ws - 1}], or -1 for every rank")
+    nodes = cfg.network.nodes if OmegaConf.select(cfg, "network.name") == "emulated" else nnodes
+    _require(cfg.fault.node is None or 0 <= cfg.fault.node < nodes,
+             f"fault.node={cfg.fault.node} must be a node in [0, {nodes - 1}] (network.nodes or launcher.nnodes)")
     _require(cfg.fault.kind != "slow" or cfg.fault.slowdown > 1,
              f"fault.slowdown={cfg.fault.slowdown} must be > 1 (times as long) with fault.kind=slow")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")

@@ -1,4 +1,5 @@
-"""Fault injection (`fault.kind`, `fault.rank`, `fault.step`): make a rank fail on purpose, or slow.
+"""Fault injection (`fault.kind`, `fault.rank` or `fault.node`, `fault.step`): make a rank (or every rank of a
+node) fail on purpose, or slow.
 
 For testing what a failure does to a job and a sweep: a crash must end the job with a status that
 names the rank, a hang must be ended by the collective timeout (or, with `fault.rank=-1`, every
@@ -17,6 +18,7 @@ from the other ranks). The optimizer step and the data are not slowed.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 
@@ -38,7 +40,16 @@ def injected(fault) -> dict | None:
     if kind == "none":
         return None
     return {"kind": kind, "rank": int(fault.rank), "step": int(fault.step),
+            **({"node": int(fault.node)} if getattr(fault, "node", None) is not None else {}),
             **({"slowdown": float(fault.slowdown)} if kind == "slow" else {})}
+
+
+def aimed_at(fault, rank: int) -> bool:
+    """Whether `fault` is this rank's: every rank of fault.node (torchrun's GROUP_RANK) where it is given, else
+    fault.rank (-1: every rank)."""
+    if getattr(fault, "node", None) is not None:
+        return int(os.environ.get("GROUP_RANK", 0)) == fault.node
+    return fault.rank in (rank, -1)
 
 
 def maybe_inject_fault(fault, rank: int, step: int, slow: SlowCompute | None = None) -> None:
@@ -48,7 +59,7 @@ def maybe_inject_fault(fault, rank: int, step: int, slow: SlowCompute | None = N
     if slow is not None:
         slow.active, slow.slept_s = step >= fault.step, 0.0  # what a held-out loss slept is no step's
     kind = str(getattr(fault.kind, "value", fault.kind))
-    if kind in ("none", "slow") or fault.rank not in (rank, -1) or step != fault.step:
+    if kind in ("none", "slow") or not aimed_at(fault, rank) or step != fault.step:
         return
     if restart_count() > 0:
         return
@@ -106,7 +117,7 @@ def slow_compute(fault, rank: int, module: nn.Module) -> SlowCompute | None:
     figure to reduce. None without it."""
     if str(getattr(fault.kind, "value", fault.kind)) != "slow":
         return None
-    return SlowCompute(module, float(fault.slowdown) if fault.rank in (rank, -1) else 1.0)
+    return SlowCompute(module, float(fault.slowdown) if aimed_at(fault, rank) else 1.0)
 
 
 def run_out_of_memory() -> None:

@@ -71,6 +71,8 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "network=emulated network.slow_node=1": "network.slow_node and network.slow_gbps go together",
     "network=emulated network.slow_node=2 network.slow_gbps=0.5": "network.slow_node must be a node in [0, 1]",
     "network=emulated network.slow_node=0 network.slow_gbps=0": "network.slow_gbps must be > 0 Gbit/s",
+    "network=emulated fault.kind=slow fault.node=2": "fault.node=2 must be a node in [0, 1]",
+    "fault.kind=slow fault.node=1": "fault.node=1 must be a node in [0, 0]",
     "network=emulated network.slow_step=2": "network.slow_step needs network.slow_node and network.slow_gbps",
     "network=emulated network.slow_node=1 network.slow_gbps=0.5 network.slow_step=20 train.steps=20":
         "network.slow_step must be a step of the run, in [1, 19]",

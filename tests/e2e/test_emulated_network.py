@@ -81,6 +81,18 @@ def test_a_link_turned_slow_at_a_step_slows_the_steps_after_it_and_is_recorded(t
     assert "node 1 link 0.05 Gbit/s from step" in proc.stdout  # the end-of-run table's injected cell
 
 
+def test_a_slow_node_is_named_by_its_node(tmp_path, untouched):
+    """fault.node=1: both ranks of node 1 three times slower (unshaped links, so their lateness is what a
+    step waits for); the verdict names node 1, as a node, or as one of its ranks where one of the two stands
+    out by chance (4 ranks share 2 cores here)."""
+    proc = launch(*EMULATED, "network.gbps=null", "model=tiny", *NARROW, "train.steps=8", "fault.kind=slow",
+                  "fault.node=1", "fault.step=1", "fault.slowdown=3", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = results(tmp_path / "run")["summary"]["straggler"]
+    assert found["node"] == 1 and found["rank"] in (None, 2, 3) and found["nodes"] == [0, 0, 1, 1], found
+    assert found["cause"] == "compute" and "slow 3x node 1" in proc.stdout
+
+
 def test_ctrl_c_mid_run(tmp_path, untouched):
     job = tmp_path / "run"
     args = [sys.executable, str(ROOT / "launch.py"), *ONE_PER_NODE, "fault.kind=hang", "fault.rank=-1",

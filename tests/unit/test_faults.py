@@ -65,3 +65,20 @@ def test_results_record_the_injection():
     assert injected(Fault) == {"kind": "slow", "rank": 1, "step": 3, "slowdown": 1.5}
     Fault.kind = "none"
     assert injected(Fault) is None
+
+
+def test_a_fault_on_a_node_is_every_rank_of_it_and_is_recorded(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from ddp_lab.rank.faults import aimed_at
+
+    fault = OmegaConf.create({"kind": "slow", "rank": 0, "node": 1, "step": 2, "slowdown": 2.0})
+    monkeypatch.setenv("GROUP_RANK", "1")  # torchrun's: this rank's node
+    assert aimed_at(fault, rank=2) and aimed_at(fault, rank=3)
+    monkeypatch.setenv("GROUP_RANK", "0")
+    assert not aimed_at(fault, rank=0)  # fault.rank=0 is not used where a node is given
+    assert injected(fault) == {"kind": "slow", "rank": 0, "step": 2, "node": 1, "slowdown": 2.0}
+    from ddp_lab.analysis.records import injected_text
+
+    assert injected_text(injected(fault)) == "slow 2x node 1"
+    assert aimed_at(OmegaConf.create({"rank": -1, "node": None}), rank=3)
