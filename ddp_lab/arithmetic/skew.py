@@ -107,9 +107,9 @@ def blame(stamps: Stamps) -> list[float]:
 
 
 def lateness(stamps: Stamps) -> dict:
-    """Each rank's lateness (ms) at the collectives it arrived last at, summed and split: `link`, the part by
-    which the collective before (on its own clock of issue) completed later on it than the others' median
-    completion of it, where it waited for that completion before entering (its entry after it); `work`, the
+    """Each rank's lateness (ms: its entry minus the others' median entry) at the collectives it arrived last
+    at, summed and split: `link`, the part by which the collective before it (in issue order) completed later
+    on it than the others' median completion of it, where it entered after that completion; `work`, the
     rest. A collective it issued while the one before was still in flight (overlap) is all `work`: that
     completion did not hold it. The first collective of a step has no collective before it here: all `work`
     (its draw of the batch and its forward are in it)."""
@@ -214,7 +214,7 @@ def evidence(steps: list[dict]) -> dict:
     `steps`: per step {"step_ms", "phases": {"data": [ms per rank], "compute": [ms per rank]}} with the ranks'
     `step_evidence` ("blame", "last", and "late_link", "late_work" where measured), and optionally "nodes"
     (each rank's node) and "per_node" (the nodes' `step_evidence`) (rank/straggler.py gathers them)."""
-    out = {"per_rank": _means([{**s, **{f"{p}": v for p, v in s["phases"].items()}} for s in steps]),
+    out = {"per_rank": _means([{**s, **s["phases"]} for s in steps]),
            "step_ms": mean(s["step_ms"] for s in steps)}
     if steps[0].get("per_node"):
         out["per_node"] = _means([s["per_node"] for s in steps])
