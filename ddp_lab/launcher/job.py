@@ -47,6 +47,7 @@ from ddp_lab.jobdir import (
 from ddp_lab.launcher.emulated_network import NODE_IF, EmulatedNodes
 from ddp_lab.launcher.failures import diagnose, oom_kills
 from ddp_lab.launcher.resume import set_aside_previous_attempt
+from ddp_lab.spec.injection import injected, injected_link
 
 GRACE_S = 15  # torchrun's own SIGTERM-to-SIGKILL wait is 30 s: the launcher does not wait that long
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -158,14 +159,11 @@ class SlowLinkFrom:
     (`record()`: results.json's `summary.injected_link`)."""
 
     def __init__(self, cfg: DictConfig, job_dir: Path, net: EmulatedNodes | None):
-        network = OmegaConf.select(cfg, "network")
-        slow = net is not None and network.slow_node is not None
+        self.injected = injected_link(OmegaConf.select(cfg, "network")) if net is not None else None
         self.net, self.path = net, job_dir / STEPS
-        self.step = network.slow_step if slow else None
-        self.injected = ({"kind": "slow link", "node": int(network.slow_node), "gbps": float(network.slow_gbps),
-                          "step": int(network.slow_step)} if slow else None)
+        self.step = self.injected["step"] if self.injected else None
         self.offset, self.done = 0, 0  # bytes of steps.jsonl read; steps recorded (the next one's index)
-        self.made_in_step = 0 if slow and not self.step else None
+        self.made_in_step = 0 if self.injected and not self.step else None
 
     def tick(self) -> None:
         if self.step is None or self.made_in_step is not None or not self.path.exists():
@@ -241,7 +239,7 @@ def run_job(cfg: DictConfig, job_dir: Path) -> dict:
     if late and stopped is None and returncode != 0:
         stopped = "interrupted"
     results = finalize(cfg, job_dir, returncode, stopped, oom_kills() > oom_before,
-                       log_node=failed[0][0] if failed else cfg.launcher.node_rank, injected_link=link.record())
+                       log_node=failed[0][0] if failed else cfg.launcher.node_rank, link=link.record())
     if late and stopped != "interrupted":
         signal.raise_signal(late[0])  # the job was over when it came: pass it on to the sweep
     return results
@@ -252,11 +250,11 @@ def _raise_interrupted(signum, frame):
 
 
 def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: str | None,
-             oom_killed: bool = False, log_node: int | None = None, injected_link: dict | None = None) -> dict:
+             oom_killed: bool = False, log_node: int | None = None, link: dict | None = None) -> dict:
     """Keep rank 0's results when the job succeeded; otherwise write a failed/interrupted record
     that keeps every step already measured. A node other than node_rank 0 writes node{N}.json.
     `log_node`: the node whose torchrun log explains a failure (an emulated job's failing node);
-    `injected_link`: the slow link this launcher made (SlowLinkFrom.record), added to the summary."""
+    `link`: the slow link this launcher made (SlowLinkFrom.record), the summary's `injected_link`."""
     node = cfg.launcher.node_rank
     results = read_results(job_dir) if node == 0 else None
     if returncode == 0 and stopped is None and (results is not None or node > 0):
@@ -279,14 +277,16 @@ def finalize(cfg: DictConfig, job_dir: Path, returncode: int | None, stopped: st
         write_json_atomic(job_dir / node_file(node), record)
         return {**record, "config": OmegaConf.to_container(cfg, resolve=True), "summary": {}, "steps": []}
     if status == "ok":
-        if injected_link is not None:
-            results["summary"]["injected_link"] = injected_link
+        if link is not None:
+            results["summary"]["injected_link"] = link
             write_json_atomic(job_dir / RESULTS, results)
         return results
     steps = results["steps"] if results else read_steps(job_dir)
     summary = results["summary"] if results else (summarize_steps(steps, cfg) if steps else {})
-    if injected_link is not None:
-        summary = {**summary, "injected_link": injected_link}
+    if results is None and OmegaConf.select(cfg, "fault") is not None:
+        summary = {**summary, "injected": injected(cfg.fault)}  # what rank 0 would have written: the cause
+    if link is not None:
+        summary = {**summary, "injected_link": link}
     env = results["env"] if results else {"world_size": cfg.world_size}
     results = make_results(status, error, OmegaConf.to_container(cfg, resolve=True), env, summary, steps)
     write_json_atomic(job_dir / RESULTS, results)

@@ -34,16 +34,6 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def injected(fault) -> dict | None:
-    """What results.json records of `fault` (`summary.injected`), None when there is none."""
-    kind = str(getattr(fault.kind, "value", fault.kind))
-    if kind == "none":
-        return None
-    return {"kind": kind, "rank": int(fault.rank), "step": int(fault.step),
-            **({"node": int(fault.node)} if getattr(fault, "node", None) is not None else {}),
-            **({"slowdown": float(fault.slowdown)} if kind == "slow" else {})}
-
-
 def aimed_at(fault, rank: int) -> bool:
     """Whether `fault` is this rank's: every rank of fault.node (torchrun's GROUP_RANK) where it is given, else
     fault.rank (-1: every rank)."""

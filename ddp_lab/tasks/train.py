@@ -23,7 +23,7 @@ from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
 from ddp_lab.rank.checkpoints import Checkpoints, restarts
 from ddp_lab.rank.data import BatchSource
-from ddp_lab.rank.faults import injected, maybe_inject_fault, slow_compute
+from ddp_lab.rank.faults import maybe_inject_fault, slow_compute
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.memory import memory_report, memory_snapshot
@@ -34,6 +34,7 @@ from ddp_lab.rank.profiler import StepProfiler
 from ddp_lab.rank.straggler import ArrivalWatch
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
+from ddp_lab.spec.injection import injected
 from ddp_lab.spec.strategies import spec_of
 
 

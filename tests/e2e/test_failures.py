@@ -42,6 +42,7 @@ def test_crash_fails_its_job_and_the_sweep_goes_on(crash_sweep):
     for failed in (jobs[1], jobs[3]):
         assert failed["error"] == "rank 1: InjectedFault: injected crash at step 2"  # the rank and the cause
         assert [s["step"] for s in failed["steps"]] == [0, 1]  # the steps measured before the crash are kept
+        assert failed["summary"]["injected"] == {"kind": "crash", "rank": 1, "step": 2}  # the launcher wrote it
     assert proc.returncode == 1  # the sweep says something failed ...
     assert "2 of 4 jobs did not end ok: 1, 3" in proc.stderr  # ... and its table which
     table = [line for line in proc.stdout.splitlines() if line.startswith("│ ")]

@@ -4,8 +4,9 @@ strategy's own hooks see a gradient; on a clock the test moves by hand, so nothi
 import torch
 from torch import nn
 
-from ddp_lab.rank.faults import SlowCompute, injected
+from ddp_lab.rank.faults import SlowCompute
 from ddp_lab.spec.figures import INJECTED_DELAY
+from ddp_lab.spec.injection import injected
 
 
 class Clock:
