@@ -4,9 +4,10 @@ which collective was exposed and why.
 After each step (outside its timed region) one `all_gather_object` brings rank 0 every rank's stamps of the
 step's collectives (entry, completion: strategies/comm_stats.py), its time drawing the step's batch, its
 forward and backward lap, and when its backward and its gradient sync ended. arithmetic/skew.py splits them
-into skew and transfer, keeps each rank's blame and each collective's exposure; at the end `verdict()` names
-the rank that made the others wait (`summary.straggler`) and `exposure()` gives the per-collective table
-(`summary.exposure`).
+into skew and transfer, keeps each rank's (and, on several nodes, each node's) blame and lateness and each
+collective's exposure; at the end `verdict()` names the rank or node that made the others wait
+(`summary.straggler`) and `exposure()` gives the per-collective table (`summary.exposure`). Each rank's
+node is torchrun's GROUP_RANK, gathered once.
 
 The stamps are one clock only on one host: where the job's ranks are on several hosts (launcher.nnodes > 1
 on real machines), nothing is gathered and no figure is made (`summary.straggler` says why).

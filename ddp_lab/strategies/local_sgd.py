@@ -160,7 +160,7 @@ class LocalSGD(DataParallelBase):
         """DiLoCo's outer state (θ at the last sync and the outer momentum, per fragment), SparseLoCo's error
         feedback, and the copies of fragments (or payloads) in flight (delay)."""
         in_flight = [flat for _, _, flat, _ in self._pending]
-        errors = [e for sparse in self._sparse or [] for e in sparse.error]
+        errors = self._errors()
         momenta = [] if self._outer_optimizer is None else [
             t for s in self._outer_optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
         return self._anchors + momenta + errors + in_flight
@@ -186,7 +186,8 @@ class LocalSGD(DataParallelBase):
 
     def checkpoint_rank_state(self) -> dict[str, torch.Tensor]:
         """Steps since the start, this rank's own parameters, buffers and optimizer moments (they differ from
-        the other ranks' between syncs), and DiLoCo's outer state (θ at the last sync, the outer momentum)."""
+        the other ranks' between syncs), and DiLoCo's outer state (θ at the last sync, the outer momentum,
+        SparseLoCo's error feedback: each rank's own)."""
         own = [p.data for p in self._params] + self._buffers_averaged
         state = {"local_sgd.steps": torch.tensor([self.steps], dtype=torch.int64)}
         if own:
@@ -194,10 +195,17 @@ class LocalSGD(DataParallelBase):
         moments = self._optimizer_state()
         if moments:
             state["local_sgd.optimizer"] = _flatten_dense_tensors(moments)
-        if self._outer_optimizer is not None:
+        if self._anchors:
             state["local_sgd.anchor"] = torch.cat([a.detach() for a in self._anchors])
+        if self._outer_optimizer is not None:
             state["local_sgd.outer_momentum"] = torch.cat([m.detach() for m in self._outer_momenta()])
+        if self._errors():
+            state["local_sgd.error_feedback"] = _flatten_dense_tensors(self._errors())
         return state
+
+    def _errors(self) -> list[torch.Tensor]:
+        """SparseLoCo's error feedback, fragment by fragment, tensor by tensor (none without it)."""
+        return [e for sparse in self._sparse or [] for e in sparse.error]
 
     @contextmanager
     def checkpoint_consensus(self, optimizer):
@@ -225,27 +233,33 @@ class LocalSGD(DataParallelBase):
         loaded (averaged) model: its steps from 0, θ at the last sync := the loaded parameters, no momentum."""
         own = [p.data for p in self._params] + self._buffers_averaged
         moments = self._optimizer_state()
-        fits = (self._sparse is None and "local_sgd.steps" in state  # SparseLoCo's state is not saved: afresh
-                and state.get("local_sgd.model", torch.empty(0)).numel() == sum(t.numel() for t in own)
-                and state.get("local_sgd.optimizer", torch.empty(0)).numel() == sum(t.numel() for t in moments)
-                and (self._outer_optimizer is None or state.get("local_sgd.anchor", torch.empty(0)).numel()
-                     == sum(a.numel() for a in self._anchors)))
+        errors = self._errors()
+        size = lambda key: state.get(key, torch.empty(0)).numel()  # noqa: E731
+        fits = ("local_sgd.steps" in state and size("local_sgd.model") == sum(t.numel() for t in own)
+                and size("local_sgd.optimizer") == sum(t.numel() for t in moments)
+                and size("local_sgd.anchor") == sum(a.numel() for a in self._anchors)
+                and size("local_sgd.error_feedback") == sum(e.numel() for e in errors))
         if self._outer_optimizer is not None:
             self._outer_optimizer.state.clear()
         if not fits:
             self.steps = 0
             for anchor, frag in zip(self._anchors, self._fragments):
                 anchor.copy_(_flatten_dense_tensors([p.detach() for p in frag]))
+            for error in errors:
+                error.zero_()
             return False
         self.steps = int(state["local_sgd.steps"].item())
         for group, key in ((own, "local_sgd.model"), (moments, "local_sgd.optimizer")):
             if group:
                 for tensor, saved in zip(group, _unflatten_dense_tensors(state[key], group)):
                     tensor.copy_(saved)
+        if errors:
+            for error, saved in zip(errors, _unflatten_dense_tensors(state["local_sgd.error_feedback"], errors)):
+                error.copy_(saved)
+        sizes = [a.numel() for a in self._anchors]
+        for anchor, saved in zip(self._anchors, state["local_sgd.anchor"].split(sizes) if sizes else []):
+            anchor.copy_(saved)
         if self._outer_optimizer is not None:
-            sizes = [a.numel() for a in self._anchors]
-            for anchor, saved in zip(self._anchors, state["local_sgd.anchor"].split(sizes)):
-                anchor.copy_(saved)
             if "local_sgd.outer_momentum" in state:
                 momenta = state["local_sgd.outer_momentum"].split(sizes)
                 for anchor, momentum in zip(self._anchors, momenta):  # read on the CPU: onto the anchor's device

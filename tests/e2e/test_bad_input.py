@@ -113,7 +113,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.outer_topk=17 strategy.outer_chunk=4": "strategy.outer_topk=17 must be in [1, "
                                                                         "outer_chunk² = 16]",
     "strategy=local_sgd strategy.outer_topk=8 strategy.outer_bits=8": "strategy.outer_bits must be 2 or 32",
-    "strategy=local_sgd strategy.outer_topk=8 checkpoint.every=2": "SparseLoCo's error feedback is not in checkpoints",
 }
 
 

@@ -109,12 +109,15 @@ def test_every_strategy_continues_bit_for_bit_at_2_ranks(tmp_path):
 OWN_STATE = [{"name": "powersgd", "start_iter": 0, "rank": 2},            # error feedback and Q from step 1
              {"name": "powersgd", "start_iter": 2},                       # plain, then compressing
              {"name": "local_sgd", "sync_every": 2, "outer": "nesterov"},  # ranks apart at the save; momentum
-             {"name": "local_sgd", "sync_every": 4}]
+             {"name": "local_sgd", "sync_every": 4},
+             {"name": "local_sgd", "sync_every": 2, "outer_topk": 4, "outer_chunk": 8},  # SparseLoCo's error feedback
+             {"name": "local_sgd", "sync_every": 4, "fragments": 2, "outer": "nesterov"}]  # streaming: one mid-round
 
 
 def test_a_strategys_own_state_continues_bit_for_bit(tmp_path):
     """powersgd's per-rank error feedback and warm-start Q; local SGD's ranks, apart between syncs, and
-    DiLoCo's outer state: 3 steps, a checkpoint, 3 more, on every rank."""
+    DiLoCo's outer state (streaming's per fragment, SparseLoCo's error feedback): 3 steps, a checkpoint, 3 more,
+    on every rank."""
     _check_continued(run_ranks(_continue, 2, OWN_STATE, ["transformer"], tmp_path, PRECISION, False, 3), exact=True)
 
 

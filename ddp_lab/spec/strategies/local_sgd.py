@@ -99,11 +99,6 @@ class LocalSGDSpec(DiLoCoSpec):
         sparse = ("outer_chunk", "outer_bits", "error_decay") if self.outer_topk is not None else ()
         return {**super().used_knobs(), **{k: getattr(self, k) for k in sparse}}
 
-    def check_checkpoints(self) -> None:
-        super().check_checkpoints()
-        require(self.outer_topk is None, "strategy.outer_topk: SparseLoCo's error feedback is not in checkpoints yet; "
-                "leave checkpoint.every=0")
-
     def check_model(self, module) -> None:
         super().check_model(module)
         persistent = [n for n, b in module.named_buffers() if b.is_floating_point() and n in module.state_dict()]
