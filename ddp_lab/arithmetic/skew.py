@@ -27,10 +27,10 @@ order is noise. Where no rank stands out and the ranks are on several nodes, the
 (a node's arrival at a collective is its last rank's): a slow node whose ranks share the lateness.
 
 Why it was late (`lateness`): at each collective it arrived last at, its lateness (its entry minus the others'
-median entry) is split into `link`, the part by which the collective before it completed later on it than on
-the others (the transfer into it ended late), and `work`, the rest (its own work between the two took
-longer). The cause is `link` when that part is most of it; else `data` when its draw of the batch explains
-it, `compute` when its forward and backward (or its work between collectives) do.
+median entry) is split into `link`, the part it carried from a collective that completed later on it than on
+the others (the transfer into it ended late), and `work`, the rest (its own work took longer). The cause is
+`link` when that part is most of it; else `data` when its draw of the batch explains it, `compute` when its
+forward and backward (or its work between collectives) do.
 
 Which collective a rank waited for after backward, and why: `exposure`.
 """
@@ -108,21 +108,22 @@ def blame(stamps: Stamps) -> list[float]:
 
 def lateness(stamps: Stamps) -> dict:
     """Each rank's lateness (ms: its entry minus the others' median entry) at the collectives it arrived last
-    at, summed and split: `link`, the part by which the collective before it (in issue order) completed later
-    on it than the others' median completion of it, where it entered after that completion; `work`, the
-    rest. A collective it issued while the one before was still in flight (overlap) is all `work`: that
-    completion did not hold it. The first collective of a step has no collective before it here: all `work`
-    (its draw of the batch and its forward are in it)."""
+    at, summed and split: `link`, the most by which a collective it had seen complete before entering
+    completed later on it than on the others (the transfer into it ended late, and it carried that lag into
+    this entry), at most the lateness; `work`, the rest (its own work took longer). Any earlier collective of
+    the step, not only the one just before in issue order: fsdp issues a prefetch between a wait and the
+    work that wait releases, and the prefetch completes on time behind that work. A rank late only in its own
+    work completes every collective with the others (the last arrival releases everyone together): no link
+    part. The first collective of a step has none before it here: all `work` (its batch's draw, its forward)."""
     out = {"link": [0.0] * len(stamps), "work": [0.0] * len(stamps)}
     for k in range(len(stamps[0])):
         entries = [s[k][0] for s in stamps]
         last = max(range(len(stamps)), key=entries.__getitem__)
         others = [r for r in range(len(stamps)) if r != last]
         late = entries[last] - median(entries[r] for r in others)
-        link = 0.0
-        if k > 0 and stamps[last][k - 1][1] <= entries[last]:
-            behind = stamps[last][k - 1][1] - median(stamps[r][k - 1][1] for r in others)
-            link = min(late, max(0.0, behind))
+        behind = [stamps[last][j][1] - median(stamps[r][j][1] for r in others)
+                  for j in range(k) if stamps[last][j][1] <= entries[last]]
+        link = min(late, max([0.0, *behind]))
         out["link"][last] += link * 1e3
         out["work"][last] += (late - link) * 1e3
     return out

@@ -225,3 +225,11 @@ def test_the_cells_of_a_node_verdict():
     assert injected_text(None, link) == "node 1 link 0.25 Gbit/s from step 8"
     assert injected_text({"kind": "slow", "rank": 1, "step": 2, "slowdown": 1.3}, {**link, "made_in_step": 0}) == (
         "slow 1.3x rank 1; node 1 link 0.25 Gbit/s")
+
+
+def test_a_lag_from_an_earlier_collective_is_still_the_link_behind_a_prefetch():
+    # fsdp: rank 2's all-gather 0 completes 20 ms late (the link); it then issues the prefetch (1), which completes
+    # with everyone's during its compute, and enters the reduce-scatter (2) 20 ms late after the same compute.
+    stamps = [[(0.0, 0.010), (0.010, 0.020), (0.030, 0.040)], [(0.0, 0.010), (0.010, 0.020), (0.030, 0.040)],
+              [(0.0, 0.030), (0.030, 0.035), (0.050, 0.055)]]
+    assert lateness(stamps)["link"][2] == pytest.approx(20 + 20) and lateness(stamps)["work"][2] == pytest.approx(0)
