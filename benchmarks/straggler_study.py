@@ -7,7 +7,7 @@ at 0.25 Gbit/s (`network.slow_node`), and clean with that link turning slow at s
 One Hydra sweep per row kind; the table (mean step time: local SGD's median step has no communication; the
 final validation loss; the verdicts) is printed and the picture written to docs/img/straggler_study.png.
 
-    python benchmarks/straggler_study.py [OUT]                # about 32 minutes here
+    python benchmarks/straggler_study.py [OUT]                # about 25 minutes here
     python benchmarks/straggler_study.py OUT --table-only     # the table and the picture again, from OUT
 """
 
@@ -97,20 +97,18 @@ def main() -> None:
     table = rows(out)
     (out / "study.json").write_text(json.dumps(table, indent=1))
     picture(table, ROOT / "docs" / "img" / "straggler_study.png")
-    print("| strategy | clean ms | 1.1x | 1.3x | 2x | node 1's link at 0.25 Gbit/s | val loss | named at 1.3x / 2x "
+    print("| strategy | clean ms | 1.1x | 1.3x | 2x | node 1's link at 0.25 Gbit/s | val loss | verdict, 1.3x "
           f"| verdict, 2x | verdict, slow link | link slow from step {LINK_STEP}: ms before / after | verdict |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for strategy in dict.fromkeys(r["strategy"] for r in table):
         at = {(r["slowdown"], r["slow_link"]): r for r in table if r["strategy"] == strategy}
-        named = " / ".join("-" if n is None else f"rank {n}" for n in (at.get((x, "none"), {}).get("named")
-                                                                       for x in (1.3, 2.0)))
-        later = at.get((1.0, "from step"), {})
+        verdicts = [at.get(key, {}).get("verdict") or "-" for key in ((1.3, "none"), (2.0, "none"),
+                                                                       (1.0, "whole run"), (1.0, "from step"))]
         print(f"| {strategy} | {_cell(at, (1.0, 'none'))} | {_cell(at, (1.1, 'none'))} | "
               f"{_cell(at, (1.3, 'none'))} | {_cell(at, (2.0, 'none'))} | {_cell(at, (1.0, 'whole run'))} | "
-              f"{_cell(at, (1.0, 'none'), 'val_loss')} | {named} | {at.get((2.0, 'none'), {}).get('verdict') or '-'} | "
-              f"{at.get((1.0, 'whole run'), {}).get('verdict') or '-'} | "
+              f"{_cell(at, (1.0, 'none'), 'val_loss')} | {' | '.join(verdicts[:3])} | "
               f"{_cell(at, (1.0, 'from step'), 'before_ms')} / {_cell(at, (1.0, 'from step'), 'after_ms')} | "
-              f"{later.get('verdict') or '-'} |")
+              f"{verdicts[3]} |")
 
 
 def _cell(at: dict, key: tuple, figure: str = "step_ms") -> str:
