@@ -15,7 +15,7 @@ depend on the link (the runs are deterministic: the 96-step table's losses are e
 seed 0's first 96 steps here equal them), so the time to a target on a link is the steps to it times the
 method's mean step time on that link from the 96-step table.
 
-    python benchmarks/low_bandwidth_study.py [OUT]              # about 80 minutes here
+    python benchmarks/low_bandwidth_study.py [OUT]              # about 65 minutes here
     python benchmarks/low_bandwidth_study.py OUT --table-only   # the table and the picture again, from OUT
 """
 
