@@ -44,7 +44,7 @@ from ddp_lab.jobdir import (
     torchrun_log,
     write_json_atomic,
 )
-from ddp_lab.launcher.emulated_network import NODE_IF, EmulatedNodes
+from ddp_lab.launcher.emulated_network import NODE_IF, EmulatedNodes, NetworkError
 from ddp_lab.launcher.failures import diagnose, oom_kills
 from ddp_lab.launcher.resume import set_aside_previous_attempt
 from ddp_lab.spec.injection import injected, injected_link
@@ -175,10 +175,15 @@ class SlowLinkFrom:
             self.offset += len(line) + 1
             self.done = json.loads(line)["step"] + 1
         if self.done >= self.step:
-            self.net.slow_down()
+            try:
+                self.net.slow_down()
+            except NetworkError as exc:  # the job goes on unshaped there: said in the record, not raised
+                self.step, self.injected = None, {**self.injected, "error": str(exc)}
+                return
             self.made_in_step = self.done  # the step rank 0 was in once both ends had changed (or later)
 
     def record(self) -> dict | None:
+        """None without a slow link; else the link, its step, and `made_in_step` (None: never made)."""
         return None if self.injected is None else {**self.injected, "made_in_step": self.made_in_step}
 
 

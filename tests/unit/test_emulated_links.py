@@ -74,6 +74,13 @@ def test_the_launcher_slows_the_link_once_rank_0_recorded_the_step_before(tmp_pa
     link.tick()
     assert net.slowed == 1
     assert link.record() == {"kind": "slow link", "node": 1, "gbps": 0.25, "step": 3, "made_in_step": 3}
+    class Broken:
+        def slow_down(self):
+            raise emulated_network.NetworkError("tc qdisc replace ...: RTNETLINK answers: No such device")
+
+    failing = SlowLinkFrom(cfg, tmp_path, Broken())
+    failing.tick()
+    assert failing.record()["made_in_step"] is None and "No such device" in failing.record()["error"]
     whole_run = OmegaConf.create({"network": {"name": "emulated", "slow_node": 0, "slow_gbps": 0.5, "slow_step": 0}})
     assert SlowLinkFrom(whole_run, tmp_path, net).record()["made_in_step"] == 0
     assert SlowLinkFrom(OmegaConf.create({"network": {"name": "host"}}), tmp_path, None).record() is None
