@@ -234,7 +234,9 @@ class LocalSGD(DataParallelBase):
         own = [p.data for p in self._params] + self._buffers_averaged
         moments = self._optimizer_state()
         errors = self._errors()
-        size = lambda key: state.get(key, torch.empty(0)).numel()  # noqa: E731
+        def size(key: str) -> int:
+            return state.get(key, torch.empty(0)).numel()
+
         fits = ("local_sgd.steps" in state and size("local_sgd.model") == sum(t.numel() for t in own)
                 and size("local_sgd.optimizer") == sum(t.numel() for t in moments)
                 and size("local_sgd.anchor") == sum(a.numel() for a in self._anchors)
