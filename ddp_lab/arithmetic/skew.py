@@ -177,10 +177,10 @@ def exposure(stamps: Stamps, windows: list[tuple[float, float]]) -> tuple[int, l
     last rank's entry, or `queued` when waiting for the link, is at least half its exposure; else it was
     `issued after backward ended` (its gradients came last: the bucket of the first layers) or `issued late`
     (backward left it less time than its transfer took)."""
-    rows_by_rank = []
+    last, rows_by_rank = arrivals(stamps), []
     for mine, (backward_end, sync_end) in zip(stamps, windows):
         rows, previous = [], float("-inf")  # the latest completion of the collectives before this one
-        for (entry, done), arrival in zip(mine, arrivals(stamps)):
+        for (entry, done), arrival in zip(mine, last):
             exposed = max(0.0, min(done, sync_end) - max(previous, backward_end, entry))
             peer = max(0.0, arrival - max(entry, previous))  # how long the last rank's entry held it
             queued = max(0.0, previous - max(entry, arrival))  # how long the link held it
@@ -279,18 +279,20 @@ def verdict(steps: list[dict]) -> dict | None:
     step_ms, ranks, nodes = seen["step_ms"], seen["per_rank"], seen.get("per_node")
     rank = _standout(ranks, step_ms)
     if rank is not None:
-        cause, excess = _cause(ranks, rank)
         where = {"node": seen["nodes"][rank]} if nodes else {}
-        return {"rank": rank, **where, "cost_ms": ranks["blame_ms"][rank], "share": ranks["blame_ms"][rank] / step_ms,
-                "cause": cause, "excess_ms": excess, "last_share": ranks["last"][rank] / max(1, sum(ranks["last"])),
-                **seen}
+        return {"rank": rank, **where, **_finding(ranks, rank, step_ms), **seen}
     node = _standout(nodes, step_ms) if nodes else None
     if node is not None:
-        cause, excess = _cause(nodes, node)
-        return {"rank": None, "node": node, "cost_ms": nodes["blame_ms"][node],
-                "share": nodes["blame_ms"][node] / step_ms, "cause": cause, "excess_ms": excess,
-                "last_share": nodes["last"][node] / max(1, sum(nodes["last"])), **seen}
+        return {"rank": None, "node": node, **_finding(nodes, node, step_ms), **seen}
     return {"rank": None, "why": "no rank stands out", **seen}
+
+
+def _finding(group: dict, who: int, step_ms: float) -> dict:
+    """What the verdict says of the rank or node `who` of `group`: its cost, share of the step, cause, the
+    phases' excess, and its share of the last arrivals."""
+    cause, excess = _cause(group, who)
+    return {"cost_ms": group["blame_ms"][who], "share": group["blame_ms"][who] / step_ms, "cause": cause,
+            "excess_ms": excess, "last_share": group["last"][who] / max(1, sum(group["last"]))}
 
 
 def traceml_rule(seen: dict) -> int | None:
