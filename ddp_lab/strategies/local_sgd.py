@@ -199,8 +199,9 @@ class LocalSGD(DataParallelBase):
             state["local_sgd.anchor"] = torch.cat([a.detach() for a in self._anchors])
         if self._outer_optimizer is not None:
             state["local_sgd.outer_momentum"] = torch.cat([m.detach() for m in self._outer_momenta()])
-        if self._errors():
-            state["local_sgd.error_feedback"] = _flatten_dense_tensors(self._errors())
+        errors = self._errors()
+        if errors:
+            state["local_sgd.error_feedback"] = _flatten_dense_tensors(errors)
         return state
 
     def _errors(self) -> list[torch.Tensor]:
