@@ -8,7 +8,8 @@ random per job (seeded: the draw is printed and kept in each job's results.json,
 detectors run on the same stamps (ddp_lab/arithmetic/skew.py): traceml's published rule (the rank with the
 shortest forward+backward, 10% impact) and HTA's late-start idea (the rank last at the most collectives).
 
-    python benchmarks/stragglers.py [OUT] [--seed 0]      # about 10 minutes here
+    python benchmarks/stragglers.py [OUT] [--seed 0]      # 16 jobs, about 10 minutes here
+    python benchmarks/stragglers.py [OUT] --clean 3       # 12 clean jobs: what chance makes the verdict say
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from ddp_lab.arithmetic.skew import late_start_rule, traceml_rule  # noqa: E402
 STRATEGIES = ["bucketed", "zero2", "fsdp", "powersgd"]
 SLOWDOWNS = [1.1, 1.3, 2.0]
 RANKS = 4
-BASE = ["model=tiny", "logger=none", f"world_size={RANKS}", "train.batch_size=8", "train.steps=8",
-        "train.warmup_steps=2", "train.eval_batches=0"]
+BASE = ["model=tiny", "logger=none", f"world_size={RANKS}", "train.batch_size=8", "train.eval_batches=0"]
+# train.steps and warmup_steps: the defaults (20, 3), so 17 measured steps, what a user's job gives the verdict
 
 
 def run(out: Path, name: str, overrides: list[str]) -> dict:
@@ -51,26 +52,34 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="?", default="outputs/bench/stragglers")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clean", type=int, default=0, metavar="N",
+                        help="only clean jobs, N per strategy: what chance alone makes the verdict say")
     args = parser.parse_args()
     out, draw = Path(args.out), random.Random(args.seed)
     rows = []
     for strategy in STRATEGIES:
-        jobs = [(None, None)] + [(slowdown, draw.randrange(RANKS)) for slowdown in SLOWDOWNS]
+        jobs = ([(None, None)] + [(slowdown, draw.randrange(RANKS)) for slowdown in SLOWDOWNS] if not args.clean
+                else [(None, None)] * args.clean)
         for slowdown, rank in jobs:
             fault = [] if slowdown is None else ["fault.kind=slow", f"fault.rank={rank}", "fault.step=1",
                                                  f"fault.slowdown={slowdown}"]
             name = f"{strategy}_{'clean' if slowdown is None else f'{slowdown}x_rank{rank}'}"
+            name += f"_{sum(r['strategy'] == strategy for r in rows)}" if args.clean else ""
             results = run(out, name, [f"strategy={strategy}", *fault])
             graded = grade(results, rank)
             found = results["summary"]["straggler"]
             rows.append({"job": name, "strategy": strategy, "slowdown": slowdown or 1.0, "truth": rank, **graded,
                          "cost_ms": found.get("cost_ms"), "share": found.get("share"), "cause": found.get("cause"),
+                         **{key: found.get(key) for key in ("held_share", "chance", "why")},
+                         "evidence": {key: found["per_rank"][key] for key in ("blame_ms", "held", "last")},
                          "step_ms": results["summary"]["step_time_ms"]["p50"]})
             print(json.dumps(rows[-1]), flush=True)
     (out / "grades.json").write_text(json.dumps(rows, indent=1))
     print("\n| slowdown | jobs | ddp-lab | traceml's rule | late start (HTA) |\n|---|---|---|---|---|")
     for slowdown in [1.0, *SLOWDOWNS]:
         these = [r for r in rows if r["slowdown"] == slowdown]
+        if not these:
+            continue
         cells = [f"{sum(r[d] for r in these)}/{len(these)}" for d in ("ddp-lab", "traceml", "late start")]
         print(f"| {slowdown:g}x{' (clean: right = no one named)' if slowdown == 1.0 else ''} | {len(these)} | "
               + " | ".join(cells) + " |")

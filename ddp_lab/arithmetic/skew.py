@@ -20,11 +20,13 @@ to the rank's comm_ms (the union of its collectives' [entry, completion]).
 
 Blame: the last-arriving rank of c alone held the others for A_c minus the second-to-last arrival. A rank's
 blame in a step is the union of those spans over the collectives it arrived last at: what the step would
-lose if that rank were as fast as the next slowest. The straggler is the rank with the most blame over the
-measured steps, named when it is also the rank most often last (HTA's "late start" count agrees), its blame
-is at least STANDOUT times any other rank's, and at least STRAGGLER_SHARE of the step: below that, arrival
-order is noise. Where no rank stands out and the ranks are on several nodes, the same rule runs on the nodes
-(a node's arrival at a collective is its last rank's): a slow node whose ranks share the lateness.
+lose if that rank were as fast as the next slowest. Each step, the rank with the most blame `held` the
+others. The straggler is the rank that held them in the most measured steps, named when that is more steps
+than chance gives one of N ranks of one speed (`chance` at most ALPHA: a consistency test, step by step,
+so that a rank late by chance in a few steps, however long, is not named) and its blame is at least
+STRAGGLER_SHARE of the step (a rank that costs less is not worth naming). Where no rank stands out and the
+ranks are on several nodes, the same rule runs on the nodes (a node's arrival at a collective is its last
+rank's): a slow node whose ranks share the lateness.
 
 Why it was late (`lateness`): at each collective it arrived last at, its lateness (its entry minus the others'
 median entry) is split into `link`, the part it carried from a collective that completed later on it than on
@@ -38,6 +40,7 @@ Which collective a rank waited for after backward, and why: `exposure`.
 from __future__ import annotations
 
 from collections import Counter
+from math import comb
 from statistics import mean, median
 
 from ddp_lab.arithmetic.intervals import merge, subtract, total
@@ -45,15 +48,11 @@ from ddp_lab.arithmetic.intervals import merge, subtract, total
 Stamps = list[list[tuple[float, float]]]
 """One step: stamps[rank][k] = (entry, completion) of the rank's k-th collective, host seconds."""
 
-STRAGGLER_SHARE = 0.05
-"""A rank is named the straggler when its blame is at least this share of the step. Measured
-(benchmarks/stragglers.py, 4 ranks on 2 cores, docs/benchmarks.md "Stragglers"): in clean runs a rank can stand
-out by chance with 3.0% of the step (powersgd, 2.2x the next rank's blame); 1.1x slow ranks that stand out
-hold 3.9-4.8%, 1.3x ones 9.5-21.5%. At 5% no clean run names anyone and every run at 1.3x or more names
-the slow rank."""
-STANDOUT = 2.0
-"""...and at least this many times any other rank's blame: in clean runs the most-blamed rank holds 1.1-2.2x
-the next one's (ranks of one speed share lateness by chance), a 1.3x slow rank 4.2-8.2x."""
+ALPHA = 0.01
+"""A rank is named only when chance would make some one of N ranks of one speed hold the others in as many of
+the measured steps with probability at most this (`chance`)."""
+STRAGGLER_SHARE = 0.02
+"""...and its blame is at least this share of the step: below it, not worth naming (module docstring)."""
 CAUSE_SHARE = 0.5
 """A cause is named when the straggler's own excess in that phase over the other ranks' median explains at
 least this share of its blame."""
@@ -208,15 +207,16 @@ def exposure_table(steps: list[list[dict]], sizes: list[int]) -> list[dict]:
 
 
 def evidence(steps: list[dict]) -> dict:
-    """Per rank, over a job's measured steps: blame_ms, late_link_ms, late_work_ms, data_ms, compute_ms (means)
-    and `last`, the collectives it arrived last at (a count); the mean step_ms; and where the ranks are on
-    several nodes, the same per node (`per_node`, from the node stamps; `nodes`: each rank's node).
+    """Per rank, over a job's measured steps: blame_ms, late_link_ms, late_work_ms, data_ms, compute_ms (means),
+    `last`, the collectives it arrived last at, and `held`, the steps in which its blame was the most (counts);
+    `steps`, how many were measured, and their mean step_ms; and where the ranks are on several nodes, the same
+    per node (`per_node`, from the node stamps; `nodes`: each rank's node).
 
     `steps`: per step {"step_ms", "phases": {"data": [ms per rank], "compute": [ms per rank]}} with the ranks'
     `step_evidence` ("blame", "last", and "late_link", "late_work" where measured), and optionally "nodes"
     (each rank's node) and "per_node" (the nodes' `step_evidence`) (rank/straggler.py gathers them)."""
     out = {"per_rank": _means([{**s, **s["phases"]} for s in steps]),
-           "step_ms": mean(s["step_ms"] for s in steps)}
+           "steps": len(steps), "step_ms": mean(s["step_ms"] for s in steps)}
     if steps[0].get("per_node"):
         out["per_node"] = _means([s["per_node"] for s in steps])
         out["nodes"] = steps[0]["nodes"]
@@ -224,8 +224,13 @@ def evidence(steps: list[dict]) -> dict:
 
 
 def _means(steps: list[dict]) -> dict:
-    """blame, late_*, and phase figures: per-index means over the steps, as `<key>_ms`; last: summed."""
-    out = {}
+    """blame, late_*, and phase figures: per-index means over the steps, as `<key>_ms`; last: summed; held: the
+    steps in which each index's blame was the one most (a tie holds no one)."""
+    out = {"held": [0] * len(steps[0]["blame"])}
+    for step in steps:
+        top = max(step["blame"])
+        if top > 0 and step["blame"].count(top) == 1:
+            out["held"][step["blame"].index(top)] += 1
     for key in steps[0]:
         values = steps[0][key]
         if key == "last":
@@ -235,14 +240,29 @@ def _means(steps: list[dict]) -> dict:
     return out
 
 
-def _standout(group: dict, step_ms: float) -> int | None:
-    """The one (rank or node) with the most blame, if it stands out (module docstring); else None."""
-    blamed, last = group["blame_ms"], group["last"]
-    who = max(range(len(blamed)), key=blamed.__getitem__)
-    runner_up = max((b for r, b in enumerate(blamed) if r != who), default=0.0)
-    if blamed[who] < STRAGGLER_SHARE * step_ms or blamed[who] < STANDOUT * runner_up or max(last) != last[who]:
+def chance(held: int, steps: int, ranks: int) -> float:
+    """The probability that, of `ranks` ranks equally likely to hold the others in each of `steps` independent
+    steps, some one holds them in at least `held` (the binomial tail of one, times `ranks`: a union bound)."""
+    p = 1 / ranks
+    return min(1.0, ranks * sum(comb(steps, i) * p**i * (1 - p) ** (steps - i) for i in range(held, steps + 1)))
+
+
+def steps_needed(ranks: int) -> int:
+    """The fewest measured steps in which a rank holding the others in every one is named (`chance` <= ALPHA)."""
+    steps = 1
+    while chance(steps, steps, ranks) > ALPHA:
+        steps += 1
+    return steps
+
+
+def _standout(group: dict, step_ms: float, steps: int) -> int | None:
+    """The one (rank or node) that held the others in the most steps, if it stands out (module docstring);
+    else None."""
+    held = group["held"]
+    who = max(range(len(held)), key=held.__getitem__)
+    if held.count(held[who]) > 1 or chance(held[who], steps, len(held)) > ALPHA:
         return None
-    return who
+    return who if group["blame_ms"][who] >= STRAGGLER_SHARE * step_ms else None
 
 
 def _cause(group: dict, who: int) -> tuple[str | None, dict]:
@@ -266,8 +286,9 @@ def _cause(group: dict, who: int) -> tuple[str | None, dict]:
 
 def verdict(steps: list[dict]) -> dict | None:
     """The straggler over a job's measured steps (None without steps): {"rank", "cost_ms", "share", "cause",
-    "excess_ms", "last_share"} with the evidence (`evidence`) and, on several nodes, its "node"; "rank" None
-    when no rank stands out, with "node" when a node does (its ranks share the lateness), else "why".
+    "excess_ms", "last_share", "held_share", "chance"} with the evidence (`evidence`) and, on several nodes,
+    its "node"; "rank" None when no rank stands out, with "node" when a node does (its ranks share the
+    lateness), else "why" (too few steps to tell, or no rank stands out).
 
     The cause: `link` when most of its lateness is the collective before completing late on it
     (`lateness`); else the phase (data, compute) in which its own time exceeds the others' median by at least
@@ -277,22 +298,28 @@ def verdict(steps: list[dict]) -> dict | None:
         return None
     seen = evidence(steps)
     step_ms, ranks, nodes = seen["step_ms"], seen["per_rank"], seen.get("per_node")
-    rank = _standout(ranks, step_ms)
+    rank = _standout(ranks, step_ms, seen["steps"])
     if rank is not None:
         where = {"node": seen["nodes"][rank]} if nodes else {}
-        return {"rank": rank, **where, **_finding(ranks, rank, step_ms), **seen}
-    node = _standout(nodes, step_ms) if nodes else None
+        return {"rank": rank, **where, **_finding(ranks, rank, seen), **seen}
+    node = _standout(nodes, step_ms, seen["steps"]) if nodes else None
     if node is not None:
-        return {"rank": None, "node": node, **_finding(nodes, node, step_ms), **seen}
-    return {"rank": None, "why": "no rank stands out", **seen}
+        return {"rank": None, "node": node, **_finding(nodes, node, seen), **seen}
+    needed = steps_needed(len(ranks["held"]))
+    why = (f"{seen['steps']} measured steps cannot tell a straggler from chance ({len(ranks['held'])} ranks need "
+           f"{needed})" if seen["steps"] < needed else "no rank stands out")
+    return {"rank": None, "why": why, **seen}
 
 
-def _finding(group: dict, who: int, step_ms: float) -> dict:
+def _finding(group: dict, who: int, seen: dict) -> dict:
     """What the verdict says of the rank or node `who` of `group`: its cost, share of the step, cause, the
-    phases' excess, and its share of the last arrivals."""
+    phases' excess, its share of the last arrivals and of the steps it held the others in, and the chance of
+    that many."""
     cause, excess = _cause(group, who)
-    return {"cost_ms": group["blame_ms"][who], "share": group["blame_ms"][who] / step_ms, "cause": cause,
-            "excess_ms": excess, "last_share": group["last"][who] / max(1, sum(group["last"]))}
+    blamed, held = group["blame_ms"][who], group["held"][who]
+    return {"cost_ms": blamed, "share": blamed / seen["step_ms"], "cause": cause, "excess_ms": excess,
+            "last_share": group["last"][who] / max(1, sum(group["last"])), "held_share": held / seen["steps"],
+            "chance": chance(held, seen["steps"], len(group["held"]))}
 
 
 def traceml_rule(seen: dict) -> int | None:

@@ -86,7 +86,7 @@ def test_a_slow_node_is_named_by_its_node(tmp_path, untouched):
     """fault.node=1: both ranks of node 1 three times slower (unshaped links, so their lateness is what a
     step waits for); the verdict names node 1, as a node, or as one of its ranks where one of the two stands
     out by chance (4 ranks share 2 cores here)."""
-    proc = launch(*EMULATED, "network.gbps=null", "model=tiny", *NARROW, "train.steps=8", "fault.kind=slow",
+    proc = launch(*EMULATED, "network.gbps=null", "model=tiny", *NARROW, "train.steps=16", "fault.kind=slow",
                   "fault.node=1", "fault.step=1", "fault.slowdown=3", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = results(tmp_path / "run")["summary"]["straggler"]

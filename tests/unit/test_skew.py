@@ -11,6 +11,7 @@ from ddp_lab.arithmetic.skew import (
     QUEUED,
     aligned,
     blame,
+    chance,
     exposure,
     exposure_table,
     late_start_rule,
@@ -20,6 +21,7 @@ from ddp_lab.arithmetic.skew import (
     per_rank,
     step_evidence,
     step_figures,
+    steps_needed,
     traceml_rule,
     verdict,
 )
@@ -80,29 +82,44 @@ def _step(blamed, last, compute, data=(1, 1, 1), step_ms=100.0):
 
 
 def test_the_verdict_names_the_rank_its_cost_and_a_compute_cause():
-    steps = [_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(4)]
+    steps = [_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(6)]
     found = verdict(steps)
     assert found["rank"] == 2 and found["cost_ms"] == pytest.approx(30) and found["share"] == pytest.approx(0.3)
     assert found["cause"] == "compute" and found["excess_ms"]["compute"] == pytest.approx(29.5)
-    assert found["last_share"] == pytest.approx(0.9)
-    assert found["per_rank"]["last"] == [0, 4, 36] and found["per_rank"]["compute_ms"] == [50, 51, 80]
+    assert found["last_share"] == pytest.approx(0.9) and found["held_share"] == 1
+    assert found["chance"] == pytest.approx(3 / 3**6)  # some one of 3 ranks holding the others in 6 of 6 steps
+    assert found["per_rank"]["last"] == [0, 6, 54] and found["per_rank"]["compute_ms"] == [50, 51, 80]
+    assert found["per_rank"]["held"] == [0, 0, 6] and found["steps"] == 6
+
+
+def test_the_chance_of_holding_the_others_in_so_many_steps():
+    assert chance(6, 6, 4) == pytest.approx(4 / 4**6)
+    assert chance(1, 6, 4) == 1  # a union bound, at most 1
+    # 4 ranks, 17 steps (the default job's measured steps): 10 is chance at 1.2%, 11 at 0.25%
+    assert chance(10, 17, 4) == pytest.approx(0.0124, abs=1e-4) and chance(11, 17, 4) == pytest.approx(0.0025, abs=1e-4)
+    assert [steps_needed(ranks) for ranks in (2, 3, 4, 8)] == [8, 6, 5, 4]
 
 
 def test_a_slow_draw_is_named_as_data():
-    steps = [_step([20, 0, 0], [5, 0, 0], [50, 50, 50], data=(21, 1, 1)) for _ in range(3)]
+    steps = [_step([20, 0, 0], [5, 0, 0], [50, 50, 50], data=(21, 1, 1)) for _ in range(6)]
     assert verdict(steps)["cause"] == "data"
 
 
-def test_no_rank_stands_out_below_the_share_or_when_another_is_last_more_often():
-    quiet = verdict([_step([0, 1, 2], [1, 1, 2], [50, 50, 50])])  # 2 ms of a 100 ms step
-    assert quiet["rank"] is None and quiet["why"] == "no rank stands out" and quiet["per_rank"]["blame_ms"] == [0, 1, 2]
-    assert verdict([_step([0, 0, 30], [0, 8, 2], [50, 50, 80])])["rank"] is None  # blame and lateness disagree
-    assert verdict([_step([0, 20, 30], [0, 2, 8], [50, 50, 80])])["rank"] is None  # 30 ms is not twice 20 ms
+def test_no_rank_stands_out_below_the_share_by_chance_or_in_too_few_steps():
+    quiet = verdict([_step([0, 1, 1.5], [1, 1, 2], [50, 50, 50])] * 6)  # every step, but 1.5 ms of 100
+    assert quiet["rank"] is None and quiet["why"] == "no rank stands out" and quiet["per_rank"]["held"] == [0, 0, 6]
+    # A rank very late in 1 step and the others in turn: 3 of 6 steps is what chance gives, however long the one.
+    turns = [_step([0, 0, 300], [0, 0, 2], [50, 50, 50])] + [_step([5, 0, 0], [2, 0, 0], [50, 50, 50])] * 2 + [
+        _step([0, 5, 0], [0, 2, 0], [50, 50, 50])] + [_step([0, 0, 5], [0, 0, 2], [50, 50, 50])] * 2
+    assert verdict(turns)["rank"] is None and verdict(turns)["per_rank"]["held"] == [2, 1, 3]
+    few = verdict([_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80])] * 5)
+    assert few["rank"] is None and few["why"] == "5 measured steps cannot tell a straggler from chance (3 ranks need 6)"
+    assert verdict([_step([0, 30, 30], [0, 5, 5], [50, 50, 50])] * 6)["rank"] is None  # a tie holds no one
     assert verdict([]) is None
 
 
 def test_late_for_a_reason_the_stamps_do_not_show():
-    steps = [_step([0, 30, 0], [0, 6, 0], [50, 52, 50])]
+    steps = [_step([0, 30, 0], [0, 6, 0], [50, 52, 50])] * 6
     assert verdict(steps)["rank"] == 1 and verdict(steps)["cause"] is None
 
 
@@ -156,7 +173,7 @@ def test_the_table_averages_each_collective_over_the_steps():
 def test_the_tables_cells():
     from ddp_lab.analysis.records import injected_text, straggler_text
 
-    found = verdict([_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(2)])
+    found = verdict([_step([0, 0.5, 30], [0, 1, 9], [50, 51, 80]) for _ in range(6)])
     assert straggler_text(found) == "rank 2: 30.0 ms (30%), compute"
     assert straggler_text({"rank": None, "why": "no rank stands out"}) is None and straggler_text(None) is None
     assert injected_text({"kind": "slow", "rank": 1, "step": 2, "slowdown": 3.0}) == "slow 3x rank 1"
@@ -188,14 +205,14 @@ def test_lateness_splits_into_the_link_into_the_rank_and_its_own_work():
 
 
 def test_a_rank_late_because_the_transfer_into_it_ended_late_is_blamed_on_the_link():
-    found = verdict([_measured(LINK)] * 3)
+    found = verdict([_measured(LINK)] * 6)
     assert found["rank"] == 2 and found["cause"] == "link" and found["per_rank"]["late_link_ms"][2] == pytest.approx(20)
 
 
 def test_a_rank_whose_own_work_is_longer_is_compute_even_where_the_phases_hide_it():
     # fsdp: the others wait inside forward and backward (blocking all-gathers), so their compute phase is as
     # long as the slow rank's; its own work between collectives is what the stamps show.
-    found = verdict([_measured(WORK, compute=(80, 80, 80))] * 3)
+    found = verdict([_measured(WORK, compute=(80, 80, 80))] * 6)
     assert found["rank"] == 2 and found["cause"] == "compute" and found["excess_ms"]["compute"] == 0
 
 
@@ -203,13 +220,14 @@ def test_a_slow_node_whose_ranks_share_the_lateness_is_named_when_no_rank_stands
     # Ranks 2 and 3 (node 1) enter each of 4 collectives 30 ms after node 0's, taking turns at being last.
     stamps = [[(0.1 * k, 0.1 * k + 0.04) for k in range(4)]] * 2 + [
         [(0.1 * k + 0.030 + 0.001 * (k % 2 == r), 0.1 * k + 0.04) for k in range(4)] for r in (0, 1)]
-    found = verdict([_measured(stamps, compute=(50,) * 4, nodes=[0, 0, 1, 1])] * 2)
+    found = verdict([_measured(stamps, compute=(50,) * 4, nodes=[0, 0, 1, 1])] * 8)  # 2 nodes need 8 steps
     assert found["rank"] is None and found["node"] == 1
     assert found["cost_ms"] == pytest.approx(4 * 31) and found["per_rank"]["blame_ms"][2] == pytest.approx(2)
     assert found["cause"] == "compute"  # the node's own work: each collective before completed on time on it
-    assert found["nodes"] == [0, 0, 1, 1] and found["per_node"]["last"] == [0, 8]
+    assert found["nodes"] == [0, 0, 1, 1] and found["per_node"]["last"] == [0, 32]
+    assert found["per_rank"]["held"] == [0, 0, 0, 0]  # ranks 2 and 3 tie in every step
     # One rank of several nodes stands out: its node comes with it.
-    assert verdict([_measured(LINK, nodes=[0, 0, 1])] * 2)["node"] == 1
+    assert verdict([_measured(LINK, nodes=[0, 0, 1])] * 6)["node"] == 1
 
 
 def test_the_cells_of_a_node_verdict():
