@@ -40,7 +40,7 @@ Which collective a rank waited for after backward, and why: `exposure`.
 from __future__ import annotations
 
 from collections import Counter
-from math import comb
+from math import exp, lgamma, log, log1p
 from statistics import mean, median
 
 from ddp_lab.arithmetic.intervals import merge, subtract, total
@@ -242,9 +242,14 @@ def _means(steps: list[dict]) -> dict:
 
 def chance(held: int, steps: int, ranks: int) -> float:
     """The probability that, of `ranks` ranks equally likely to hold the others in each of `steps` independent
-    steps, some one holds them in at least `held` (the binomial tail of one, times `ranks`: a union bound)."""
-    p = 1 / ranks
-    return min(1.0, ranks * sum(comb(steps, i) * p**i * (1 - p) ** (steps - i) for i in range(held, steps + 1)))
+    steps, some one holds them in at least `held` (the binomial tail of one, times `ranks`: a union bound).
+    Its terms in logarithms: a long job's binomial coefficients overflow a float."""
+    if ranks < 2:
+        raise ValueError("one rank holds nobody")
+    log_p, log_q = -log(ranks), log1p(-1 / ranks)
+    tail = sum(exp(lgamma(steps + 1) - lgamma(i + 1) - lgamma(steps - i + 1) + i * log_p + (steps - i) * log_q)
+               for i in range(max(held, 0), steps + 1))
+    return min(1.0, ranks * tail)
 
 
 def steps_needed(ranks: int) -> int:

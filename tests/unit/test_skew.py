@@ -98,6 +98,7 @@ def test_the_chance_of_holding_the_others_in_so_many_steps():
     # 4 ranks, 17 steps (the default job's measured steps): 10 is chance at 1.2%, 11 at 0.25%
     assert chance(10, 17, 4) == pytest.approx(0.0124, abs=1e-4) and chance(11, 17, 4) == pytest.approx(0.0025, abs=1e-4)
     assert [steps_needed(ranks) for ranks in (2, 3, 4, 8)] == [8, 6, 5, 4]
+    assert chance(5200, 10_000, 2) < 1e-4 and chance(5000, 10_000, 2) == 1  # a long job: no float overflow
 
 
 def test_a_slow_draw_is_named_as_data():
