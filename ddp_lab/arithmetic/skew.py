@@ -18,21 +18,21 @@ Per rank per step: `waiting` is the time inside collectives before their last ar
 transfer of another collective, `transferring` the union of [max(entry, A_c), completion]; the two add up
 to the rank's comm_ms (the union of its collectives' [entry, completion]).
 
-Blame: the last-arriving rank of c alone held the others for A_c minus the second-to-last arrival. A rank's
-blame in a step is the union of those spans over the collectives it arrived last at: what the step would
-lose if that rank were as fast as the next slowest. Each step, the rank with the most blame `held` the
-others. The straggler is the rank that held them in the most measured steps, named when that is more steps
-than chance gives one of N ranks of one speed (`chance` at most ALPHA: a consistency test, step by step,
-so that a rank late by chance in a few steps, however long, is not named) and its blame is at least
-STRAGGLER_SHARE of the step (a rank that costs less is not worth naming). Where no rank stands out and the
-ranks are on several nodes, the same rule runs on the nodes (a node's arrival at a collective is its last
-rank's): a slow node whose ranks share the lateness.
+Blame: the last-arriving rank of c alone held the others for A_c minus the second-to-last arrival, less the
+lag it carried in (a collective before it that completed later on it than on the others: the path into it,
+not the rank; `late_arrivals`). A rank's blame in a step is the union of those spans over the collectives it
+arrived last at: what the step would lose if that rank's own work were as fast as the next slowest's. Each
+step, the rank with the most blame `held` the others. The straggler is the rank that held them in the most
+measured steps, named when that is more steps than chance gives one of N ranks of one speed (`chance` at
+most ALPHA: a consistency test, step by step, so that a rank late by chance in a few steps, however long,
+is not named) and its blame is at least STRAGGLER_SHARE of the step (a rank that costs less is not worth
+naming). Where no rank stands out and the ranks are on several nodes, the same rule runs on the nodes (a
+node's arrival at a collective is its last rank's): a slow node whose ranks share the lateness.
 
 Why it was late (`lateness`): at each collective it arrived last at, its lateness (its entry minus the others'
-median entry) is split into `link`, the part it carried from a collective that completed later on it than on
-the others (the transfer into it ended late), and `work`, the rest (its own work took longer). The cause is
-`link` when that part is most of it; else `data` when its draw of the batch explains it, `compute` when its
-forward and backward (or its work between collectives) do.
+median entry) is split into `link`, the part it carried in, and `work`, the rest (its own work took longer).
+The cause is `link` when that part is most of it; else `data` when its draw of the batch explains it,
+`compute` when its forward and backward (or its work between collectives) do.
 
 Which collective a rank waited for after backward, and why: `exposure`.
 """
@@ -53,6 +53,8 @@ ALPHA = 0.01
 the measured steps with probability at most this (`chance`)."""
 STRAGGLER_SHARE = 0.02
 """...and its blame is at least this share of the step: below it, not worth naming (module docstring)."""
+HELD_MS = 1e-6
+"""Blame under a nanosecond a step is the rounding of host seconds: it holds no one."""
 CAUSE_SHARE = 0.5
 """A cause is named when the straggler's own excess in that phase over the other ranks' median explains at
 least this share of its blame."""
@@ -95,36 +97,48 @@ def per_rank(stamps: Stamps) -> list[dict]:
     return out
 
 
-def blame(stamps: Stamps) -> list[float]:
-    """Each rank's blame in ms: the union, over the collectives it arrived last at, of [second-to-last
-    arrival, its arrival]."""
-    held: list[list[tuple[float, float]]] = [[] for _ in stamps]
-    for k in range(len(stamps[0])):
-        entries = sorted((s[k][0], r) for r, s in enumerate(stamps))
-        held[entries[-1][1]].append((entries[-2][0], entries[-1][0]))
-    return [total(spans) * 1e3 for spans in held]
-
-
-def lateness(stamps: Stamps) -> dict:
-    """Each rank's lateness (ms: its entry minus the others' median entry) at the collectives it arrived last
-    at, summed and split: `link`, the most by which a collective it had seen complete before entering
-    completed later on it than on the others (the transfer into it ended late, and it carried that lag into
-    this entry), at most the lateness; `work`, the rest (its own work took longer). Any earlier collective of
-    the step, not only the one just before in issue order: fsdp issues a prefetch between a wait and the
-    work that wait releases, and the prefetch completes on time behind that work. A rank late only in its own
-    work completes every collective with the others (the last arrival releases everyone together): no link
-    part. The first collective of a step has none before it here: all `work` (its batch's draw, its forward)."""
-    out = {"link": [0.0] * len(stamps), "work": [0.0] * len(stamps)}
+def late_arrivals(stamps: Stamps) -> list[dict]:
+    """Per collective, its last-arriving rank (`rank`), the second-to-last entry and its own (`second`, `entry`,
+    host seconds), its lateness (its entry minus the others' median entry) and the part of it that it carried
+    in (`carried`): the most by which a collective it had seen complete before entering completed later on it
+    than on the others (the transfer into it ended late), at most the lateness. Any earlier collective of the
+    step, not only the one just before in issue order: fsdp issues a prefetch between a wait and the work that
+    wait releases, and the prefetch completes on time behind that work. A rank late only in its own work
+    completes every collective with the others (the last arrival releases everyone together): it carries
+    nothing. The first collective of a step has none before it here (its batch's draw, its forward)."""
+    out = []
     for k in range(len(stamps[0])):
         entries = [s[k][0] for s in stamps]
-        last = max(range(len(stamps)), key=entries.__getitem__)
-        others = [r for r in range(len(stamps)) if r != last]
+        order = sorted(range(len(stamps)), key=entries.__getitem__)
+        last, others = order[-1], order[:-1]
         late = entries[last] - median(entries[r] for r in others)
         behind = [stamps[last][j][1] - median(stamps[r][j][1] for r in others)
                   for j in range(k) if stamps[last][j][1] <= entries[last]]
-        link = min(late, max([0.0, *behind]))
-        out["link"][last] += link * 1e3
-        out["work"][last] += (late - link) * 1e3
+        out.append({"rank": last, "second": entries[order[-2]], "entry": entries[last], "late": late,
+                    "carried": min(late, max([0.0, *behind]))})
+    return out
+
+
+def blame(stamps: Stamps, arrived: list[dict] | None = None) -> list[float]:
+    """Each rank's blame in ms: the union, over the collectives it arrived last at, of [second-to-last arrival,
+    its arrival less the lag it carried in]: how long its own lateness held the others. A lag carried in is
+    the path into the rank, not the rank: on 2 emulated nodes the ring's two ranks that receive over the
+    node link complete later than the others every step, clean jobs too (docs/benchmarks.md "Stragglers").
+    `arrived`: `late_arrivals(stamps)`, where already made."""
+    held: list[list[tuple[float, float]]] = [[] for _ in stamps]
+    for c in arrived or late_arrivals(stamps):
+        held[c["rank"]].append((c["second"], c["entry"] - c["carried"]))
+    return [total(spans) * 1e3 for spans in held]
+
+
+def lateness(stamps: Stamps, arrived: list[dict] | None = None) -> dict:
+    """Each rank's lateness (ms) at the collectives it arrived last at, summed and split (`late_arrivals`):
+    `link`, the lag it carried in (the transfer into it ended late); `work`, the rest (its own work took
+    longer)."""
+    out = {"link": [0.0] * len(stamps), "work": [0.0] * len(stamps)}
+    for c in arrived or late_arrivals(stamps):
+        out["link"][c["rank"]] += c["carried"] * 1e3
+        out["work"][c["rank"]] += (c["late"] - c["carried"]) * 1e3
     return out
 
 
@@ -139,11 +153,11 @@ def node_stamps(stamps: Stamps, nodes: list[int]) -> Stamps:
 def step_evidence(stamps: Stamps) -> dict:
     """One step's evidence of who made whom wait, from its stamps: each one's blame, the collectives it arrived
     last at, its lateness split into link and work (lists indexed like `stamps`)."""
-    last = [0] * len(stamps)
-    for c in per_collective(stamps):
-        last[c["late_rank"]] += 1
-    late = lateness(stamps)
-    return {"blame": blame(stamps), "last": last, "late_link": late["link"], "late_work": late["work"]}
+    arrived, last = late_arrivals(stamps), [0] * len(stamps)
+    for c in arrived:
+        last[c["rank"]] += 1
+    late = lateness(stamps, arrived)
+    return {"blame": blame(stamps, arrived), "last": last, "late_link": late["link"], "late_work": late["work"]}
 
 
 def step_figures(stamps: Stamps) -> dict:
@@ -229,7 +243,7 @@ def _means(steps: list[dict]) -> dict:
     out = {"held": [0] * len(steps[0]["blame"])}
     for step in steps:
         top = max(step["blame"])
-        if top > 0 and step["blame"].count(top) == 1:
+        if top > HELD_MS and step["blame"].count(top) == 1:
             out["held"][step["blame"].index(top)] += 1
     for key in steps[0]:
         values = steps[0][key]

@@ -205,9 +205,17 @@ def test_lateness_splits_into_the_link_into_the_rank_and_its_own_work():
     assert lateness(overlapped)["link"] == [0, 0, 0] and lateness(overlapped)["work"][2] == pytest.approx(20)
 
 
-def test_a_rank_late_because_the_transfer_into_it_ended_late_is_blamed_on_the_link():
-    found = verdict([_measured(LINK)] * 6)
-    assert found["rank"] == 2 and found["cause"] == "link" and found["per_rank"]["late_link_ms"][2] == pytest.approx(20)
+def test_a_lag_carried_in_is_the_path_into_the_rank_not_its_blame():
+    found = verdict([_measured(LINK)] * 6)  # late only because the transfer into it ended late
+    assert found["rank"] is None and found["per_rank"]["blame_ms"] == pytest.approx([0, 0, 0], abs=1e-9)
+    assert found["per_rank"]["held"] == [0, 0, 0]
+    assert found["per_rank"]["late_link_ms"][2] == pytest.approx(20)
+    # Carried 10 ms in (its first collective completed 10 ms late on it), then worked 20 ms longer: 20 ms its own.
+    mixed = [[(0.0, 0.010), (0.015, 0.050)], [(0.0, 0.010), (0.015, 0.050)], [(0.0, 0.020), (0.045, 0.050)]]
+    assert blame(mixed) == pytest.approx([0, 0, 20])
+    found = verdict([_measured(mixed)] * 6)
+    assert found["rank"] == 2 and found["cost_ms"] == pytest.approx(20) and found["cause"] == "compute"
+    assert found["per_rank"]["late_link_ms"][2] == pytest.approx(10)
 
 
 def test_a_rank_whose_own_work_is_longer_is_compute_even_where_the_phases_hide_it():
@@ -228,7 +236,7 @@ def test_a_slow_node_whose_ranks_share_the_lateness_is_named_when_no_rank_stands
     assert found["nodes"] == [0, 0, 1, 1] and found["per_node"]["last"] == [0, 32]
     assert found["per_rank"]["held"] == [0, 0, 0, 0]  # ranks 2 and 3 tie in every step
     # One rank of several nodes stands out: its node comes with it.
-    assert verdict([_measured(LINK, nodes=[0, 0, 1])] * 6)["node"] == 1
+    assert verdict([_measured(WORK, nodes=[0, 0, 1])] * 6)["node"] == 1
 
 
 def test_the_cells_of_a_node_verdict():
