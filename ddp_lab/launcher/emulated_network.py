@@ -151,8 +151,9 @@ class EmulatedNodes:
         _shape(["ip", "netns", "exec", self.namespaces[node], "tc"], NODE_IF, gbps, verb)
 
     def slow_down(self) -> None:
-        """The slow node's link, both ends, to slow_gbps now (`tc qdisc replace`: shaped or not before)."""
-        self._shape_link(self.slow_node, self.slow_gbps, "replace")
+        """The slow node's link, both ends, to slow_gbps now: `tc qdisc change` of the token bucket in place where
+        the link was shaped (a replaced qdisc drops what it queued, mid-collective), else `add`."""
+        self._shape_link(self.slow_node, self.slow_gbps, "change" if self.gbps else "add")
 
     def remove(self) -> None:
         """Every namespace and link of this job, by name (a veth's two ends go together)."""

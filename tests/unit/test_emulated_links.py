@@ -38,7 +38,7 @@ def test_without_a_slow_node_every_link_has_the_same_rate(monkeypatch):
     assert sorted(rates.values()) == [["0.5gbit"]] * 4
 
 
-def test_a_link_slow_from_a_step_starts_at_the_common_rate_and_slow_down_replaces_both_ends(monkeypatch):
+def test_a_link_slow_from_a_step_starts_at_the_common_rate_and_slow_down_changes_both_ends(monkeypatch):
     nodes = EmulatedNodes(2, 1.0, slow_node=1, slow_gbps=0.25, slow_later=True, pid=1, start="1")
     ran = _commands(monkeypatch, nodes)
     assert sorted(_rates(ran, nodes).values()) == [["1.0gbit"]] * 4
@@ -46,7 +46,14 @@ def test_a_link_slow_from_a_step_starts_at_the_common_rate_and_slow_down_replace
     nodes.slow_down()
     slow_ends = {f"host:{nodes.host_links[1]}": ["0.25gbit"], f"{nodes.namespaces[1]}:eth0": ["0.25gbit"]}
     assert _rates(ran, nodes) == slow_ends
-    assert {cmd[cmd.index("qdisc") + 1] for cmd in ran} == {"replace"}
+    # in place: a replaced qdisc mid-collective hung fsdp's job in 1 of 2 runs (docs/network.md), a changed one never
+    assert {cmd[cmd.index("qdisc") + 1] for cmd in ran} == {"change"}
+    unshaped = EmulatedNodes(2, None, slow_node=1, slow_gbps=0.25, slow_later=True, pid=1, start="1")
+    ran = _commands(monkeypatch, unshaped)
+    assert _rates(ran, unshaped) == {}
+    ran.clear()
+    unshaped.slow_down()
+    assert {cmd[cmd.index("qdisc") + 1] for cmd in ran} == {"add"}  # nothing to change: a new token bucket
 
 
 def test_the_launcher_slows_the_link_once_rank_0_recorded_the_step_before(tmp_path):
