@@ -59,12 +59,14 @@ def test_a_slow_rank_ends_ok_and_its_run_says_it_was_slowed(crash_sweep):
         assert slowed["summary"]["injected"] == {"kind": "slow", "rank": 1, "step": 2, "slowdown": 3.0}
         delays = {s["step"]: s.get("injected_delay_ms") for s in slowed["steps"]}
         assert delays[0] is None and delays[1] is None and delays[2] > 0 and delays[3] > 0
-        # The verdict and its evidence from every rank's collective stamps (docs/scale.md). Which rank it names
-        # is not asserted here: on the toy model, beside the other worker's tests on 2 cores, the contention
-        # can outweigh rank 1's delay (CI named rank 0 once). The verdict is proved on a known 200 ms delay
-        # (tests/parity/test_skew.py) and graded on a quiet machine (docs/benchmarks.md, "Stragglers").
+        # The verdict and its evidence from every rank's collective stamps (docs/scale.md): 3 measured steps at
+        # 2 ranks are too few to tell a straggler from chance, and it says so rather than name one (before the
+        # consistency test, CI saw rank 0 named here once: the contention of 2 cores outweighed rank 1's delay).
+        # The verdict is proved on a known 200 ms delay (tests/parity/test_skew.py) and graded on a quiet
+        # machine (docs/benchmarks.md, "Stragglers").
         straggler = slowed["summary"]["straggler"]
-        assert straggler["rank"] in (0, 1, None) and len(straggler["per_rank"]["blame_ms"]) == 2, straggler
+        assert straggler["rank"] is None and len(straggler["per_rank"]["blame_ms"]) == 2, straggler
+        assert straggler["why"] == "3 measured steps cannot tell a straggler from chance (2 ranks need 8)"
         assert all({"skew_ms", "peer_wait_ms", "transfer_ms"} <= set(s) for s in slowed["steps"])
 
 

@@ -1,7 +1,8 @@
 """The end-of-sweep table and the report on a real sweep: zero2 at 2 bucket sizes x (rank 1 a 3x straggler,
 rank 1 crashing at step 2), profiled (the session's crash sweep, tests/e2e/conftest.py): failed jobs marked,
-traces, the merged trace, trace overlap and timelines of the ok ones, the straggler and the exposed
-collectives in the report, the crashed jobs kept in their bucket sweep."""
+traces, the merged trace, trace overlap and timelines of the ok ones, the straggler column (empty: 3 measured
+steps are too few to name one) and the exposed collectives in the report, the crashed jobs kept in their
+bucket sweep."""
 
 import json
 
