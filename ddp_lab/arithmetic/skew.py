@@ -71,18 +71,15 @@ def aligned(stamps: Stamps) -> bool:
 
 
 def per_collective(stamps: Stamps) -> list[dict]:
-    """Each collective: skew_ms, transfer_ms, its time on the most-waiting rank (`waited_ms`), the last-arriving
-    rank and how long it alone held the others (`held_ms`)."""
+    """Each collective: skew_ms, transfer_ms and its time on the most-waiting rank (`waited_ms`). Who arrived
+    last, and how long it held the others: `late_arrivals`."""
     out = []
     for k in range(len(stamps[0])):
         entries = [s[k][0] for s in stamps]
-        order = sorted(range(len(entries)), key=entries.__getitem__)
-        first, last = order[0], order[-1]
-        arrival = entries[last]
+        first, arrival = min(range(len(entries)), key=entries.__getitem__), max(entries)
         out.append({"skew_ms": (arrival - entries[first]) * 1e3,
                     "transfer_ms": max(0.0, stamps[first][k][1] - arrival) * 1e3,
-                    "waited_ms": (stamps[first][k][1] - entries[first]) * 1e3,
-                    "late_rank": last, "held_ms": (arrival - entries[order[-2]]) * 1e3})
+                    "waited_ms": (stamps[first][k][1] - entries[first]) * 1e3})
     return out
 
 

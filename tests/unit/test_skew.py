@@ -14,6 +14,7 @@ from ddp_lab.arithmetic.skew import (
     chance,
     exposure,
     exposure_table,
+    late_arrivals,
     late_start_rule,
     lateness,
     node_stamps,
@@ -39,8 +40,10 @@ def test_skew_and_transfer_add_up_to_the_most_waiting_ranks_time():
     first, second = per_collective(STAMPS)
     assert first["skew_ms"] == pytest.approx(30) and first["transfer_ms"] == pytest.approx(10)
     assert first["skew_ms"] + first["transfer_ms"] == pytest.approx(first["waited_ms"]) == pytest.approx(40)
-    assert first["late_rank"] == 2 and first["held_ms"] == pytest.approx(20)  # rank 1 was there 20 ms before it
-    assert second["skew_ms"] == pytest.approx(1) and second["late_rank"] == 2
+    late_first, late_second = late_arrivals(STAMPS)
+    held_ms = (late_first["entry"] - late_first["second"]) * 1e3
+    assert late_first["rank"] == 2 and held_ms == pytest.approx(20)  # rank 1 was there 20 ms before it
+    assert second["skew_ms"] == pytest.approx(1) and late_second["rank"] == 2
 
 
 def test_a_ranks_waiting_and_transferring_add_up_to_its_comm_time():
