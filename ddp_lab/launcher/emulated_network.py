@@ -152,7 +152,7 @@ class EmulatedNodes:
 
     def slow_down(self) -> None:
         """The slow node's link, both ends, to slow_gbps now: `tc qdisc change` of the token bucket in place where
-        the link was shaped (a replaced qdisc drops what it queued, mid-collective), else `add`."""
+        the link was shaped (a `replace` mid-run hung a job's collectives: docs/network.md), else `add`."""
         self._shape_link(self.slow_node, self.slow_gbps, "change" if self.gbps else "add")
 
     def remove(self) -> None:
