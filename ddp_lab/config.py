@@ -232,11 +232,17 @@ class TrainConfig:
 
 @dataclass
 class MeasureConfig:
-    """Extra measurements that cost time of their own, off by default."""
+    """Measurements that cost time of their own: the extra ones off by default, the per-collective stamps on
+    (with a switch, so their cost is measured)."""
 
     grad_error: bool = False
     """Each step, the relative error of the gradient a strategy delivered against the exact fp32
     average (one more all-reduce per step)."""
+    per_collective: bool = True
+    """Stamp every collective (its in-flight interval: a clock, on CUDA two events and a completion callback),
+    which comm_ms, the overlap % and the straggler figures need. false: collectives are only counted, so a
+    run measures what the stamps themselves cost (benchmarks/gpu.sh runs both); for torch_ddp it is torch's
+    DDP bare, with none of the lab's hooks."""
 
 
 @dataclass

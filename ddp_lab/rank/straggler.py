@@ -33,9 +33,11 @@ from ddp_lab.arithmetic.skew import (
     verdict,
 )
 from ddp_lab.spec.figures import FWD_BWD, SYNC
+from ddp_lab.strategies.comm_stats import per_collective
 
 MULTI_HOST = "the ranks are on several hosts, whose clocks differ: no skew is measured"
 ONE_RANK = "one rank: nobody waits for anybody"
+UNSTAMPED = "measure.per_collective=false: the collectives carry no stamps to compare"
 
 
 class ArrivalWatch:
@@ -47,7 +49,8 @@ class ArrivalWatch:
         # torchrun's GROUP_RANK: this rank's node (an emulated node is a node of one host)
         dist.all_gather_object(hosts, (socket.gethostname(), int(os.environ.get("GROUP_RANK", 0))))
         self.nodes = [node for _, node in hosts]
-        self.why_not = ONE_RANK if len(hosts) == 1 else MULTI_HOST if len({h for h, _ in hosts}) > 1 else None
+        self.why_not = (ONE_RANK if len(hosts) == 1 else MULTI_HOST if len({h for h, _ in hosts}) > 1
+                        else None if per_collective() else UNSTAMPED)
         self.one_host = self.why_not is None  # and more than one rank: stamps to compare
         self.warmup_steps, self.rank = warmup_steps, dist.get_rank()
         self.steps: list[dict] = []

@@ -30,6 +30,7 @@ from ddp_lab.machine import resolve_backend
 from ddp_lab.rank.process_group import init_from_env
 from ddp_lab.rank.recorder import NullRecorder, RunRecorder
 from ddp_lab.strategies.collectives import choose_collectives, collectives_in_use
+from ddp_lab.strategies.comm_stats import set_per_collective
 from ddp_lab.tasks import TASKS
 
 _ALLOC = ("can't allocate memory", "cannot allocate memory", "out of memory", "std::bad_alloc")
@@ -100,6 +101,7 @@ def main(job_dir: Path) -> None:
         backend = resolve_backend(cfg.backend.name, int(os.environ["LOCAL_WORLD_SIZE"]))
         device = init_from_env(backend, cfg.backend.timeout_s)
         choose_collectives(str(cfg.backend.collectives))
+        set_per_collective(bool(cfg.measure.per_collective))
         env = environment(backend, device)
         if rank == 0:
             recorder = RunRecorder(cfg, job_dir)

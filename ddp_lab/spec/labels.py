@@ -47,6 +47,13 @@ def data_label(cfg) -> str:
     return f"-data={name}" + (f"({str(path).rstrip('/').rsplit('/', 1)[-1]})" if path else "")
 
 
+def figures_label(cfg) -> str:
+    """`-per_collective=off` when the run's collectives were counted but not stamped (measure.per_collective=false:
+    for torch_ddp, torch's DDP bare), else nothing."""
+    measure = (cfg.get("measure") if hasattr(cfg, "get") else None) or {}
+    return "-per_collective=off" if measure.get("per_collective", True) is False else ""
+
+
 def collectives_label(cfg) -> str:
     """`-collectives=native` when a gloo run asked for the backend's own reduce-scatter, all-gather and broadcast
     instead of the lab's rings (the default there), else nothing."""
@@ -70,7 +77,7 @@ def run_name(cfg) -> str:
         op = collective_label(task).replace(" ", "-")
         return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}{collectives_label(cfg)}-ws{cfg['world_size']}"
     return (f"{knob_label(cfg['strategy'])}{precision_label(cfg)}{data_label(cfg)}{collectives_label(cfg)}"
-            f"-{cfg['model']['name']}-ws{cfg['world_size']}")
+            f"{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -80,4 +87,5 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{collective_label(task)} {task.get('size_mb')} MiB{collectives_label(cfg)}"
     strategy = cfg.get("strategy")
-    return knob_label(strategy) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg) if strategy else "?"
+    return (knob_label(strategy) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg) + figures_label(cfg)
+            if strategy else "?")

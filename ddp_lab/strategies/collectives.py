@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ddp_lab.strategies.comm_stats import CommStats, Stamp
+from ddp_lab.strategies.comm_stats import CommStats, Stamp, per_collective
 from ddp_lab.strategies.exit_drain import track
 from ddp_lab.strategies.rings import (
     global_rank,
@@ -216,10 +216,12 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
     end event must be recorded (a combined future of several would lose that stream).
     """
     stamp = Stamp(nbytes)
-    if on_cuda:
+    timed = per_collective()  # off: the collective is counted, and no clock, event or callback is added to it
+    if on_cuda and timed:
         stamp.start_event = torch.cuda.Event(enable_timing=True)
         stamp.start_event.record()
-    stamp.start = time.perf_counter()
+    if timed:
+        stamp.start = time.perf_counter()
     works = launch()
     stamp.calls = len(works)
     try:  # works of collectives, or futures (a comm hook of torch's returns one)
@@ -231,6 +233,10 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
     if on_cuda and len(futures) != 1:
         raise ValueError("launch_stamped on CUDA times exactly one collective")
     combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+    if not timed and len(futures) == 1 and not on_cuda:
+        track(combined)  # the exit drain waits for it (gloo completes it on its own thread)
+    if not timed and len(futures) == 1:
+        return _Unwrapped(combined), stamp
 
     def done(fut: torch.futures.Future):
         if on_cuda:
@@ -246,6 +252,28 @@ def launch_stamped(launch, nbytes: int, on_cuda: bool) -> tuple[torch.futures.Fu
     future = combined.then(done)
     track(future)  # waited for at exit, before the interpreter is torn down (exit_drain.py)
     return future, stamp
+
+
+class _Unwrapped:
+    """A collective's own future, its value as `launch_stamped`'s callback would give it (a work's future holds
+    a list of its tensors), with no callback chained on it: what per-collective figures off return."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self):
+        value = self.future.wait()
+        return value[0] if isinstance(value, list) else value
+
+    def value(self):
+        value = self.future.value()
+        return value[0] if isinstance(value, list) else value
+
+    def then(self, callback):
+        return self.future.then(lambda fut: callback(self))
 
 
 class _WaitedWorks:

@@ -29,6 +29,13 @@ collective carries a `Stamp` whose end is set by a callback chained on its futur
   runs after the collective's kernel; the start is an event recorded on the compute stream just
   before the launch (when the gradient is really computed). `record_intervals` converts both to
   the host clock after a synchronize, so intervals from every strategy share one time axis.
+
+`measure.per_collective=false` (`set_per_collective(False)`, once per rank) turns the per-collective part off,
+so its own cost can be measured against a run with it on (benchmarks/gpu.sh runs both): no stamp gets a clock,
+an event or a completion callback, a blocking collective is not bracketed by device synchronizations, and
+compression arithmetic is not timed on CUDA. What stays is per step or free: the collectives' count and
+bytes, the exposed wait (`exposed()`, one bracket around the sync), host-timed waits. `comm_ms` and the
+overlap % are then absent, never 0: nothing measured them.
 """
 
 from __future__ import annotations
@@ -41,12 +48,26 @@ import torch
 from ddp_lab.arithmetic.intervals import total
 from ddp_lab.rank.process_group import synchronize
 
+_per_collective = True
+
+
+def set_per_collective(on: bool) -> None:
+    """`measure.per_collective`: stamp each collective (on, the default) or only count it (off)."""
+    global _per_collective
+    _per_collective = bool(on)
+
+
+def per_collective() -> bool:
+    """Whether collectives get stamps (clocks, CUDA events, completion callbacks) in this process."""
+    return _per_collective
+
 
 class CommStats:
     """One rank's communication figures for the current step; `pop()` hands them over and resets."""
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.sees_collectives = True  # False where the collectives run unseen (torch's DDP with no comm hook)
         self._carried: list[tuple[Stamp, bool]] = []  # collectives that may outlive their step, launched in this one?
         self._last_pop = 0.0  # when the previous step's figures were taken, while a carried collective is in flight
         self.reset()
@@ -55,6 +76,7 @@ class CommStats:
         self.intervals: list[tuple[float, float]] = []
         self.sizes: list[int] = []  # bytes of each interval's collectives, in the same order
         self.collectives = 0
+        self.untimed = 0  # collectives counted without a stamp (measure.per_collective=false)
         self.bytes = 0
         self.exposed_s = 0.0
         self.exposed_optimizer_s = 0.0
@@ -62,17 +84,25 @@ class CommStats:
         self._arithmetic_events: list = []  # CUDA: (start, end) events of arithmetic not yet added up
         self._exposing = False  # inside exposed(): a wait there is already counted
 
-    def add(self, start: float, end: float, nbytes: int, calls: int = 1) -> None:
-        """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s)."""
-        self.intervals.append((start, end))
-        self.sizes.append(nbytes)
+    def add(self, start: float | None, end: float | None, nbytes: int, calls: int = 1) -> None:
+        """Record collectives (`calls` launched together) in flight from `start` to `end` (perf_counter s);
+        None for both: counted, not timed (`measure.per_collective=false`)."""
+        if start is not None:
+            self.intervals.append((start, end))
+            self.sizes.append(nbytes)
+        else:
+            self.untimed += calls
         self.collectives += calls
         self.bytes += nbytes
 
     @contextmanager
     def timed(self, nbytes: int, calls: int = 1):
         """Time blocking collectives (`calls` of them launched together, one interval); on CUDA the
-        device is synchronized on both sides."""
+        device is synchronized on both sides. With per-collective figures off: counted only."""
+        if not _per_collective:
+            yield
+            self.add(None, None, nbytes, calls)
+            return
         synchronize(self.device)
         start = time.perf_counter()
         yield
@@ -118,6 +148,9 @@ class CommStats:
             yield
             self.compress_s += time.perf_counter() - start
             return
+        if not _per_collective:
+            yield
+            return
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record()
         yield
@@ -134,6 +167,9 @@ class CommStats:
         """An async collective that may still be in flight when this step's figures are taken (local SGD's
         delayed sync): at each `pop` until it ends, the part of its flight inside that step joins `comm_ms`;
         its bytes and its call count join the step that launched it."""
+        if stamp.start is None:  # per-collective figures off: counted in this step, never timed
+            self.add(None, None, stamp.nbytes, stamp.calls)
+            return
         self._carried.append((stamp, True))
 
     def _carry_over(self) -> None:
@@ -164,6 +200,10 @@ class CommStats:
             "collectives": self.collectives,
             "comm_bytes": self.bytes,
         }
+        if not self.sees_collectives:  # issued where nothing of the lab's sees them (torch's DDP, bare)
+            del out["comm_ms"], out["collectives"], out["comm_bytes"]
+        elif self.untimed and self.untimed == self.collectives:  # counted, never timed: no comm_ms, not 0
+            del out["comm_ms"]
         self.reset()
         return out
 
@@ -182,7 +222,7 @@ class Stamp:
 
 def record_intervals(stamps: list[Stamp], comm: CommStats) -> None:
     """Add finished collectives to `comm`. Call after their futures are waited for."""
-    timed = [s for s in stamps if s.end_event is not None]
+    timed = [s for s in stamps if s.end_event is not None and s.start_event is not None]
     if timed:
         now, reference = _reference_point()
         for s in timed:
@@ -210,6 +250,9 @@ def end_when_done(stamp: Stamp, work, on_cuda: bool) -> None:
     """Set the stamp's end when `work` completes: its future's callback (on NCCL it runs on the
     collective's stream, where a CUDA event records the real end; the host clock there would read
     the launch). A work with no future ends when the step's figures are taken."""
+    if stamp.start is None:
+        return  # per-collective figures off: counted, not timed
+
     def done(fut):
         if on_cuda:
             stamp.end_event = torch.cuda.Event(enable_timing=True)
@@ -223,8 +266,11 @@ def end_when_done(stamp: Stamp, work, on_cuda: bool) -> None:
 
 
 def begin_stamp(nbytes: int, on_cuda: bool) -> Stamp:
-    """A collective's stamp at its launch: the host clock, and on CUDA an event on the issuing stream."""
+    """A collective's stamp at its launch: the host clock, and on CUDA an event on the issuing stream (none of
+    them with per-collective figures off: the stamp only counts)."""
     stamp = Stamp(nbytes)
+    if not _per_collective:
+        return stamp
     if on_cuda:  # on the stream the collective is issued from: no host synchronization
         stamp.start_event = torch.cuda.Event(enable_timing=True)
         stamp.start_event.record()
@@ -234,6 +280,8 @@ def begin_stamp(nbytes: int, on_cuda: bool) -> Stamp:
 
 def end_blocking(stamp: Stamp, on_cuda: bool) -> None:
     """A blocking collective's end, right after its call returned."""
+    if stamp.start is None:
+        return
     if on_cuda:  # a blocking collective: the issuing stream waits for it, an event after it marks its end
         stamp.end_event = torch.cuda.Event(enable_timing=True)
         stamp.end_event.record()
@@ -246,6 +294,7 @@ def close_stamps(stamps: list[Stamp], comm: CommStats) -> None:
     ends now."""
     now = time.perf_counter()
     for stamp in stamps:
-        stamp.end = stamp.end if stamp.end is not None else now
+        if stamp.start is not None:
+            stamp.end = stamp.end if stamp.end is not None else now
     record_intervals(stamps, comm)
     stamps.clear()

@@ -13,9 +13,7 @@ So every sweep can include the production implementation next to ours, measured 
   re-broadcast buffers every forward either (the models here have no buffers that training
   changes); the start-up broadcast of parameters and buffers is ours (DDP's `init_sync=False`).
 - Forwards in eval mode or under no_grad bypass DDP, so they never arm its reducer (DDP's forward
-  can issue collectives, and evaluation is often done by some ranks only). A backward from such a
-  forward is not reduced by DDP; `finish_gradient_synchronization()` notices (gradients arrived,
-  no bucket was sent) and all-reduces them itself, so the contract holds either way.
+  can issue collectives, and evaluation is often done by some ranks only).
 - Comm accounting: an all-reduce comm hook (the same divide-then-sum as DDP's default) stamps each
   bucket's in-flight interval as for our strategies (collectives.py), so `comm_ms` is comparable.
 - `comm_dtype`: fp16 runs torch's own `fp16_compress_hook` (cast, divide, all-reduce, copy back)
@@ -23,6 +21,13 @@ So every sweep can include the production implementation next to ours, measured 
   CUDA and NCCL 2.10+ (a name check in `register_comm_hook`), so launcher/config_checks.py refuses bf16
   on gloo before any rank starts. torch's hooks cast *before* dividing: an fp32 gradient above
   fp16's maximum (65504) becomes inf there, where ours (collectives.py) divide first.
+- `measure.per_collective=false` makes this the bare DDP row: no comm hook and no hook on any parameter (torch's
+  own C++ all-reduce, or its compression hook as it is), so a sweep shows what the lab's instrumentation of
+  DDP costs. Its collectives are then neither counted nor timed (DDP issues them unseen); only the wait
+  `finish_gradient_synchronization()` sees is exposed (none: DDP waits inside backward).
+- A backward DDP did not arm (a forward in eval mode or under no_grad, or inside `no_sync()`) leaves its
+  gradients unreduced: `finish_gradient_synchronization()` sees that no armed forward preceded it and
+  all-reduces them itself, so the contract holds either way.
 - Exposed comm: DDP waits for its buckets inside `backward()`, so there is nothing left to time in
   `finish_gradient_synchronization()`. Exposed is instead measured from the last gradient
   accumulated (a post-accumulate-grad hook on every trainable parameter; a CUDA event on GPU) to
@@ -51,7 +56,7 @@ from ddp_lab.strategies.collectives import (
     flat_all_reduce_mean_,
     launch_stamped,
 )
-from ddp_lab.strategies.comm_stats import host_time_of, record_intervals
+from ddp_lab.strategies.comm_stats import host_time_of, per_collective, record_intervals
 from ddp_lab.units import MiB, tensor_bytes
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -113,10 +118,18 @@ class TorchDDP(DataParallelBase):
         self._hook_state = _HookState(self.comm_dtype)
         self._stamps = self._hook_state.stamps  # the same list object DDP's hook appends to
         compress = self.comm_dtype in TORCH_COMPRESS_HOOKS
-        ddp.register_comm_hook(self._hook_state, _timed_compress_hook if compress else _timed_all_reduce_hook)
+        self.bare = not per_collective()  # measure.per_collective=false: torch's DDP with none of the lab's hooks
+        if not self.bare:
+            ddp.register_comm_hook(self._hook_state, _timed_compress_hook if compress else _timed_all_reduce_hook)
+        elif compress:
+            ddp.register_comm_hook(None, TORCH_COMPRESS_HOOKS[self.comm_dtype])
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
         self.bucket_mb, self.gradient_as_bucket_view = bucket_mb, gradient_as_bucket_view
         self._last_grad = None
+        self._armed = False  # the last training forward went through DDP outside no_sync(): DDP reduces
+        if self.bare:
+            self.comm.sees_collectives = False
+            return
         # The hook holds this wrapper weakly: a bound method would close the cycle parameter -> hook ->
         # wrapper -> DDP -> reducer (C++, unseen by the garbage collector) -> parameter, and keep DDP
         # and its process group alive past destroy_process_group() into interpreter teardown.
@@ -153,7 +166,10 @@ class TorchDDP(DataParallelBase):
             return [int(s) / MiB for s in str(sizes).split(",") if s.strip()]
 
     def facts(self) -> dict:
-        return {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
+        facts = {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
+        if self.bare:
+            facts["bare"] = "torch's DDP with none of the lab's hooks (measure.per_collective=false): no comm figures"
+        return facts
 
     def kept_tensors(self) -> list[torch.Tensor]:
         """DDP's bucket buffers, as its comm hook last saw them (from the first synchronized step on).
@@ -162,6 +178,7 @@ class TorchDDP(DataParallelBase):
 
     def forward(self, *args, **kwargs):
         if self.training and torch.is_grad_enabled():
+            self._armed = self.require_sync
             return self.ddp(*args, **kwargs)
         return self.module(*args, **kwargs)
 
@@ -173,7 +190,8 @@ class TorchDDP(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         stamps = self._stamps[:]
         self._stamps.clear()  # the same list object DDP's hook appends to
-        if not stamps and self._last_grad is not None:
+        armed, self._armed = self._armed, False
+        if not armed and any(p.grad is not None for p in self.trainable_parameters()):
             self._last_grad = None
             with self.comm.exposed():
                 # Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does.
