@@ -26,6 +26,7 @@ from its results.json alone (offline, no torch).
 from __future__ import annotations
 
 from ddp_lab.spec.figures import GRAD_ERROR, LOSS, STEP_TIME, VAL_LOSS
+from ddp_lab.spec.strategies import SPECS
 
 TARGET_MARGIN = 0.05
 LOSSY_KNOBS = ("rank", "sync_every")  # powersgd, local_sgd: their gradients are not the exact average
@@ -42,12 +43,16 @@ def _at(d, *keys):
 
 
 def is_exact(results: dict) -> bool:
-    """fp32 compute, fp32 gradients on the wire, the exact average: a reference for the others."""
+    """fp32 compute, fp32 gradients on the wire, the exact average: a reference for the others (the floor,
+    `strategy=none`, only at one rank: at more, each rank trains alone)."""
     cfg = results.get("config") or {}
     strategy = cfg.get("strategy") or {}
     precision = str(_at(cfg, "train", "precision") or "fp32")
     comm_dtype = str(strategy.get("comm_dtype") or "fp32")
-    return precision == "fp32" and comm_dtype == "fp32" and all(strategy.get(k) is None for k in LOSSY_KNOBS)
+    spec = SPECS.get(str(strategy.get("name")))
+    alone = spec is not None and not spec.synchronizes and (cfg.get("world_size") or 1) > 1
+    return (precision == "fp32" and comm_dtype == "fp32" and not alone
+            and all(strategy.get(k) is None for k in LOSSY_KNOBS))
 
 
 def loss_kind(results: dict) -> str:

@@ -25,6 +25,9 @@ instead of probing the runtime class or matching its name:
   strategy and into any, at any world size (rank/checkpoint.py);
 - `whole_parameter_optimizer`: its optimizer updates whole parameters (False where it sees flat slices:
   zero2, fsdp, hsdp, fsdp_torch, DeepSpeed; or brings its own: demo), which `train.optimizer=muon` needs;
+- `synchronizes`: False for the floor (`strategy=none`): no rank hears from another, each trains alone;
+- `torch_reference`: the option of torch's own implementation of the same algorithm (bucketed's is torch_ddp,
+  zero2's zero1_torch, fsdp's fsdp_torch), the bar tables divide its step by; None where torch has none;
 - `emulated_nodes`: it runs across emulated nodes (False: local_sgd_torchft, whose servers advertise a host
   name another namespace cannot reach);
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
@@ -74,6 +77,8 @@ class StrategySpec:
     own_checkpoint: ClassVar[Optional[str]] = None
     whole_parameter_optimizer: ClassVar[bool] = True
     emulated_nodes: ClassVar[bool] = True
+    synchronizes: ClassVar[bool] = True
+    torch_reference: ClassVar[Optional[str]] = None
 
     def __post_init__(self) -> None:
         self.check()

@@ -5,6 +5,7 @@ ddp_lab/spec/strategies/ (the table there maps every option to its spec and its 
 
 | strategy (`strategy=`) | class | file |
 |---|---|---|
+| none | NoSync (the floor: no synchronization at all) | no_sync.py |
 | naive | NaiveDDP | naive.py |
 | flat | FlatDDP | flat.py |
 | overlap | OverlapDDP | overlap.py (on overlap_engine.py) |
@@ -43,6 +44,7 @@ from ddp_lab.strategies.hsdp import HSDP
 from ddp_lab.strategies.local_sgd import LocalSGD
 from ddp_lab.strategies.local_sgd_torchft import TorchftDiLoCo
 from ddp_lab.strategies.naive import NaiveDDP
+from ddp_lab.strategies.no_sync import NoSync
 from ddp_lab.strategies.overlap import OverlapDDP
 from ddp_lab.strategies.powersgd import PowerSGD
 from ddp_lab.strategies.replicate_torch import TorchReplicate
@@ -51,7 +53,7 @@ from ddp_lab.strategies.zero1 import ShardedOptimizer, TorchZero1, Zero1
 from ddp_lab.strategies.zero2 import Zero2, Zero2Optimizer
 
 __all__ = ["FSDP", "HSDP", "BucketedDDP", "DataParallelBase", "DeepSpeedZeRO", "DeMo", "TorchReplicate",
-           "FlatDDP", "LocalSGD", "NaiveDDP",
+           "FlatDDP", "LocalSGD", "NaiveDDP", "NoSync",
            "OverlapDDP", "PowerSGD", "ShardedOptimizer", "TorchDDP", "TorchFSDP", "TorchZero1", "TorchftDiLoCo",
            "Zero1", "Zero2",
            "Zero2Optimizer", "plan_buckets"]

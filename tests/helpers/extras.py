@@ -32,5 +32,6 @@ def installed(name: str) -> bool:
 def runnable_specs() -> list[str]:
     """Every registered strategy the every-strategy tests run here: DeepSpeed's only with DeepSpeed installed;
     never torchft's DiLoCo, which starts servers of its own and takes no checkpoints: its own tests
-    (tests/parity/test_local_sgd_torchft.py, tests/e2e/test_torchft_launch.py) hold it against local_sgd."""
-    return [name for name in SPECS if installed(name) and not name.endswith("_torchft")]
+    (tests/parity/test_local_sgd_torchft.py, tests/e2e/test_torchft_launch.py) hold it against local_sgd; never
+    the floor (`none`), which synchronizes nothing: tests/parity/test_floor.py holds what it promises."""
+    return [name for name in SPECS if installed(name) and not name.endswith("_torchft") and SPECS[name].synchronizes]

@@ -2,6 +2,7 @@
 
 | option (`strategy=`) | spec | runtime class (ddp_lab/strategies) |
 |---|---|---|
+| none | none.py `NoneSpec` | `NoSync` (no_sync.py): the floor |
 | naive | naive.py `NaiveSpec` | `NaiveDDP` (naive.py) |
 | flat | flat.py `FlatSpec` | `FlatDDP` (flat.py) |
 | overlap | overlap.py `OverlapSpec` | `OverlapDDP` (overlap.py) |
@@ -43,6 +44,7 @@ from ddp_lab.spec.strategies.hsdp import HSDPSpec
 from ddp_lab.spec.strategies.local_sgd import LocalSGDSpec
 from ddp_lab.spec.strategies.local_sgd_torchft import TorchftLocalSGDSpec
 from ddp_lab.spec.strategies.naive import NaiveSpec
+from ddp_lab.spec.strategies.none import NoneSpec
 from ddp_lab.spec.strategies.overlap import OverlapSpec
 from ddp_lab.spec.strategies.powersgd import PowerSGDSpec
 from ddp_lab.spec.strategies.replicate_torch import TorchReplicateSpec
@@ -63,7 +65,7 @@ def option(spec_cls: type[StrategySpec]) -> str:
 
 
 SPECS: dict[str, type[StrategySpec]] = {option(cls): cls for cls in (
-    NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
+    NoneSpec, NaiveSpec, FlatSpec, OverlapSpec, BucketedSpec, TorchDDPSpec, Zero1Spec, TorchZero1Spec, Zero2Spec,
     PowerSGDSpec, LocalSGDSpec, TorchftLocalSGDSpec, DeMoSpec,
     FSDPSpec, TorchFSDPSpec, HSDPSpec, TorchReplicateSpec, DeepSpeedZero1Spec,
     DeepSpeedZero2Spec, DeepSpeedZero3Spec)}

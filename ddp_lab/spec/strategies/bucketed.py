@@ -32,6 +32,7 @@ class BucketedSpec(StrategySpec):
     node's ranks)."""
 
     runtime = "ddp_lab.strategies.BucketedDDP"
+    torch_reference = "torch_ddp"
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

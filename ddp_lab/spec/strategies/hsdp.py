@@ -24,6 +24,7 @@ class HSDPSpec(FSDPSpec):
     """Ranks per shard group (unset: the ranks of a node); world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.HSDP"
+    torch_reference = "fsdp_torch"
 
     def check(self) -> None:
         knob_at_least(self, "shard_size", 1)  # unset passes
