@@ -234,11 +234,53 @@ def bucket_groups(records: list[dict]) -> dict:
 def job_records(runs: list[tuple[str, dict]], target_loss: float | None = None,
                 reference: str | None = None) -> list[dict]:
     """Every job's record, with the accuracy figures (analysis/accuracy.py: against each row's exact
-    reference, `reference` naming one, and `target_loss` if given) and the wire bytes in MiB."""
+    reference, `reference` naming one, and `target_loss` if given), the wire bytes in MiB, and the step
+    beside the floor's and torch's reference's of the same sweep (`vs_floor`, `vs_torch`)."""
     figures = accuracy(runs, target_loss, reference)
     records = [record(name, res) for name, res in runs]
     for rec in records:
         rec.update(figures.get(rec["job"], {}))
         if rec.get("comm_bytes_per_step") is not None:
             rec["comm_mib_per_step"] = rec["comm_bytes_per_step"] / MiB
+    add_step_ratios(records, [res for _, res in runs])
     return records
+
+
+def same_work(res: dict) -> tuple:
+    """What two training jobs must share for their steps to compare: the model and its shape, the ranks, the
+    backend, the batch, the precision and the data. The strategy, its knobs and the measurement switches may
+    differ."""
+    cfg = res.get("config") or {}
+    train = cfg.get("train") or {}
+    return (_get(cfg, "model", "name"), _get(cfg, "model", "context_length"), cfg.get("world_size"),
+            _get(res, "env", "backend") or _get(cfg, "backend", "name"), train.get("batch_size"),
+            train.get("grad_accum_steps"), str(train.get("precision") or "fp32"), _get(cfg, "data", "name"))
+
+
+def per_collective_on(res: dict) -> bool:
+    return _get(res, "config", "measure", "per_collective", default=True) is not False
+
+
+def add_step_ratios(records: list[dict], results: list[dict]) -> None:
+    """`vs_floor`: the step p50 over the floor's (`strategy=none`, the same work, in the sweep); `vs_torch`: over
+    torch's reference of the strategy (its spec's `torch_reference`), the same work with the same measurement
+    switch, the same bucket size where one was swept. None where the sweep has no such job."""
+    from ddp_lab.spec.strategies import SPECS
+
+    ok = [(rec, res) for rec, res in zip(records, results)
+          if rec["task"] == "train" and rec["status"] == "ok" and rec.get("step_p50_ms")]
+    floors = {same_work(res): rec["step_p50_ms"] for rec, res in ok
+              if SPECS.get(rec["strategy"]) is not None and not SPECS[rec["strategy"]].synchronizes}
+    for rec, res in zip(records, results):
+        rec["vs_floor"] = rec["vs_torch"] = None
+        if rec["task"] != "train" or not rec.get("step_p50_ms"):
+            continue
+        floor = floors.get(same_work(res))
+        rec["vs_floor"] = rec["step_p50_ms"] / floor if floor else None
+        spec = SPECS.get(rec["strategy"])
+        wanted = spec.torch_reference if spec is not None else None
+        refs = [(r, x) for r, x in ok if r["strategy"] == wanted and same_work(x) == same_work(res)
+                and per_collective_on(x) == per_collective_on(res)]
+        refs.sort(key=lambda pair: pair[0].get("bucket_mb") != rec.get("bucket_mb"))
+        if refs:
+            rec["vs_torch"] = rec["step_p50_ms"] / refs[0][0]["step_p50_ms"]

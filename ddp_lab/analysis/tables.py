@@ -21,6 +21,7 @@ ROW = [Column("job", "job"), Column("strategy", "label"), Column("model", "model
        Column("ranks", "world_size", "{}"), Column("status", "status")]
 TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the largest rank
     Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
+    Column("× floor", "vs_floor", "{:.2f}", group="speed"), Column("× torch's", "vs_torch", "{:.2f}", group="speed"),
     Column("comm p50", "comm_p50_ms", group="speed"), Column("exposed p50", "exposed_p50_ms", group="speed"),
     Column("overlap %", "overlap_pct", group="speed"), Column("colls/step", "collectives_per_step", group="speed"),
     Column("skew p50", "skew_p50_ms", group="speed"), Column("straggler", "straggler", group="speed"),

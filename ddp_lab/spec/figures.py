@@ -60,11 +60,12 @@ LOSS = Figure("loss", "nats/token", "training loss of the step's own batch (each
 VAL_LOSS = Figure("val_loss", "nats/token", "held-out loss: the mean over ranks of train.eval_batches fixed "
                   "batches, outside the step's time", ranks="one", summarized=False, wandb="min",
                   when="train.eval_every steps and the last")
-FWD_BWD = Figure("fwd_bwd_ms", "ms", "forward and backward (the step timer's first lap)", ranks="mean", wandb="mean")
+FWD_BWD = Figure("fwd_bwd_ms", "ms", "forward and backward (the step timer's first lap)", ranks="mean", wandb="mean",
+                 record=("p50",), stem="fwd_bwd")
 SYNC = Figure("sync_ms", "ms", "finish_gradient_synchronization(): the gradient wait backward did not hide",
               ranks="mean", wandb="mean")
 OPTIMIZER = Figure("optimizer_ms", "ms", "the optimizer step, a sharded optimizer's own communication included",
-                   ranks="mean", wandb="mean")
+                   ranks="mean", wandb="mean", record=("p50",), stem="optimizer")
 COMM = Figure("comm_ms", "ms", "collectives in flight: the union of their [launch, completion] intervals",
               wandb="mean", record=("p50",), stem="comm")
 EXPOSED = Figure("exposed_comm_ms", "ms", "time the rank waited for a collective while computing nothing (the "
