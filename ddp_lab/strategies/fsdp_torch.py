@@ -185,9 +185,13 @@ class TorchFSDP(DataParallelBase):
 
     def facts(self) -> dict:
         uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself
+        # At one rank FSDP2 issues no collective at all: it copies the shard into the unsharded parameter and
+        # the gradient into the shard (torch's _fsdp_param_group.py / _fsdp_collectives.py, `world_size == 1`).
+        figures = ("none: at one rank FSDP2 issues no collective (it copies), so comm_ms is a true 0"
+                   if dist.get_world_size() == 1 else
+                   "measured" + (", without the all-reduce across shard groups" if uncounted else ""))
         return {"fsdp_torch": {"units": len(self._units), "shard_size": self.shard_size,
-                               "comm_figures": "measured" + (", without the all-reduce across shard groups"
-                                                             if uncounted else ""),
+                               "comm_figures": figures,
                                "compute_dtype": str(self.compute_dtype or "parameters'").replace("torch.", ""),
                                "reshard_after_forward": self.reshard_after_forward}}
 
