@@ -13,3 +13,10 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 def tensor_bytes(tensor) -> int:
     """Bytes a tensor's elements take (numel x element size), whatever its device or layout."""
     return tensor.numel() * tensor.element_size()
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024

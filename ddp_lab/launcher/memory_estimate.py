@@ -13,21 +13,19 @@ from omegaconf import DictConfig
 
 from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.models.facts import activation_bytes, parameter_counts
+from ddp_lab.units import fmt_bytes  # noqa: F401  (its home is units.py; the launcher's checks import it here too)
 
 FP32 = 4
 
 
-def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = None) -> int:
-    """Bytes one rank needs for `cfg`'s model under a strategy of ZeRO stage `stage`."""
+def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = None, activations: bool = True) -> int:
+    """Bytes one rank needs for `cfg`'s model under a strategy of ZeRO stage `stage` (`activations=False`: the
+    model state alone, the cheaper half). Both from shapes at a bounded cost (models/facts.py): the model is
+    never run, nor built, at the size asked for."""
     n = parameter_counts(cfg.model)["total"]
     shards = shard_ranks or cfg.world_size  # hsdp: its shard group
     model_state = model_state_bytes(n, "fp32", shards, stage)["total"] + FP32 * n  # + a comm buffer
+    if not activations:
+        return int(model_state)
     micro_batch = cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps
     return int(model_state) + activation_bytes(cfg.model, micro_batch)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024

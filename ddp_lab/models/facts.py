@@ -11,7 +11,8 @@ instead of writing its architecture out again as formulas, so a model from outsi
   length, counted by torch's `FlopCounterMode` on a meta forward and backward (matrix multiplies and
   attention's, as the kernels compute them: the full square of scores, causal or not);
 - `activation_bytes`: the bytes autograd saves for backward in one forward of a micro-batch (saved
-  tensors that are not parameters), fp32;
+  tensors that are not parameters), fp32, counted at small sizes and scaled (the launcher's checks must never
+  run the model at the size they are asked about: a check costs what the job costs);
 - `parameter_facts`: each parameter in `parameters()` order with the backward FLOPs per token that make
   its gradient ready, for the step replay.
 """
@@ -28,8 +29,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddp_lab.models import build_model
-
-SMALL_MODEL_BYTES = 64 * 2**20  # activations counted on a real forward of one sequence below this (see below)
 
 
 class _SkipInit(TorchFunctionMode):
@@ -58,13 +57,25 @@ def _tokens(model_cfg, batch: int = 1, device: str = "meta") -> torch.Tensor:
 
 
 def parameter_counts(model_cfg) -> dict:
-    """{"total", "lookup", "matmul", "other"}: parameters in all and by use (module docstring)."""
+    """{"total", "lookup", "matmul", "other"}: parameters in all and by use (module docstring). A model deeper
+    than MEASURED_DEPTHS or with a context longer than MEASURED_CONTEXTS is counted at those sizes and scaled
+    (`_scaled`): the count never builds the model at the size asked for."""
     return dict(_parameter_counts(_key(model_cfg)))
 
 
 @lru_cache(maxsize=32)
 def _parameter_counts(key: str) -> tuple:
-    module = meta_model(OmegaConf.create(key))
+    model_cfg = OmegaConf.create(key)
+    depth, context = _depth(model_cfg), int(model_cfg["context_length"])
+    if (depth is None or depth <= MEASURED_DEPTHS[-1]) and context <= MEASURED_CONTEXTS[-1]:
+        return tuple(_counts_of(meta_model(model_cfg)).items())
+    at = {(n, length): _counts_of(meta_model(_resized(model_cfg, n, length)))
+          for n in _depths(depth) for length in MEASURED_CONTEXTS[:2]}
+    return tuple((kind, int(round(_scaled({k: v[kind] for k, v in at.items()}, depth, context, degree=1))))
+                 for kind in ("total", "lookup", "matmul", "other"))
+
+
+def _counts_of(module: nn.Module) -> dict:
     holders: dict[int, list[nn.Module]] = {}
     for m in module.modules():
         for p in m.parameters(recurse=False):
@@ -76,7 +87,72 @@ def _parameter_counts(key: str) -> tuple:
                else "matmul" if p.dim() == 2 else "other")
         counts[use] += p.numel()
         counts["total"] += p.numel()
-    return tuple(counts.items())
+    return counts
+
+
+# --- counting at small sizes and scaling: what the launcher's checks do, in bounded time ---------------------
+
+DEPTH_KEY = "num_layers"
+"""A model config's key for its number of identical blocks, when it has one (the Transformer, examples/tied_gpt)."""
+MEASURED_DEPTHS = (1, 2)
+MEASURED_CONTEXTS = (16, 32, 64)
+REAL_FORWARD_BYTES = 512 * 2**20
+"""A model measured at the small sizes whose parameters take at most this is run for real on the CPU (its
+weights left uninitialized: sizes, not values, are counted); a larger one on the meta device."""
+
+
+def _depth(model_cfg) -> int | None:
+    value = model_cfg.get(DEPTH_KEY) if hasattr(model_cfg, "get") else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _depths(depth: int | None) -> tuple:
+    return (None,) if depth is None else MEASURED_DEPTHS if depth > MEASURED_DEPTHS[-1] else (depth,)
+
+
+def _resized(model_cfg, depth: int | None, context: int):
+    """The same model at `depth` blocks (None: as it is) and `context` tokens."""
+    changes = {"context_length": context, **({DEPTH_KEY: depth} if depth is not None else {})}
+    return OmegaConf.merge(model_cfg, changes)
+
+
+def bounded_size(model_cfg):
+    """The model at no more than MEASURED_DEPTHS[-1] blocks and MEASURED_CONTEXTS[-1] tokens: its kinds of
+    layers, built in bounded time."""
+    depth = _depth(model_cfg)
+    return _resized(model_cfg, None if depth is None else min(depth, MEASURED_DEPTHS[-1]),
+                    min(int(model_cfg["context_length"]), MEASURED_CONTEXTS[-1]))
+
+
+def _scaled(at: dict, depth: int | None, context: int, degree: int) -> float:
+    """A quantity measured at (depth, context) points, at the model's own depth and context. The scaling: linear
+    in the number of identical blocks (what one more block adds, from depths 1 and 2), and in the context a
+    polynomial of `degree` through the measured contexts (1: parameters, a learned position table being the
+    only thing that grows with it; 2: activations, per-token tensors and attention's scores); exact for a model
+    whose blocks are alike and whose saved tensors are at most quadratic in the context."""
+    def at_depth(n):
+        points = sorted((length, value) for (m, length), value in at.items() if m == n)
+        if len(points) == 1 or context == points[0][0]:
+            return points[0][1]
+        return _polynomial(points[:degree + 1], context)
+
+    depths = sorted({n for n, _ in at}, key=lambda n: -1 if n is None else n)
+    if len(depths) == 1:
+        return at_depth(depths[0])
+    one, two = at_depth(depths[0]), at_depth(depths[1])
+    return one + (depth - depths[0]) * (two - one)
+
+
+def _polynomial(points: list[tuple[int, float]], x: int) -> float:
+    """The polynomial through `points` (Lagrange's form), at `x`."""
+    total = 0.0
+    for i, (xi, yi) in enumerate(points):
+        term = float(yi)
+        for j, (xj, _) in enumerate(points):
+            if j != i:
+                term *= (x - xj) / (xi - xj)
+        total += term
+    return total
 
 
 def flops_per_token(model_cfg) -> dict:
@@ -99,20 +175,34 @@ def _flops_per_token(key: str) -> tuple:
 
 def activation_bytes(model_cfg, batch: int) -> int:
     """Bytes autograd saves in one forward of `batch` sequences (tensors saved for backward that are not
-    parameters, counted at fp32 and each time saved: an upper bound). A model under SMALL_MODEL_BYTES is
-    counted on a real CPU forward of one sequence, times `batch` (what the CPU's kernels save: on the tiny
-    Transformer 5% less than the meta device's decompositions), since a forward on the meta device runs
-    through torch._refs, whose first use imports torch._dynamo: 2 s of every launch.py, more than that
-    forward takes."""
-    if 4 * parameter_counts(model_cfg)["total"] < SMALL_MODEL_BYTES:
-        return batch * _activation_bytes(_key(model_cfg), 1, "cpu")
-    return _activation_bytes(_key(model_cfg), batch, "meta")
+    parameters, counted at fp32 and each time saved: an upper bound), from shapes at a bounded cost: counted
+    on one sequence at the small sizes (at most MEASURED_DEPTHS blocks, MEASURED_CONTEXTS tokens) and scaled
+    to the model's depth and context (`_scaled`), then times `batch` (a batch-independent saved tensor counted
+    once per sequence: generous). At the small sizes a model of at most REAL_FORWARD_BYTES of parameters runs a
+    real CPU forward, weights uninitialized (what the CPU's kernels save: its attention saves no score matrix);
+    a larger one runs on the meta device, whose attention decomposition saves the scores (generous), and whose
+    first use imports torch._dynamo (2 s)."""
+    depth, context = _depth(model_cfg), int(model_cfg["context_length"])
+    contexts = (context,) if context <= MEASURED_CONTEXTS[-1] else MEASURED_CONTEXTS
+    small = _resized(model_cfg, _depths(depth)[-1], contexts[-1])
+    device = "cpu" if 4 * parameter_counts(small)["total"] <= REAL_FORWARD_BYTES else "meta"
+    at = {}
+    for n in _depths(depth):
+        for length in contexts:
+            at[(n, length)] = _activation_bytes(_key(_resized(model_cfg, n, length)), 1, device)
+    return int(round(batch * max(0.0, _scaled(at, depth, context, degree=2))))
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=64)
 def _activation_bytes(key: str, batch: int, device: str) -> int:
+    """What autograd saves in one forward of `batch` sequences of the model of `key`, as it is, on `device`
+    ("cpu": a real forward, weights uninitialized; "meta")."""
     model_cfg = OmegaConf.create(key)
-    module = meta_model(model_cfg) if device == "meta" else build_model(model_cfg)
+    module = meta_model(model_cfg)
+    if device != "meta":
+        # real storage, never initialized (sizes are what is counted); torch.empty, not to_empty's empty_like,
+        # which on a meta tensor runs through torch._refs and imports its registrations (0.7 s)
+        module = module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     params = {id(p) for p in module.parameters()}
     saved = []
 
