@@ -4,9 +4,13 @@ Each failure is a `ConfigError` whose message is one line saying what to change;
 it and exits 2. Types, unknown keys and unknown options are refused earlier by Hydra against
 ddp_lab/config.py.
 
-torch, and the modules that import it (ddp_lab.machine, models.facts, launcher.memory_estimate), are
-imported where a check first needs them: a mistake found before (a key, a range, a knob) is answered in
-about a second, not after torch's import (3 s on 2 cores) and the meta model's (2 s).
+torch, and the modules that import it (models.facts, launcher.memory_estimate), are imported where a check
+first needs them: a mistake found before (a key, a range, a knob, a context whose logits alone cannot fit) is
+answered in about a second, not after torch's import (1.5 s on 2 cores).
+
+No check does the job's work: sizes are judged from shapes (models/facts.py counts a model at small sizes and
+scales), the model is built at full size only for `checkpoint.load`'s parameter names, after its memory passed.
+tests/unit/test_config_search_*.py hold every numeric key of every schema to an answer within 2 s of check time.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from ddp_lab.units import MiB
 if TYPE_CHECKING:
     import torch
 
+SEED_MAX = 2**32 - 1  # numpy's largest seed
+MAX_GBPS = 1e5  # network.gbps: 100 Tbit/s, beyond any link, and within tc's 64-bit rates (bytes/s)
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
 MEMORY_HEADROOM = 0.85
 GLOO_SCRATCH = 2.0           # task=allreduce on CPU: peak memory per byte of benchmark buffers
@@ -39,6 +45,16 @@ RANK_BASELINE_BYTES = 2**28  # one rank's interpreter + torch, before any buffer
 
 class ConfigError(ValueError):
     """A user's mistake in the config: reported as one line, never as a traceback."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: the deepest cause's first line that says something (Hydra wraps a model's own
+    error in a line naming the target)."""
+    for e in (exc.__cause__, exc):
+        lines = [line.strip() for line in str(e or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1] if len(lines) > 1 and lines[0].startswith("Error in call to target") else lines[0]
+    return type(exc).__name__
 
 
 def _require(ok: bool, message: str) -> None:
@@ -65,8 +81,8 @@ def validate(cfg: DictConfig) -> None:
     nodes = cfg.network.nodes if OmegaConf.select(cfg, "network.name") == "emulated" else nnodes
     _require(cfg.fault.node is None or 0 <= cfg.fault.node < nodes,
              f"fault.node={cfg.fault.node} must be a node in [0, {nodes - 1}] (network.nodes or launcher.nnodes)")
-    _require(cfg.fault.kind != "slow" or cfg.fault.slowdown > 1,
-             f"fault.slowdown={cfg.fault.slowdown} must be > 1 (times as long) with fault.kind=slow")
+    _require(cfg.fault.slowdown > 1, f"fault.slowdown={cfg.fault.slowdown} must be > 1 (times as long)")
+    _require(cfg.fault.step >= 0, f"fault.step must be a step >= 0, got {cfg.fault.step}")
     _require(cfg.backend.timeout_s > 0, f"backend.timeout_s must be > 0 seconds, got {cfg.backend.timeout_s}")
     _require(cfg.backend.collectives != "ring" or not _on_gpu(cfg),
              "backend.collectives=ring is the lab's rings for gloo; nccl runs its own (rings and trees already): "
@@ -98,12 +114,13 @@ def _validate_network(cfg: DictConfig) -> None:
              "network=emulated runs every node on this machine: use launcher.nnodes=1 (its nodes are "
              "network.nodes) and no SLURM launcher")
     _require(cfg.backend.name != "nccl", "network=emulated runs gloo between namespaces: use backend=gloo or auto")
-    _require(net.gbps is None or net.gbps > 0, f"network.gbps must be > 0 Gbit/s (unset: unshaped), got {net.gbps}")
+    for key in ("gbps", "slow_gbps"):
+        _require(net[key] is None or 0 < net[key] <= MAX_GBPS, f"network.{key} must be in (0, {MAX_GBPS:g}] Gbit/s "
+                 f"(unset: unshaped), got {net[key]}")
     _require((net.slow_node is None) == (net.slow_gbps is None),
              "network.slow_node and network.slow_gbps go together: the node whose link is slower, and its rate")
     _require(net.slow_node is None or 0 <= net.slow_node < net.nodes,
              f"network.slow_node must be a node in [0, {net.nodes - 1}], got {net.slow_node}")
-    _require(net.slow_gbps is None or net.slow_gbps > 0, f"network.slow_gbps must be > 0 Gbit/s, got {net.slow_gbps}")
     if net.slow_step:
         _require(net.slow_node is not None, "network.slow_step needs network.slow_node and network.slow_gbps: the "
                  "link that turns slow at that step")
@@ -161,6 +178,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(local % t.grad_accum_steps == 0, f"each rank's batch ({local}) does not divide into "
              f"train.grad_accum_steps={t.grad_accum_steps} micro-batches")
     _require(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
+    _require(0 <= t.seed <= SEED_MAX - ws, f"train.seed must be in [0, {SEED_MAX - ws}] (rank r seeds numpy with "
+             f"train.seed + r, and numpy takes seeds below 2^32), got {t.seed}")
     _require(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
     for key in ("context_length", "vocab_size"):  # every model takes them: the data is drawn from them
         _require(key in m, f"model={m.get('name')} has no {key}: every model takes vocab_size and context_length")
@@ -169,6 +188,8 @@ def _validate_train(cfg: DictConfig) -> None:
                  f"{m.get(key)}")
     _require(not {"d_model", "num_heads"} <= set(m) or m.d_model % m.num_heads == 0,
              f"model.d_model={m.get('d_model')} does not divide by model.num_heads={m.get('num_heads')}")
+    _require("rope_theta" not in m or m.rope_theta > 0, f"model.rope_theta must be > 0, got {m.get('rope_theta')}")
+    _validate_logits(cfg)
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
         spec.check_world(ws, ranks_per_node)
@@ -190,10 +211,31 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
-    module = _meta_model(cfg)
-    _validate_model_for_strategy(cfg, spec, module)
-    _validate_checkpoint(cfg, spec, module)
-    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ranks_per_node))
+    _validate_model_for_strategy(cfg, spec, _meta_model(cfg, small=True))  # its kinds of layers, at a bounded size
+    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ranks_per_node))  # from shapes, before a full build
+    _validate_checkpoint(cfg, spec)
+
+
+def _validate_logits(cfg: DictConfig) -> None:
+    """The first memory check, torch-free and so answered in a moment: every model maps a micro-batch of
+    context_length tokens to logits over vocab_size, and the loss saves their log-softmax in fp32 for backward,
+    so a rank needs at least 4 x micro-batch x context_length x vocab_size bytes whatever else its model saves.
+    On CPU (where each rank shares this machine's memory) a job refused by that bound alone is refused before
+    torch is imported; the full estimate (`_validate_memory`) follows for the rest."""
+    t, m = cfg.train, cfg.model
+    if _on_gpu(cfg):
+        return
+    from ddp_lab.machine import host_available_bytes
+    from ddp_lab.units import fmt_bytes
+
+    micro_batch = max(1, t.batch_size // cfg.world_size // t.grad_accum_steps)
+    least = 4 * micro_batch * m.context_length * m.vocab_size
+    ranks, have = cfg.world_size // cfg.launcher.nnodes, host_available_bytes()
+    _require(least * ranks <= MEMORY_HEADROOM * have,
+             f"model.context_length={m.context_length} with model.vocab_size={m.vocab_size} and {micro_batch} "
+             f"sequences per rank: its logits alone need {fmt_bytes(least)} per rank ({fmt_bytes(least * ranks)} "
+             f"in all), more than {int(MEMORY_HEADROOM * 100)}% of this machine's free memory ({fmt_bytes(have)}): "
+             "use a shorter context, a smaller batch or fewer ranks")
 
 
 def _validate_data(cfg: DictConfig) -> None:
@@ -203,6 +245,13 @@ def _validate_data(cfg: DictConfig) -> None:
     _require(t.eval_every >= 0,
              f"train.eval_every must be >= 0 steps (0: after the last step only), got {t.eval_every}")
     _require(t.eval_batches >= 0, f"train.eval_batches must be >= 0 (0: no validation loss), got {t.eval_batches}")
+    from ddp_lab.machine import host_available_bytes
+    from ddp_lab.units import fmt_bytes
+
+    held = 8 * t.eval_batches * max(1, t.batch_size // cfg.world_size) * (cfg.model.context_length + 1)
+    _require(held * cfg.world_size <= MEMORY_HEADROOM * host_available_bytes(),
+             f"train.eval_batches={t.eval_batches}: each rank keeps its held-out batches in memory, "
+             f"{fmt_bytes(held)} of token ids per rank, more than this machine has free: use fewer")
     if d.name == "synthetic":
         return
     _require(not OmegaConf.is_missing(d, "path"),
@@ -239,14 +288,16 @@ def _validate_comm_dtype(cfg: DictConfig, spec: StrategySpec) -> None:
              "strategy (strategy=bucketed) for bf16 on the wire")
 
 
-def _meta_model(cfg: DictConfig) -> torch.nn.Module:
-    """The model, built on the meta device: no memory, whatever its size."""
-    from ddp_lab.models.facts import meta_model
+def _meta_model(cfg: DictConfig, small: bool = False) -> torch.nn.Module:
+    """The model, built on the meta device: no memory, whatever its size. `small`: at most MEASURED_DEPTHS[-1]
+    blocks and MEASURED_CONTEXTS[-1] tokens (models/facts.py), what its strategy's `check_model` asks of its
+    kinds of layers, in bounded time (a meta build still costs a moment per block)."""
+    from ddp_lab.models.facts import bounded_size, meta_model
 
     try:
-        return meta_model(cfg.model)
-    except (TypeError, ValueError, InstantiationException) as exc:
-        raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {exc}") from None
+        return meta_model(bounded_size(cfg.model) if small else cfg.model)
+    except (TypeError, ValueError, RuntimeError, MemoryError, InstantiationException) as exc:
+        raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {first_line(exc)}") from None
 
 
 def _validate_model_for_strategy(cfg: DictConfig, spec: StrategySpec, module: torch.nn.Module) -> None:
@@ -258,7 +309,7 @@ def _validate_model_for_strategy(cfg: DictConfig, spec: StrategySpec, module: to
         raise ConfigError(f"strategy={spec.name} with model={cfg.model.name}: {exc}") from None
 
 
-def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.Module) -> None:
+def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec) -> None:
     c, t = cfg.checkpoint, cfg.train
     _require(c.every >= 0, f"checkpoint.every must be >= 0 steps (0 = never), got {c.every}")
     _require(c.keep >= 0, f"checkpoint.keep must be >= 0 checkpoints (0 = every one), got {c.keep}")
@@ -292,6 +343,7 @@ def _validate_checkpoint(cfg: DictConfig, spec: StrategySpec, module: torch.nn.M
         meta = read_checkpoint(path)
     except ValueError as exc:
         raise ConfigError(f"checkpoint.load={c.load}: {exc}") from None
+    module = _meta_model(cfg)  # every parameter's name and shape, at the size asked for (its memory was checked)
     problem = checkpoint_problem(meta, {name: list(p.shape) for name, p in module.named_parameters()})
     _require(problem is None, f"checkpoint.load={path}: {problem}")
     problem = own_format_problem(meta, spec.name, spec.own_checkpoint, cfg.world_size)
@@ -310,7 +362,8 @@ def _validate_collective(cfg: DictConfig) -> None:
     _require(t.size_mb * MiB >= 4 * ws,
              f"task.size_mb={t.size_mb} is less than one float32 per rank at world_size={ws}")
     _require(t.iters >= 1, f"task.iters must be >= 1, got {t.iters}")
-    _require(t.warmup_iters >= 0, f"task.warmup_iters must be >= 0, got {t.warmup_iters}")
+    _require(0 <= t.warmup_iters <= t.iters, f"task.warmup_iters must be in [0, task.iters={t.iters}] (the time "
+             f"budget caps the timed iterations, not the warm-up), got {t.warmup_iters}")
     _require(t.time_budget_s > 0, f"task.time_budget_s must be > 0 seconds, got {t.time_budget_s}")
     _require(not cfg.profile, "profile=true traces training steps: use it with task=train")
     import torch
@@ -340,12 +393,18 @@ def _validate_memory(cfg: DictConfig, zero_stage: int, shard_ranks: int | None =
     from ddp_lab.launcher.memory_estimate import estimate_rank_bytes, fmt_bytes
     from ddp_lab.machine import host_available_bytes
 
-    per_rank = estimate_rank_bytes(cfg, zero_stage, shard_ranks)
     local_ranks = cfg.world_size // cfg.launcher.nnodes
     if _on_gpu(cfg):
-        need, have, where = per_rank, torch.cuda.get_device_properties(0).total_memory, "each GPU"
+        ranks, have, where = 1, torch.cuda.get_device_properties(0).total_memory, "each GPU"
     else:
-        need, have, where = per_rank * local_ranks, host_available_bytes(), "this machine's free memory"
+        ranks, have, where = local_ranks, host_available_bytes(), "this machine's free memory"
+    try:
+        state = estimate_rank_bytes(cfg, zero_stage, shard_ranks, activations=False)  # parameters alone first
+        per_rank = state if state * ranks > MEMORY_HEADROOM * have else estimate_rank_bytes(cfg, zero_stage,
+                                                                                              shard_ranks)
+    except (TypeError, ValueError, RuntimeError, MemoryError, InstantiationException) as exc:
+        raise ConfigError(f"model={cfg.model.name} cannot be built from its config: {first_line(exc)}") from None
+    need = per_rank * ranks
     _require(need <= MEMORY_HEADROOM * have,
              f"model={cfg.model.name} needs about {fmt_bytes(per_rank)} per rank ({fmt_bytes(need)} in all), "
              f"more than {int(MEMORY_HEADROOM * 100)}% of {where} ({fmt_bytes(have)}): "

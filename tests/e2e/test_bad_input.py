@@ -6,6 +6,7 @@ user types them, through launch.py (seconds each)."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -67,10 +68,10 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=hsdp strategy.shard_size=0": "strategy.shard_size must be >= 1, got 0",
     "network=emulated world_size=3": "world_size=3 does not split evenly over network.nodes=2",
     "network=emulated network.nodes=0": "network.nodes must be >= 1",
-    "network=emulated network.gbps=0": "network.gbps must be > 0 Gbit/s",
+    "network=emulated network.gbps=0": "network.gbps must be in (0, 100000] Gbit/s",
     "network=emulated network.slow_node=1": "network.slow_node and network.slow_gbps go together",
     "network=emulated network.slow_node=2 network.slow_gbps=0.5": "network.slow_node must be a node in [0, 1]",
-    "network=emulated network.slow_node=0 network.slow_gbps=0": "network.slow_gbps must be > 0 Gbit/s",
+    "network=emulated network.slow_node=0 network.slow_gbps=0": "network.slow_gbps must be in (0, 100000] Gbit/s",
     "network=emulated fault.kind=slow fault.node=2": "fault.node=2 must be a node in [0, 1]",
     "fault.kind=slow fault.node=1": "fault.node=1 must be a node in [0, 0]",
     "network=emulated network.slow_step=2": "network.slow_step needs network.slow_node and network.slow_gbps",
@@ -91,7 +92,13 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "checkpoint.async_save=true": "checkpoint.every=0 asks for none: set checkpoint.every",
     "checkpoint.async=true": "checkpoint.async_save",
     "checkpoint.load=/no/such/job": "checkpoint.load=/no/such/job: no such folder",
-    "fault.kind=slow fault.slowdown=1": "fault.slowdown=1.0 must be > 1 (times as long) with fault.kind=slow",
+    "fault.kind=slow fault.slowdown=1": "fault.slowdown=1.0 must be > 1 (times as long)",
+    "train.seed=-1": "train.seed must be in [0, 4294967293]",
+    "model.context_length=1000000": "its logits alone need",
+    "model.num_layers=1000000000": "needs about",
+    "model.d_model=1000000000000 model.num_heads=1": "cannot be built from its config",
+    "task=allreduce task.warmup_iters=21": "task.warmup_iters must be in [0, task.iters=20]",
+    "train.eval_batches=1000000000000": "each rank keeps its held-out batches in memory",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",
     "strategy=zero2 train.optimizer=muon": "train.optimizer=muon needs an optimizer over whole parameters, and "
                                            "strategy=zero2's updates slices of them",
@@ -118,7 +125,9 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
 
 # One per kind: Hydra's types, options and keys; a validation rule; the memory check; a knob rule.
 THROUGH_LAUNCH = ["world_size=two", "strategy=nonexistent", "+train.stpes=5", "train.batch_size=7",
-                  "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16"]
+                  "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16",
+                  "model.context_length=1000000"]
+ANSWERED_S = 2.0  # a refusal that needs no torch, from `python launch.py` to its exit, on this machine
 
 
 @pytest.mark.parametrize("overrides", list(CASES), ids=list(CASES))
@@ -136,12 +145,16 @@ def test_bad_input_is_refused_by_the_pre_launch_check(overrides, tmp_path, capsy
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", THROUGH_LAUNCH)
 def test_bad_input_is_refused_before_launch(overrides, tmp_path):
+    start = time.perf_counter()
     proc = launch(*overrides.split(), tmp_path=tmp_path)
+    seconds = time.perf_counter() - start
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout
     assert CASES[overrides] in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()  # no rank started
     assert not (tmp_path / "run" / "steps.jsonl").exists()
+    if overrides == "model.context_length=1000000":  # the check must never do the job's work (its attention)
+        assert seconds <= ANSWERED_S, f"answered in {seconds:.2f} s"
 
 
 @pytest.mark.slow

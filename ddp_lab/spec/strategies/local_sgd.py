@@ -82,17 +82,18 @@ class LocalSGDSpec(DiLoCoSpec):
 
     def check(self) -> None:
         super().check()
+        # SparseLoCo's knobs are checked whether or not outer_topk turns it on: a value out of range is a mistake
+        knob_at_least(self, "outer_chunk", 1)
+        require(self.outer_chunk <= 181, f"strategy.outer_chunk must be <= 181 (indices travel as int16), got "
+                f"{self.outer_chunk}")
+        require(self.outer_bits in (2, 32), f"strategy.outer_bits must be 2 or 32, got {self.outer_bits}")
+        require(0 <= self.error_decay < 1, f"strategy.error_decay must be in [0, 1), got {self.error_decay}")
         if self.outer_topk is None:
             return
         require(self.outer == "none", "strategy.outer_topk (SparseLoCo) takes strategy.outer=none: its error feedback "
                 "takes the outer momentum's place")
-        knob_at_least(self, "outer_chunk", 1)
-        require(self.outer_chunk <= 181, f"strategy.outer_chunk must be <= 181 (indices travel as int16), got "
-                f"{self.outer_chunk}")
         require(1 <= self.outer_topk <= self.outer_chunk ** 2, f"strategy.outer_topk={self.outer_topk} must be in "
                 f"[1, outer_chunk² = {self.outer_chunk ** 2}]: a block has outer_chunk x outer_chunk values")
-        require(self.outer_bits in (2, 32), f"strategy.outer_bits must be 2 or 32, got {self.outer_bits}")
-        require(0 <= self.error_decay < 1, f"strategy.error_decay must be in [0, 1), got {self.error_decay}")
 
     def used_knobs(self) -> dict:
         """As DiLoCo's; SparseLoCo's block, width and decay whenever it compresses."""
