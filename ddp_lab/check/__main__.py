@@ -2,7 +2,8 @@
 
     python -m ddp_lab.check my_pkg.ddp.MyDDP                      # 2 and 3 gloo ranks, every case
     python -m ddp_lab.check my_pkg.ddp.MyDDP --world-size 2,3,4 --cases plain,frozen
-    python -m ddp_lab.check my_pkg.fsdp.FSDP --same-init --set compute_dtype=float16
+    python -m ddp_lab.check my_pkg.fsdp.FSDP --same-init --set compute_dtype=float16 \
+        --layers linear=my_pkg.model.Linear,embedding=my_pkg.model.Embedding,norm=my_pkg.model.RMSNorm
     python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --expect bucketed,overlap
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
@@ -43,11 +44,13 @@ from ddp_lab.check.cases import (
     compute_dtype,
     finished,
     in_progress,
+    layer_classes,
     locate,
     run_cases,
     runs,
     skip_reason,
 )
+from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
 from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_claim, judge, unjudged
@@ -101,7 +104,7 @@ def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
 
 
 def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str,
-         same_init: bool = False) -> dict:
+         same_init: bool = False, layers: dict | None = None) -> dict:
     """Case -> (each rank's result, None), or (None, (what ended the ranks, a traceback or None)). A set of
     ranks that fails part way keeps the cases it finished; the case it was in takes the failure, and the
     cases after it run in one more set: a crash costs one run more, not one per case."""
@@ -109,7 +112,7 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
         return {}
     with tempfile.TemporaryDirectory() as progress:
         try:
-            per_rank = run_ranks(run_cases, world_size, target, kwargs, names, progress, same_init,
+            per_rank = run_ranks(run_cases, world_size, target, kwargs, names, progress, same_init, layers,
                                  timeout_s=timeout_s, log_dir=log_dir)
             return {n: ([r[n] for r in per_rank], None) for n in names}
         except Exception as exc:  # a rank raised, died or hung
@@ -125,7 +128,7 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
     failed = failed if failed in pending else pending[0]
     results[failed] = (None, failure)
     rest = [n for n in names[names.index(failed) + 1:] if n not in done]
-    return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init)}
+    return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init, layers)}
 
 
 # A compute dtype's tolerance (rtol 0), against a reference that rounds the same way: bit for bit at 2 ranks
@@ -145,9 +148,12 @@ def tolerances(kwargs: dict) -> tuple[float, float]:
 
 
 def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
-          log_dir: str, same_init: bool = False, expect: set[str] = frozenset(), fsdp: bool = False) -> list[tuple]:
+          log_dir: str, same_init: bool = False, expect: set[str] = frozenset(), fsdp: bool = False,
+          layers: dict[str, str] | None = None) -> list[tuple]:
     """(world size, run or property, "ok" / "FAIL" / "skip" / "seen", detail, a crashed rank's traceback or
-    None) per run (a case, at each bucket size where the check chose them), claimed property and world size."""
+    None) per run (a case, at each bucket size where the check chose them), claimed property and world size.
+    `layers`: the user's own layer classes by kind, as dotted paths (`--layers`)."""
+    use_layers(layer_classes(layers))  # here too: the verdicts read the models' parameter names
     cls = locate(target)
     atol, rtol = tolerances(kwargs)
     claims = claimed(expect, fsdp, getattr(cls, "checks_optimizer", None) is not None)
@@ -156,11 +162,12 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
         runnable = [n for n in names if skip_reason(CASES[n], cls) is None]
         lines += [(world_size, n, "skip", skip_reason(CASES[n], cls), None) for n in names if n not in runnable]
         planned = runs(cls, kwargs, runnable)
-        results = _run(target, world_size, kwargs, planned, timeout_s, log_dir, same_init)
+        results = _run(target, world_size, kwargs, planned, timeout_s, log_dir, same_init, layers)
         for run in planned:
             per_rank, failure = results[run]
             case = case_of(run)[0]
-            line, trace = failure or (verdict(case, per_rank, atol, rtol), None)
+            line, trace = failure or (verdict(case, per_rank, atol, rtol, getattr(cls, "checks_optimizer", None)
+                                              is not None), None)
             lines.append((world_size, run, "FAIL" if line else "ok",
                           f"{case.proves}: FAILED: {line}" if line else case.proves, trace))
         done = {run: per_rank for run, (per_rank, _) in results.items() if per_rank is not None}
@@ -169,7 +176,7 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
                 lines.append((world_size, prop, "skip", unjudged(done), None))
                 continue
             problem = judge(prop, world_size, done, fsdp)
-            detail = describe_claim(prop, why)
+            detail = describe_claim(prop, why, sizes_chosen=planned != runnable)
             lines.append((world_size, prop, "FAIL" if problem else "ok",
                           f"{detail}: FAILED: {problem}" if problem else detail, None))
         first = {}  # each case's first finished run
@@ -194,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="every rank builds the model from one seed (a wrapper that does not broadcast at start)")
     parser.add_argument("--expect", default="", metavar="PROPERTY,...",
                         help=f"what the wrapper claims beyond parity, of {', '.join(PROPERTIES)}: FAIL where not seen")
+    parser.add_argument("--layers", default="", metavar="KIND=CLASS,...",
+                        help="build the check's models of your own layer classes: linear=, embedding=, norm= dotted "
+                             "paths (my_pkg.model.Linear), as the course's models are")
     parser.add_argument("--fsdp", action="store_true",
                         help="an FSDP (detected by gather_full_params() or its name): claims sharded parameters")
     args = parser.parse_args(argv)
@@ -209,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--expect {sorted(expect - set(PROPERTIES))[0]!r} is no property: "
                              f"use {', '.join(PROPERTIES)}")
         kwargs = _constructor_args(args.set)
+        layers = key_values([item for item in args.layers.split(",") if item], "--layers")
+        layer_classes(layers)  # refused here, in one line, before any rank starts
         cls = locate(args.target)
         fsdp = args.fsdp or is_fsdp(cls)
-        lines = check(args.target, world_sizes, names, kwargs, args.timeout, log_dir, args.same_init, expect, fsdp)
+        lines = check(args.target, world_sizes, names, kwargs, args.timeout, log_dir, args.same_init, expect, fsdp,
+                      layers)
     except ValueError as exc:
         shutil.rmtree(log_dir, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import Observer, layers
-from ddp_lab.check.parity import CastSingleProcess, full_state, train_distributed
+from ddp_lab.check.parity import CastSingleProcess, full_state, ties_of, train_distributed
 from ddp_lab.units import MiB
 
 SEQUENCES_PER_RANK = 4  # the global batch divides evenly at any world size, and into 2 micro-batches
@@ -48,8 +49,9 @@ CASES = {case.name: case for case in (
          "it (no gradient, so AdamW does not move it, weight decay included)"),
     Case("accumulation", "transformer", "two micro-batches, the first under no_sync(), equal one batch",
          grad_accum_steps=2, needs="no_sync"),
-    Case("groups", "transformer", "two param groups, the 1-D parameters without weight decay and at half the "
-         "learning rate: each parameter stepped with its own group's options", needs="optimizer", groups=True),
+    Case("groups", "transformer", "two param groups, each with options of its own (the matrices at 0.8 x the "
+         "learning rate and weight decay 0.05, the 1-D parameters at half of it and none): each parameter stepped "
+         "with its own group's options", needs="optimizer", groups=True),
 )}
 
 
@@ -144,32 +146,58 @@ def skip_reason(case: Case, cls: type) -> str | None:
     return None
 
 
+def layer_classes(layers: dict[str, str] | None) -> dict[str, type]:
+    """`--layers`' kinds to the user's classes (`{"linear": "my_pkg.model.Linear", ...}`); ValueError naming what is
+    wrong."""
+    from ddp_lab.check.models import LAYER_KINDS
+
+    out = {}
+    for kind, path in (layers or {}).items():
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"--layers {kind}=...: the kinds are {', '.join(LAYER_KINDS)}")
+        module_name, _, name = str(path).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), name, None) if module_name else None
+        except ImportError as exc:
+            raise ValueError(f"--layers {kind}={path}: cannot import {module_name!r}: {exc}") from None
+        if not (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)):
+            raise ValueError(f"--layers {kind}={path}: not a torch.nn.Module class (a dotted path: "
+                             "my_pkg.model.Linear)")
+        out[kind] = cls
+    return out
+
+
 def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list[str],
-              progress: str | None = None, same_init: bool = False) -> dict:
+              progress: str | None = None, same_init: bool = False,
+              layer_paths: dict[str, str] | None = None) -> dict:
     """On every rank, per run (`runs`): this rank's weights right after wrapping, after training, the
     reference's after training (on rank 0, else None), and what observe.py saw it do. With a `compute_dtype`
     the reference rounds as the wrapper does (parity.CastSingleProcess, the ranks' slices as micro-batches).
     In the folder `progress`, as it goes: the run this rank is in (`rank{R}.case`) and each finished run's
     result (`{run}.rank{R}.pt`), so that a set of ranks that fails part way is not run again for the runs
-    it finished."""
+    it finished. `layer_paths`: the user's own layer classes the models are built of (models.use_layers)."""
+    use_layers(layer_classes(layer_paths))
     cls = locate(target)
     dtype = compute_dtype(kwargs)
-    low = ({"exact_reference": True, "reference_wrapper": partial(CastSingleProcess, dtype=dtype, ranks=world_size)}
-           if dtype else {})
     out = {}
     for name in names:
         (case, size), started, before, observer = case_of(name), {}, {}, Observer()
+        # the reference casts what the wrapper ran in the compute dtype (every parameter where none was seen)
+        low = ({"exact_reference": True, "reference_wrapper": partial(CastSingleProcess, dtype=dtype, ranks=world_size,
+                                                                       cast=observer.cast_in(dtype))} if dtype else {})
         if progress is not None:
             Path(progress, f"rank{rank}.case").write_text(name)
 
-        def make(module, size=size, started=started, before=before):
+        def make(module, size=size, started=started, before=before, observer=observer):
             before.update(module=module, layers=layers(module))
+            observer.track(module)
             extra = dict(kwargs)
             if size is not None:
                 largest = max(p.numel() * p.element_size() for p in module.parameters())
                 extra[bucket_knob(cls)] = COURSE_BUCKET_MB if size == "25MB" else largest / 2 / MiB
+            ties = ties_of(module)
             wrapper = cls(module, **extra)
-            started.update(full_state(wrapper))
+            started.update(full_state(wrapper, ties))
             return wrapper
 
         optimizer = {"optimizer_cls": torch.optim.SGD, "opt_kwargs": {"lr": 0.1}} if case.sgd else {}
@@ -180,7 +208,7 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             inspect=lambda wrapper, opt, before=before: Observer.held(wrapper, opt, before["module"], before["layers"]),
             **optimizer, **low)
         seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "sizes": observer.sizes,
-                "held": held}
+                "overlapping": observer.overlapping(), "held": held}
         out[name] = (started, state, reference, seen)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))

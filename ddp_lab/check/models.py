@@ -124,7 +124,9 @@ class OwnRMSNorm(nn.Module):
         self.gain = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.gain
+        """In fp32, the input's dtype out, as the course's RMSNorm."""
+        wide = x.float()
+        return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5) * self.gain).to(x.dtype)
 
 
 class OwnBlock(nn.Module):
@@ -182,8 +184,56 @@ def byte_transformer():
     return tiny_transformer(BYTE_VOCAB)
 
 
-MODELS = {"frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
-          "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer}
+# --- the user's own layer classes (`python -m ddp_lab.check ... --layers linear=my.Linear,...`) ------------------
+
+LAYER_KINDS = {"linear": (nn.Linear, OwnLinear), "embedding": (nn.Embedding, OwnEmbedding),
+               "norm": (RMSNorm, OwnRMSNorm, nn.LayerNorm)}
+"""What each kind the user may name replaces in the check's models."""
+_user_layers: dict[str, type] = {}
+
+
+def use_layers(classes: dict[str, type]) -> None:
+    """Build every model below of the user's own classes, `{"linear": Linear, "embedding": Embedding, "norm":
+    RMSNorm}` (any of them), as the course's models are (an FSDP that picks layers by `isinstance` on them shards
+    nothing of torch's). Each is built as the course's are: `Linear(in_features, out_features)` (weight (out, in),
+    no bias), `Embedding(num_embeddings, embedding_dim)`, `RMSNorm(d_model)`."""
+    _user_layers.clear()
+    _user_layers.update(classes)
+
+
+def _of_user_layers(model: nn.Module) -> nn.Module:
+    """`model` with each layer of a kind the user named rebuilt of the user's class (frozen stays frozen, a shared
+    weight stays shared): both the ranks' models and the reference are built this way."""
+    if not _user_layers:
+        return model
+    shared: dict[int, nn.Parameter] = {}
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            kind = next((k for k, kinds in LAYER_KINDS.items() if k in _user_layers and isinstance(child, kinds)), None)
+            if kind is None:
+                continue
+            weight = child.weight if hasattr(child, "weight") else child.gain
+            args = (weight.shape[1], weight.shape[0]) if kind == "linear" else tuple(weight.shape)
+            new = _user_layers[kind](*args)
+            mine = next(n for n, p in new.named_parameters() if p.shape == weight.shape)
+            if id(weight) in shared:
+                setattr(new, mine, shared[id(weight)])
+            shared.setdefault(id(weight), getattr(new, mine))
+            new.requires_grad_(weight.requires_grad)
+            setattr(parent, child_name, new)
+    return model
+
+
+def _built(factory):
+    def build():
+        return _of_user_layers(factory())
+    build.__name__ = getattr(factory, "__name__", "model")
+    return build
+
+
+MODELS = {name: _built(factory) for name, factory in {
+    "frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
+    "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer}.items()}
 
 
 def mid_mb(model) -> float:

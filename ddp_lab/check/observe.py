@@ -34,6 +34,40 @@ class Observer:
 
     def __init__(self):
         self.calls, self.in_backward, self.sizes = Counter(), 0, []  # sizes: each call's message, in bytes
+        # "forward"; "grad": a parameter's gradient accumulated; "collective": one issued in backward
+        self.events: list[str] = []
+        self.dtypes: dict | None = None  # each parameter's dtype as the wrapper's first forward ran it
+
+    def track(self, module: torch.nn.Module) -> None:
+        """Mark each forward of `module` and each gradient accumulated into one of its parameters (hooks registered
+        before the wrapper's, so they run first): a collective issued in backward overlaps something only if a
+        gradient is still to come after it in the same backward."""
+        module.register_forward_pre_hook(lambda *_: self._forward(module))
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda _: self.events.append("grad"))
+
+    def _forward(self, module: torch.nn.Module) -> None:
+        self.events.append("forward")
+        if self.dtypes is None:  # what the wrapper runs the model's parameters in (an FSDP casts some of them)
+            self.dtypes = {n: p.dtype for n, p in module.named_parameters(remove_duplicate=False)}
+
+    def cast_in(self, dtype: torch.dtype):
+        """A function giving the names of the parameters the wrapper's first forward ran in `dtype` (None where it
+        ran none in it, or none was seen): what a reference must cast to round as the wrapper does."""
+        return lambda: {n for n, d in (self.dtypes or {}).items() if d == dtype} or None
+
+    def overlapping(self) -> int:
+        """Collectives issued in backward with a parameter's gradient still to come in that backward."""
+        count, pending = 0, 0
+        for event in self.events:
+            if event == "collective":
+                pending += 1
+            elif event == "grad":
+                count, pending = count + pending, 0
+            else:
+                pending = 0
+        return count
 
     @contextmanager
     def watching(self):
@@ -42,7 +76,10 @@ class Observer:
         def counted(name, fn):
             def call(*args, **kwargs):
                 self.calls[name] += 1
-                self.in_backward += torch._C._current_autograd_node() is not None
+                backward = torch._C._current_autograd_node() is not None
+                self.in_backward += backward
+                if backward:
+                    self.events.append("collective")
                 self.sizes.append(message_bytes(args, kwargs))
                 return fn(*args, **kwargs)
             return call
@@ -64,10 +101,16 @@ class Observer:
         held = model_state_bytes(wrapper, optimizer)
         full = sum(numel * size for _, numel, size, _, first in before.values() if first)
         trainable = sum(numel * size for _, numel, size, grad, first in before.values() if grad and first)
-        now = {name: p.numel() for name, p in module.named_parameters(remove_duplicate=False)}
-        sharded = {cls for name, (cls, numel, *_) in before.items() if now.get(name, numel) < numel}
-        whole = {cls for name, (cls, numel, *_) in before.items()
-                 if name in now and now[name] == numel and numel > 1 and cls not in sharded}
+        # by what each layer holds now, whatever its parameters are called (an FSDP may hold `weight_shard`)
+        now = {name: sum(p.numel() for p in layer.parameters(recurse=False))
+               for name, layer in module.named_modules(remove_duplicate=False)}
+        had: dict[str, tuple[str, int]] = {}
+        for name, (cls, numel, *_) in before.items():
+            layer = name.rpartition(".")[0]
+            had[layer] = (cls, had.get(layer, (cls, 0))[1] + numel)
+        sharded = {cls for layer, (cls, numel) in had.items() if now.get(layer, 0) < numel}
+        whole = {cls for layer, (cls, numel) in had.items()
+                 if now.get(layer, 0) >= numel and numel > 1 and cls not in sharded}
         return {"params_pct": 100 * held["params"] / full,
                 "optimizer_pct": 100 * held["optimizer_state"] / (2 * trainable) if held["optimizer_state"] else None,
                 "sharded": sorted(sharded), "whole": sorted(whole)}
@@ -99,7 +142,9 @@ def describe(per_rank: list, steps: int) -> str:
     calls = Counter(seen["calls"])
     total = sum(calls.values())
     ops = ", ".join(f"{op} {n / steps:g}" for op, n in calls.most_common())
-    when = (f"{seen['in_backward'] / steps:g} of them issued during backward (can overlap it)" if seen["in_backward"]
+    overlapping = seen.get("overlapping", seen["in_backward"])
+    when = (f"{seen['in_backward'] / steps:g} of them issued during backward, {overlapping / steps:g} with gradients "
+            "still to come (those can overlap it)" if seen["in_backward"]
             else "none during backward (each waits for backward to end)")
     plural = "" if total == steps else "s"
     sizes = seen.get("sizes") or [0]

@@ -91,12 +91,16 @@ class CastSingleProcess(SingleProcess):
     `finish_gradient_synchronization` widens each copy's gradient, times 1/`ranks`, and adds it to the fp32
     one (the master weights), micro-batch by micro-batch as ranks sum."""
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype, ranks: int = 1):
+    def __init__(self, module: nn.Module, dtype: torch.dtype, ranks: int = 1, cast=None):
+        """`cast`: a function giving the names of the parameters to cast (the ones the wrapper ran in `dtype`: the
+        course's FSDP casts its Linear and Embedding weights and leaves a norm's in fp32), or None: every one."""
         super().__init__(module)
-        self.dtype, self.ranks, self.copies = dtype, ranks, []
+        self.dtype, self.ranks, self.copies, self.cast = dtype, ranks, [], cast
 
     def forward(self, *args, **kwargs):
-        low = {n: p.detach().to(self.dtype).requires_grad_(p.requires_grad) for n, p in self.module.named_parameters()}
+        names = self.cast() if self.cast is not None else None
+        low = {n: (p.detach().to(self.dtype) if names is None or n in names else p.detach().clone())
+               .requires_grad_(p.requires_grad) for n, p in self.module.named_parameters()}
         self.copies.append(low)
         return _GradTimes.apply(functional_call(self.module, low, args, kwargs).float(), float(self.ranks))
 
@@ -112,10 +116,12 @@ class CastSingleProcess(SingleProcess):
 
 
 def two_groups(params, lr: float) -> list[dict]:
-    """The parameters in two param groups with options of their own: the matrices as given, the 1-D ones
-    (norms, biases) with no weight decay and half the learning rate."""
+    """The parameters in two param groups, each with options of its own, neither the optimizer's defaults (an
+    optimizer that builds its inner one from the constructor's options, dropping a group's, shows in either):
+    the matrices at 0.8 x the learning rate and weight decay 0.05, the 1-D ones (norms, biases) at half the
+    learning rate and no weight decay."""
     params = list(params)
-    return [{"params": [p for p in params if p.ndim >= 2]},
+    return [{"params": [p for p in params if p.ndim >= 2], "lr": lr * 0.8, "weight_decay": 0.05},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr / 2}]
 
 
@@ -134,15 +140,32 @@ def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int 
     return model
 
 
-def full_state(ddp) -> dict:
+def full_state(ddp, ties: list[list[str]] = ()) -> dict:
     """The whole model's weights: the wrapper's `full_state_dict()` (collective where parameters are
     sharded), or `gather_full_params()` (the 2026 course's FSDP: the state dict it returns, or its module's
-    once it has gathered), or, for a wrapper with neither, its module's state_dict."""
+    once it has gathered), or, for a wrapper with neither, its module's state_dict. `ties`: the names of each
+    weight the model shares between layers; a name left out (a gather of `named_parameters()`, which lists a
+    shared weight once, as the course's own test compares) is filled from the other name of its weight."""
     if hasattr(ddp, "full_state_dict"):
-        return ddp.full_state_dict()
-    gathered = ddp.gather_full_params() if hasattr(ddp, "gather_full_params") else None
-    state = gathered if isinstance(gathered, dict) else getattr(ddp, "module", ddp).state_dict()
-    return {k: v.detach().clone() for k, v in state.items()}
+        state = ddp.full_state_dict()
+    else:
+        gathered = ddp.gather_full_params() if hasattr(ddp, "gather_full_params") else None
+        state = gathered if isinstance(gathered, dict) else getattr(ddp, "module", ddp).state_dict()
+    state = {k: v.detach().clone() for k, v in state.items()}
+    for names in ties:
+        present = next((n for n in names if n in state), None)
+        for name in names:
+            if present is not None and name not in state:
+                state[name] = state[present]
+    return state
+
+
+def ties_of(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter `model` holds under more than one name."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def _whole(state: dict, model: nn.Module) -> dict:
@@ -190,8 +213,10 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(0 if same_init else rank)  # different init on every rank, on purpose, unless asked
-    ddp = make_wrapper(MODELS[model_name]())
-    start = full_state(ddp)  # the broadcast weights, whole (collective: fsdp's parameters are shards)
+    model = MODELS[model_name]()
+    ties = ties_of(model)
+    ddp = make_wrapper(model)
+    start = full_state(ddp, ties)  # the broadcast weights, whole (collective: fsdp's parameters are shards)
     reference = MODELS[model_name]() if rank == 0 else None
     if reference is not None:
         reference.load_state_dict(_whole(start, reference))
@@ -207,7 +232,7 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
         micro_batches = world_size * grad_accum_steps if exact_reference else 1
         train_reference(reference, optimizer_cls, steps, opt_kwargs, micro_batches, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper, data=data, groups=groups)
-    state = full_state(ddp)
+    state = full_state(ddp, ties)
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))
 

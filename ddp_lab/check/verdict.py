@@ -9,8 +9,10 @@ The cause is read from which parameters differ, from what and on which ranks, kn
 - two names of one tied weight hold different values on a rank: each was synchronized apart;
 - the unused parameter moved while ranks agree: it was given a gradient (zeros) one process does not
   give it, and the optimizer stepped it;
-- ranks disagree after training: some gradient was not averaged over every rank (a bucket or a
-  parameter never reduced, a hook that never fired on one rank);
+- ranks disagree after training: for a sharded optimizer (under the check's own DDP, which averages
+  every gradient), an update its owner never sent; on the model with an unused parameter that is itself
+  right, that parameter held back the bucket it shares; else some gradient was not averaged over every rank
+  (a bucket or a parameter never reduced, a hook that never fired on one rank);
 - every rank agrees and all differ from one process: the average itself is wrong (a sum for a mean, a
   gradient counted twice) or a step differs.
 
@@ -58,9 +60,11 @@ def _listed(names: list[str], facts: dict) -> str:
     return ", ".join(ordered[:SHOWN]) + more
 
 
-def verdict(case, per_rank: list, atol: float, rtol: float) -> str | None:
+def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = False) -> str | None:
     """None when every rank matches; else the cause, every parameter that differs and the largest
-    difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank."""
+    difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank.
+    `optimizer`: the target is a sharded optimizer under the project's own DDP (which averages every gradient),
+    so ranks that disagree point at its updates, not at a gradient."""
     facts = model_facts(case.model)
     start0, _, reference = per_rank[0][:3]
     moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
@@ -80,10 +84,11 @@ def verdict(case, per_rank: list, atol: float, rtol: float) -> str | None:
     if not wrong:
         return None
     detail = f"{_listed(list(wrong), facts)} differ ({worst}; tolerance {atol:g} + {rtol:g} x |expected|)"
-    return f"{_cause(per_rank, wrong, facts, atol, rtol)}: {detail}"
+    return f"{_cause(per_rank, wrong, facts, atol, rtol, optimizer, case.groups)}: {detail}"
 
 
-def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float) -> str:
+def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool = False,
+           groups: bool = False) -> str:
     frozen = sorted(facts["frozen"] & set(wrong))
     if frozen:
         return f"a frozen parameter moved ({frozen[0]}): it must stay as broadcast, never reduced or stepped"
@@ -99,9 +104,20 @@ def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float) -
         return (f"the unused parameter moved ({unused[0]}): no forward uses it, so one process gives it no gradient "
                 "and AdamW leaves it alone; here it was stepped (given a zero gradient, which weight decay then "
                 "moves?)")
+    if apart and optimizer:
+        return (f"the ranks disagree after training ({_listed(apart, facts)}): a parameter's update was not sent from "
+                "the rank that owns it (the gradients were averaged by the check's own DDP)")
+    if apart and facts["unused"] and not set(facts["unused"]) & set(wrong):
+        return (f"the unused parameter ({_listed(sorted(facts['unused']), facts)}) held back what was to be sent with "
+                f"it: no forward uses it, so its gradient never comes, and the parameters waiting beside it "
+                f"({_listed(apart, facts)}) were never averaged (a bucket that launches only once every gradient in "
+                "it is ready?)")
     if apart:
         return (f"the ranks disagree after training ({_listed(apart, facts)}): a gradient was not averaged over every "
                 "rank (a bucket or a parameter never reduced?)")
+    if optimizer and groups:
+        return ("every rank agrees, and all differ from one process: a parameter was not stepped with its own "
+                "group's options (an inner optimizer built from the constructor's options alone?)")
     return ("every rank agrees, and all differ from one process: the average is wrong (a sum for a mean, a "
             "gradient counted twice?) or a step differs")
 

@@ -18,8 +18,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """In fp32, and in the input's dtype out (as the course's RMSNorm): an fp16 input stays fp16 whatever the
+        weight's dtype, so the next layer's fp16 matmul gets what it expects."""
         rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x.float() * rms).to(x.dtype) * self.weight
+        return (x.float() * rms * self.weight).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):

@@ -61,8 +61,9 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _tensor_bytes(obj) -> int:
-    """numel x element size of the tensors in `obj` (nested dicts/lists/tuples too), local shards only."""
-    return sum(tensor_bytes(t) for t in _tensors(obj))
+    """numel x element size of the tensors in `obj` (nested dicts/lists/tuples too), local shards only, each
+    tensor once."""
+    return sum(tensor_bytes(t) for t in {id(t): t for t in _tensors(obj)}.values())
 
 
 def is_sharded(optimizer) -> bool:
@@ -76,9 +77,29 @@ def local_optimizer(optimizer):
     return optimizer.optim if is_sharded(optimizer) else optimizer
 
 
-def local_optimizer_state(optimizer) -> dict:
-    """The state this rank really holds."""
-    return local_optimizer(optimizer).state
+def inner_optimizers(optimizer) -> list:
+    """The torch optimizers `optimizer` holds, under any attribute name, alone or in a list, tuple or dict (a
+    course's sharded optimizer keeps its inner one as `optimizer`, `_local_optimizer`, `wrapped_optimizers`...),
+    itself excluded."""
+    found = []
+    for value in vars(optimizer).values():
+        items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else [value]
+        for item in items:
+            if isinstance(item, torch.optim.Optimizer) and item is not optimizer and all(item is not f for f in found):
+                found.append(item)
+    return found
+
+
+def local_optimizer_state(optimizer) -> list:
+    """The per-parameter state this rank really holds: the optimizer's own and every inner optimizer's, each
+    state dict once (a wrapper whose `state` is its inner optimizer's is not counted twice)."""
+    states, seen = [], set()
+    for holder in [optimizer, *inner_optimizers(optimizer)]:
+        state = getattr(holder, "state", None)
+        if isinstance(state, dict) and id(state) not in seen:
+            seen.add(id(state))
+            states.extend(state.values())
+    return states
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -144,8 +165,8 @@ def _model_state_tensors(model: torch.nn.Module, optimizer) -> dict:
         if id(p) not in seen and p.grad is not None:
             grads.append(p.grad)
         seen.add(id(p))
-    state = local_optimizer_state(optimizer) if optimizer is not None else {}
-    return {"params": params, "grads": grads, "optimizer_state": list(state.values())}
+    state = local_optimizer_state(optimizer) if optimizer is not None else []
+    return {"params": params, "grads": grads, "optimizer_state": state}
 
 
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:

@@ -290,3 +290,172 @@ class IgnoresItsBucketSize(AveragingDDP):
         for g in grads:
             g.copy_(flat[at:at + g.numel()].view_as(g))
             at += g.numel()
+
+
+# --- sharded optimizers and FSDPs as the course's solutions write them (ddp_lab.check, issue "on code written to
+# the course's spec"): the inner optimizer under names of their own, whole parameters dealt round-robin ---------
+
+class RoundRobinSharded(torch.optim.Optimizer):
+    """Right, as the course's method: every N-th parameter of each group to rank r (whole tensors, round-robin),
+    an inner optimizer over this rank's share that keeps every group's own options, named `_local_optimizer`;
+    after the step each owner broadcasts its parameters."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        groups = [g if isinstance(g, dict) else {"params": [g]} for g in params]
+        groups = groups if isinstance(params, list) and params and isinstance(params[0], dict) else \
+            [{"params": [p for g in groups for p in g["params"]]}]
+        rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.owned = []
+        mine = []
+        for group in groups:
+            ps = list(group["params"])
+            self.owned += [(p, i % self.n) for i, p in enumerate(ps)]
+            mine.append({**group, "params": ps[rank::self.n]})
+        self._local_optimizer = optimizer_cls([g for g in mine if g["params"]], **kwargs)
+        super().__init__([p for p, _ in self.owned], kwargs)
+
+    def step(self, closure=None):
+        self._local_optimizer.step()
+        self.share()
+
+    def share(self):
+        for p, owner in self.owned:
+            dist.broadcast(p.data, src=owner)
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p, _ in self.owned:
+            p.grad = None
+
+
+class KeepsEveryStateAsOptimizer(torch.optim.Optimizer):
+    """A "sharded" optimizer that keeps every state on every rank, its inner optimizer named `optimizer`: right,
+    and nothing sharded."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.all = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        self.optimizer = optimizer_cls(self.all, **kwargs)
+        super().__init__(self.all, kwargs)
+
+    def step(self, closure=None):
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.optimizer.zero_grad(set_to_none)
+
+
+class ShardedInAList(RoundRobinSharded):
+    """Right: its inner optimizers in a list, `wrapped_optimizers`, one per param group."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        inner = self._local_optimizer
+        del self._local_optimizer
+        self.wrapped_optimizers = [optimizer_cls([g], **kwargs) for g in inner.param_groups]
+
+    def step(self, closure=None):
+        for inner in self.wrapped_optimizers:
+            inner.step()
+        self.share()
+
+
+class DropsFirstGroupOptions(RoundRobinSharded):
+    """Builds its inner optimizer from the constructor's options alone: every group's own options are lost."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        mine = [p for g in self._local_optimizer.param_groups for p in g["params"]]
+        self._local_optimizer = optimizer_cls(mine, **kwargs)
+
+
+class NeverSendsTheLastGroup(RoundRobinSharded):
+    """Steps its share, but the owner never broadcasts the parameters of the last param group."""
+
+    def share(self):
+        last = {id(p) for p in self.param_groups[-1]["params"]} if len(self.param_groups) > 1 else set()
+        skipped = {id(p) for p, _ in self.owned[-3:]} if not last else last
+        for p, owner in self.owned:
+            if id(p) not in skipped:
+                dist.broadcast(p.data, src=owner)
+
+
+class HeldBackByUnused(AveragingDDP):
+    """Buckets of three parameters in reverse order, each averaged only once every gradient in it has arrived (a
+    hook on each): a bucket holding a parameter no forward uses is never sent, its other parameter never
+    averaged."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        trainable = list(reversed([p for p in module.parameters() if p.requires_grad]))
+        self.buckets = [trainable[i:i + 3] for i in range(0, len(trainable), 3)]
+        self.ready: set[int] = set()
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(self._arrived)
+
+    def _arrived(self, p):
+        self.ready.add(id(p))
+
+    def finish_gradient_synchronization(self) -> None:
+        for bucket in self.buckets:
+            if all(id(p) in self.ready for p in bucket):
+                self._average(bucket)
+        self.ready.clear()
+
+
+class GathersNamedParameters(CourseFSDP):
+    """Right, and its gather_full_params() is `named_parameters()` made whole, as the course's own test compares:
+    a weight shared by two layers is listed once."""
+
+    def gather_full_params(self) -> dict:
+        whole = {p: self._whole(p) for p in self.rows}
+        return {name: whole.get(p, p.data).clone() for name, p in self.module.named_parameters()}
+
+
+class RenamesItsShard(CourseFSDP):
+    """Right, and it keeps each sharded weight as `weight_shard` on its layer (the whole `weight` gone at rest)."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__(module, compute_dtype)
+        self.renamed = []  # (layer, its shard)
+        for layer in module.modules():
+            weight = layer._parameters.get("weight")
+            if weight is not None and weight in self.rows:
+                del layer._parameters["weight"]
+                layer.weight_shard = weight
+                self.renamed.append((layer, weight))
+
+    def forward(self, *args, **kwargs):
+        for layer, p in self.renamed:
+            layer.weight = p  # under its own name while the forward runs: the gathered weight goes in its place
+        out = super().forward(*args, **kwargs)
+        for layer, _ in self.renamed:
+            del layer.weight
+        return out
+
+    def gather_full_params(self) -> dict:
+        return {name.replace("weight_shard", "weight"): value for name, value in super().gather_full_params().items()}
+
+
+class AveragesInTheLastHook(AveragingDDP):
+    """Right: every gradient averaged from the hook of the gradient backward computes last (the embedding's), so
+    its collectives are issued during backward with nothing left for them to overlap."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        first = next(p for p in module.parameters() if p.requires_grad)  # the embedding: its gradient comes last
+        first.register_post_accumulate_grad_hook(lambda _: self._average(self.module.parameters()))
+        self.averaged = True
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+
+class CastsOnlyItsLayers(CourseFSDP):
+    """Right, as the course's FSDP in reduced precision: only the Linear and Embedding weights (the ones it shards)
+    are cast to `compute_dtype`; a norm's weight stays fp32, and the course's RMSNorm returns its input's dtype."""
+
+    def forward(self, *args, **kwargs):
+        for p in self.module.parameters():
+            self.master[p] = p.data
+            full = self._whole(p) if p in self.rows else p.data
+            p.data = full.to(self.dtype) if self.dtype is not None and p in self.rows else full
+        return self.module(*args, **kwargs)
