@@ -68,8 +68,8 @@ def _sharded(world_size: int, watched: dict, fsdp: bool) -> str | None:
             sharded = sorted({c for h in held for c in h["sharded"]})
             kinds = (f": it shards {', '.join(sharded) or 'no layer'} and holds {', '.join(whole)} whole"
                      if whole else "")
-            hint = (" (it shards no layer: does it pick layers by a class the check's models are not built of? Give "
-                    "it your own with --layers)") if not sharded else ""
+            hint = (" (does it pick its layers by a class the check's models are not built of? Give it yours with "
+                    "--layers)") if not sharded else ""
             return (f"in {run} a rank holds {share:.0f}% of the parameters, more than 1/{world_size} + {SLACK:g}% "
                     f"({limit:.0f}%){kinds}{hint}")
         problem = _state_kept_once(run, [h["optimizer_pct"] for h in held])

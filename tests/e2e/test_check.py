@@ -144,7 +144,7 @@ def test_an_fsdp_that_shards_nothing_trains_right_and_fails_its_claim(capsys):
     assert code == 1 and lines[(2, "plain")][0] == "ok", out
     assert lines[(2, "sharded")][1].split("FAILED: ")[1].startswith(
         "in plain a rank holds 100% of the parameters, more than 1/2 + 20% (70%): it shards no layer and holds "
-        "Embedding, Linear, RMSNorm whole (it shards no layer: does it pick layers by a class")
+        "Embedding, Linear, RMSNorm whole (does it pick its layers by a class")
 
 
 def test_an_fsdp_of_the_courses_kind_passes_in_fp16_and_shards_the_users_layers(capsys):
@@ -284,7 +284,7 @@ def test_an_fsdp_of_the_courses_own_classes_is_checked_on_models_built_of_them(c
     built of its classes (--layers) it shards them, and its frozen, tied and fp16 cases run and pass (2 ranks)."""
     code, out, _ = check("tests.helpers.course_layers.IsinstanceFSDP", "--world-size", "2", "--same-init", "--cases",
                          "plain", capsys=capsys)
-    assert code == 1 and "Give it your own with --layers" in verdicts(out)[(2, "sharded")][1], out
+    assert code == 1 and "Give it yours with --layers" in verdicts(out)[(2, "sharded")][1], out
     code, out, _ = check("tests.helpers.course_layers.IsinstanceFSDP", "--world-size", "2", "--same-init", "--cases",
                          "plain,own_classes,frozen,tied", "--set", "compute_dtype=float16", *COURSE_LAYERS,
                          capsys=capsys)
