@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.helpers.own_ddp import CourseFSDP
+from tests.helpers.own_ddp import CastsOnlyItsLayers
 
 
 class Linear(nn.Module):
@@ -41,18 +41,11 @@ class RMSNorm(nn.Module):
         return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(in_dtype)
 
 
-class IsinstanceFSDP(CourseFSDP):
+class IsinstanceFSDP(CastsOnlyItsLayers):
     """Right: shards the course's own Linear and Embedding (by isinstance), casts only them to compute_dtype."""
 
     def shards(self, layer: nn.Module) -> bool:
         return isinstance(layer, (Linear, Embedding))
-
-    def forward(self, *args, **kwargs):
-        for p in self.module.parameters():
-            self.master[p] = p.data
-            full = self._whole(p) if p in self.rows else p.data
-            p.data = full.to(self.dtype) if self.dtype is not None and p in self.rows else full
-        return self.module(*args, **kwargs)
 
 
 class AveragesFrozenToo(IsinstanceFSDP):

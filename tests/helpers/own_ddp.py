@@ -327,14 +327,12 @@ class RoundRobinSharded(torch.optim.Optimizer):
             p.grad = None
 
 
-class KeepsEveryStateAsOptimizer(torch.optim.Optimizer):
-    """A "sharded" optimizer that keeps every state on every rank, its inner optimizer named `optimizer`: right,
-    and nothing sharded."""
+class KeepsEveryStateAsOptimizer(KeepsEveryState):
+    """KeepsEveryState with its inner optimizer named `optimizer`, not `optim`: right, and nothing sharded."""
 
     def __init__(self, params, optimizer_cls, **kwargs):
-        self.all = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-        self.optimizer = optimizer_cls(self.all, **kwargs)
-        super().__init__(self.all, kwargs)
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.optimizer = self.__dict__.pop("optim")
 
     def step(self, closure=None):
         self.optimizer.step()
