@@ -241,13 +241,13 @@ COURSE_LAYERS = ["--layers", "linear=tests.helpers.course_layers.Linear,"
                  "embedding=tests.helpers.course_layers.Embedding,norm=tests.helpers.course_layers.RMSNorm"]
 
 
-@pytest.mark.parametrize("target", ["RoundRobinSharded", "ShardedInAList"])
-def test_a_round_robin_sharded_optimizer_passes_whatever_its_inner_optimizer_is_called(target, capsys):
+@pytest.mark.parametrize("target, cases", [("RoundRobinSharded", ",".join(CASES)),  # every model the check has
+                                           ("ShardedInAList", "plain,own_classes,groups")])
+def test_a_round_robin_sharded_optimizer_passes_whatever_its_inner_optimizer_is_called(target, cases, capsys):
     """Whole parameters dealt round-robin (the course's method), the inner optimizer as `_local_optimizer` or in a
     list: its state is found and measured, and one rank holding 98% of it (own_classes at 2 ranks: tensors alternate
     large and tiny) is no fault of the dealing."""
-    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2,3", "--cases",
-                         "plain,own_classes,groups", capsys=capsys)
+    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2,3", "--cases", cases, capsys=capsys)
     lines = verdicts(out)
     assert code == 0 and lines[(2, "sharded")][0] == lines[(3, "sharded")][0] == "ok", out
     assert "98% of AdamW's state" in lines[(2, "seen own_classes")][1], out
