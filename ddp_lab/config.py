@@ -228,6 +228,14 @@ class TrainConfig:
     """Compute dtype of forward and backward (autocast; fp16 adds a gradient scaler); master weights
     and optimizer state stay fp32. For fsdp and fsdp_torch it is also the dtype parameters are
     gathered in."""
+    compile: bool = False
+    """torch.compile the model's forward (and through AOTAutograd its backward), in place, as the strategy's
+    `compile_model` says (the wrapped model for most; torch's DDP as torch documents it, the DDP-wrapped model).
+    The first step compiles: it is a warm-up step, and the summary's `compile` says how long it took beyond a
+    measured step. A strategy that cannot run compiled is refused before launch, saying why."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend: inductor (the default, generated kernels), aot_eager (graphs traced, forward and
+    backward, run by eager kernels: what the CPU parity tests use, no C++ compiler needed), eager."""
 
 
 @dataclass

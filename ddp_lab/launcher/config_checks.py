@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 SEED_MAX = 2**32 - 1  # numpy's largest seed
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend: torch.compile's backends offered
 MAX_GBPS = 1e5  # network.gbps: 100 Tbit/s, beyond any link, and within tc's 64-bit rates (bytes/s)
 # Leave this share of the machine's free memory to the OS, Python and the launcher itself.
 MEMORY_HEADROOM = 0.85
@@ -208,6 +209,12 @@ def _validate_train(cfg: DictConfig) -> None:
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
+    _require(not t.compile or spec.compile_refusal is None,
+             f"train.compile=true: strategy={spec.name} cannot run compiled here: {spec.compile_refusal}")
+    _require(not t.compile or t.warmup_steps >= 1, "train.compile=true compiles in the first step: give it "
+             "train.warmup_steps >= 1 so the compile time stays out of the step figures")
+    _require(str(t.compile_backend) in COMPILE_BACKENDS, f"train.compile_backend must be one of "
+             f"{', '.join(COMPILE_BACKENDS)}, got {t.compile_backend}")
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")

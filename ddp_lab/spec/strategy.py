@@ -25,6 +25,7 @@ instead of probing the runtime class or matching its name:
   strategy and into any, at any world size (rank/checkpoint.py);
 - `whole_parameter_optimizer`: its optimizer updates whole parameters (False where it sees flat slices:
   zero2, fsdp, hsdp, fsdp_torch, DeepSpeed; or brings its own: demo), which `train.optimizer=muon` needs;
+- `compile_refusal`: why the strategy cannot run with `train.compile=true` (None: it can);
 - `synchronizes`: False for the floor (`strategy=none`): no rank hears from another, each trains alone;
 - `torch_reference`: the option of torch's own implementation of the same algorithm (bucketed's is torch_ddp,
   zero2's zero1_torch, fsdp's fsdp_torch), the bar tables divide its step by; None where torch has none;
@@ -78,6 +79,7 @@ class StrategySpec:
     whole_parameter_optimizer: ClassVar[bool] = True
     emulated_nodes: ClassVar[bool] = True
     synchronizes: ClassVar[bool] = True
+    compile_refusal: ClassVar[Optional[str]] = None
     torch_reference: ClassVar[Optional[str]] = None
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ each with its default here, so nothing is probed with getattr:
   torch's DistributedDataParallel;
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
 - `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
+- `compile_model(backend)`: `train.compile`, in place (the wrapped model by default; torch's DDP the DDP model);
 - `full_state_dict()`: the wrapped model's state dict with every parameter whole (what
   `train.save_model` writes; a plain model loads it); collective for strategies that shard
   parameters, so every rank calls it;
@@ -102,6 +103,13 @@ class DataParallelBase(nn.Module):
         """`optimizer_cls` over `params` (default: the trainable parameters; param groups welcome);
         sharding strategies return their own optimizer instead."""
         return optimizer_cls(self.trainable_parameters() if params is None else params, **kwargs)
+
+    def compile_model(self, backend: str) -> None:
+        """`train.compile`: torch.compile the wrapped model's forward in place (`nn.Module.compile`: its names,
+        state dict and parameters unchanged). The strategy's hooks on parameters stay outside the graph: a compiled
+        backward is one autograd node, so every gradient is ready when it ends, and what overlapped backward
+        eagerly may not (what the overlap figures then show)."""
+        self.module.compile(backend=backend)
 
     def facts(self) -> dict:
         return {}

@@ -151,6 +151,11 @@ class TorchDDP(DataParallelBase):
         else:
             self._last_grad = time.perf_counter()
 
+    def compile_model(self, backend: str) -> None:
+        """As torch documents DDP with torch.compile: the DDP-wrapped model compiled, so its DDPOptimizer splits the
+        graph at bucket boundaries and the buckets' all-reduces can still start during backward."""
+        self.ddp.compile(backend=backend)
+
     @property
     def bucket_sizes_mb(self) -> list[float]:
         """DDP's current buckets in MiB, launch order. They change once, at the second forward.

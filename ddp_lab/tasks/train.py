@@ -7,6 +7,7 @@ tests and the benchmarks call the same `train_step`. `train.precision` is a `Pre
 (rank/precision.py): autocast around the forward, fp16's loss scaling around backward and the
 optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `compute_dtype` instead.
 `measure.grad_error` adds a `GradErrorProbe` (rank/grad_error.py) between the sync and the step.
+`train.compile` compiles the model in place after wrapping (the strategy's `compile_model`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
     return torch.stack(losses).sum()
 
 
+def compile_summary(cfg, steps: list[dict], summary: dict) -> dict | None:
+    """`train.compile`: the backend, and how long compiling took: the first step's time beyond a measured step's
+    p50 (the first step traces and compiles the forward and backward; it is a warm-up step, outside every other
+    figure). None when the run did not compile, or did not run a step from the start (a resumed run)."""
+    if not cfg.train.compile:
+        return None
+    first = steps[0] if steps and steps[0]["step"] == 0 else None
+    p50 = (summary.get(STEP_TIME.key) or {}).get("p50")
+    return {"backend": str(cfg.train.compile_backend),
+            "first_step_ms": first[STEP_TIME.key] if first else None,
+            "compile_s": max(0.0, first[STEP_TIME.key] - p50) / 1e3 if first and p50 is not None else None}
+
+
 def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer: str = "adamw"):
     """The strategy of `spec` around `module`, its optimizer (`train.optimizer`: rank/optimizers.py) and the
     `Precision` of `compute` (fp32, bf16, fp16), as every job trains them (tests/parity/test_precision_every_strategy.py
@@ -94,6 +108,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
                                        str(cfg.train.optimizer))
+    if cfg.train.compile:
+        model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     data = BatchSource(cfg, rank, world_size, device)  # this rank's rows of every batch, the source's facts
     recorder.log_once({"num_params": num_params, **facts, **data.facts()})
@@ -144,6 +160,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
         if rank == 0:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
+    summary["compile"] = compile_summary(cfg, steps, summary)
     shard_ranks = spec.shard_ranks(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute, shard_ranks)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true

@@ -30,6 +30,8 @@ class DeepSpeedSpec(StrategySpec):
     """DeepSpeed's overlap_comm: reduce on a side stream (async on CPU) instead of blocking in the hook."""
 
     runtime = "ddp_lab.strategies.DeepSpeedZeRO"
+    compile_refusal = ("DeepSpeed's engine runs the model itself (it has its own compile option, not torch.compile "
+                       "of the module)")
     own_checkpoint = "deepspeed"  # its engine's save_checkpoint: its flat partitions are no DCP pieces
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
 

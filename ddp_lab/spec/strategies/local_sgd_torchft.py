@@ -21,6 +21,7 @@ class TorchftLocalSGDSpec(DiLoCoSpec):
     name: str = "local_sgd_torchft"
 
     runtime = "ddp_lab.strategies.TorchftDiLoCo"
+    compile_refusal = "torchft's managers and their servers run around the model, not proven compiled"
     emulated_nodes = False  # its servers advertise this host's name, which another node's namespace cannot reach
 
     def check(self) -> None:
