@@ -12,14 +12,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_compiled_jobs_record_their_compile_time_and_train_as_eager_ones(tmp_path):
-    run = [*FAST, "logger=none", "train.save_model=true", "strategy=bucketed,torch_ddp",
-           "train.compile_backend=aot_eager"]
+    run = [*FAST, "logger=none", "train.save_model=true", "strategy=bucketed", "train.compile_backend=aot_eager"]
     for folder in ("compiled", "eager"):
         (tmp_path / folder).mkdir()
     compiled = launch(*run, "train.compile=true", tmp_path=tmp_path / "compiled", multirun=True)
     eager = launch(*run, tmp_path=tmp_path / "eager", multirun=True)
     assert compiled.returncode == 0 and eager.returncode == 0, compiled.stderr + eager.stderr
-    for job in range(2):
+    for job in range(1):  # one strategy: tests/parity/test_compile.py holds every one
         record = results(tmp_path / "compiled" / "multirun" / str(job))
         summary = record["summary"]
         assert record["status"] == "ok", record["error"]
