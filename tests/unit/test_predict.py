@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from ddp_lab.analysis.predict import fit as fitting
+from ddp_lab.analysis.predict import scale as scaling
 from ddp_lab.analysis.predict.cli import main
 from ddp_lab.analysis.predict.costs import PredictError, collective_ms, share_speeds
 from ddp_lab.analysis.predict.interpret import planned_units
@@ -17,8 +18,9 @@ from ddp_lab.analysis.predict.replay import Collective, Step, replay
 from ddp_lab.analysis.predict.scale import load_model, step_ms
 from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
 from ddp_lab.analysis.predict.systems import SYSTEMS
+from ddp_lab.models.facts import flops_per_token
 from tests.helpers.launching import ROOT
-from tests.helpers.report_fixtures import collective_results, write_job
+from tests.helpers.report_fixtures import collective_results, train_results, write_job
 
 # --- fits -------------------------------------------------------------------------------------------
 
@@ -567,3 +569,77 @@ def test_heldout_scores_each_group_with_its_own_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| strategies: other strategies at 2 ranks" in out and "| link 1 Gbit/s: emulated nodes at 1 Gbit/s" in out
     assert main(["heldout", str(tmp_path / "nothing")]) == 2
+
+
+# --- measured compute -------------------------------------------------------------------------------
+
+def _tiny_row(batch: int, fwd_bwd: float | None = 30.0, **over) -> dict:
+    cfg = load_model("tiny")
+    row = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-11-27", "model": "tiny",
+           "context": cfg.context_length, "params": sum(p["numel"] for p in scaling.parameters(cfg)), "batch": batch,
+           "precision": "bf16", "compile": False, "step_ms": (fwd_bwd or 30.0) + 2.0}
+    if fwd_bwd is not None:
+        row.update(fwd_bwd_ms=fwd_bwd, optimizer_ms=2.0)
+    return {**row, **over}
+
+
+def test_scale_takes_compute_from_a_measured_row_and_assumes_only_where_none_matches():
+    h200, cfg = SYSTEMS["h200"], load_model("tiny")
+    table = [_tiny_row(4, 30.0), _tiny_row(8, 50.0)]
+    at = {b: scaling.workload(h200, cfg, b, table) for b in (2, 4, 6, 8, 16)}
+    assert at[4].compute.kind == "measured" and at[4].forward_ms + at[4].backward_ms == pytest.approx(30.0)
+    assert at[4].optimizer_ms == 2.0 and at[4].forward_ms == pytest.approx(10.0)  # split by FLOPs: a third
+    assert step_ms(h200, at[4], 1, "bucketed")["step_ms"] == pytest.approx(32.0)  # one GPU: the measured step
+    assert at[6].compute.kind == "interpolated" and at[6].backward_ms * 1.5 == pytest.approx(40.0)
+    assert at[16].compute.kind == "scaled" and at[16].backward_ms * 1.5 == pytest.approx(100.0)
+    assert at[2].compute.kind == "scaled" and at[2].backward_ms * 1.5 == pytest.approx(15.0)
+    assert "compute measured" in at[4].compute.line and "guess" in at[16].compute.line
+    # no row of this GPU, this compile, this context, this precision or this model: the assumption, as before
+    assumed = scaling.workload(SYSTEMS["h100-nvlink"], cfg, 4, table)
+    for w in (assumed, scaling.workload(h200, cfg, 4, table, compiled=True),
+              scaling.workload(h200, cfg, 4, [_tiny_row(4, context=cfg.context_length * 2)]),
+              scaling.workload(h200, cfg, 4, [_tiny_row(4, precision="fp32")]),
+              scaling.workload(h200, cfg, 4, [_tiny_row(4, model="small")])):
+        assert w.compute.kind == "assumed" and "MFU 0.5" in w.compute.line
+    rate = 989.4e12 * 0.5
+    assert assumed.backward_ms == pytest.approx(flops_per_token(cfg)["backward"] * 4 * cfg.context_length / rate * 1e3)
+    # a whole step measured: the optimizer priced and taken out of it
+    whole = scaling.workload(h200, cfg, 4, [_tiny_row(4, None)])
+    assert whole.forward_ms + whole.backward_ms + whole.optimizer_ms == pytest.approx(32.0)
+    assert whole.optimizer_ms == pytest.approx(28 * _tiny_row(4)["params"] / 4.8e12 * 1e3)
+
+
+def test_the_lab_table_prices_xl_on_the_h200_and_says_so(capsys):
+    assert main(["scale", "--system", "h200", "--model", "xl", "--batch", "32", "--world-size", "1",
+                 "--strategy", "bucketed"]) == 0
+    out = capsys.readouterr().out
+    assert "Compute measured: xl at batch 32, bf16, eager, on NVIDIA H200" in out and "MFU 0.26" in out
+    assert "| bucketed | 1 | 206.0 |" in out  # the measured step, given back at one GPU
+    assert main(["scale", "--system", "h200", "--model", "xl", "--compile", "--world-size", "1",
+                 "--strategy", "bucketed"]) == 0
+    assert "Compute assumed: the GPU's peak x MFU 0.5" in capsys.readouterr().out
+
+
+def test_record_keeps_only_gpu_floor_jobs(tmp_path, capsys):
+    def floor(device: str, strategy: str = "none", world_size: int = 1) -> dict:
+        res = train_results(strategy, step_ms=36.0, exposed_ms=0.0, world_size=world_size,
+                            memory={"num_params": _tiny_row(4)["params"]})
+        res["config"].update(model={"name": "tiny", "context_length": 64},
+                             train={"batch_size": 4, "precision": "bf16", "compile": False})
+        res["env"].update(torch="2.13.0+cu130", devices=[f"host:{device}"] * world_size)
+        return res
+
+    for name, res in (("gpu", floor("NVIDIA H200")), ("cpu", floor("cpu")), ("synced", floor("NVIDIA H200", "flat")),
+                      ("two", floor("NVIDIA H200", world_size=2))):
+        write_job(tmp_path / "sweep" / name, res)
+    table = tmp_path / "table.json"
+    assert main(["record", str(tmp_path / "sweep"), "--table", str(table)]) == 0
+    rows = json.loads(table.read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["device"] == "NVIDIA H200" and rows[0]["fwd_bwd_ms"] == 34.0
+    assert main(["record", str(tmp_path / "sweep"), "--table", str(table)]) == 0  # again: replaced, not added
+    assert len(json.loads(table.read_text())["rows"]) == 1 and "0 rows added, 1 replaced" in capsys.readouterr().out
+    assert main(["scale", "--system", "h200", "--model", "tiny", "--world-size", "1", "--compute-table", str(table),
+                 "--strategy", "bucketed"]) == 0
+    assert "| bucketed | 1 | 36.0 |" in capsys.readouterr().out
+    assert main(["record", str(tmp_path / "sweep" / "cpu"), "--table", str(table)]) == 2
+    assert "no finished floor job" in capsys.readouterr().err

@@ -4,6 +4,8 @@
     python -m ddp_lab.predict validate model.json SWEEP [--markdown table.md]
     python -m ddp_lab.predict scale --system h100-nvlink --model xl --world-size 8,64,512 --strategy bucketed,zero1,fsdp
     python -m ddp_lab.predict scale --system v100-dgx1 --model my_model.json --world-size 8,16 --strategy torch_ddp
+    python -m ddp_lab.predict scale --system h200 --model xl --batch 32 --world-size 1,8,64   # compute measured
+    python -m ddp_lab.predict record SWEEP [--table FILE]   # a GPU sweep's floor jobs into the measured table
     python -m ddp_lab.predict published [--markdown published.md]
     python -m ddp_lab.predict heldout OUT [--markdown heldout.md]     # after benchmarks/predict_heldout.sh OUT
 
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ddp_lab.analysis.predict import fit as fitting
 from ddp_lab.analysis.predict import heldout as holding_out
+from ddp_lab.analysis.predict import measured as measuring
 from ddp_lab.analysis.predict import published as publishing
 from ddp_lab.analysis.predict import scale as scaling
 from ddp_lab.analysis.predict import validate as validating
@@ -70,8 +74,14 @@ def cmd_scale(args) -> int:
     model = scaling.load_model(args.model, args.context)
     sizes = scaling.world_sizes_arg(args.world_size)
     strategies = [s for s in args.strategy.split(",") if s]
-    rows = scaling.scale_rows(system, model, sizes, strategies, args.batch)
-    text = scale_markdown(system, model, rows, args)
+    table = [] if args.mfu is not None else measuring.load_table(args.compute_table)
+    if args.mfu is not None:
+        if not 0 < args.mfu <= 1:
+            raise PredictError(f"--mfu must be in (0, 1], got {args.mfu:g}")
+        system = replace(system, mfu=args.mfu)
+    rows = scaling.scale_rows(system, model, sizes, strategies, args.batch, table, args.compile)
+    compute = scaling.workload(system, model, args.batch, table, args.compile).compute
+    text = scale_markdown(system, model, rows, args, compute)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
@@ -88,11 +98,12 @@ def _per_gpu(model, args) -> str:
     return f"{args.batch} x {model.context_length} tokens"
 
 
-def scale_markdown(system, model, rows, args) -> str:
-    described = isinstance(model, dict)
+def scale_markdown(system, model, rows, args, compute=None) -> str:
+    """The rows as markdown; `compute`: where a conf model's compute came from (measured.Compute)."""
     lines = [f"{Path(args.model).stem} on {system.name} ({system.gpus_per_node} GPUs per node), "
-             f"{_per_gpu(model, args)} per GPU, "
-             + ("compute as described" if described else f"bf16 mixed precision, MFU {system.mfu:g}"), "",
+             f"{_per_gpu(model, args)} per GPU, " + ("compute as described" if compute is None else
+                                                     f"bf16 mixed precision\n\n{compute.line[0].upper()}"
+                                                     f"{compute.line[1:]}"), "",
              "| strategy | GPUs | step ms | exposed comm ms | comm ms | step ms on torch's estimator "
              "| efficiency vs one node | best bucket MiB | torch's bucket rule MiB | compute-bound tokens/GPU |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -109,6 +120,32 @@ def scale_markdown(system, model, rows, args) -> str:
               "torch's estimator: torch/_inductor/comm_analysis.py (estimate_nccl_collective_runtime_impl) in the same "
               "replay; torch's bucket rule: its compute_min_saturation_bytes (90% of the link's bandwidth)"]
     return "\n".join(lines)
+
+
+def cmd_record(args) -> int:
+    """Every floor job of a GPU sweep (strategy=none, one rank) into the measured table."""
+    from datetime import date
+
+    from ddp_lab.analysis.records import load_runs
+    from ddp_lab.jobdir import RESULTS
+
+    if not Path(args.sweep).exists():
+        raise PredictError(f"no such folder: {args.sweep}")
+    rows = []
+    for _, res, job in load_runs(args.sweep):
+        when = date.fromtimestamp((job / RESULTS).stat().st_mtime).isoformat() if (job / RESULTS).exists() else ""
+        row = measuring.row_from_job(res, when, str(job))
+        if row is not None:
+            rows.append(row)
+    if not rows:
+        raise PredictError(f"no finished floor job (strategy=none, one rank, on a GPU) under {args.sweep}")
+    added, replaced = measuring.record(rows, args.table)
+    for r in rows:
+        print(f"{r['device']}: {r['model']} batch {r['batch']} {r['precision']} "
+              f"{'compiled' if r['compile'] else 'eager'}: step {r['step_ms']:.1f} ms (forward and backward "
+              f"{r['fwd_bwd_ms']:.1f}, optimizer {r['optimizer_ms']:.1f})")
+    print(f"wrote {args.table}: {added} rows added, {replaced} replaced")
+    return 0
 
 
 def cmd_heldout(args) -> int:
@@ -149,8 +186,17 @@ def main(argv: list[str] | None = None) -> int:
                    f"{', '.join(scaling.scalable())}")
     s.add_argument("--batch", type=int, default=4, help="sequences per GPU (default 4, Table 1's batch)")
     s.add_argument("--context", type=int, help="context length (default: the model's)")
+    s.add_argument("--compile", action="store_true", help="price compute from compiled measurements (train.compile)")
+    s.add_argument("--mfu", type=float, help="price compute at the GPU's peak x this fraction instead, the measured "
+                   "table ignored (what-if; the system's assumption is 0.5)")
+    s.add_argument("--compute-table", help="a measured compute table (default: the lab's, "
+                   "ddp_lab/analysis/predict/measured/gpu_compute.json)")
     s.add_argument("--markdown", help="also write the tables to this file")
     s.add_argument("--plot", help="draw step time and efficiency against world size to this PNG")
+    r = sub.add_parser("record", help="a GPU sweep's floor jobs (strategy=none, one rank) into the measured "
+                       "compute table scale prices compute from")
+    r.add_argument("sweep", help="a sweep or job folder run on a GPU")
+    r.add_argument("--table", default=str(measuring.TABLE), help="the table to add to (default: the lab's)")
     p = sub.add_parser("published", help="predictions against published GPU measurements (NVIDIA's H100 all-reduce, "
                        "torch's DDP benchmark on V100s, torchtitan's Llama 3 8B FSDP), torch's estimator beside")
     p.add_argument("--markdown", help="also write the tables to this file")
@@ -159,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
     try:
-        return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale,
+        return {"fit": cmd_fit, "validate": cmd_validate, "scale": cmd_scale, "record": cmd_record,
                 "published": cmd_published, "heldout": cmd_heldout}[args.command](args)
     except (PredictError, ResultsSchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -4,9 +4,11 @@ The model is a conf model (counted below) or any model described by its paramete
 (`described_workload`, `scale --model FILE.json`); each row also replays the step on torch's own
 collective estimate (torch_estimate.py) and gives torch's FSDP bucket rule beside the best bucket.
 
-Compute: the model's FLOPs per token, counted on the model built on the meta device
-(ddp_lab/models/facts.py), at the system's peak times its MFU; each parameter's gradient is ready when
-backward has done the FLOPs of everything after it (output first). Mixed precision (bf16 weights and gradients
+Compute: measured where the measured table has the model on the system's GPU (measured.py: the same
+batch, or scaled by tokens from another), else the model's FLOPs per token, counted on the model built
+on the meta device (ddp_lab/models/facts.py), at the system's peak times its assumed MFU; every output
+says which. Each parameter's gradient is ready when backward has done the FLOPs of everything after it
+(output first). Mixed precision (bf16 weights and gradients
 on the wire, fp32 master weights and AdamW: 16 bytes per parameter, ZeRO's accounting); the
 optimizer is memory-bound: 28 bytes per parameter it updates (read fp32 master, m, v and the bf16
 gradient, write master, m, v and the bf16 weight) at the GPU's memory bandwidth. Collectives: the
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddp_lab.analysis.predict import torch_estimate
+from ddp_lab.analysis.predict import measured, torch_estimate
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.interpret import Work, interpret, planned_units, units_by_name
 from ddp_lab.analysis.predict.nccl import collective_s
@@ -112,6 +114,7 @@ class Workload:
     optimizer_ms: float
     wire_bytes: int = WIRE_BYTES
     cfg: object = None           # the conf model it was counted from (None: a described model)
+    compute: measured.Compute | None = None  # where a conf model's compute came from (None: a described model)
     _units: dict = field(default_factory=dict, compare=False, repr=False)
 
     def units(self, policy: str):
@@ -123,18 +126,20 @@ class Workload:
         return self._units[policy]
 
 
-def transformer_workload(system: System, cfg, batch: int) -> Workload:
-    """A conf/model counted on the meta device: compute from FLOPs at the system's peak x MFU,
-    `batch` sequences per GPU, the optimizer memory-bound (module docstring)."""
+def transformer_workload(system: System, cfg, batch: int, table: list[dict] | None = None,
+                         compiled: bool = False) -> Workload:
+    """A conf/model counted on the meta device, `batch` sequences per GPU: compute measured where `table`
+    (the lab's measured table when None) has it, else from FLOPs at the system's peak x MFU; the
+    optimizer measured with it, else memory-bound (module docstring)."""
     tokens = batch * cfg.context_length
-    ms_per_flop = 1e3 / (system.peak_flops * system.mfu)
-    fpt = flops_per_token(cfg)
-    params = [{**p, "bwd_ms": p["bwd"] * tokens * ms_per_flop} for p in parameters(cfg)]
-    n_params = sum(p["numel"] for p in params)
-    return Workload(name=cfg.name if "name" in cfg else "model", params=params,
-                    forward_ms=fpt["forward"] * tokens * ms_per_flop,
-                    backward_ms=fpt["backward"] * tokens * ms_per_flop,
-                    optimizer_ms=OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3, cfg=cfg)
+    fpt, facts = flops_per_token(cfg), parameters(cfg)
+    n_params = sum(p["numel"] for p in facts)
+    compute = measured.compute(system, cfg, batch, fpt, n_params, OPTIMIZER_BYTES * n_params / system.hbm_Bps * 1e3,
+                               compiled=compiled, table=measured.load_table() if table is None else table)
+    ms_per_flop = compute.backward_ms / (fpt["backward"] * tokens)
+    params = [{**p, "bwd_ms": p["bwd"] * tokens * ms_per_flop} for p in facts]
+    return Workload(name=cfg.name if "name" in cfg else "model", params=params, forward_ms=compute.forward_ms,
+                    backward_ms=compute.backward_ms, optimizer_ms=compute.optimizer_ms, cfg=cfg, compute=compute)
 
 
 def described_workload(system: System, desc: dict, batch: int | None = None) -> Workload:
@@ -178,10 +183,11 @@ def described_workload(system: System, desc: dict, batch: int | None = None) -> 
                     wire_bytes=int(desc.get("wire_bytes", WIRE_BYTES)))
 
 
-def workload(system: System, model, batch: int) -> Workload:
-    """A conf model (counted) or a description (dict) as scale replays it."""
+def workload(system: System, model, batch: int, table: list[dict] | None = None, compiled: bool = False) -> Workload:
+    """A conf model (counted; its compute measured where `table` has it) or a description (dict) as scale
+    replays it."""
     return described_workload(system, model, batch) if isinstance(model, dict) else \
-        transformer_workload(system, model, batch)
+        transformer_workload(system, model, batch, table, compiled)
 
 
 class NcclCosts:
@@ -253,10 +259,14 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
     return seconds * rate / per_token
 
 
-def scale_rows(system: System, model, world_sizes, strategies, batch: int) -> list[dict]:
-    """One row per strategy and world size; `model` a conf model or a description (dict). Beside the
-    best bucket, torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op."""
-    w = workload(system, model, batch)
+def scale_rows(system: System, model, world_sizes, strategies, batch: int, table: list[dict] | None = None,
+               compiled: bool = False) -> list[dict]:
+    """One row per strategy and world size; `model` a conf model or a description (dict), a conf model's
+    compute measured where `table` has it (workload). Beside the best bucket, torch's FSDP bucket rule
+    (torch_estimate.min_saturation_bytes) for the gradient op."""
+    w = workload(system, model, batch, table, compiled)
+    rate = None if w.cfg is None else \
+        flops_per_token(w.cfg)["backward"] * batch * w.cfg.context_length / (w.backward_ms * 1e-3)
     rows = []
     for strategy in strategies:
         plan = schedule(strategy)
@@ -281,7 +291,7 @@ def scale_rows(system: System, model, world_sizes, strategies, batch: int) -> li
                          "efficiency": base["step_ms"] / at["step_ms"],
                          "best_bucket_mb": best_mb, "torch_rule_mb": torch_mb,
                          "compute_bound_tokens": None if w.cfg is None else
-                         compute_bound_tokens(system, w.cfg, n, strategy)})
+                         compute_bound_tokens(system, w.cfg, n, strategy, rate)})
     return rows
 
 

@@ -17,13 +17,14 @@ from ddp_lab.analysis.predict.costs import PredictError
 @dataclass(frozen=True)
 class System:
     name: str
+    gpu: str                    # what torch names the device by (measured.py matches measured rows on it)
     gpus_per_node: int
     peak_flops: float           # dense bf16 FLOP/s per GPU (fp16 tensor cores on Volta)
     hbm_Bps: float              # memory bandwidth per GPU (the optimizer is memory-bound)
     intra_busbw_Bps: float      # NCCL's bus bandwidth inside a node
     inter_busbw_Bps: float      # across nodes (NICs per node x NIC bandwidth, at most the NVLink figure)
     link_Bps: float             # per-direction bandwidth of one GPU to the others (Scaling Book's W)
-    mfu: float                  # fraction of peak a training step's matmuls reach (an assumption)
+    mfu: float                  # fraction of peak a step reaches where nothing is measured (an assumption)
     sources: tuple[str, ...]
     generation: str = "hopper"  # the row of NCCL's tuner tables (nccl.GENERATIONS)
     channels: int = 16          # NCCL channels (torch's comm_analysis heuristic per generation)
@@ -45,19 +46,33 @@ H100_SOURCES = (
     "A100 peak at 1T parameters)",
 )
 
+H200_SOURCES = (
+    "989.4 TFLOP/s dense BF16 (the datasheet's 1,979 is with sparsity; the same GH100 compute as the H100), "
+    "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s bidirectional (450 GB/s each way): NVIDIA H200 Tensor Core GPU "
+    "datasheet (H200 SXM); NCCL's bus bandwidth 18 links x 20.6 GB/s = 370.8 GB/s (NVIDIA/nccl src/graph/topo.h "
+    "SM90_NVLINK_BW)",
+    "8 x ConnectX-7 400 Gb/s (50 GB/s) InfiniBand NDR per node: NVIDIA DGX H200 datasheet",
+    *NCCL_SOURCES,
+    "MFU 0.5 where the measured table (measured.py) has no row: the assumption of the other systems",
+)
+
 SYSTEMS = {
     "h100-nvlink": System(
-        name="h100-nvlink", gpus_per_node=8, peak_flops=989.4e12, hbm_Bps=3.35e12,
+        name="h100-nvlink", gpu="H100", gpus_per_node=8, peak_flops=989.4e12, hbm_Bps=3.35e12,
         intra_busbw_Bps=370.8e9, inter_busbw_Bps=min(8 * 50e9, 370.8e9), link_Bps=450e9, mfu=0.5,
         sources=H100_SOURCES, generation="hopper", channels=16, nvls=True),
     "h100-ib": System(
-        name="h100-ib", gpus_per_node=1, peak_flops=989.4e12, hbm_Bps=3.35e12,
+        name="h100-ib", gpu="H100", gpus_per_node=1, peak_flops=989.4e12, hbm_Bps=3.35e12,
         intra_busbw_Bps=50e9, inter_busbw_Bps=50e9, link_Bps=50e9, mfu=0.5,
         sources=H100_SOURCES[:1] + ("one 400 Gb/s (50 GB/s) InfiniBand NDR NIC per GPU and no NVLink between "
                                     "GPUs: every GPU a node of its own (ConnectX-7 datasheet)",) + H100_SOURCES[2:],
         generation="hopper", channels=16),
+    "h200": System(
+        name="h200", gpu="H200", gpus_per_node=8, peak_flops=989.4e12, hbm_Bps=4.8e12,
+        intra_busbw_Bps=370.8e9, inter_busbw_Bps=min(8 * 50e9, 370.8e9), link_Bps=450e9, mfu=0.5,
+        sources=H200_SOURCES, generation="hopper", channels=16, nvls=True),
     "a100-nvlink": System(
-        name="a100-nvlink", gpus_per_node=8, peak_flops=312e12, hbm_Bps=2.039e12,
+        name="a100-nvlink", gpu="A100", gpus_per_node=8, peak_flops=312e12, hbm_Bps=2.039e12,
         intra_busbw_Bps=235e9, inter_busbw_Bps=min(8 * 25e9, 235e9), link_Bps=300e9, mfu=0.5,
         sources=("312 TFLOP/s dense BF16, 2,039 GB/s HBM2e, NVLink 600 GB/s bidirectional (300 GB/s each way): "
                  "NVIDIA A100 Tensor Core GPU datasheet (A100 SXM4 80GB)",
@@ -67,7 +82,7 @@ SYSTEMS = {
                  *H100_SOURCES[2:]),
         generation="ampere", channels=8),
     "v100-dgx1": System(
-        name="v100-dgx1", gpus_per_node=8, peak_flops=125e12, hbm_Bps=0.9e12,
+        name="v100-dgx1", gpu="V100", gpus_per_node=8, peak_flops=125e12, hbm_Bps=0.9e12,
         intra_busbw_Bps=120e9, inter_busbw_Bps=4 * 12.5e9, link_Bps=150e9, mfu=0.5,
         sources=("125 TFLOP/s fp16 tensor, 900 GB/s HBM2, 6 NVLinks of 25 GB/s each way: NVIDIA Tesla V100 "
                  "datasheet (SXM2); NCCL's bus bandwidth 6 x 20 GB/s (NVIDIA/nccl src/graph/topo.h "
