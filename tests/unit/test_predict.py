@@ -19,6 +19,7 @@ from ddp_lab.analysis.predict.scale import load_model, step_ms
 from ddp_lab.analysis.predict.schedule import best_bucket_mb, job_step
 from ddp_lab.analysis.predict.systems import SYSTEMS
 from ddp_lab.models.facts import flops_per_token
+from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER
 from tests.helpers.launching import ROOT
 from tests.helpers.report_fixtures import collective_results, train_results, write_job
 
@@ -579,7 +580,7 @@ def _tiny_row(batch: int, fwd_bwd: float | None = 30.0, **over) -> dict:
            "context": cfg.context_length, "params": sum(p["numel"] for p in scaling.parameters(cfg)), "batch": batch,
            "precision": "bf16", "compile": False, "step_ms": (fwd_bwd or 30.0) + 2.0}
     if fwd_bwd is not None:
-        row.update(fwd_bwd_ms=fwd_bwd, optimizer_ms=2.0)
+        row.update({FWD_BWD.key: fwd_bwd, OPTIMIZER.key: 2.0})
     return {**row, **over}
 
 
@@ -635,7 +636,7 @@ def test_record_keeps_only_gpu_floor_jobs(tmp_path, capsys):
     table = tmp_path / "table.json"
     assert main(["record", str(tmp_path / "sweep"), "--table", str(table)]) == 0
     rows = json.loads(table.read_text())["rows"]
-    assert len(rows) == 1 and rows[0]["device"] == "NVIDIA H200" and rows[0]["fwd_bwd_ms"] == 34.0
+    assert len(rows) == 1 and rows[0]["device"] == "NVIDIA H200" and rows[0][FWD_BWD.key] == 34.0
     assert main(["record", str(tmp_path / "sweep"), "--table", str(table)]) == 0  # again: replaced, not added
     assert len(json.loads(table.read_text())["rows"]) == 1 and "0 rows added, 1 replaced" in capsys.readouterr().out
     assert main(["scale", "--system", "h200", "--model", "tiny", "--world-size", "1", "--compute-table", str(table),

@@ -29,6 +29,7 @@ from ddp_lab.analysis.predict import validate as validating
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import SYSTEMS, get_system
 from ddp_lab.jobdir import ResultsSchemaError
+from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER
 
 
 def cmd_fit(args) -> int:
@@ -143,7 +144,7 @@ def cmd_record(args) -> int:
     for r in rows:
         print(f"{r['device']}: {r['model']} batch {r['batch']} {r['precision']} "
               f"{'compiled' if r['compile'] else 'eager'}: step {r['step_ms']:.1f} ms (forward and backward "
-              f"{r['fwd_bwd_ms']:.1f}, optimizer {r['optimizer_ms']:.1f})")
+              f"{r[FWD_BWD.key]:.1f}, optimizer {r[OPTIMIZER.key]:.1f})")
     print(f"wrote {args.table}: {added} rows added, {replaced} replaced")
     return 0
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import System
+from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, STEP_TIME
 
 TABLE = Path(__file__).parent / "measured" / "gpu_compute.json"
 ROW_KEYS = ("device", "torch", "date", "model", "context", "params", "batch", "precision", "compile", "step_ms")
@@ -85,8 +86,8 @@ def compute(system: System, cfg, batch: int, fpt: dict, n_params: int, optimizer
                            if table else "(no measured table: --mfu)"))
     def per_token(row: dict) -> tuple[float, float, bool]:
         """(forward and backward ms per token, optimizer ms, whether the optimizer was measured apart)."""
-        apart = row.get("fwd_bwd_ms") is not None and row.get("optimizer_ms") is not None
-        fwd_bwd, optimizer = (row["fwd_bwd_ms"], row["optimizer_ms"]) if apart else \
+        apart = row.get(FWD_BWD.key) is not None and row.get(OPTIMIZER.key) is not None
+        fwd_bwd, optimizer = (row[FWD_BWD.key], row[OPTIMIZER.key]) if apart else \
             (max(row["step_ms"] - optimizer_priced_ms, 0.0), optimizer_priced_ms)
         return fwd_bwd / (row["batch"] * row["context"]), optimizer, apart
 
@@ -128,7 +129,7 @@ def row_from_job(res: dict, date: str, where: str) -> dict | None:
     if (res.get("status") != "ok" or (cfg.get("strategy") or {}).get("name") != "none"
             or cfg.get("world_size") != 1 or device == "cpu" or (cfg.get("task") or {}).get("name") != "train"):
         return None
-    p50 = {k: (summary.get(k) or {}).get("p50") for k in ("step_time_ms", "fwd_bwd_ms", "optimizer_ms")}
+    p50 = {f.key: (summary.get(f.key) or {}).get("p50") for f in (STEP_TIME, FWD_BWD, OPTIMIZER)}
     params = (summary.get("memory") or {}).get("num_params")
     model, train = cfg.get("model") or {}, cfg.get("train") or {}
     if None in (*p50.values(), params):
@@ -136,8 +137,8 @@ def row_from_job(res: dict, date: str, where: str) -> dict | None:
     return {"device": device, "torch": env.get("torch"), "date": date, "model": model.get("name"),
             "context": model.get("context_length"), "params": params, "batch": train.get("batch_size"),
             "precision": train.get("precision", "fp32"), "compile": bool(train.get("compile", False)),
-            "step_ms": round(p50["step_time_ms"], 3), "fwd_bwd_ms": round(p50["fwd_bwd_ms"], 3),
-            "optimizer_ms": round(p50["optimizer_ms"], 3), "source": f"the lab's floor job {where}"}
+            "step_ms": round(p50[STEP_TIME.key], 3), FWD_BWD.key: round(p50[FWD_BWD.key], 3),
+            OPTIMIZER.key: round(p50[OPTIMIZER.key], 3), "source": f"the lab's floor job {where}"}
 
 
 def record(rows: list[dict], table_path: str | Path) -> tuple[int, int]:
