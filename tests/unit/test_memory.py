@@ -142,3 +142,21 @@ def test_the_host_peak_starts_afresh_and_sees_what_came_and_went():
     block = torch.ones(2**24)  # 64 MiB, touched
     del block
     assert host_peak_bytes() - resident >= 2**26 - MiB  # less what the allocator gave back meanwhile
+
+
+def test_the_census_passes_over_the_fake_tensors_compiling_leaves_alive():
+    """train.compile: torch.compile's tracing keeps fake tensors alive; they hold no memory, and reading their address
+    is deprecated (a warning, an error to come), so the census skips them."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ddp_lab.rank.memory import live_tensor_bytes
+
+    before = live_tensor_bytes()
+    with FakeTensorMode():
+        fake = torch.empty(2**20)  # 4 MiB, were it real
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert live_tensor_bytes() - before < 2**20
+    del fake
