@@ -99,7 +99,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "model.d_model=1000000000000 model.num_heads=1": "cannot be built from its config",
     "task=allreduce task.warmup_iters=21": "task.warmup_iters must be in [0, task.iters=20]",
     "train.eval_batches=1000000000000": "each rank keeps its held-out batches in memory",
-    "train.compile=true strategy=fsdp": "train.compile=true: strategy=fsdp cannot run compiled here: fsdp swaps",
+    "train.compile=true strategy=fsdp_torch": "train.compile=true: strategy=fsdp_torch cannot run compiled here: FSDP2",
     "train.compile=true train.warmup_steps=0": "train.compile=true compiles in the first step",
     "train.compile=true train.compile_backend=tvm": "train.compile_backend must be one of inductor, aot_eager, eager",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",

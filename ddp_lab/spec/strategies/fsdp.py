@@ -29,8 +29,6 @@ class FSDPSpec(StrategySpec):
     """Which parameters are sharded (the rest are replicated, their gradients all-reduced)."""
 
     runtime = "ddp_lab.strategies.FSDP"
-    compile_refusal = ("fsdp swaps each unit's parameters for gathered ones in hooks around its forward and "
-                       "backward: not yet proven under torch.compile")
     torch_reference = "fsdp_torch"
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon

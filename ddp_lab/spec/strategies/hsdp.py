@@ -24,7 +24,6 @@ class HSDPSpec(FSDPSpec):
     """Ranks per shard group (unset: the ranks of a node); world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.HSDP"
-    compile_refusal = "hsdp is fsdp's units (parameters swapped in hooks around each unit), not proven compiled"
     torch_reference = "fsdp_torch"
 
     def check(self) -> None:
