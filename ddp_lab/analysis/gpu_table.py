@@ -6,6 +6,7 @@ step beside the floor's and torch's reference's, and the same strategy with its 
 Columns, all p50 over the measured steps in ms unless said: step, forward+backward, optimizer, comm (in flight),
 peak memory (CUDA's max_memory_allocated, MiB), × floor (the step over `strategy=none`'s, same model and batch),
 × torch's (over the strategy's torch reference: bucketed's torch_ddp, zero2's zero1_torch, fsdp's fsdp_torch),
+both compiled where the row is (`-compile=inductor`),
 step with `measure.per_collective=false` and on ÷ off (what the stamps cost; for torch_ddp the lab's hooks
 over torch's DDP bare). A job that failed shows its status in the step cell. Reads results.json only.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from ddp_lab.analysis.columns import markdown
 from ddp_lab.analysis.records import job_records, load_runs, per_collective_on
+from ddp_lab.spec.labels import compile_label, knob_label
 
 HEADER = ["model", "strategy", "step", "fwd+bwd", "optimizer", "comm", "peak MiB", "× floor", "× torch's",
           "step, figures off", "on ÷ off"]
@@ -36,7 +38,8 @@ def gpu_rows(roots: list[Path]) -> list[list[str]]:
     for rec, (_, res) in zip(records, runs):
         if rec["task"] != "train":
             continue
-        key = (rec["model"], rec["label"].replace("-per_collective=off", "").split("-precision=")[0])
+        cfg = res.get("config") or {}
+        key = (rec["model"], knob_label(cfg["strategy"]) + compile_label(cfg) if cfg.get("strategy") else "?")
         row = rows.setdefault(key, {})
         row["on" if per_collective_on(res) else "off"] = rec
     out = []

@@ -118,6 +118,7 @@ def train_record(res: dict) -> dict:
         "compute_mean_ms": compute, "exposed_mean_ms": exposed, "optimizer_mean_ms": opt, "other_mean_ms": other,
         "overlap_pct": _get(res, "summary", "overlap_pct"),
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
+        "compile_s": _get(res, "summary", "compile", "compile_s"),
         "collectives_per_step": _get(res, "summary", "collectives_per_step"),
         "straggler": straggler_text(_get(res, "summary", "straggler")),
         "injected": injected_text(_get(res, "summary", "injected"), _get(res, "summary", "injected_link")),
@@ -248,13 +249,14 @@ def job_records(runs: list[tuple[str, dict]], target_loss: float | None = None,
 
 def same_work(res: dict) -> tuple:
     """What two training jobs must share for their steps to compare: the model and its shape, the ranks, the
-    backend, the batch, the precision and the data. The strategy, its knobs and the measurement switches may
-    differ."""
+    backend, the batch, the precision, the data and whether it was compiled (train.compile changes the compute).
+    The strategy, its knobs and the measurement switches may differ."""
     cfg = res.get("config") or {}
     train = cfg.get("train") or {}
     return (_get(cfg, "model", "name"), _get(cfg, "model", "context_length"), cfg.get("world_size"),
             _get(res, "env", "backend") or _get(cfg, "backend", "name"), train.get("batch_size"),
-            train.get("grad_accum_steps"), str(train.get("precision") or "fp32"), _get(cfg, "data", "name"))
+            train.get("grad_accum_steps"), str(train.get("precision") or "fp32"), _get(cfg, "data", "name"),
+            bool(train.get("compile")))
 
 
 def per_collective_on(res: dict) -> bool:

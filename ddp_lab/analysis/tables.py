@@ -23,7 +23,10 @@ TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the larg
     Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
     Column("× floor", "vs_floor", "{:.2f}", group="speed"), Column("× torch's", "vs_torch", "{:.2f}", group="speed"),
     Column("comm p50", "comm_p50_ms", group="speed"), Column("exposed p50", "exposed_p50_ms", group="speed"),
-    Column("overlap %", "overlap_pct", group="speed"), Column("colls/step", "collectives_per_step", group="speed"),
+    Column("overlap %", "overlap_pct", group="speed"),
+    Column("trace overlap %", "trace_overlap_pct", group="speed"),  # profile=true: from the traces
+    Column("colls/step", "collectives_per_step", group="speed"),
+    Column("compile s", "compile_s", "{:.1f}", group="speed"),  # train.compile: beyond a measured step
     Column("skew p50", "skew_p50_ms", group="speed"), Column("straggler", "straggler", group="speed"),
     Column("injected", "injected", group="speed"),
     Column("model state MiB/rank", "model_state_mib_per_rank", group="memory"),

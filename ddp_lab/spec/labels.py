@@ -36,6 +36,12 @@ def precision_label(cfg) -> str:
     return "" if precision == "fp32" else f"-precision={precision}"
 
 
+def compile_label(cfg) -> str:
+    """`-compile=inductor` when the run was compiled (train.compile, its backend named), else nothing."""
+    train = (cfg.get("train") if hasattr(cfg, "get") else None) or {}
+    return f"-compile={train.get('compile_backend') or 'inductor'}" if train.get("compile") else ""
+
+
 def data_label(cfg) -> str:
     """`-data=text`, `-data=text(corpus.txt)`, `-data=tokens(train.bin)`: the data when it is not the
     default synthetic sequences, else nothing."""
@@ -76,8 +82,8 @@ def run_name(cfg) -> str:
         task = cfg["task"]
         op = collective_label(task).replace(" ", "-")
         return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}{collectives_label(cfg)}-ws{cfg['world_size']}"
-    return (f"{knob_label(cfg['strategy'])}{precision_label(cfg)}{data_label(cfg)}{collectives_label(cfg)}"
-            f"{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
+    return (f"{knob_label(cfg['strategy'])}{compile_label(cfg)}{precision_label(cfg)}{data_label(cfg)}"
+            f"{collectives_label(cfg)}{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -87,5 +93,5 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{collective_label(task)} {task.get('size_mb')} MiB{collectives_label(cfg)}"
     strategy = cfg.get("strategy")
-    return (knob_label(strategy) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg) + figures_label(cfg)
-            if strategy else "?")
+    return (knob_label(strategy) + compile_label(cfg) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg)
+            + figures_label(cfg) if strategy else "?")

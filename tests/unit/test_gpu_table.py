@@ -6,9 +6,10 @@ from ddp_lab.analysis.records import job_records, load_runs
 from tests.helpers.report_fixtures import train_results, write_job
 
 
-def _job(root, index, strategy, step_ms, per_collective=True, model="medium", status="ok", **knobs):
+def _job(root, index, strategy, step_ms, per_collective=True, model="medium", status="ok", compiled=False, **knobs):
     results = train_results(strategy, step_ms=step_ms, world_size=1, status=status)
     results["config"]["model"]["name"] = model
+    results["config"]["train"] = {"compile": compiled}
     results["config"]["strategy"].update(knobs)
     results["config"]["measure"] = {"per_collective": per_collective}
     if status == "ok":
@@ -56,3 +57,15 @@ def test_the_command_writes_the_table_and_refuses_a_missing_folder(tmp_path, cap
     assert (tmp_path / "table.md").read_text().startswith("| model | strategy | step |")
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_compiled_rows_stand_apart_and_compare_with_compiled_ones(tmp_path):
+    for i, (name, step, compiled) in enumerate([("none", 60.0, False), ("bucketed", 99.0, False), ("none", 40.0, True),
+                                                 ("bucketed", 48.0, True), ("torch_ddp", 45.0, True)]):
+        _job(tmp_path, i, name, step, compiled=compiled, bucket_mb=25.0 if name == "bucketed" else None)
+    rows = {row[1]: dict(zip(HEADER, row)) for row in gpu_rows([tmp_path])}
+    assert rows["none-compile=inductor"]["× floor"] == "1.00" and rows["none"]["× floor"] == "1.00"
+    compiled = rows["bucketed-bucket_mb=25.0-compile=inductor"]
+    assert compiled["× floor"] == "1.20", "48 over the compiled floor's 40"
+    assert compiled["× torch's"] == "1.07", "over the compiled torch_ddp's 45"
+    assert rows["bucketed-bucket_mb=25.0"]["× floor"] == "1.65" and rows["bucketed-bucket_mb=25.0"]["× torch's"] == "-"
