@@ -17,7 +17,8 @@ each with its default here, so nothing is probed with getattr:
   torch's DistributedDataParallel;
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
 - `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
-- `compile_model(backend)`: `train.compile`, in place (the wrapped model by default; torch's DDP the DDP model);
+- `compile_model(backend)`: `train.compile`, in place (each unit's forward by default, `compile_units`; torch's
+  DDP the DDP model);
 - `full_state_dict()`: the wrapped model's state dict with every parameter whole (what
   `train.save_model` writes; a plain model loads it); collective for strategies that shard
   parameters, so every rank calls it;
@@ -56,6 +57,27 @@ from torch import nn
 from ddp_lab.strategies.checkpoint_layout import Pieces, optimizer_pieces, whole_parameters
 from ddp_lab.strategies.collectives import broadcast_module_state, wire_dtype
 from ddp_lab.strategies.comm_stats import CommStats
+
+
+def compile_units(module: nn.Module, backend: str, units: list[nn.Module] | None = None) -> None:
+    """torch.compile `units` (default: fsdp's units of `module`, spec/strategies/fsdp_units.py: the embedding,
+    each block, the output head) each on its own forward, in place, as torchtitan compiles a model's blocks;
+    the whole model (`nn.Module.compile`) where it has no unit. Hooks on the units and their parameters stay
+    eager, outside every graph. Compiled whole, backward is one autograd node and every gradient is ready at its
+    end, so nothing a hook launches can overlap backward (measured: docs/benchmarks.md, "Overlap under
+    torch.compile"); compiled per unit, backward is one node per unit and gradients become ready unit by unit,
+    as eagerly but coarser. Units of one class (the blocks) share one compiled graph."""
+    if units is None:
+        from ddp_lab.spec.strategies.fsdp_units import plan_units
+
+        try:
+            units = [plan.module for plan in plan_units(module) if plan.module is not None]
+        except ValueError:  # nothing the policy would shard: no unit
+            units = []
+    if not units:
+        module.compile(backend=backend)
+    for unit in units:
+        unit.forward = torch.compile(unit.forward, backend=backend)
 
 
 def module_device(module: nn.Module) -> torch.device:
@@ -105,11 +127,10 @@ class DataParallelBase(nn.Module):
         return optimizer_cls(self.trainable_parameters() if params is None else params, **kwargs)
 
     def compile_model(self, backend: str) -> None:
-        """`train.compile`: torch.compile the wrapped model's forward in place (`nn.Module.compile`: its names,
-        state dict and parameters unchanged). The strategy's hooks on parameters stay outside the graph: a compiled
-        backward is one autograd node, so every gradient is ready when it ends, and what overlapped backward
-        eagerly may not (what the overlap figures then show)."""
-        self.module.compile(backend=backend)
+        """`train.compile`: the wrapped model compiled unit by unit, in place (`compile_units`: names, state dict
+        and parameters unchanged), so the strategy's hooks on parameters still see gradients arrive during
+        backward, a unit at a time."""
+        compile_units(self.module, backend)
 
     def facts(self) -> dict:
         return {}

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import plan_units
-from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.base import DataParallelBase, compile_units
 from ddp_lab.strategies.collectives import all_gather, collectives_in_use, reduce_scatter
 from ddp_lab.strategies.comm_stats import CommStats, Stamp, begin_stamp, close_stamps, end_blocking, end_when_done
 from ddp_lab.strategies.fsdp.wrapper import resolve_compute_dtype
@@ -182,6 +182,11 @@ class TorchFSDP(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
             close_stamps(self._stamps, self.comm)
+
+    def compile_model(self, backend: str) -> None:
+        """`train.compile` per unit, as torchtitan compiles FSDP2's blocks (`compile_units`): each unit's own forward,
+        FSDP2's unshard and reshard hooks around it eager."""
+        compile_units(self.module, backend, list(self._units) or None)
 
     def facts(self) -> dict:
         uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import plan_units
-from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.base import DataParallelBase, compile_units
 from ddp_lab.strategies.comm_stats import Stamp, close_stamps
 from ddp_lab.strategies.fsdp_torch import GradientSyncOff, full_dtensor_state
 from ddp_lab.units import tensor_bytes
@@ -82,6 +82,11 @@ class TorchReplicate(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
             close_stamps(self.stamps, self.comm)
+
+    def compile_model(self, backend: str) -> None:
+        """`train.compile` per unit (`compile_units`): each unit's own forward, replicate()'s hooks around it eager, so
+        each unit's all-reduce still starts when its backward is done."""
+        compile_units(self.module, backend, list(self._units) or None)
 
     def facts(self) -> dict:
         return {"replicate_torch": {"units": len(self._units) + 1,

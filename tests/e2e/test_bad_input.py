@@ -99,7 +99,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "model.d_model=1000000000000 model.num_heads=1": "cannot be built from its config",
     "task=allreduce task.warmup_iters=21": "task.warmup_iters must be in [0, task.iters=20]",
     "train.eval_batches=1000000000000": "each rank keeps its held-out batches in memory",
-    "train.compile=true strategy=fsdp_torch": "train.compile=true: strategy=fsdp_torch cannot run compiled here: FSDP2",
     "train.compile=true train.warmup_steps=0": "train.compile=true compiles in the first step",
     "train.compile=true train.compile_backend=tvm": "train.compile_backend must be one of inductor, aot_eager, eager",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",
@@ -143,6 +142,20 @@ def test_bad_input_is_refused_by_the_pre_launch_check(overrides, tmp_path, capsy
     assert CASES[overrides] in err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_strategy_that_cannot_run_compiled_says_why_before_launch(monkeypatch, tmp_path, capsys):
+    """Every strategy of the README's install compiles; DeepSpeed's and torchft's refuse (their specs say why, and
+    their extras are checked first). The refusal itself, on a spec given one."""
+    from ddp_lab.spec.strategies import SPECS
+
+    monkeypatch.setattr(SPECS["bucketed"], "compile_refusal", "its hooks are not proven compiled (a test's reason)")
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(ROOT / "conf", "config", ["train.compile=true", "strategy=bucketed",
+                                                     f"hydra.run.dir={tmp_path / 'run'}"])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == ("error: train.compile=true: strategy=bucketed cannot run compiled here: its "
+                                       "hooks are not proven compiled (a test's reason)\n")
 
 
 @pytest.mark.slow

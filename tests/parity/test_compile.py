@@ -1,11 +1,13 @@
-"""`train.compile`: every strategy that accepts it trains compiled to single-process weights (to float32 rounding),
-and to its own uncompiled run's, at 2 and 3 gloo ranks; every one that refuses it says why before launch.
+"""`train.compile`: every strategy that accepts it trains compiled to single-process weights (to float32 rounding)
+at 2 and 3 gloo ranks, and at 2 to its own uncompiled run's (at 3 the uncompiled run's parity with single-process
+training is the every-strategy suite's); compiled graphs must have run; every one that refuses it says why before
+launch.
 
 The backend is aot_eager: Dynamo traces the forward, AOTAutograd the backward, and eager kernels run them, so what
-is proven is what compilation does to a strategy (graphs captured, one compiled backward node, the strategy's hooks
-outside it), in seconds and without a C++ compiler; inductor's generated kernels (the default backend, 34 s to
-compile the tiny model on this machine) are left to the launch test and to the GPU. The strategies with exact knobs
-(powersgd, local SGD, DeMo) run them, as the other every-strategy proofs do.
+is proven is what compilation does to a strategy (graphs captured, a compiled backward node per unit, the
+strategy's hooks outside them), in seconds and without a C++ compiler; inductor's generated kernels (the default
+backend, 34 s to compile the tiny model on this machine) are left to the launch test and to the GPU. The strategies
+with exact knobs (powersgd, local SGD, DeMo) run them, as the other every-strategy proofs do.
 """
 
 import pytest
@@ -31,6 +33,8 @@ def _counted(gm, example_inputs):
         return run(*args)
     call._boxed_call = getattr(run, "_boxed_call", False)
     return call
+
+
 COMPILED = [name for name in runnable_specs() if SPECS[name].compile_refusal is None]
 EXACT_KNOBS = {"powersgd": {"rank": 10**6, "start_iter": 0}, "local_sgd": {"sync_every": 1},
                "demo": {"topk": 1, "chunk": 1}}
@@ -54,8 +58,9 @@ def _every_strategy(rank, world_size):
         compiled = train_distributed(rank, world_size, lambda m, s=spec: _compiled(s, m), "transformer", **batch,
                                      **optimizer)
         graphs = CALLS[0] - before  # compiled graphs run in its compiled training
-        eager = train_distributed(rank, world_size, spec.build, "transformer", **batch, **optimizer)
-        out[name] = (compiled, eager[0], graphs)
+        eager = train_distributed(rank, world_size, spec.build, "transformer", **batch, **optimizer)[0] \
+            if world_size == 2 else None
+        out[name] = (compiled, eager, graphs)
     return out
 
 
@@ -69,12 +74,13 @@ def test_compiled_trains_to_single_process_weights_and_to_its_eager_run(results,
     assert all(r[name][2] > 0 for r in results), "no compiled graph ran"
     assert_parity([r[name][0] for r in results])
     for compiled, eager, _ in (r[name] for r in results):
-        for key, value in eager.items():
+        for key, value in (eager or {}).items():
             torch.testing.assert_close(compiled[0][key], value, atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
 
 
 def test_every_strategy_either_compiles_or_says_why():
     refused = {name: spec.compile_refusal for name, spec in SPECS.items() if spec.compile_refusal is not None}
-    assert {"fsdp_torch", "replicate_torch"} <= set(refused)
+    assert {"deepspeed_zero1", "local_sgd_torchft"} <= set(refused)
     assert all(len(why) > 20 for why in refused.values())
-    assert {"bucketed", "torch_ddp", "zero2", "overlap", "fsdp", "hsdp"} <= set(COMPILED) or not COMPILED
+    assert {"bucketed", "torch_ddp", "zero2", "overlap", "fsdp", "hsdp", "fsdp_torch",
+            "replicate_torch"} <= set(COMPILED)

@@ -28,8 +28,6 @@ class TorchFSDPSpec(StrategySpec):
     sharding, the bar for hsdp; world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.TorchFSDP"
-    compile_refusal = ("FSDP2 is compiled per unit (torchtitan compiles each block before fully_shard), which the "
-                       "lab does not wire yet")
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
     casts_itself = True

@@ -17,4 +17,3 @@ class TorchReplicateSpec(StrategySpec):
     name: str = "replicate_torch"
 
     runtime = "ddp_lab.strategies.TorchReplicate"
-    compile_refusal = "replicate() is FSDP2's machinery: compiled per unit, which the lab does not wire yet"

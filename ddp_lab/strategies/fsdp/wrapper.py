@@ -45,7 +45,7 @@ from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ddp_lab.spec.strategies.fsdp_units import Policy, plan_units
-from ddp_lab.strategies.base import DataParallelBase
+from ddp_lab.strategies.base import DataParallelBase, compile_units
 from ddp_lab.strategies.checkpoint_layout import Pieces
 from ddp_lab.strategies.collectives import collectives_in_use
 from ddp_lab.strategies.comm_stats import record_intervals
@@ -148,15 +148,11 @@ class FSDP(DataParallelBase):
             self._stamps = []
 
     def compile_model(self, backend: str) -> None:
-        """`train.compile`, per unit as torchtitan compiles FSDP2's blocks: each unit's own `forward` is compiled,
-        and the gather and reshard hooks around it stay eager, so a compiled graph sees the unit's full parameters
-        (the same Parameter objects every step: no recompiles) and its backward is one node per unit, between
-        the unit's gather before it and its reduction after it: the per-unit overlap survives. The root's glue
-        (the final norm, a tied weight) runs eager. Same-class units (the blocks) share one compiled graph."""
-        import torch
-
-        for unit in self._hooked:
-            unit.module.forward = torch.compile(unit.module.forward, backend=backend)
+        """`train.compile` on its own units (`compile_units`): the gather and reshard hooks around each stay eager,
+        a compiled graph sees the unit's full parameters (the same Parameter objects every step: no recompiles),
+        and a unit's backward is one node between its gather and its reduction. The root's glue (the final norm,
+        a tied weight) runs eager."""
+        compile_units(self.module, backend, [unit.module for unit in self._hooked])
 
     def facts(self) -> dict:
         return {"fsdp": {"units": len(self._hooked), "root": self.root is not None,
