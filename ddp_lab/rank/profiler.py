@@ -67,8 +67,10 @@ class GradientClock:
         self.steps: list[dict] = []
         self._forward: list[float] = []
         self._ready: list[float | None] = [None] * len(named)
-        module.register_forward_pre_hook(lambda *_: self._forward.append(time.perf_counter()))
-        module.register_forward_hook(lambda *_: self._forward.append(time.perf_counter()))
+        # kept out of torch.compile's graphs (train.compile of a whole model would break its graph at the clock)
+        stamp = torch.compiler.disable(lambda *_: self._forward.append(time.perf_counter()))
+        module.register_forward_pre_hook(stamp)
+        module.register_forward_hook(stamp)
         for index, (_, p) in enumerate(named):
             p.register_post_accumulate_grad_hook(lambda _, i=index: self._mark_ready(i))
 
