@@ -35,8 +35,9 @@ ROW_KEYS = ("device", "torch", "date", "model", "context", "params", "batch", "p
 
 @dataclass(frozen=True)
 class Compute:
-    """One GPU's forward, backward and optimizer (ms) for scale, and where they come from: `kind` is
-    measured, scaled (from another batch) or assumed (the system's MFU); `line` says it in words."""
+    """One GPU's forward, backward and optimizer (ms) for scale, and where they come from: `kind` is measured,
+    interpolated (between two measured batches), scaled (from the nearest measured batch) or assumed (the
+    system's MFU); `line` says it in words."""
 
     kind: str
     forward_ms: float
@@ -71,8 +72,9 @@ def _source(row: dict) -> str:
 
 def compute(system: System, cfg, batch: int, fpt: dict, n_params: int, optimizer_priced_ms: float,
             precision: str = "bf16", compiled: bool = False, table: list[dict] | None = None) -> Compute:
-    """The compute scale replays for `batch` sequences of `cfg` per GPU: the matching row of `table` at
-    this batch, else the nearest batch's scaled by tokens, else the system's peak x MFU (module docstring).
+    """The compute scale replays for `batch` sequences of `cfg` per GPU: the matching row of `table` at this
+    batch, else interpolated between the matching batches around it, else the nearest one's scaled by tokens,
+    and with no matching row the system's peak x MFU (module docstring).
     `fpt`: the model's FLOPs per token; `optimizer_priced_ms`: scale's own price of the optimizer."""
     tokens = batch * cfg.context_length
     rows = [r for r in (table or []) if _matches(r, system, cfg, n_params, precision, compiled)]
@@ -84,6 +86,7 @@ def compute(system: System, cfg, batch: int, fpt: dict, n_params: int, optimizer
                        f"compute assumed: the GPU's peak x MFU {system.mfu:g} " + (
                            f"(no measured {cfg.name} step, {precision}, {mode}, on a {system.gpu} in the table)"
                            if table else "(no measured table: --mfu)"))
+
     def per_token(row: dict) -> tuple[float, float, bool]:
         """(forward and backward ms per token, optimizer ms, whether the optimizer was measured apart)."""
         apart = row.get(FWD_BWD.key) is not None and row.get(OPTIMIZER.key) is not None
@@ -100,8 +103,7 @@ def compute(system: System, cfg, batch: int, fpt: dict, n_params: int, optimizer
         ms_per_token = (lo + (batch - below) / (above - below) * (hi - lo)) / tokens
         kind, row = "interpolated", by_batch[above]
         how = (f"compute interpolated between measured batches {below} and {above} (linear in the batch) of "
-               f"{cfg.name}, "
-               f"{precision}, {mode}, on {_source(row)} ")
+               f"{cfg.name}, {precision}, {mode}, on {_source(row)} ")
     else:
         row = by_batch[below if below is not None else above]
         ms_per_token, optimizer, apart = per_token(row)
