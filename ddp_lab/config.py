@@ -345,6 +345,11 @@ class Config:
     """A sweep or run folder: re-run its jobs that did not end ok."""
 
 
+def micro_batch_size(cfg) -> int:
+    """Sequences in one forward of one rank: the global batch over the ranks and the micro-batches (at least 1)."""
+    return max(1, cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps)
+
+
 def register_configs() -> None:
     """Make the schema visible to Hydra as `base_config` (conf/config.yaml lists it first), each model
     class's node as `schema/model/NAME` and each strategy's spec as `spec/strategy/NAME` (their YAMLs in

@@ -269,20 +269,21 @@ def add_step_ratios(records: list[dict], results: list[dict]) -> None:
     switch, the same bucket size where one was swept. None where the sweep has no such job."""
     from ddp_lab.spec.strategies import SPECS
 
-    ok = [(rec, res) for rec, res in zip(records, results)
+    work = [same_work(res) if rec["task"] == "train" else None for rec, res in zip(records, results)]
+    ok = [(rec, key, per_collective_on(res)) for rec, res, key in zip(records, results, work)
           if rec["task"] == "train" and rec["status"] == "ok" and rec.get("step_p50_ms")]
-    floors = {same_work(res): rec["step_p50_ms"] for rec, res in ok
+    floors = {key: rec["step_p50_ms"] for rec, key, _ in ok
               if SPECS.get(rec["strategy"]) is not None and not SPECS[rec["strategy"]].synchronizes}
-    for rec, res in zip(records, results):
+    for rec, res, key in zip(records, results, work):
         rec["vs_floor"] = rec["vs_torch"] = None
         if rec["task"] != "train" or not rec.get("step_p50_ms"):
             continue
-        floor = floors.get(same_work(res))
+        floor = floors.get(key)
         rec["vs_floor"] = rec["step_p50_ms"] / floor if floor else None
         spec = SPECS.get(rec["strategy"])
         wanted = spec.torch_reference if spec is not None else None
-        refs = [(r, x) for r, x in ok if r["strategy"] == wanted and same_work(x) == same_work(res)
-                and per_collective_on(x) == per_collective_on(res)]
+        stamped = per_collective_on(res)
+        refs = [(r, k) for r, k, on in ok if r["strategy"] == wanted and k == key and on == stamped]
         refs.sort(key=lambda pair: pair[0].get("bucket_mb") != rec.get("bucket_mb"))
         if refs:
             rec["vs_torch"] = rec["step_p50_ms"] / refs[0][0]["step_p50_ms"]

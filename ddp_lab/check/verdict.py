@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ddp_lab.check.models import MODELS
+from ddp_lab.check.parity import ties_of
 
 SHOWN = 4  # names listed in a FAIL line before "and N more"
 _HARNESS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), sysconfig.get_paths()["stdlib"])
@@ -45,11 +46,8 @@ def _differs(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float
 def model_facts(model_name: str) -> dict:
     """{"frozen": names, "tied": [[names of one weight], ...], "unused": names} of a case's model."""
     model = MODELS[model_name]()
-    by_tensor: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_tensor.setdefault(id(p), []).append(name)
     return {"frozen": {n for n, p in model.named_parameters() if not p.requires_grad},
-            "tied": [names for names in by_tensor.values() if len(names) > 1],
+            "tied": ties_of(model),
             "unused": {n for n, _ in model.named_parameters() if n.startswith("unused.")}}
 
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from ddp_lab.arithmetic.bandwidth import bytes_per_rank
-from ddp_lab.config import Config
+from ddp_lab.config import Config, micro_batch_size
 from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
@@ -229,13 +229,13 @@ def _validate_logits(cfg: DictConfig) -> None:
     so a rank needs at least 4 x micro-batch x context_length x vocab_size bytes whatever else its model saves.
     On CPU (where each rank shares this machine's memory) a job refused by that bound alone is refused before
     torch is imported; the full estimate (`_validate_memory`) follows for the rest."""
-    t, m = cfg.train, cfg.model
+    m = cfg.model
     if _on_gpu(cfg):
         return
     from ddp_lab.machine import host_available_bytes
     from ddp_lab.units import fmt_bytes
 
-    micro_batch = max(1, t.batch_size // cfg.world_size // t.grad_accum_steps)
+    micro_batch = micro_batch_size(cfg)
     least = 4 * micro_batch * m.context_length * m.vocab_size
     ranks, have = cfg.world_size // cfg.launcher.nnodes, host_available_bytes()
     _require(least * ranks <= MEMORY_HEADROOM * have,

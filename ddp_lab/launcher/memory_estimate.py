@@ -12,6 +12,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ddp_lab.arithmetic.zero_bytes import model_state_bytes
+from ddp_lab.config import micro_batch_size
 from ddp_lab.models.facts import activation_bytes, parameter_counts
 from ddp_lab.units import fmt_bytes  # noqa: F401  (its home is units.py; the launcher's checks import it here too)
 
@@ -27,5 +28,4 @@ def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = N
     model_state = model_state_bytes(n, "fp32", shards, stage)["total"] + FP32 * n  # + a comm buffer
     if not activations:
         return int(model_state)
-    micro_batch = cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps
-    return int(model_state) + activation_bytes(cfg.model, micro_batch)
+    return int(model_state) + activation_bytes(cfg.model, micro_batch_size(cfg))
