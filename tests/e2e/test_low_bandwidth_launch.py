@@ -1,10 +1,9 @@
 """strategy=demo, local_sgd's streaming options (fragments, delay) with train.optimizer=muon (MuLoCo) and its
-SparseLoCo compression (outer_topk)
-through launch.py on data=text, at 2 and 4 ranks (one multirun each): the loss falls, the bytes are what
-the strategy says it sends (demo: world_size x its bytes sent, every step; streaming local SGD: a
-fragment's bytes on its sync steps; SparseLoCo: every rank's payload on sync steps), and results.json records the
-knobs. The same on emulated nodes:
-tests/e2e/test_emulated_network.py."""
+SparseLoCo compression (outer_topk) through launch.py on data=text, at 3 ranks (an odd world size;
+tests/parity/test_demo.py and test_local_sgd.py hold them at 2 and 3, tests/e2e/test_emulated_network.py runs demo
+and MuLoCo at 4 across nodes): the loss falls, the bytes are what the strategy says it sends (demo: world_size x
+its bytes sent, every step; streaming local SGD: a fragment's bytes on its sync steps; SparseLoCo: every rank's
+payload on sync steps), and results.json records the knobs."""
 
 import pytest
 
@@ -13,7 +12,7 @@ from tests.helpers.launching import NARROW, launch, results
 pytestmark = pytest.mark.slow
 
 TEXT = ["data=text", "model=tiny", *NARROW, "model.context_length=16", "model.vocab_size=256", "train.steps=12",
-        "train.warmup_steps=2", "train.batch_size=8", "train.lr=3e-3", "logger=none", "world_size=2,4"]
+        "train.warmup_steps=2", "train.batch_size=6", "train.lr=3e-3", "logger=none", "world_size=3"]
 RUNS = {"demo": ["strategy=demo", "strategy.topk=8", "strategy.chunk=16"],
         "muloco_streaming": ["strategy=local_sgd", "strategy.sync_every=4", "strategy.outer=nesterov",
                              "strategy.fragments=2", "strategy.delay=1", "train.optimizer=muon"],
@@ -26,12 +25,12 @@ def sweep(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     proc = launch(*TEXT, *RUNS[request.param], tmp_path=tmp, multirun=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = [results(tmp / "multirun" / str(i)) for i in range(2)]
-    assert [j["status"] for j in jobs] == ["ok", "ok"]
+    jobs = [results(tmp / "multirun" / "0")]
+    assert [j["status"] for j in jobs] == ["ok"]
     return request.param, jobs
 
 
-def test_the_loss_falls_at_2_and_4_ranks(sweep):
+def test_the_loss_falls_at_an_odd_world_size(sweep):
     name, jobs = sweep
     for job in jobs:
         losses = [s["loss"] for s in job["steps"]]
