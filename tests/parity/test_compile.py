@@ -7,8 +7,9 @@ says why before launch.
 The backend is aot_eager: Dynamo traces the forward, AOTAutograd the backward, and eager kernels run them, so what
 is proven is what compilation does to a strategy (graphs captured, a compiled backward node per unit, the
 strategy's hooks outside them), in seconds and without a C++ compiler; inductor's generated kernels (the default
-backend, 34 s to compile the tiny model on this machine) are left to the launch test and to the GPU. The strategies
-with exact knobs (powersgd, local SGD, DeMo) run them, as the other every-strategy proofs do.
+backend, 34 s to compile the tiny model on this machine) run in no test: benchmarks/compile_overlap.sh and the GPU
+check run them. The strategies with exact knobs (powersgd, local SGD, DeMo) run them, as the other every-strategy
+proofs do.
 """
 
 import pytest
