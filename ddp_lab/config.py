@@ -230,7 +230,8 @@ class TrainConfig:
     gathered in."""
     compile: bool = False
     """torch.compile the model's forward (and through AOTAutograd its backward), in place, as the strategy's
-    `compile_model` says (the wrapped model for most; torch's DDP as torch documents it, the DDP-wrapped model).
+    `compile_model` says (unit by unit for most, so gradients still arrive during backward; torch's DDP as torch
+    documents it, the DDP-wrapped model whole).
     The first step compiles: it is a warm-up step, and the summary's `compile` says how long it took beyond a
     measured step. A strategy that cannot run compiled is refused before launch, saying why."""
     compile_backend: str = "inductor"

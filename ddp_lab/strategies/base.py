@@ -68,12 +68,9 @@ def compile_units(module: nn.Module, backend: str, units: list[nn.Module] | None
     torch.compile"); compiled per unit, backward is one node per unit and gradients become ready unit by unit,
     as eagerly but coarser. Units of one class (the blocks) share one compiled graph."""
     if units is None:
-        from ddp_lab.spec.strategies.fsdp_units import plan_units
+        from ddp_lab.spec.strategies.fsdp_units import unit_modules
 
-        try:
-            units = [plan.module for plan in plan_units(module) if plan.module is not None]
-        except ValueError:  # nothing the policy would shard: no unit
-            units = []
+        units = unit_modules(module)
     if not units:
         module.compile(backend=backend)
     for unit in units:

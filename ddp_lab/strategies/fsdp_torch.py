@@ -186,7 +186,7 @@ class TorchFSDP(DataParallelBase):
     def compile_model(self, backend: str) -> None:
         """`train.compile` per unit, as torchtitan compiles FSDP2's blocks (`compile_units`): each unit's own forward,
         FSDP2's unshard and reshard hooks around it eager."""
-        compile_units(self.module, backend, list(self._units) or None)
+        compile_units(self.module, backend, self._units)
 
     def facts(self) -> dict:
         uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself

@@ -21,7 +21,7 @@ import weakref
 import torch
 from torch import nn
 
-from ddp_lab.spec.strategies.fsdp_units import plan_units
+from ddp_lab.spec.strategies.fsdp_units import unit_modules
 from ddp_lab.strategies.base import DataParallelBase, compile_units
 from ddp_lab.strategies.comm_stats import Stamp, close_stamps
 from ddp_lab.strategies.fsdp_torch import GradientSyncOff, full_dtensor_state
@@ -66,10 +66,7 @@ class TorchReplicate(DataParallelBase):
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         super().__init__(module)  # replicate() keeps each rank's own weights: start from rank 0's
-        try:
-            units = [plan.module for plan in plan_units(module) if plan.module is not None]
-        except ValueError:  # nothing to split: the whole model is one unit
-            units = []
+        units = unit_modules(module)  # none: the whole model is one unit
         for unit in units:
             replicate(unit)
         replicate(module)
@@ -86,7 +83,7 @@ class TorchReplicate(DataParallelBase):
     def compile_model(self, backend: str) -> None:
         """`train.compile` per unit (`compile_units`): each unit's own forward, replicate()'s hooks around it eager, so
         each unit's all-reduce still starts when its backward is done."""
-        compile_units(self.module, backend, list(self._units) or None)
+        compile_units(self.module, backend, self._units)
 
     def facts(self) -> dict:
         return {"replicate_torch": {"units": len(self._units) + 1,

@@ -199,3 +199,13 @@ def plan_units(module: nn.Module, policy: str | Policy = "linear_embedding") -> 
     if rest:
         units.append(UnitPlan("", None, rest))
     return units
+
+
+
+def unit_modules(module: nn.Module) -> list[nn.Module]:
+    """The modules of `module`'s units under the default policy, in registration order (the root left out); none
+    where the policy shards nothing. What replicate_torch wraps one by one and `train.compile` compiles one by one."""
+    try:
+        return [plan.module for plan in plan_units(module) if plan.module is not None]
+    except ValueError:  # nothing to shard: no unit
+        return []
