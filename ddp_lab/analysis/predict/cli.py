@@ -75,14 +75,15 @@ def cmd_scale(args) -> int:
     model = scaling.load_model(args.model, args.context)
     sizes = scaling.world_sizes_arg(args.world_size)
     strategies = [s for s in args.strategy.split(",") if s]
-    table = [] if args.mfu is not None else measuring.load_table(args.compute_table)
-    if args.mfu is not None:
+    if args.mfu is not None:  # a what-if: the assumption at this MFU, no measured table
         if not 0 < args.mfu <= 1:
             raise PredictError(f"--mfu must be in (0, 1], got {args.mfu:g}")
-        system = replace(system, mfu=args.mfu)
-    rows = scaling.scale_rows(system, model, sizes, strategies, args.batch, table, args.compile)
-    compute = scaling.workload(system, model, args.batch, table, args.compile).compute
-    text = scale_markdown(system, model, rows, args, compute)
+        system, table = replace(system, mfu=args.mfu), []
+    else:
+        table = measuring.load_table(args.compute_table)
+    work = scaling.workload(system, model, args.batch, table, args.compile)
+    rows = scaling.scale_rows(system, work, sizes, strategies, args.batch)
+    text = scale_markdown(system, model, rows, args, work.compute)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")

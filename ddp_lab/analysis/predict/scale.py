@@ -5,7 +5,7 @@ The model is a conf model (counted below) or any model described by its paramete
 collective estimate (torch_estimate.py) and gives torch's FSDP bucket rule beside the best bucket.
 
 Compute: measured where the measured table has the model on the system's GPU (measured.py: the same
-batch, or scaled by tokens from another), else the model's FLOPs per token, counted on the model built
+batch, or interpolated or scaled by tokens from others), else the model's FLOPs per token, counted on the model built
 on the meta device (ddp_lab/models/facts.py), at the system's peak times its assumed MFU; every output
 says which. Each parameter's gradient is ready when backward has done the FLOPs of everything after it
 (output first). Mixed precision (bf16 weights and gradients
@@ -262,9 +262,9 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
 def scale_rows(system: System, model, world_sizes, strategies, batch: int, table: list[dict] | None = None,
                compiled: bool = False) -> list[dict]:
     """One row per strategy and world size; `model` a conf model or a description (dict), a conf model's
-    compute measured where `table` has it (workload). Beside the best bucket, torch's FSDP bucket rule
-    (torch_estimate.min_saturation_bytes) for the gradient op."""
-    w = workload(system, model, batch, table, compiled)
+    compute measured where `table` has it (workload), or a Workload already made. Beside the best bucket,
+    torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op."""
+    w = model if isinstance(model, Workload) else workload(system, model, batch, table, compiled)
     rate = None if w.cfg is None else \
         flops_per_token(w.cfg)["backward"] * batch * w.cfg.context_length / (w.backward_ms * 1e-3)
     rows = []
