@@ -31,6 +31,10 @@ instead of probing the runtime class or matching its name:
   zero2's zero1_torch, fsdp's fsdp_torch), the bar tables divide its step by; None where torch has none;
 - `emulated_nodes`: it runs across emulated nodes (False: local_sgd_torchft, whose servers advertise a host
   name another namespace cannot reach);
+- `mesh_refusal`: why the strategy cannot synchronize over a mesh's data-parallel axis (`parallel.tp > 1`),
+  None where it can: its runtime takes `process_group` and issues every collective over it (all of the lab's
+  and torch's; a strategy of your own says None once its runtime does); `check_mesh(tp)` asks it, and what a
+  knob rules out on a mesh;
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -81,6 +85,9 @@ class StrategySpec:
     synchronizes: ClassVar[bool] = True
     compile_refusal: ClassVar[Optional[str]] = None
     torch_reference: ClassVar[Optional[str]] = None
+    mesh_refusal: ClassVar[Optional[str]] = ("its runtime class is not said to take process_group, the mesh's "
+                                             "data-parallel axis to synchronize over (a spec whose runtime does "
+                                             "sets mesh_refusal = None)")
 
     def __post_init__(self) -> None:
         self.check()
@@ -115,6 +122,13 @@ class StrategySpec:
         """How many ranks share what the strategy shards (its ZeRO fraction is 1/this): all of them, but
         for hsdp, the shard group."""
         return world_size
+
+    def check_mesh(self, tp: int) -> None:
+        """Raise ValueError, one line, when the strategy cannot run on the data-parallel axis of a mesh with `tp`
+        tensor-parallel ranks (ddp_lab/spec/parallel.py)."""
+        require(tp == 1 or self.mesh_refusal is None,
+                f"parallel.tp={tp}: strategy={self.name} does not run on a mesh's data-parallel axis: "
+                f"{self.mesh_refusal}")
 
     def check_run(self, precision: str, grad_accum_steps: int) -> None:
         """Raise ValueError, one line, for what this run needs that is not there (an optional extra) or a

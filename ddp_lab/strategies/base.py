@@ -5,6 +5,10 @@ as `RuntimeClass(model, **knobs)`. What the trainer, the memory accounting and t
 each with its default here, so nothing is probed with getattr:
 
 - construction broadcasts every parameter and buffer from rank 0, frozen ones included;
+- `process_group` (a constructor argument, as torch's DDP takes it): the ranks it synchronizes over, the mesh's
+  data-parallel axis under tensor parallelism (ddp_lab/parallel/); None, the default, is every rank. Every
+  collective a strategy issues goes over it, its means divide by its size (`dp_size`), and the broadcast at
+  construction comes from its first rank;
 - `forward(*args, **kwargs)` runs the wrapped model (`.module`);
 - `make_optimizer(optimizer_cls, params=None, **kwargs)` builds the optimizer: a plain one over
   the trainable parameters (or the given params / param groups), or a strategy's own (a sharded one
@@ -52,6 +56,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.checkpoint_layout import Pieces, optimizer_pieces, whole_parameters
@@ -90,16 +95,21 @@ class DataParallelBase(nn.Module):
 
     peak_gathered_bytes: int | None = None
 
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True):
-        """`broadcast=False` for a wrapper around a strategy that has broadcast the model already (zero1)."""
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True, process_group=None):
+        """`broadcast=False` for a wrapper around a strategy that has broadcast the model already (zero1);
+        `process_group`: the ranks to synchronize over (None: all of them)."""
         super().__init__()
         self.module = module
         self.comm_dtype = str(comm_dtype)
         self.wire_dtype = wire_dtype(comm_dtype)
         self.comm = CommStats(module_device(module))
         self.require_sync = True
+        self.process_group = process_group
+        distributed = dist.is_available() and dist.is_initialized()
+        self.dp_size = dist.get_world_size(process_group) if distributed else 1
+        self.dp_rank = dist.get_rank(process_group) if distributed else 0
         if broadcast:
-            broadcast_module_state(module)
+            broadcast_module_state(module, group=process_group)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -60,11 +60,14 @@ class BucketedDDP(OverlapEngine):
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
-                 all_reduce: str = "flat", node_size: int | None = None):
+                 all_reduce: str = "flat", node_size: int | None = None, process_group=None):
+        if str(all_reduce) == "two_level" and process_group is not None:
+            raise ValueError("bucketed: all_reduce=two_level lays its node groups over every rank, not a mesh's "
+                             "data-parallel axis")
         self._levels = node_groups(node_size) if str(all_reduce) == "two_level" else None
         trainable = [p for p in module.parameters() if p.requires_grad]
         plan = plan_buckets(trainable, bucket_mb)
-        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype)
+        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype, process_group)
         self.bucket_mb = bucket_mb
         multiple = self._pad_multiple()
         self._lengths = [-(-sum(p.numel() for p in unit) // multiple) * multiple for unit in self._units]

@@ -158,31 +158,32 @@ def wire_bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
     return tensor.numel() * element
 
 
-def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats, dtype: torch.dtype | None = None) -> None:
-    """Average `grads` in place with one all-reduce of a flattened copy: one call's latency for all."""
+def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats, dtype: torch.dtype | None = None,
+                          group=None) -> None:
+    """Average `grads` in place over `group` with one all-reduce of a flattened copy: one call's latency for all."""
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
     with comm.timed(wire_bytes(flat, dtype)):
-        all_reduce_mean_(flat, dtype=dtype)
+        all_reduce_mean_(flat, group=group, dtype=dtype)
     for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(synced)
 
 
-def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
+def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None, group=None
                           ) -> tuple[torch.futures.Future, Stamp]:
-    """Divide by the world size, launch a SUM all-reduce (of a `dtype` copy when that casts); return
+    """Divide by the group's size, launch a SUM all-reduce (of a `dtype` copy when that casts); return
     (future of `tensor` holding the mean, its stamp). The copy back into `tensor` runs in the
     future's callback, as torch's fp16_compress_hook's decompress does (on CUDA: on the
     collective's stream, after it)."""
-    return _sum_async(tensor, to_wire(tensor, dtype, dist.get_world_size()))
+    return _sum_async(tensor, to_wire(tensor, dtype, dist.get_world_size(group)), group=group)
 
 
-def all_reduce_sum_async(tensor: torch.Tensor, dtype: torch.dtype | None = None
+def all_reduce_sum_async(tensor: torch.Tensor, dtype: torch.dtype | None = None, group=None
                          ) -> tuple[torch.futures.Future, Stamp]:
-    """Launch a SUM all-reduce of `tensor` as it is (the caller divides what must become a mean), sent
-    in `dtype` (a cast copy, landed back in `tensor` by the future's callback)."""
-    return _sum_async(tensor, tensor.to(dtype) if casts(tensor, dtype) else tensor)
+    """Launch a SUM all-reduce of `tensor` over `group` as it is (the caller divides what must become a mean),
+    sent in `dtype` (a cast copy, landed back in `tensor` by the future's callback)."""
+    return _sum_async(tensor, tensor.to(dtype) if casts(tensor, dtype) else tensor, group=group)
 
 
 def two_level_all_reduce_mean_async(tensor: torch.Tensor, node_group, across_group,
@@ -193,10 +194,11 @@ def two_level_all_reduce_mean_async(tensor: torch.Tensor, node_group, across_gro
     return _sum_async(tensor, wire, lambda: ring_two_level_all_reduce(wire, node_group, across_group, async_op=True))
 
 
-def _sum_async(tensor: torch.Tensor, wire: torch.Tensor, launch=None) -> tuple[torch.futures.Future, Stamp]:
-    """Launch the SUM all-reduce of `wire` (`tensor` itself, or its copy to send) landing in `tensor`;
-    `launch` (returning a work) replaces the flat all-reduce."""
-    launch = launch or (lambda: dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True))
+def _sum_async(tensor: torch.Tensor, wire: torch.Tensor, launch=None, group=None
+               ) -> tuple[torch.futures.Future, Stamp]:
+    """Launch the SUM all-reduce of `wire` (`tensor` itself, or its copy to send) over `group`, landing in
+    `tensor`; `launch` (returning a work) replaces the flat all-reduce."""
+    launch = launch or (lambda: dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True))
     future, stamp = launch_stamped(lambda: [launch()], tensor_bytes(wire), tensor.is_cuda)
     if wire is tensor:
         return future, stamp
@@ -293,11 +295,13 @@ class _WaitedWorks:
             self.stamp.end = time.perf_counter()
 
 
-def broadcast_module_state(module: torch.nn.Module, src: int = 0) -> None:
-    """Copy every parameter and buffer (frozen ones too) from `src`, so all ranks start identical.
+def broadcast_module_state(module: torch.nn.Module, src: int = 0, group=None) -> None:
+    """Copy every parameter and buffer (frozen ones too) from `group`'s rank `src` (None: the world's), so all its
+    ranks start identical.
 
     Tied parameters appear once in `parameters()`, so each storage is sent once.
     """
+    root = global_rank(group, src)
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, src=src)
+            dist.broadcast(tensor.data, src=root, group=group)

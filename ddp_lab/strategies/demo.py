@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -140,14 +139,14 @@ class Blocks:
 class DeMo(DataParallelBase):
     """DeMo behind the strategy contract (module docstring): `DeMo(module, topk=32, chunk=64, decay=0.999)`."""
 
-    def __init__(self, module: nn.Module, topk: int = 32, chunk: int = 64, decay: float = 0.999):
+    def __init__(self, module: nn.Module, topk: int = 32, chunk: int = 64, decay: float = 0.999, process_group=None):
         if not (isinstance(chunk, int) and 1 <= chunk and chunk * chunk <= torch.iinfo(INDEX).max + 1):
             raise ValueError(f"chunk must be an integer in [1, 181] (a block's indices travel as int16), got {chunk!r}")
         if not (isinstance(topk, int) and 1 <= topk <= chunk * chunk):
             raise ValueError(f"topk must be an integer in [1, chunk² = {chunk * chunk}], got {topk!r}")
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay!r}")
-        super().__init__(module)
+        super().__init__(module, process_group=process_group)
         self.topk, self.chunk, self.decay = topk, chunk, float(decay)
         self._params = self.trainable_parameters()
         self._bases: dict[int, torch.Tensor] = {}
@@ -182,10 +181,10 @@ class DeMo(DataParallelBase):
         with self.comm.exposed():
             with self.comm.arithmetic():
                 payload = self._encode()
-            world = dist.get_world_size()
+            world = self.dp_size
             gathered = torch.empty(world * payload.numel(), dtype=payload.dtype, device=payload.device)
             with self.comm.timed(tensor_bytes(gathered)):
-                all_gather(gathered, payload)
+                all_gather(gathered, payload, group=self.process_group)
             with self.comm.arithmetic():
                 self._decode(gathered.view(world, -1))
 

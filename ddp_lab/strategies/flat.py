@@ -13,4 +13,4 @@ from ddp_lab.strategies.collectives import flat_all_reduce_mean_
 class FlatDDP(DataParallelBase):
     def _synchronize_gradients(self) -> None:
         flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm,
-                              self.wire_dtype)
+                              self.wire_dtype, group=self.process_group)

@@ -135,23 +135,31 @@ class TorchFSDP(DataParallelBase):
     """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
-                 comm_dtype=None, shard_size: int | None = None):
-        from torch.distributed.device_mesh import init_device_mesh
+                 comm_dtype=None, shard_size: int | None = None, process_group=None):
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         compute_dtype = resolve_compute_dtype(compute_dtype)
         wire = resolve_compute_dtype(comm_dtype, "comm_dtype")  # fsdp's names: fp32 (as is), bf16, fp16
         plans = [plan for plan in plan_units(module) if plan.module is not None]
         units = [plan.module for plan in plans]
-        super().__init__(module)  # fully_shard shards each rank's own weights: start from rank 0's
+        if process_group is not None and shard_size is not None:
+            raise ValueError("fsdp_torch: shard_size (hybrid sharding) lays its mesh over every rank, not a mesh's "
+                             "data-parallel axis")
+        # fully_shard shards each rank's own weights: start from the first rank's
+        super().__init__(module, process_group=process_group)
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self.comm_dtype = str(comm_dtype or "fp32")
         device = next(module.parameters()).device
-        world = dist.get_world_size()
+        world = self.dp_size
         self.shard_size = shard_size or world
-        mesh = (init_device_mesh(device.type, (world,)) if self.shard_size == world else  # hybrid: replicate x shard
-                init_device_mesh(device.type, (world // self.shard_size, self.shard_size),
-                                 mesh_dim_names=("replicate", "shard")))
+        if process_group is not None:  # a mesh's data-parallel axis: FSDP2 on it, as torchtitan applies it
+            mesh = DeviceMesh.from_group(process_group, device.type, mesh_dim_names=("dp",))
+        elif self.shard_size == world:
+            mesh = init_device_mesh(device.type, (world,))
+        else:  # hybrid: replicate x shard
+            mesh = init_device_mesh(device.type, (world // self.shard_size, self.shard_size),
+                                    mesh_dim_names=("replicate", "shard"))
         reduce_dtype = wire or (torch.float32 if compute_dtype else None)
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
         for i, unit in enumerate(units):
@@ -162,7 +170,7 @@ class TorchFSDP(DataParallelBase):
             earlier.set_modules_to_forward_prefetch([later])
             later.set_modules_to_backward_prefetch([earlier])
         self._stamps: list[Stamp] = []
-        self.collectives = self.collectives or collectives_in_use()
+        self.collectives = self.collectives or collectives_in_use(process_group)
         CountedAllGather, CountedReduceScatter = counted_collectives()
         for fsdp_module in [*units, module]:
             fsdp_module._set_unshard_async_op(True)
@@ -189,11 +197,11 @@ class TorchFSDP(DataParallelBase):
         compile_units(self.module, backend, self._units)
 
     def facts(self) -> dict:
-        uncounted = self.shard_size < dist.get_world_size()  # FSDP2 all-reduces across replicas itself
+        uncounted = self.shard_size < self.dp_size  # FSDP2 all-reduces across replicas itself
         # At one rank FSDP2 issues no collective at all: it copies the shard into the unsharded parameter and
         # the gradient into the shard (torch's _fsdp_param_group.py / _fsdp_collectives.py, `world_size == 1`).
         figures = ("none: at one rank FSDP2 issues no collective (it copies), so comm_ms is a true 0"
-                   if dist.get_world_size() == 1 else
+                   if self.dp_size == 1 else
                    "measured" + (", without the all-reduce across shard groups" if uncounted else ""))
         return {"fsdp_torch": {"units": len(self._units), "shard_size": self.shard_size,
                                "comm_figures": figures,

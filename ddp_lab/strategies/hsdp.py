@@ -34,7 +34,9 @@ def shard_layout(world_size: int, shard_size: int) -> tuple[list[list[int]], lis
 class HSDP(FSDP):
     """fsdp within groups of `shard_size` ranks, replicated across them (module docstring)."""
 
-    def __init__(self, module: nn.Module, shard_size: int | None = None, **fsdp_knobs):
+    def __init__(self, module: nn.Module, shard_size: int | None = None, process_group=None, **fsdp_knobs):
+        if process_group is not None:
+            raise ValueError("hsdp lays its shard and replica groups over every rank, not a mesh's data-parallel axis")
         world = dist.get_world_size()
         self.shard_size = shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if world % self.shard_size:

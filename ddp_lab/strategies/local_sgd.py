@@ -65,7 +65,6 @@ import weakref
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -115,7 +114,7 @@ class LocalSGD(DataParallelBase):
 
     def __init__(self, module: nn.Module, sync_every: int = 4, outer: str = "none", fragments: int = 1,
                  delay: int = 0, mix: float = 0.0, outer_topk: int | None = None, outer_chunk: int = 64,
-                 outer_bits: int = 2, error_decay: float = 0.95):
+                 outer_bits: int = 2, error_decay: float = 0.95, process_group=None):
         if not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
         if str(outer) not in OUTERS:
@@ -130,7 +129,7 @@ class LocalSGD(DataParallelBase):
                                            and outer_bits in BITS and 0.0 <= error_decay < 1.0):
             raise ValueError(f"outer_topk={outer_topk!r} needs outer=none, 1 <= outer_topk <= outer_chunk², "
                              f"outer_bits in {BITS} and 0 <= error_decay < 1")
-        super().__init__(module)
+        super().__init__(module, process_group=process_group)
         self.sync_every, self.outer, self.delay, self.mix = sync_every, str(outer), delay, float(mix)
         self.steps = 0  # optimizer steps taken
         self._params = self.trainable_parameters()
@@ -218,7 +217,7 @@ class LocalSGD(DataParallelBase):
         with torch.no_grad():
             if tensors:
                 flat = _flatten_dense_tensors(tensors)
-                all_reduce_mean_(flat)
+                all_reduce_mean_(flat, group=self.process_group)
                 for tensor, average in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
                     tensor.copy_(average)
         try:
@@ -277,7 +276,7 @@ class LocalSGD(DataParallelBase):
         if self._sparse:  # what comm_bytes counts: the all-gather's output, every rank's payload
             sent = [s.payload_bytes for s in self._sparse]
             sparse = {"outer_bytes_sent_per_sync": sum(sent), "outer_compression": round(sync_bytes / sum(sent), 2)}
-            fragment_bytes = [dist.get_world_size() * b for b in sent]
+            fragment_bytes = [self.dp_size * b for b in sent]
         return {"local_sgd": {"sync_every": self.sync_every, "outer": self.outer, "bytes_per_sync": sync_bytes,
                               "fragments": len(self._fragments), "fragment_bytes": fragment_bytes,
                               "peak_bytes_per_step": max(fragment_bytes), "delay": self.delay, "mix": self.mix,
@@ -331,12 +330,12 @@ class LocalSGD(DataParallelBase):
         if self.delay:
             if len(tensors) == 1:  # then the "flat" copy is a view of the tensor itself: it must not change meanwhile
                 flat = flat.clone()
-            future, stamp = all_reduce_mean_async(flat)
+            future, stamp = all_reduce_mean_async(flat, group=self.process_group)
             self.comm.carry(stamp)
             self._pending.append((self.steps + self.delay, f, flat, future))
             return
         with self.comm.exposed(in_optimizer=True), self.comm.timed(tensor_bytes(flat)):
-            all_reduce_mean_(flat)
+            all_reduce_mean_(flat, group=self.process_group)
         self._land(f, flat)
 
     @torch.no_grad()
@@ -346,15 +345,16 @@ class LocalSGD(DataParallelBase):
         deltas = [a - p for a, p in zip(_unflatten_dense_tensors(anchor, params), params)]
         with self.comm.arithmetic():
             payload = self._sparse[f].encode(deltas)
-        gathered = gathered_buffer(payload)
+        gathered = gathered_buffer(payload, self.dp_size)
         if self.delay:
-            future, stamp = launch_stamped(lambda: [all_gather(gathered, payload, async_op=True)],
+            future, stamp = launch_stamped(lambda: [all_gather(gathered, payload, group=self.process_group,
+                                                               async_op=True)],
                                            tensor_bytes(gathered), gathered.is_cuda)
             self.comm.carry(stamp)
             self._pending.append((self.steps + self.delay, f, gathered, future))
             return
         with self.comm.exposed(in_optimizer=True), self.comm.timed(tensor_bytes(gathered)):
-            all_gather(gathered, payload)
+            all_gather(gathered, payload, group=self.process_group)
         self._land(f, gathered)
 
     @torch.no_grad()
@@ -364,7 +364,7 @@ class LocalSGD(DataParallelBase):
         tensors = self._fragment_tensors(f)
         if self._sparse:  # `mean` is every rank's payload: the anchor takes the averaged sparse step
             with self.comm.arithmetic():
-                step = self._sparse[f].decode(mean.view(dist.get_world_size(), -1))
+                step = self._sparse[f].decode(mean.view(self.dp_size, -1))
             anchor = self._anchors[f]
             anchor.sub_(_flatten_dense_tensors(step))
             mean = anchor

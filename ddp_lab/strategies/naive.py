@@ -18,4 +18,4 @@ class NaiveDDP(DataParallelBase):
                 # skipping keeps ranks in step; its optimizer update is skipped everywhere.
                 continue
             with self.comm.timed(wire_bytes(param.grad, self.wire_dtype)):
-                all_reduce_mean_(param.grad, dtype=self.wire_dtype)
+                all_reduce_mean_(param.grad, group=self.process_group, dtype=self.wire_dtype)

@@ -7,21 +7,20 @@ its slice of the batch (the ranks' weights drift apart, and `facts()` says so in
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
 
 
 class NoSync(DataParallelBase):
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32"):
-        super().__init__(module, comm_dtype, broadcast=False)
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", process_group=None):
+        super().__init__(module, comm_dtype, broadcast=False, process_group=process_group)
 
     def _synchronize_gradients(self) -> None:
         """Nothing to wait for: no rank hears from another."""
 
     def facts(self) -> dict:
-        alone = dist.is_initialized() and dist.get_world_size() > 1
+        alone = self.dp_size > 1
         return {"floor": {"synchronizes": False,
                           "ranks": "each rank trains alone on its slice of the batch: no collective, the ranks' "
                                    "weights differ" if alone else "one rank: the plain single-process loop"}}

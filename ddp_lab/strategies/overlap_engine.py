@@ -31,7 +31,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.base import DataParallelBase
@@ -40,9 +39,10 @@ from ddp_lab.strategies.comm_stats import Stamp, record_intervals
 
 
 class OverlapEngine(DataParallelBase):
-    def __init__(self, module: nn.Module, units: list[list[nn.Parameter]], comm_dtype: str = "fp32"):
-        super().__init__(module, comm_dtype)
-        self.world_size = dist.get_world_size()
+    def __init__(self, module: nn.Module, units: list[list[nn.Parameter]], comm_dtype: str = "fp32",
+                 process_group=None):
+        super().__init__(module, comm_dtype, process_group=process_group)
+        self.world_size = self.dp_size
         self._units = units
         self._unit_of = {id(p): i for i, unit in enumerate(units) for p in unit}
         self._armed = False
@@ -108,7 +108,7 @@ class OverlapEngine(DataParallelBase):
     def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
         """Start the unit's collective: by default the mean all-reduce of `_unit_tensor(index)`, sent in
         `comm_dtype`."""
-        return all_reduce_mean_async(self._unit_tensor(index), self.wire_dtype)
+        return all_reduce_mean_async(self._unit_tensor(index), self.wire_dtype, group=self.process_group)
 
     def _unit_tensor(self, index: int) -> torch.Tensor:
         raise NotImplementedError

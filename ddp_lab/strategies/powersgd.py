@@ -118,12 +118,12 @@ class PowerSGD(BucketedDDP):
     numbers (torch's hook defaults to 2); 0 compresses every matrix (the exactness tests)."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, rank: int = 1, start_iter: int = 10,
-                 comm_dtype: str = "fp32"):
+                 comm_dtype: str = "fp32", process_group=None):
         if not (isinstance(rank, int) and rank >= 1):
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
         if not (isinstance(start_iter, int) and start_iter >= 0):
             raise ValueError(f"start_iter must be an integer >= 0, got {start_iter!r}")
-        super().__init__(module, bucket_mb, comm_dtype)
+        super().__init__(module, bucket_mb, comm_dtype, process_group=process_group)
         self.rank, self.start_iter = rank, start_iter
         self.syncs = 0  # finished synchronizations: compression starts at start_iter
         self._matrices: list[list[_Matrix]] = []
@@ -258,7 +258,7 @@ class PowerSGD(BucketedDDP):
         return self._all_reduce(send)
 
     def _all_reduce(self, tensor: torch.Tensor) -> tuple[torch.futures.Future, Stamp]:
-        return all_reduce_sum_async(tensor, self.wire_dtype)
+        return all_reduce_sum_async(tensor, self.wire_dtype, group=self.process_group)
 
     # --- phase 2: P's summed: orthonormalize, Q = M^T P / N, all-reduce the Q's -------------------------
 

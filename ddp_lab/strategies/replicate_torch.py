@@ -62,14 +62,19 @@ def _count_all_reduce(strategy) -> None:
 class TorchReplicate(DataParallelBase):
     """torch's replicate() behind the strategy contract (module docstring)."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, process_group=None):
         from torch.distributed._composable.replicate_with_fsdp import replicate
+        from torch.distributed.device_mesh import DeviceMesh
 
-        super().__init__(module)  # replicate() keeps each rank's own weights: start from rank 0's
+        # replicate() keeps each rank's own weights: start from the first rank's
+        super().__init__(module, process_group=process_group)
+        device = next(module.parameters()).device
+        mesh = (None if process_group is None else  # a mesh's data-parallel axis
+                DeviceMesh.from_group(process_group, device.type, mesh_dim_names=("replicate",)))
         units = unit_modules(module)  # none: the whole model is one unit
         for unit in units:
-            replicate(unit)
-        replicate(module)
+            replicate(unit, mesh=mesh)
+        replicate(module, mesh=mesh)
         self._units, self.stamps = units, []
         _count_all_reduce(self)
 

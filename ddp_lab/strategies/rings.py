@@ -116,6 +116,8 @@ class _Worker:
         return future
 
     def _serve(self) -> None:
+        torch.set_grad_enabled(False)  # rings move data only; a caller's views made under no_grad (a TP layer's
+        # autograd forward) may not be written where grad mode is on, and grad mode is per thread
         while True:
             job, future = self.jobs.get()
             try:

@@ -28,7 +28,6 @@ float rounding).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ddp_lab.strategies.demo import Blocks
 
@@ -118,6 +117,6 @@ class SparseOuter:
         return out
 
 
-def gathered_buffer(payload: torch.Tensor) -> torch.Tensor:
-    """The all-gather's output for a payload: every rank's, in rank order."""
-    return torch.empty(dist.get_world_size() * payload.numel(), dtype=payload.dtype, device=payload.device)
+def gathered_buffer(payload: torch.Tensor, ranks: int) -> torch.Tensor:
+    """The all-gather's output for a payload: every one of `ranks` ranks', in rank order."""
+    return torch.empty(ranks * payload.numel(), dtype=payload.dtype, device=payload.device)

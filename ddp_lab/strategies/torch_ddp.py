@@ -67,9 +67,10 @@ class _HookState:
     and DDP's bucket buffers by index (kept state for the memory accounting: with
     `gradient_as_bucket_view` off they are a second copy of the gradients)."""
 
-    def __init__(self, comm_dtype: str):
+    def __init__(self, comm_dtype: str, process_group=None):
         self.stamps: list = []
         self.comm_dtype = comm_dtype
+        self.process_group = process_group
         self.buckets: dict[int, torch.Tensor] = {}
 
 
@@ -85,7 +86,7 @@ def _keep(state: _HookState, bucket) -> torch.Tensor:
 def _timed_all_reduce_hook(state, bucket):
     # No annotations: DDP checks them and this module's are strings (`from __future__`).
     _keep(state, bucket)
-    future, stamp = all_reduce_mean_async(bucket.buffer())
+    future, stamp = all_reduce_mean_async(bucket.buffer(), group=state.process_group)
     state.stamps.append(stamp)
     return future
 
@@ -98,31 +99,32 @@ def _timed_compress_hook(state, bucket):
     """torch's compression hook for the bucket, its in-flight interval stamped; bytes in the wire dtype."""
     buffer = _keep(state, bucket)
     nbytes = buffer.numel() * torch.empty((), dtype=WIRE_DTYPES[state.comm_dtype]).element_size()
-    future, stamp = launch_stamped(lambda: [TORCH_COMPRESS_HOOKS[state.comm_dtype](None, bucket)], nbytes,
-                                   buffer.is_cuda)
+    future, stamp = launch_stamped(lambda: [TORCH_COMPRESS_HOOKS[state.comm_dtype](state.process_group, bucket)],
+                                   nbytes, buffer.is_cuda)
     state.stamps.append(stamp)
     return future
 
 
 class TorchDDP(DataParallelBase):
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
-                 gradient_as_bucket_view: bool = True, **ddp_kwargs):
+                 gradient_as_bucket_view: bool = True, process_group=None, **ddp_kwargs):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
-        super().__init__(module, comm_dtype)  # broadcasts parameters and buffers from rank 0, frozen ones too
+        # broadcasts parameters and buffers from the group's first rank, frozen ones too
+        super().__init__(module, comm_dtype, process_group=process_group)
         # Newer torch renamed `broadcast_buffers` (and warns on the old name); same meaning here.
         buffers_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
         ddp_kwargs.setdefault(buffers_key, False)
-        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False,
+        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_mb, init_sync=False, process_group=process_group,
                                       gradient_as_bucket_view=gradient_as_bucket_view, **ddp_kwargs)
-        self._hook_state = _HookState(self.comm_dtype)
+        self._hook_state = _HookState(self.comm_dtype, process_group)
         self._stamps = self._hook_state.stamps  # the same list object DDP's hook appends to
         compress = self.comm_dtype in TORCH_COMPRESS_HOOKS
         self.bare = not per_collective()  # measure.per_collective=false: torch's DDP with none of the lab's hooks
         if not self.bare:
             ddp.register_comm_hook(self._hook_state, _timed_compress_hook if compress else _timed_all_reduce_hook)
         elif compress:
-            ddp.register_comm_hook(None, TORCH_COMPRESS_HOOKS[self.comm_dtype])
+            ddp.register_comm_hook(process_group, TORCH_COMPRESS_HOOKS[self.comm_dtype])
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the module docstring
         self.bucket_mb, self.gradient_as_bucket_view = bucket_mb, gradient_as_bucket_view
         self._last_grad = None
@@ -201,7 +203,7 @@ class TorchDDP(DataParallelBase):
             with self.comm.exposed():
                 # Gradients from a backward DDP did not arm: one flat all-reduce, as FlatDDP does.
                 flat_all_reduce_mean_([p.grad for p in self.trainable_parameters() if p.grad is not None], self.comm,
-                                      self.wire_dtype)
+                                      self.wire_dtype, group=self.process_group)
             return
         if stamps and self._last_grad is not None:
             synchronize(self.comm.device)

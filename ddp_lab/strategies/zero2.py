@@ -47,7 +47,6 @@ contribute zeros (overlap_engine.py). Move the model to its device before wrappi
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
@@ -77,10 +76,11 @@ class Zero2(BucketedDDP):
     buckets too), in MiB; None: 2 x bucket_mb. Always fewer buffers than buckets: never the whole
     gradient."""
 
-    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32"):
-        super().__init__(module, bucket_mb, comm_dtype)
-        self.rank = dist.get_rank()
-        self.collectives = self.collectives or collectives_in_use()
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
+                 process_group=None):
+        super().__init__(module, bucket_mb, comm_dtype, process_group=process_group)
+        self.rank = self.dp_rank
+        self.collectives = self.collectives or collectives_in_use(process_group)
         self._on_cuda = any(unit[0].is_cuda for unit in self._units)
         self._params: list[torch.Tensor] = []       # flat, padded parameter buffer per bucket
         self._grad_shards: list[torch.Tensor] = []  # this rank's slice of each averaged gradient bucket
@@ -105,7 +105,7 @@ class Zero2(BucketedDDP):
                 self._grad_shards.append(torch.zeros(width, dtype=flat.dtype, device=flat.device))
 
     def _pad_multiple(self) -> int:
-        return dist.get_world_size()
+        return self.dp_size
 
     def local_shard(self, param: torch.Tensor) -> nn.Parameter | None:
         """This rank's slice of a trainable parameter (1-D, a view into its bucket), None if it has none."""
@@ -165,7 +165,8 @@ class Zero2(BucketedDDP):
         received = shard if wire is bucket else torch.empty(shard.shape, dtype=wire.dtype, device=wire.device)
 
         def launch():
-            return [reduce_scatter(received, wire.view(-1), async_op=True, implementation=self.collectives)]
+            return [reduce_scatter(received, wire.view(-1), group=self.process_group, async_op=True,
+                                   implementation=self.collectives)]
         self._received[index] = received
         return launch_stamped(launch, tensor_bytes(wire), self._on_cuda)
 
@@ -224,8 +225,8 @@ class Zero2(BucketedDDP):
         with timed(sum(tensor_bytes(flat) for flat in self._params), len(self._params)):
             works = []
             for flat in self._params:
-                works.append(all_gather(flat, flat.view(n, -1)[self.rank], async_op=True,  # in place
-                                        implementation=self.collectives))
+                works.append(all_gather(flat, flat.view(n, -1)[self.rank], group=self.process_group,  # in place
+                                        async_op=True, implementation=self.collectives))
             for work in works:
                 work.wait()
 

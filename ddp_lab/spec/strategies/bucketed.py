@@ -32,6 +32,7 @@ class BucketedSpec(StrategySpec):
     node's ranks)."""
 
     runtime = "ddp_lab.strategies.BucketedDDP"
+    mesh_refusal = None
     torch_reference = "torch_ddp"
 
     def check(self) -> None:
@@ -46,6 +47,11 @@ class BucketedSpec(StrategySpec):
             node = self.node_size or ranks_per_node
             require(world_size % node == 0, f"strategy.all_reduce=two_level: world_size={world_size} does not "
                     f"split into node groups of {node} ranks (strategy.node_size)")
+
+    def check_mesh(self, tp: int) -> None:
+        super().check_mesh(tp)
+        require(tp == 1 or self.all_reduce != AllReduce.two_level, f"parallel.tp={tp}: strategy.all_reduce=two_level "
+                "lays its node groups over every rank, not a mesh's data-parallel axis: use all_reduce=flat")
 
     def schedule(self) -> Optional[Schedule]:
         if self.all_reduce == AllReduce.two_level:

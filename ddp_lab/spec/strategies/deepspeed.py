@@ -30,6 +30,7 @@ class DeepSpeedSpec(StrategySpec):
     """DeepSpeed's overlap_comm: reduce on a side stream (async on CPU) instead of blocking in the hook."""
 
     runtime = "ddp_lab.strategies.DeepSpeedZeRO"
+    mesh_refusal = "DeepSpeed's engine builds its data-parallel groups over every rank itself"
     compile_refusal = ("DeepSpeed's engine runs the model itself (it has its own compile option, not torch.compile "
                        "of the module)")
     own_checkpoint = "deepspeed"  # its engine's save_checkpoint: its flat partitions are no DCP pieces

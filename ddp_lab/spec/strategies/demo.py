@@ -24,6 +24,7 @@ class DeMoSpec(StrategySpec):
     """The momentum's decay per step (compression_decay)."""
 
     runtime = "ddp_lab.strategies.DeMo"
+    mesh_refusal = None
     reduces_gradients = False  # it gathers coefficients of a momentum: no gradient collective, no comm_dtype
     whole_parameter_optimizer = False  # DeMo is its own optimizer (sign-SGD): no train.optimizer=muon
 

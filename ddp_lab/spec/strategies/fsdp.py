@@ -29,6 +29,7 @@ class FSDPSpec(StrategySpec):
     """Which parameters are sharded (the rest are replicated, their gradients all-reduced)."""
 
     runtime = "ddp_lab.strategies.FSDP"
+    mesh_refusal = None
     torch_reference = "fsdp_torch"
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon

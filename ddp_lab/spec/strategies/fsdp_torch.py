@@ -7,7 +7,7 @@ from typing import Optional
 
 from ddp_lab.spec.choices import Dtype
 from ddp_lab.spec.strategies.fsdp_units import plan_units
-from ddp_lab.spec.strategy import StrategySpec, knob_at_least
+from ddp_lab.spec.strategy import StrategySpec, knob_at_least, require
 
 
 @dataclass
@@ -28,12 +28,18 @@ class TorchFSDPSpec(StrategySpec):
     sharding, the bar for hsdp; world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.TorchFSDP"
+    mesh_refusal = None
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
     casts_itself = True
 
     def check(self) -> None:
         knob_at_least(self, "shard_size", 1)  # unset passes
+
+    def check_mesh(self, tp: int) -> None:
+        super().check_mesh(tp)
+        require(tp == 1 or self.shard_size is None, f"parallel.tp={tp}: strategy.shard_size (FSDP2's hybrid sharding) "
+                "lays its own 2-D mesh over every rank: on a mesh fsdp_torch shards over the data-parallel axis")
 
     def shard_ranks(self, world_size: int, ranks_per_node: int) -> int:
         return self.shard_size or world_size

@@ -24,6 +24,8 @@ class HSDPSpec(FSDPSpec):
     """Ranks per shard group (unset: the ranks of a node); world_size must divide by it."""
 
     runtime = "ddp_lab.strategies.HSDP"
+    mesh_refusal = ("its shard and replica groups are laid over every rank by node; on a mesh, fsdp or fsdp_torch "
+                    "shard over the data-parallel axis")
     torch_reference = "fsdp_torch"
 
     def check(self) -> None:

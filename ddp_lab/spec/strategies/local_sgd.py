@@ -79,6 +79,7 @@ class LocalSGDSpec(DiLoCoSpec):
     """SparseLoCo's error feedback: e ← error_decay · e + Δ at each sync."""
 
     runtime = "ddp_lab.strategies.LocalSGD"
+    mesh_refusal = None
 
     def check(self) -> None:
         super().check()

@@ -21,6 +21,7 @@ class TorchftLocalSGDSpec(DiLoCoSpec):
     name: str = "local_sgd_torchft"
 
     runtime = "ddp_lab.strategies.TorchftDiLoCo"
+    mesh_refusal = "each rank is a torchft replica group of its own, on a process group torchft builds over every rank"
     compile_refusal = "torchft's managers and their servers run around the model, not proven compiled"
     emulated_nodes = False  # its servers advertise this host's name, which another node's namespace cannot reach
 

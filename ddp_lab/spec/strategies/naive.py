@@ -20,6 +20,7 @@ class NaiveSpec(StrategySpec):
     """Dtype of gradients on the wire (unset: fp32); the average lands in the fp32 gradient."""
 
     runtime = "ddp_lab.strategies.NaiveDDP"
+    mesh_refusal = None
     torch_reference = "torch_ddp"
 
     def schedule(self) -> Schedule:

@@ -17,6 +17,7 @@ class NoneSpec(StrategySpec):
     name: str = "none"
 
     runtime = "ddp_lab.strategies.NoSync"
+    mesh_refusal = None
     reduces_gradients = False
     synchronizes = False
 

@@ -32,6 +32,7 @@ class PowerSGDSpec(StrategySpec):
     train.warmup_steps' default 3."""
 
     runtime = "ddp_lab.strategies.PowerSGD"
+    mesh_refusal = None
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

@@ -17,3 +17,4 @@ class TorchReplicateSpec(StrategySpec):
     name: str = "replicate_torch"
 
     runtime = "ddp_lab.strategies.TorchReplicate"
+    mesh_refusal = None

@@ -25,6 +25,7 @@ class TorchDDPSpec(StrategySpec):
     """fp16: torch's fp16_compress_hook; bf16: its bf16_compress_hook (CUDA with NCCL 2.10+ only)."""
 
     runtime = "ddp_lab.strategies.TorchDDP"
+    mesh_refusal = None
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

@@ -45,6 +45,7 @@ class Zero1Spec(StrategySpec):
     """Dtype of gradients on the wire (unset: fp32); the average lands in the fp32 gradient."""
 
     runtime = "ddp_lab.strategies.Zero1"
+    mesh_refusal = None
     torch_reference = "zero1_torch"
     zero_stage = 1
 

@@ -17,6 +17,7 @@ class TorchZero1Spec(TorchDDPSpec):
     name: str = "zero1_torch"
 
     runtime = "ddp_lab.strategies.TorchZero1"
+    mesh_refusal = None
     zero_stage = 1
 
     def schedule(self) -> None:

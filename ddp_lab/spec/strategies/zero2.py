@@ -25,6 +25,7 @@ class Zero2Spec(StrategySpec):
     """Dtype of gradients on the wire (unset: fp32); the average lands in the fp32 gradient shard."""
 
     runtime = "ddp_lab.strategies.Zero2"
+    mesh_refusal = None
     torch_reference = "zero1_torch"
     zero_stage = 2
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon

@@ -136,13 +136,18 @@ class Unit:
     """A unit's shards, its gathered state and its gradient reduction (module docstring)."""
 
     def __init__(self, plan: UnitPlan, compute_dtype: torch.dtype | None,
-                 wire_dtype: torch.dtype | None = None, group=None, replicas=None, collectives: str | None = None):
+                 wire_dtype: torch.dtype | None = None, group=None, replicas=None, collectives: str | None = None,
+                 data_group=None):
+        """`group` shards the unit, `replicas` hold the same shard elsewhere (hsdp), `data_group` is every rank
+        the gradients average over (the shard groups and their replicas; a mesh's data-parallel axis); None for
+        any of them: the whole world."""
         self.name, self.module = plan.name, plan.module
         self.wire_dtype = wire_dtype
         self.group, self.replicas = group, replicas  # None: the whole world shards, nothing replicates
+        self.data_group = data_group
         self.collectives = collectives  # ring or native (strategies/collectives.py); None: as chosen
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.scale = 1.0 / dist.get_world_size()  # an average over every rank, whatever the shard group
+        self.scale = 1.0 / dist.get_world_size(data_group)  # an average over every data-parallel rank
         first = plan.params[0].param
         self.device, self.dtype = first.device, first.dtype
         if any(p.param.dtype != self.dtype for p in plan.params):
@@ -283,8 +288,8 @@ class Unit:
             stamps.append(stamp)
         replicated = (None, None)
         if self.replicated_grad_numel:
-            future, stamp = launch_stamped(lambda: [dist.all_reduce(flat, async_op=True)], tensor_bytes(flat),
-                                           on_cuda)
+            future, stamp = launch_stamped(lambda: [dist.all_reduce(flat, group=self.data_group, async_op=True)],
+                                           tensor_bytes(flat), on_cuda)
             replicated = (future, stamp)
             stamps.append(stamp)
         self.reducing = (*sharded, *replicated, flat)

@@ -88,16 +88,17 @@ class FSDP(DataParallelBase):
     """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
 
     def __init__(self, module: nn.Module, compute_dtype=None, reshard_after_forward: bool = True,
-                 policy: str | Policy = "linear_embedding", comm_dtype=None):
+                 policy: str | Policy = "linear_embedding", comm_dtype=None, process_group=None):
         compute_dtype = resolve_compute_dtype(compute_dtype)
         wire = resolve_compute_dtype(comm_dtype, "comm_dtype")  # the same names: fp32 (as is), bf16, fp16
         plans = plan_units(module, policy)  # raises before any collective when there is nothing to shard
-        super().__init__(module)            # every rank starts from rank 0's weights
+        super().__init__(module, process_group=process_group)  # every rank starts from rank 0's weights
         self.compute_dtype, self.reshard_after_forward = compute_dtype, reshard_after_forward
         self._on_cuda = any(p.is_cuda for p in module.parameters())
         group, replicas = self.shard_groups()
         self.collectives = self.collectives or collectives_in_use(group)
-        self.units = [Unit(plan, compute_dtype, wire, group, replicas, self.collectives) for plan in plans]
+        self.units = [Unit(plan, compute_dtype, wire, group, replicas, self.collectives, process_group)
+                      for plan in plans]
         self.comm_dtype = wire
         self.root = self.units[-1] if self.units[-1].module is None else None
         self._hooked = [u for u in self.units if u.module is not None]
@@ -111,9 +112,9 @@ class FSDP(DataParallelBase):
         self.peak_gathered_bytes = 0
 
     def shard_groups(self):
-        """(the group that shards each unit, the group that holds the same shard elsewhere): the whole
-        world and nothing for fsdp; hsdp overrides it."""
-        return None, None
+        """(the group that shards each unit, the group that holds the same shard elsewhere): every rank it
+        synchronizes over (`process_group`) and nothing for fsdp; hsdp overrides it."""
+        return self.process_group, None
 
     # --- what the trainer and users call ------------------------------------------------------------
 

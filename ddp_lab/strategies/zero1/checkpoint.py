@@ -19,9 +19,12 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from ddp_lab.strategies.rings import global_rank
+
 
 class ConsolidatedStateDict:
-    """Mixed into ShardedOptimizer: uses its `param_groups`, `owner`, `optim`, `rank`, `world_size`."""
+    """Mixed into ShardedOptimizer: uses its `param_groups`, `owner`, `optim`, `rank`, `world_size` and
+    `process_group` (ranks are its group's: `to` too)."""
 
     def _global_index(self) -> dict[torch.Tensor, int]:
         """Position of each param in param_groups order: torch's own state_dict numbering."""
@@ -48,7 +51,7 @@ class ConsolidatedStateDict:
         metas = [local_meta]
         if self.world_size > 1:
             metas = [None] * self.world_size
-            dist.all_gather_object(metas, local_meta)
+            dist.all_gather_object(metas, local_meta, group=self.process_group)
         receive = to is None or to == self.rank
         device = self._comm_device()
         state: dict[int, dict] = {}
@@ -68,14 +71,15 @@ class ConsolidatedStateDict:
                                       for i, key, _ in entries])
                 else:
                     flat = torch.empty(sum(math.prod(shape) for *_, shape in entries), dtype=dtype, device=device)
+                group = self.process_group
                 if to is None:
                     if self.world_size > 1:
-                        dist.broadcast(flat, src=owner)
+                        dist.broadcast(flat, src=global_rank(group, owner), group=group)
                 elif owner != to:
                     if owner == self.rank:
-                        dist.send(flat, dst=to)
+                        dist.send(flat, dst=global_rank(group, to), group=group)
                     else:
-                        dist.recv(flat, src=owner)
+                        dist.recv(flat, src=global_rank(group, owner), group=group)
                 if receive:
                     flat, offset = flat.cpu(), 0
                     for i, key, shape in entries:
@@ -90,7 +94,7 @@ class ConsolidatedStateDict:
 
     def _comm_device(self) -> torch.device:
         """Where collectives run: the parameters' CUDA device under nccl, else the CPU."""
-        if self.world_size > 1 and dist.get_backend() == "nccl":
+        if self.world_size > 1 and dist.get_backend(self.process_group) == "nccl":
             return next(p.device for g in self.param_groups for p in g["params"])
         return torch.device("cpu")
 

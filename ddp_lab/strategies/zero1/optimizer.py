@@ -61,21 +61,24 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
     `grad_dtype` (the zero1 strategy passes its comm_dtype's): the dtype gradients are
     reduce-scattered in (None: their own); the averaged result lands in the fp32 `.grad`. The
     updated parameters travel in their own dtype.
+    `process_group` (as torch's ZeroRedundancyOptimizer takes it): the ranks the state is sharded over (None:
+    all of them; the data-parallel axis of a mesh); owners are its ranks.
     Without an initialized process group it runs as one rank holding everything.
     """
 
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], *,
                  comm: str = ZeroComm.allreduce_broadcast, comm_stats=None, grad_dtype: torch.dtype | None = None,
-                 **kwargs: Any):
+                 process_group=None, **kwargs: Any):
         if comm not in set(ZeroComm):
             raise ValueError(f"unknown comm {comm!r}; options: {', '.join(ZeroComm)}")
         self.comm_mode = ZeroComm(comm)
         self.grad_dtype = grad_dtype
+        self.process_group = process_group
         distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if distributed else 0
-        self.world_size = dist.get_world_size() if distributed else 1
+        self.rank = dist.get_rank(process_group) if distributed else 0
+        self.world_size = dist.get_world_size(process_group) if distributed else 1
         # ring or native (strategies/collectives.py), what `backend.collectives` chose; tests pin one per instance
-        self.collectives = collectives_in_use() if distributed else "native"
+        self.collectives = collectives_in_use(process_group) if distributed else "native"
         self.owner: dict[torch.Tensor, int] = {}
         self.loads = [0] * self.world_size  # parameter bytes owned by each rank
         self._grads_reduced = False
@@ -135,7 +138,8 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
                    for owner, params in enumerate(per_owner) for p in params]
         with self._timed(sum(tensor_bytes(p) for p, _ in pending), len(pending)):
             buffers = [p.detach().contiguous() for p, _ in pending]  # the parameter itself unless not contiguous
-            for work in broadcasts(buffers, [owner for _, owner in pending], implementation=self.collectives):
+            for work in broadcasts(buffers, [owner for _, owner in pending], group=self.process_group,
+                                   implementation=self.collectives):
                 work.wait()
             for (p, _), buffer in zip(pending, buffers):
                 if buffer.data_ptr() != p.data_ptr():
@@ -162,7 +166,7 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
                 flat = to_wire(flat, self.grad_dtype, self.world_size)
             mine = torch.empty(sizes[self.rank], dtype=flat.dtype, device=flat.device)
             with self._timed(tensor_bytes(flat)):
-                reduce_scatter(mine, flat, sizes=sizes, implementation=self.collectives)
+                reduce_scatter(mine, flat, group=self.process_group, sizes=sizes, implementation=self.collectives)
             if mine.dtype == dtype:
                 mine.div_(self.world_size)
             for owner, params in enumerate(per_owner):
@@ -201,7 +205,7 @@ class ShardedOptimizer(ConsolidatedStateDict, ShardOptimizerBase):
             mine = torch.nn.functional.pad(mine, (0, sizes[self.rank] - mine.numel()))
             gathered = torch.empty(sum(sizes), dtype=dtype, device=device)
             with self._timed(tensor_bytes(gathered)):
-                all_gather(gathered, mine, sizes=sizes, implementation=self.collectives)
+                all_gather(gathered, mine, group=self.process_group, sizes=sizes, implementation=self.collectives)
             for owner, (params, segment) in enumerate(zip(per_owner, gathered.split(sizes))):
                 if owner != self.rank:
                     for p, value in zip(params, _split(segment, params)):

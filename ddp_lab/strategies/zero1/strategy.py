@@ -52,12 +52,13 @@ class Zero1(DataParallelBase):
     """
 
     def __init__(self, module: nn.Module, grad_sync: str = GradSync.bucketed, bucket_mb: float = DEFAULT_BUCKET_MB,
-                 comm: str = ZeroComm.allreduce_broadcast, comm_dtype: str = "fp32"):
-        super().__init__(module, comm_dtype, broadcast=False)
+                 comm: str = ZeroComm.allreduce_broadcast, comm_dtype: str = "fp32", process_group=None):
+        super().__init__(module, comm_dtype, broadcast=False, process_group=process_group)
         self.comm_mode = ZeroComm(comm)
         sync = Zero1Spec(bucket_mb=bucket_mb, grad_sync=GradSync(grad_sync), comm=self.comm_mode,
                          comm_dtype=comm_dtype).grad_sync_spec()
-        self.sync = ShardedGradSync(module, comm_dtype) if sync is None else sync.build(module)
+        group = {} if process_group is None else {"process_group": process_group}
+        self.sync = ShardedGradSync(module, comm_dtype, **group) if sync is None else sync.build(module, **group)
         self.comm = self.sync.comm
 
     def forward(self, *args, **kwargs):
@@ -83,7 +84,7 @@ class Zero1(DataParallelBase):
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None, **kwargs) -> ShardedOptimizer:
         params = self.sync.trainable_parameters() if params is None else params
         optimizer = ShardedOptimizer(params, optimizer_cls, comm=self.comm_mode, comm_stats=self.comm,
-                                     grad_dtype=self.sync.wire_dtype, **kwargs)
+                                     grad_dtype=self.sync.wire_dtype, process_group=self.process_group, **kwargs)
         if isinstance(self.sync, ShardedGradSync):
             self.sync.optimizer = optimizer
         return optimizer

@@ -78,7 +78,8 @@ class TorchZero1(TorchDDP):
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], params=None,
                        **kwargs) -> torch.optim.Optimizer:
         params = self.trainable_parameters() if params is None else params
-        optimizer = timed_zero_redundancy_optimizer()(params, optimizer_class=optimizer_cls, **kwargs)
+        optimizer = timed_zero_redundancy_optimizer()(params, optimizer_class=optimizer_cls,
+                                                      process_group=self.process_group, **kwargs)
         optimizer.comm_stats = self.comm
         optimizer.collectives = collectives_in_use(optimizer.process_group)
         return optimizer
