@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ddp_lab.spec.choices import Choice, CollectiveOp, Dtype
 from ddp_lab.spec.models import MODEL_SCHEMAS
+from ddp_lab.spec.parallel import ParallelConfig
 from ddp_lab.spec.strategies import register as register_strategy_specs
 
 
@@ -340,15 +341,25 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The axes beyond data parallelism: tensor parallelism (spec/parallel.py); world_size = dp x tp."""
     profile: bool = False
     """torch.profiler traces of a few training steps, and the timeline picture."""
     resume: Optional[str] = None
     """A sweep or run folder: re-run its jobs that did not end ok."""
 
 
+def data_parallel_size(cfg) -> int:
+    """The ranks the global batch is split over: world_size / parallel.tp (tensor-parallel ranks read the same
+    rows); a config without a `parallel` node (older results, the tests' own) is data parallel only."""
+    tp = OmegaConf.select(cfg, "parallel.tp", default=1) or 1
+    return max(1, cfg.world_size // tp)
+
+
 def micro_batch_size(cfg) -> int:
-    """Sequences in one forward of one rank: the global batch over the ranks and the micro-batches (at least 1)."""
-    return max(1, cfg.train.batch_size // cfg.world_size // cfg.train.grad_accum_steps)
+    """Sequences in one forward of one rank: the global batch over the data-parallel ranks and the micro-batches
+    (at least 1)."""
+    return max(1, cfg.train.batch_size // data_parallel_size(cfg) // cfg.train.grad_accum_steps)
 
 
 def register_configs() -> None:

@@ -4,7 +4,7 @@ parameters, norms, a user's own layer classes. The parity tests and `python -m d
 import torch
 from torch import nn
 
-from ddp_lab.models import Transformer
+from ddp_lab.models import ToyMLP, Transformer
 from ddp_lab.models.transformer import RMSNorm
 
 VOCAB = 64
@@ -184,6 +184,34 @@ def byte_transformer():
     return tiny_transformer(BYTE_VOCAB)
 
 
+ODD_VOCAB = VOCAB + 2
+"""A vocabulary no TP degree above 1 here divides (66: tp 4 pads it to 68); the data's ids stay below VOCAB."""
+
+
+def odd_vocab_transformer():
+    """tiny_transformer over ODD_VOCAB ids: tensor parallelism pads (the lab) or splits unevenly (torch)."""
+    return tiny_transformer(ODD_VOCAB)
+
+
+def toy_mlp() -> ToyMLP:
+    """The toy MLP at test size: biases on both linears of each pair (a row-parallel bias is added once)."""
+    return ToyMLP(vocab_size=VOCAB, context_length=CONTEXT, d_model=16, d_ff=32, num_layers=2)
+
+
+def frozen_toy() -> ToyMLP:
+    """toy_mlp with its first column-parallel pair's first layer frozen (weight and bias)."""
+    model = toy_mlp()
+    model.mlp[0].requires_grad_(False)
+    return model
+
+
+def tied_toy() -> ToyMLP:
+    """toy_mlp with its output head's weight tied to the embedding: one weight, split by vocabulary on both."""
+    model = toy_mlp()
+    model.out.weight = model.embed.weight
+    return model
+
+
 # --- the user's own layer classes (`python -m ddp_lab.check ... --layers linear=my.Linear,...`) ------------------
 
 LAYER_KINDS = {"linear": (nn.Linear, OwnLinear), "embedding": (nn.Embedding, OwnEmbedding),
@@ -233,7 +261,11 @@ def _built(factory):
 
 MODELS = {name: _built(factory) for name, factory in {
     "frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
-    "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer}.items()}
+    "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer,
+    "odd_vocab_transformer": odd_vocab_transformer, "toy": toy_mlp, "frozen_toy": frozen_toy,
+    "tied_toy": tied_toy}.items()}
+"""Every model above by name; the ones with a tensor-parallel plan (`tp_plan()`): transformer,
+odd_vocab_transformer, byte_transformer, toy, frozen_toy, tied_toy."""
 
 
 def mid_mb(model) -> float:

@@ -23,11 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from ddp_lab.arithmetic.bandwidth import bytes_per_rank
-from ddp_lab.config import Config, micro_batch_size
+from ddp_lab.config import Config, data_parallel_size, micro_batch_size
 from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
+from ddp_lab.spec.parallel import mesh_problem, plan_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec
 from ddp_lab.units import MiB
@@ -89,6 +90,7 @@ def validate(cfg: DictConfig) -> None:
              "backend.collectives=ring is the lab's rings for gloo; nccl runs its own (rings and trees already): "
              "use backend.collectives=auto or native")
     _validate_network(cfg)
+    _validate_mesh(cfg)
     if cfg.backend.name == "nccl":
         from ddp_lab.machine import cuda_devices
 
@@ -139,6 +141,41 @@ def _validate_network(cfg: DictConfig) -> None:
         _require(missing is None, f"network.latency_ms={net.latency_ms}: {missing}; network.gbps alone shapes rate")
 
 
+def _validate_mesh(cfg: DictConfig) -> None:
+    """The mesh lays out (spec/parallel.py): tp divides world_size (and the sequence, under sequence parallelism);
+    what does not run on a mesh yet is refused, saying why."""
+    p = cfg.parallel
+    context = OmegaConf.select(cfg, "model.context_length", default=1)
+    problem = mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context)
+    _require(problem is None, str(problem))
+    if p.tp == 1:
+        return
+    _require(cfg.task.name == "train", f"parallel.tp={p.tp} splits a model's layers: task={cfg.task.name} has no "
+             "model (use parallel.tp=1)")
+    t = cfg.train
+    _require(not t.compile, f"parallel.tp={p.tp} with train.compile=true: compiled tensor-parallel layers are not "
+             "proven against one process here yet: use train.compile=false")
+    _require(not cfg.measure.grad_error, f"parallel.tp={p.tp} with measure.grad_error=true: its probe averages "
+             "gradients over every rank, where a mesh averages over its data-parallel axis only")
+    _require(not (cfg.checkpoint.every or cfg.checkpoint.load or cfg.launcher.max_restarts),
+             f"parallel.tp={p.tp}: checkpoints on a mesh are not written yet (checkpoint.every, checkpoint.load, "
+             "launcher.max_restarts): use parallel.tp=1, or train.save_model=true for the whole weights")
+
+
+def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
+    """The model declares a plan, and parallel.tp splits every layer of it into whole heads, rows and columns."""
+    import torch
+
+    tp = cfg.parallel.tp
+    if tp == 1:
+        return
+    plan = module.tp_plan() if hasattr(module, "tp_plan") else {}
+    shapes = {name: tuple(m.weight.shape) for name, m in module.named_modules()
+              if name in plan and isinstance(getattr(m, "weight", None), torch.Tensor)}
+    problem = plan_problem(plan, shapes, tp)
+    _require(problem is None, f"parallel.tp={tp} with model={cfg.model.name}: {problem}")
+
+
 def _validate_keys(cfg: DictConfig) -> None:
     """Every key is one the schema has: Hydra refuses `train.stepz=3`, but lets `+train.stepz=3` add one."""
     try:
@@ -172,10 +209,12 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(0 <= t.warmup_steps < t.steps,
              f"train.warmup_steps={t.warmup_steps} must be in [0, train.steps) so some steps are measured")
     _require(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
-    _require(t.batch_size % ws == 0,
-             f"train.batch_size={t.batch_size} (global) does not divide by world_size={ws}: use a multiple of {ws}")
+    dp = data_parallel_size(cfg)
+    over = f"world_size={ws}" if dp == ws else f"the data-parallel ranks (world_size / parallel.tp = {dp})"
+    _require(t.batch_size % dp == 0,
+             f"train.batch_size={t.batch_size} (global) does not divide by {over}: use a multiple of {dp}")
     _require(t.grad_accum_steps >= 1, f"train.grad_accum_steps must be >= 1, got {t.grad_accum_steps}")
-    local = t.batch_size // ws
+    local = t.batch_size // dp
     _require(local % t.grad_accum_steps == 0, f"each rank's batch ({local}) does not divide into "
              f"train.grad_accum_steps={t.grad_accum_steps} micro-batches")
     _require(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
@@ -193,7 +232,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_logits(cfg)
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
-        spec.check_world(ws, ranks_per_node)
+        spec.check_mesh(int(cfg.parallel.tp))
+        spec.check_world(dp, ranks_per_node)
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -218,8 +258,10 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")
-    _validate_model_for_strategy(cfg, spec, _meta_model(cfg, small=True))  # its kinds of layers, at a bounded size
-    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(ws, ranks_per_node))  # from shapes, before a full build
+    small = _meta_model(cfg, small=True)  # its kinds of layers, at a bounded size
+    _validate_model_for_strategy(cfg, spec, small)
+    _validate_tensor_parallel(cfg, small)
+    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(dp, ranks_per_node))  # from shapes, before a full build
     _validate_checkpoint(cfg, spec)
 
 
@@ -255,7 +297,7 @@ def _validate_data(cfg: DictConfig) -> None:
     from ddp_lab.machine import host_available_bytes
     from ddp_lab.units import fmt_bytes
 
-    held = 8 * t.eval_batches * max(1, t.batch_size // cfg.world_size) * (cfg.model.context_length + 1)
+    held = 8 * t.eval_batches * max(1, t.batch_size // data_parallel_size(cfg)) * (cfg.model.context_length + 1)
     _require(held * cfg.world_size <= MEMORY_HEADROOM * host_available_bytes(),
              f"train.eval_batches={t.eval_batches}: each rank keeps its held-out batches in memory, "
              f"{fmt_bytes(held)} of token ids per rank, more than this machine has free: use fewer")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ddp_lab.arithmetic.zero_bytes import model_state_bytes
-from ddp_lab.config import micro_batch_size
+from ddp_lab.config import data_parallel_size, micro_batch_size
 from ddp_lab.models.facts import activation_bytes, parameter_counts
 from ddp_lab.units import fmt_bytes  # noqa: F401  (its home is units.py; the launcher's checks import it here too)
 
@@ -22,9 +22,12 @@ FP32 = 4
 def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = None, activations: bool = True) -> int:
     """Bytes one rank needs for `cfg`'s model under a strategy of ZeRO stage `stage` (`activations=False`: the
     model state alone, the cheaper half). Both from shapes at a bounded cost (models/facts.py): the model is
-    never run, nor built, at the size asked for."""
-    n = parameter_counts(cfg.model)["total"]
-    shards = shard_ranks or cfg.world_size  # hsdp: its shard group
+    never run, nor built, at the size asked for. Under tensor parallelism a rank holds 1/tp of the parameters
+    (a little more: the replicated norms, the vocabulary's padding, left out here) and the strategy shards that
+    over the data-parallel ranks; the activations are counted whole (more than a rank saves)."""
+    dp = data_parallel_size(cfg)
+    n = parameter_counts(cfg.model)["total"] // (cfg.world_size // dp)
+    shards = shard_ranks or dp  # hsdp: its shard group
     model_state = model_state_bytes(n, "fp32", shards, stage)["total"] + FP32 * n  # + a comm buffer
     if not activations:
         return int(model_state)

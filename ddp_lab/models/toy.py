@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from ddp_lab.spec.parallel import Colwise, Rowwise, VocabEmbedding, VocabHead
+
 
 class ToyMLP(nn.Module):
     """Embedding -> num_layers x (Linear, GELU) -> untied output projection.
@@ -23,3 +25,13 @@ class ToyMLP(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.out(self.mlp(self.embed(tokens)))
+
+    def tp_plan(self) -> dict:
+        """Tensor parallelism's split (spec/parallel.py): each (Linear, GELU, Linear) pair as Megatron splits an
+        MLP, the first column-wise, the second row-wise (its bias added once, after the sum); the embedding and
+        the output by vocabulary."""
+        plan = {"embed": VocabEmbedding()}
+        for i in range(0, len(self.mlp), 3):
+            plan.update({f"mlp.{i}": Colwise(what="model.d_ff"), f"mlp.{i + 2}": Rowwise(what="model.d_ff")})
+        plan["out"] = VocabHead()
+        return plan

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_lab.spec.parallel import Colwise, PrepareInput, Rowwise, SequenceNorm, VocabEmbedding, VocabHead
+
 
 class RMSNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5):
@@ -46,19 +48,22 @@ class RotaryEmbedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """q, k and v from one fused projection. The heads it computes are read from the projection's width, so
+    under tensor parallelism (each rank holding its heads' rows of q, k and v) the same forward runs a
+    rank's share of the heads."""
+
     def __init__(self, d_model: int, num_heads: int, rope: RotaryEmbedding):
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.rope = rope
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).unflatten(-1, (3, -1, self.head_dim)).permute(2, 0, 3, 1, 4)
         q, k = self.rope(q), self.rope(k)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(1, 2).flatten(2))
 
 
 class SwiGLU(nn.Module):
@@ -111,3 +116,20 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_final(x))
+
+    def tp_plan(self) -> dict:
+        """How tensor parallelism splits this model (spec/parallel.py's styles), Megatron's way as torchtitan
+        plans its Llama: the embedding and the output by vocabulary, attention by heads (q, k and v column-wise
+        from one input made whole once, the output projection row-wise), SwiGLU along d_ff (w1 and w3
+        column-wise, w2 row-wise), the norms on sequence shards under sequence parallelism."""
+        heads = Colwise(chunks=3, unit=self.blocks[0].attn.head_dim if len(self.blocks) else 1,
+                        what="model.num_heads")
+        plan = {"embed": VocabEmbedding()}
+        for i in range(len(self.blocks)):
+            b = f"blocks.{i}"
+            plan.update({f"{b}.ln1": SequenceNorm(), f"{b}.attn": PrepareInput(), f"{b}.attn.qkv": heads,
+                         f"{b}.attn.proj": Rowwise(what="model.num_heads"), f"{b}.ln2": SequenceNorm(),
+                         f"{b}.ffn": PrepareInput(), f"{b}.ffn.w1": Colwise(what="model.d_ff"),
+                         f"{b}.ffn.w3": Colwise(what="model.d_ff"), f"{b}.ffn.w2": Rowwise(what="model.d_ff")})
+        plan.update({"ln_final": SequenceNorm(), "lm_head": VocabHead()})
+        return plan

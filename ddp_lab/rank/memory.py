@@ -283,12 +283,17 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
 
 
 def memory_report(memory: dict, zero_stage: int, num_params: int, precision: str = "fp32",
-                  shard_ranks: int | None = None) -> dict:
+                  shard_ranks: int | None = None, whole_params: int | None = None) -> dict:
     """Every rank's snapshots (gathered once, at the end), summarized by `summarize_memory`.
-    `num_params`: the whole model's count (taken before wrapping: fsdp's parameters are shards);
+    `num_params`: the count a rank holds before its strategy shards (taken before wrapping: fsdp's parameters are
+    shards): the whole model's, or under tensor parallelism its pieces'; `whole_params`: the whole model's, where
+    that differs (the report then says the TP fraction: each rank's pieces over the whole, padding included);
     `shard_ranks`: how many ranks share what is sharded (hsdp: its shard group; default: every rank)."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
     report = summarize_memory(per_rank, num_params, shard_ranks or dist.get_world_size(), zero_stage, precision)
     report["shard_ranks"] = shard_ranks or dist.get_world_size()
+    if whole_params is not None and whole_params != num_params:
+        report["whole_params"] = whole_params
+        report["tp_param_fraction"] = num_params / whole_params
     return report

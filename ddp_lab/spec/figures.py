@@ -66,7 +66,8 @@ SYNC = Figure("sync_ms", "ms", "finish_gradient_synchronization(): the gradient 
               ranks="mean", wandb="mean")
 OPTIMIZER = Figure("optimizer_ms", "ms", "the optimizer step, a sharded optimizer's own communication included",
                    ranks="mean", wandb="mean", record=("p50",), stem="optimizer")
-COMM = Figure("comm_ms", "ms", "collectives in flight: the union of their [launch, completion] intervals",
+COMM = Figure("comm_ms", "ms", "the strategy's collectives (the data-parallel axis) in flight: the union of their "
+              "[launch, completion] intervals",
               wandb="mean", record=("p50",), stem="comm")
 EXPOSED = Figure("exposed_comm_ms", "ms", "time the rank waited for a collective while computing nothing (the "
                  "most-waiting rank)", wandb="mean", record=("p50",), stem="exposed")
@@ -78,8 +79,17 @@ EXPOSED_OPTIMIZER = Figure("exposed_optimizer_comm_ms", "ms", "the part of the e
 COMPRESS = Figure("compress_ms", "ms", "compression arithmetic (PowerSGD's products and QR): compute, not comm",
                   ranks="mean")
 COLLECTIVES = Figure("collectives", "count", "collectives launched in the step", summarized=False)
-COMM_BYTES = Figure("comm_bytes", "bytes", "bytes handed to collectives (the wire dtype's), not bytes over a link",
-                    summarized=False, wandb="mean")
+COMM_BYTES = Figure("comm_bytes", "bytes", "bytes handed to the strategy's collectives (the wire dtype's), not bytes "
+                    "over a link", summarized=False, wandb="mean")
+TP_COMM = Figure("tp_comm_ms", "ms", "the tensor-parallel axis's collectives, each blocking on the critical path of "
+                 "forward or backward (all of it exposed), from start to end", wandb="mean", record=("p50",),
+                 stem="tp_comm", when="parallel.tp > 1 with parallel.tp_impl=lab")
+TP_COLLECTIVES = Figure("tp_collectives", "count", "collectives of the tensor-parallel axis in the step (torch's "
+                        "DTensor: counted in step 0 only, summary.mesh.tp_counted)", summarized=False,
+                        when="parallel.tp > 1 with parallel.tp_impl=lab")
+TP_COMM_BYTES = Figure("tp_comm_bytes", "bytes", "bytes handed to the tensor-parallel axis's collectives (an "
+                       "all-gather's output, a reduce-scatter's input)", summarized=False, wandb="mean",
+                       when="parallel.tp > 1 with parallel.tp_impl=lab")
 GRAD_ERROR = Figure("grad_error", "ratio", "relative error of the delivered gradient against the exact mean",
                     when="measure.grad_error=true")
 LOSS_SCALE = Figure("loss_scale", "scale", "fp16's loss scale after the step's update", summarized=False,
@@ -119,7 +129,8 @@ TRANSFER = Figure("transfer_ms", "ms", "the same rank's time inside collectives 
                   when="2 ranks or more on one host")
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
-                               EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
+                               EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, TP_COMM, TP_COLLECTIVES,
+                               TP_COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
                                CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_STAGED,
                                INJECTED_DELAY, SKEW, PEER_WAIT, TRANSFER, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""

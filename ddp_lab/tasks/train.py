@@ -1,11 +1,14 @@
 """task=train: train the chosen model with the chosen strategy and measure every step.
 
-`run` reads top to bottom and never names a strategy: the strategy's spec (spec/strategies/) builds
-the runtime class that wraps the model and builds the optimizer, and `train_step` knows only the
-wrapper contract (strategies/base.py): `no_sync()`, `finish_gradient_synchronization()`. The parity
-tests and the benchmarks call the same `train_step`. `train.precision` is a `Precision`
-(rank/precision.py): autocast around the forward, fp16's loss scaling around backward and the
-optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `compute_dtype` instead.
+`run` reads top to bottom and never names a strategy nor an axis: `Parallelism` (ddp_lab/parallel/) applies
+every axis beyond data parallelism to the model (tensor parallelism) and says which ranks the strategy
+synchronizes over, which rows of each batch this rank reads and which loss the model's output takes; the
+strategy's spec (spec/strategies/) builds the runtime class that wraps the model and builds the optimizer,
+and `train_step` knows only the wrapper contract (strategies/base.py): `no_sync()`,
+`finish_gradient_synchronization()`. The parity tests and the benchmarks call the same `train_step`.
+`train.precision` is a `Precision` (rank/precision.py): autocast around the forward, fp16's loss scaling around
+backward and the optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `compute_dtype`
+instead.
 `measure.grad_error` adds a `GradErrorProbe` (rank/grad_error.py) between the sync and the step.
 `train.compile` compiles the model in place after wrapping (the strategy's `compile_model`).
 """
@@ -17,11 +20,11 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ddp_lab.arithmetic.stats import summarize_training
 from ddp_lab.jobdir import MODEL
 from ddp_lab.models import build_model
+from ddp_lab.parallel import Parallelism
 from ddp_lab.rank.checkpoints import Checkpoints, restarts
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.faults import maybe_inject_fault, slow_compute
@@ -37,32 +40,34 @@ from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
 from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
 from ddp_lab.spec.injection import injected
 from ddp_lab.spec.strategies import spec_of
+from ddp_lab.tensor_parallel.loss import CrossEntropy
 
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+loss_fn = CrossEntropy()
+"""The loss every job trains on: the mean next-token cross-entropy (a vocab-parallel one under tensor
+parallelism: `Parallelism.loss`)."""
 
 
 def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = None, before_step=None,
-               set_to_none: bool = True, precision: Precision = FP32) -> torch.Tensor:
+               set_to_none: bool = True, precision: Precision = FP32, loss: CrossEntropy = loss_fn) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns their mean loss (a 0-d tensor).
 
     All but the last micro-batch run inside `no_sync()`; `timer.lap` marks the phases;
     `before_step()`, if given, runs between the gradient sync and the optimizer step;
     `set_to_none` is `zero_grad`'s (the trainer's default; the tests also run False);
-    `precision`: autocast, loss scaling (rank/precision.py; fp32 changes nothing).
+    `precision`: autocast, loss scaling (rank/precision.py; fp32 changes nothing);
+    `loss`: what the model's output takes, forward and backward inside its `context()` (loss.py).
     """
     lap = timer.lap if timer is not None else (lambda phase: None)
     optimizer.zero_grad(set_to_none=set_to_none)
     model.grad_scale = precision.grad_scale  # the gradients below come multiplied by it (fp16's loss scale)
     losses = []
     for i, (inputs, targets) in enumerate(micro_batches):
-        with nullcontext() if i == len(micro_batches) - 1 else model.no_sync():
+        with nullcontext() if i == len(micro_batches) - 1 else model.no_sync(), loss.context():
             with precision.autocast():
                 logits = model(inputs)
-            loss = loss_fn(logits.float(), targets) / len(micro_batches)
-            precision.backward(loss)
-        losses.append(loss.detach())
+            value = loss(logits.float(), targets) / len(micro_batches)
+            precision.backward(value)
+        losses.append(value.detach())
     lap(FWD_BWD.key)
     model.finish_gradient_synchronization()
     lap(SYNC.key)
@@ -86,12 +91,14 @@ def compile_summary(cfg, steps: list[dict], summary: dict) -> dict | None:
             "compile_s": max(0.0, first[STEP_TIME.key] - p50) / 1e3 if first and p50 is not None else None}
 
 
-def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer: str = "adamw"):
+def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer: str = "adamw",
+         group: dict | None = None):
     """The strategy of `spec` around `module`, its optimizer (`train.optimizer`: rank/optimizers.py) and the
     `Precision` of `compute` (fp32, bf16, fp16), as every job trains them (tests/parity/test_precision_every_strategy.py
-    builds them here too)."""
+    builds them here too); `group`: the keyword that puts the strategy on a mesh's data-parallel axis
+    (`Parallelism.group()`), none for every rank."""
     casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
-    model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}))
+    model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}), **(group or {}))
     optimizer = model.make_optimizer(optimizer_class(optimizer), lr=lr, weight_decay=weight_decay)
     precision = Precision(compute, device_type, autocast=not casts_itself,
                           agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
@@ -99,25 +106,29 @@ def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: 
 
 
 def run(cfg, device: torch.device, recorder, job_dir) -> dict:
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
+    parallel = Parallelism(cfg, device)  # the mesh: which ranks share each axis
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
     module = build_model(cfg.model).to(device)
+    num_params = sum(p.numel() for p in module.parameters())  # the whole model: fsdp's, TP's parameters are pieces
+    module = parallel.apply(module)  # tensor parallelism: this rank's pieces of the model (nothing without it)
+    held_params = sum(p.numel() for p in module.parameters())  # what this rank holds before its strategy shards
     slow = slow_compute(cfg.fault, rank, module)  # fault.kind=slow: its hooks before the strategy's, or None
-    num_params = sum(p.numel() for p in module.parameters())  # before wrapping: fsdp's parameters are shards
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
-    spec, compute = spec_of(cfg.strategy), str(cfg.train.precision)
+    spec, compute = parallel.data_parallel(spec_of(cfg.strategy)), str(cfg.train.precision)
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
-                                       str(cfg.train.optimizer))
+                                       str(cfg.train.optimizer), parallel.group())
     if cfg.train.compile:
         model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
-    data = BatchSource(cfg, rank, world_size, device)  # this rank's rows of every batch, the source's facts
+    data = BatchSource(cfg, *parallel.data_shard, device)  # this rank's rows of every batch, the source's facts
     recorder.log_once({"num_params": num_params, **facts, **data.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
     held_out = HeldOutLoss(cfg, data)
-    checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": world_size, "model": cfg.model.name})
+    checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": dist.get_world_size(),
+                                             "model": cfg.model.name})
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded
 
     def before_step():
@@ -135,7 +146,9 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             timer.start()
             with arrivals.drawing():
                 micro_batches = list(data.micro_batches(step))
-            loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision)
+            with parallel.counting(step):
+                loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision,
+                                  loss=parallel.loss)
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
             skew = arrivals.step(step, model.comm, timer, step_ms)
@@ -143,26 +156,31 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
                 memory["after_step"] = memory_snapshot(model, optimizer, device, census=True)
             saved = checkpoints.after_step(step, model, optimizer, precision)  # when due: its time and bytes
             record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
-                                                         **model.comm.pop(), **precision.record(), **measured,
+                                                         **model.comm.pop(), **parallel.pop(), **precision.record(),
+                                                         **measured,
                                                          **saved, **(slow.pop() if slow else {})}, device),
                       **skew}
             if held_out.due(step) and not profiler.records(step):
-                record[VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
+                record[VAL_LOSS.key] = held_out.measure(model, parallel.loss, precision)
+                parallel.pop()  # the held-out forward's TP collectives are no step's
             steps.append(record)
             recorder.step(record)
             profiler.step()
-        profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
-                                    precision.autocast)
+        if parallel.tensor is None:  # the whole model alone on one rank: what TP's pieces are not
+            profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
+                                        precision.autocast)
     if held_out.due(steps[-1]["step"]) and VAL_LOSS.key not in steps[-1]:  # the last step was profiled
-        steps[-1][VAL_LOSS.key] = held_out.measure(model, loss_fn, precision)
+        steps[-1][VAL_LOSS.key] = held_out.measure(model, parallel.loss, precision)
     if cfg.train.save_model:
-        state = model.full_state_dict()  # collective where parameters are sharded: every rank calls it
+        state = parallel.whole(model.full_state_dict())  # collective where parameters are sharded: every rank calls
         if rank == 0:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
     summary["compile"] = compile_summary(cfg, steps, summary)
-    shard_ranks = spec.shard_ranks(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-    summary["memory"] = memory_report(memory, spec.zero_stage, num_params, compute, shard_ranks)
+    dp = parallel.mesh.dp
+    shard_ranks = spec.shard_ranks(dp, int(os.environ.get("LOCAL_WORLD_SIZE", dp)))
+    summary["memory"] = memory_report(memory, spec.zero_stage, held_params, compute, shard_ranks, num_params)
+    summary["mesh"] = parallel.describe()
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
     summary["resumed_from"] = checkpoints.loaded  # None, or the checkpoint this run started from

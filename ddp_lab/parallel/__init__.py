@@ -1,0 +1,87 @@
+"""Every axis of a run applied from one place, as torchtitan's `parallelize` applies one function per axis.
+
+`Parallelism(cfg, device)` is built once per rank: the mesh (mesh.py), tensor parallelism on the model
+(ddp_lab/tensor_parallel/) and the data-parallel strategy on the mesh's `dp` axis. The train loop asks it
+for what each axis changes (the model it trains, the strategy around it, its rows of the batch, the loss,
+the step's figures, the weights whole) and never names an axis itself. Without tensor parallelism it
+changes nothing: the strategy is built as it always was, over every rank.
+
+With tensor parallelism and a data-parallel degree of 1 there is no one to synchronize with: the strategy's
+spec is replaced by the floor's (`strategy=none`) and the summary says so, so the TP row of a sweep shows
+no data-parallel collective at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ddp_lab.parallel.mesh import Mesh
+from ddp_lab.spec.parallel import layout_of
+from ddp_lab.spec.strategy import StrategySpec
+from ddp_lab.tensor_parallel.loss import CrossEntropy
+
+
+class Parallelism:
+    def __init__(self, cfg, device: torch.device):
+        self.mesh = Mesh(layout_of(cfg), device.type)
+        self.tensor = None
+        if self.mesh.tp > 1:
+            from ddp_lab.tensor_parallel import TensorParallel
+
+            parallel = cfg.parallel
+            self.tensor = TensorParallel(self.mesh, parallel.tp_impl, parallel.sequence_parallel, device)
+        self.loss: CrossEntropy = CrossEntropy()
+        self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
+
+    # --- the model and its strategy -------------------------------------------------------------------
+
+    def apply(self, module: nn.Module) -> nn.Module:
+        """Tensor parallelism on `module`, in place (nothing without it); the loss its output takes."""
+        if self.tensor is not None:
+            self.tensor.apply(module)
+            self.loss = self.tensor.loss
+        return module
+
+    def data_parallel(self, spec: StrategySpec) -> StrategySpec:
+        """The spec that runs on the dp axis: `spec`, or the floor's where the dp axis has one rank under TP."""
+        if self.tensor is not None and self.mesh.dp == 1 and spec.synchronizes:
+            from ddp_lab.spec.strategies import SPECS
+
+            self.replaced = spec.name
+            return SPECS["none"]()
+        return spec
+
+    def group(self) -> dict:
+        """The keyword a strategy's runtime takes to synchronize over the dp axis (nothing: every rank)."""
+        return {} if self.tensor is None else {"process_group": self.mesh.dp_group}
+
+    # --- what the loop reads ---------------------------------------------------------------------------
+
+    @property
+    def data_shard(self) -> tuple[int, int]:
+        """(this rank's share, the number of shares) of each global batch: TP ranks read the same rows."""
+        return self.mesh.dp_rank, self.mesh.dp
+
+    def counting(self, step: int):
+        from contextlib import nullcontext
+
+        return self.tensor.counting(step) if self.tensor is not None else nullcontext()
+
+    def pop(self) -> dict:
+        """This step's figures of the axes beyond data parallelism (the TP axis's collectives)."""
+        return self.tensor.pop() if self.tensor is not None else {}
+
+    def whole(self, state: dict) -> dict:
+        """A state dict (whole over the dp axis) in the single-process layout; collective over the TP group."""
+        return self.tensor.layout.whole(state) if self.tensor is not None else state
+
+    def describe(self) -> dict:
+        """The mesh, as the summary records it."""
+        out = self.mesh.describe()
+        if self.tensor is not None:
+            out.update(self.tensor.describe())
+        if self.replaced is not None:
+            out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
+                                    "synchronize with (the floor runs in its place)")
+        return out

@@ -1,0 +1,291 @@
+"""The mesh every rank sits on, said without torch: the `parallel` config node, where each rank lies on the
+(dp, tp) grid, and the tensor-parallel plan's vocabulary and collective schedule.
+
+`world_size = dp x tp`: `parallel.tp` ranks split each layer (tensor parallelism), the data-parallel degree
+is what is left. Ranks of one TP group are consecutive (`tp_inner`, the default): torchrun numbers a node's
+ranks consecutively, so TP, the axis that talks inside every layer, stays inside a node, as torchtitan and
+Megatron order their meshes; `tp_inner=false` puts TP across nodes and DP inside, so the reason can be
+measured. The launcher checks a job with this module before any rank starts; each rank builds its torch
+DeviceMesh from the same arithmetic (ddp_lab/parallel/mesh.py), and analysis reads it back from
+results.json.
+
+A model says how tensor parallelism splits it with a plan (`tp_plan()` on the model class: module name ->
+style below), as torchtitan's `parallelize` does per model; the lab's own layers (ddp_lab/tensor_parallel/)
+and torch's DTensor plan are both built from it, so the two implementations split the same model the
+same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from ddp_lab.spec.choices import Choice
+
+
+class TPImpl(Choice):
+    lab = "lab"
+    """The lab's own Megatron-style layers (ddp_lab/tensor_parallel/lab.py)."""
+    torch = "torch"
+    """torch's DTensor `parallelize_module` with torchtitan's plan (ddp_lab/tensor_parallel/torch_plan.py)."""
+
+
+@dataclass
+class ParallelConfig:
+    """The axes beyond data parallelism (ddp_lab/spec/parallel.py). `world_size = dp x tp`; dp is derived."""
+
+    tp: int = 1
+    """Tensor-parallel degree: each layer's weights split over this many ranks; must divide world_size, the
+    model's heads and d_ff. 1: no tensor parallelism, every rank holds the whole model."""
+    tp_impl: TPImpl = TPImpl.lab
+    """lab: the hand-written Megatron layers; torch: DTensor's parallelize_module with torchtitan's plan."""
+    sequence_parallel: bool = False
+    """Norms (and the residual stream) on sequence shards: each all-reduce of tensor parallelism becomes an
+    all-gather before and a reduce-scatter after its region, same bytes, 1/tp of the norms' activations.
+    Needs parallel.tp > 1 and a context length that divides by it."""
+    tp_inner: bool = True
+    """TP ranks consecutive (inside a node, as torchtitan and Megatron order them); false: TP across nodes,
+    DP inside, to measure why TP stays inside."""
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """The (dp, tp) grid of a job: which ranks share each axis."""
+
+    world_size: int
+    tp: int = 1
+    tp_inner: bool = True
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.tp
+
+    def coordinates(self, rank: int) -> tuple[int, int]:
+        """(dp index, tp index) of a global rank."""
+        if self.tp_inner:
+            return rank // self.tp, rank % self.tp
+        return rank % self.dp, rank // self.dp
+
+    def rank_at(self, dp_index: int, tp_index: int) -> int:
+        return dp_index * self.tp + tp_index if self.tp_inner else tp_index * self.dp + dp_index
+
+    def grid(self) -> list[list[int]]:
+        """grid[i][j]: the global rank at dp index i, tp index j (a DeviceMesh's mesh, dims (dp, tp))."""
+        return [[self.rank_at(i, j) for j in range(self.tp)] for i in range(self.dp)]
+
+    def tp_groups(self) -> list[list[int]]:
+        return [self.grid()[i] for i in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [[row[j] for row in self.grid()] for j in range(self.tp)]
+
+    def label(self) -> str:
+        """`dp x tp`, as tables show a job's mesh."""
+        return f"{self.dp}x{self.tp}"
+
+    def describe(self) -> dict:
+        """The mesh as results.json's summary records it."""
+        return {"dp": self.dp, "tp": self.tp, "label": self.label(), "tp_inner": self.tp_inner}
+
+
+def layout_of(cfg) -> MeshLayout:
+    """The mesh of a run's config (a composed config, the one a rank reads, results.json's); a config without a
+    `parallel` node (older results, the tests' own) is data parallel only."""
+    parallel = cfg.get("parallel") if hasattr(cfg, "get") else None
+    tp = int(parallel.get("tp", 1)) if parallel is not None else 1
+    inner = bool(parallel.get("tp_inner", True)) if parallel is not None else True
+    return MeshLayout(int(cfg["world_size"]), tp, inner)
+
+
+def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int) -> str | None:
+    """One line saying why this mesh cannot be laid out, or None."""
+    if tp < 1:
+        return f"parallel.tp must be >= 1, got {tp}"
+    if world_size % tp:
+        return (f"parallel.tp={tp} does not divide world_size={world_size}: world_size = dp x tp, use a "
+                f"world_size that is a multiple of {tp}")
+    if sequence_parallel and tp == 1:
+        return ("parallel.sequence_parallel=true shards the sequence over the tensor-parallel ranks: it needs "
+                "parallel.tp > 1")
+    if sequence_parallel and context_length % tp:
+        return (f"parallel.sequence_parallel=true splits each sequence over parallel.tp={tp} ranks: "
+                f"model.context_length={context_length} does not divide by it")
+    return None
+
+
+# --- the tensor-parallel plan's vocabulary --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Colwise:
+    """An nn.Linear whose output features are split over the TP ranks (Megatron's ColumnParallelLinear): each
+    rank computes its slice of the output, no collective forward; backward sums the input's gradient over
+    the ranks. `chunks`: a fused projection (q, k and v in one weight) split chunk by chunk, each rank taking
+    its slice of every chunk; `unit`: rows that must stay together (an attention head's), `what`: the model's
+    knob that must divide (for the refusal)."""
+
+    chunks: int = 1
+    unit: int = 1
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Rowwise:
+    """An nn.Linear whose input features are split (Megatron's RowParallelLinear): each rank multiplies its
+    slice, the partial outputs are summed over the ranks (all-reduce; reduce-scatter over the sequence under
+    sequence parallelism), the bias added once, after the sum."""
+
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class VocabEmbedding:
+    """An nn.Embedding whose rows (the vocabulary) are split; ids outside a rank's rows give zeros, and the
+    ranks' outputs are summed (all-reduce, or reduce-scatter over the sequence). The lab pads the vocabulary
+    to a multiple of tp (padded rows are never looked up); torch's DTensor splits it unevenly instead."""
+
+
+@dataclass(frozen=True)
+class VocabHead:
+    """The output nn.Linear to the vocabulary, split by rows as Colwise: the logits stay split, and the loss is
+    the vocab-parallel cross-entropy (the whole logits are never gathered); a weight tied to a VocabEmbedding
+    is split alike."""
+
+
+@dataclass(frozen=True)
+class SequenceNorm:
+    """A norm: replicated without sequence parallelism (every rank normalizes the whole activations), on its
+    sequence shard with it, its weight's gradient then summed over the TP ranks."""
+
+
+@dataclass(frozen=True)
+class PrepareInput:
+    """A module whose input is made whole once (the identity forward / sum of gradients backward; an all-gather
+    of the sequence under sequence parallelism) for every column-parallel layer inside it: q, k and v, or a
+    SwiGLU's w1 and w3, take one collective instead of one each (torchtitan's PrepareModuleInput)."""
+
+
+Style = Union[Colwise, Rowwise, VocabEmbedding, VocabHead, SequenceNorm, PrepareInput]
+
+SEQUENCE_DIM = 1
+"""Every model maps (batch, sequence) token ids to (batch, sequence, features): the sequence is dim 1."""
+
+
+def plan_problem(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: int) -> str | None:
+    """Why `tp` cannot split the layers of `plan` (their weights' `shapes` by module name), or None: the first
+    split that does not divide, in the model's own knob where the plan names it."""
+    if not plan:
+        return "the model declares no tensor-parallel plan (a tp_plan() method: docs/parallelism.md)"
+    for name, style in plan.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        if isinstance(style, Colwise):
+            rows = shape[0] // style.chunks
+            if rows % (style.unit * tp):
+                whole = rows // style.unit
+                return (f"{name} splits {whole} {'heads' if style.unit > 1 else 'output features'} over "
+                        f"parallel.tp={tp}: {style.what or 'its output features'} must divide by parallel.tp")
+        elif isinstance(style, Rowwise) and shape[-1] % tp:
+            return (f"{name} splits {shape[-1]} input features over parallel.tp={tp}: "
+                    f"{style.what or 'its input features'} must divide by parallel.tp")
+    return None
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The lab's vocabulary padded to a multiple of `tp`, so every rank holds the same number of rows."""
+    return -(-vocab // tp) * tp
+
+
+# --- the tensor-parallel axis's collectives in one step -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TPCollective:
+    """One collective on the TP axis, as its schedule lists it: the op, the bytes handed to it (the whole
+    tensor's, as `comm_bytes` counts: an all-gather's output, a reduce-scatter's input) and where it runs."""
+
+    op: str
+    nbytes: int
+    phase: str
+    """forward, backward or loss."""
+    layer: str
+
+
+def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: int, sequence_parallel: bool,
+                tokens: int, element_bytes: int = 4, impl: str = "lab", norms: dict[str, int] | None = None,
+                ) -> list[TPCollective]:
+    """The TP axis's collectives of one micro-batch's forward and backward (`tokens` = its sequences x context)
+    for a model's `plan` (weights' `shapes` by module name; `norms`: each SequenceNorm's parameter count), in
+    the order they run forward. Without sequence parallelism each region is entered by an identity (its
+    backward an all-reduce of the input's gradient) and left by an all-reduce of the partial outputs: two per
+    block forward, two backward (Megatron). With it each all-reduce is an all-gather of the sequence and a
+    reduce-scatter, the same bytes, and every norm's weight gradient is summed over the TP ranks. The loss is
+    the vocab-parallel cross-entropy: the lab all-reduces each token's max logit, its target logit and its sum
+    of exponentials; torch's `loss_parallel` the max and the sum (its target logit is gathered in the nll)."""
+    if tp == 1:
+        return []
+    out: list[TPCollective] = []
+    prepared = [name for name, style in plan.items() if isinstance(style, PrepareInput)]
+
+    def inside_prepared(name: str) -> bool:
+        return any(name.startswith(p + ".") for p in prepared)
+
+    enter, leave = (("all_gather", "reduce_scatter") if sequence_parallel else (None, "all_reduce"))
+    back_enter = "reduce_scatter" if sequence_parallel else "all_reduce"
+    back_leave = "all_gather" if sequence_parallel else None
+    for name, style in plan.items():
+        shape = shapes.get(name)
+        if isinstance(style, SequenceNorm):
+            if sequence_parallel and norms and norms.get(name):
+                out.append(TPCollective("all_reduce", norms[name] * element_bytes, "backward", name))
+            continue
+        if isinstance(style, PrepareInput):
+            width = _input_width(plan, shapes, name)
+            _region_entry(out, name, tokens * width * element_bytes, enter, back_enter)
+            continue
+        if shape is None:
+            continue
+        if isinstance(style, (Colwise, VocabHead)):
+            if not inside_prepared(name):
+                _region_entry(out, name, tokens * shape[-1] * element_bytes, enter, back_enter)
+        elif isinstance(style, Rowwise):
+            nbytes = tokens * shape[0] * element_bytes
+            out.append(TPCollective(leave, nbytes, "forward", name))
+            if back_leave:
+                out.append(TPCollective(back_leave, nbytes, "backward", name))
+        elif isinstance(style, VocabEmbedding):
+            nbytes = tokens * shape[-1] * element_bytes
+            out.append(TPCollective(leave, nbytes, "forward", name))
+            if back_leave:
+                out.append(TPCollective(back_leave, nbytes, "backward", name))
+        if isinstance(style, VocabHead):
+            per_token = tokens * 4  # fp32 logits: one float per token
+            ops = ("all_reduce",) * (3 if impl == "lab" else 2)
+            out.extend(TPCollective(op, per_token, "loss", name) for op in ops)
+    return out
+
+
+def _region_entry(out: list, name: str, nbytes: int, enter: str | None, back_enter: str) -> None:
+    if enter:
+        out.append(TPCollective(enter, nbytes, "forward", name))
+    out.append(TPCollective(back_enter, nbytes, "backward", name))
+
+
+def _input_width(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], prepared: str) -> int:
+    """The input features of a PrepareInput module: those of the first column-parallel layer inside it."""
+    for name, style in plan.items():
+        if name.startswith(prepared + ".") and isinstance(style, Colwise) and name in shapes:
+            return shapes[name][-1]
+    raise ValueError(f"tensor-parallel plan: {prepared} prepares the input of no column-parallel layer")
+
+
+def schedule_totals(collectives: list[TPCollective], micro_batches: int = 1) -> dict:
+    """Calls and bytes per step by op (and in all), for `micro_batches` micro-batches a step."""
+    by_op: dict[str, dict[str, int]] = {}
+    for c in collectives:
+        entry = by_op.setdefault(c.op, {"calls": 0, "bytes": 0})
+        entry["calls"] += micro_batches
+        entry["bytes"] += c.nbytes * micro_batches
+    return {"calls": sum(e["calls"] for e in by_op.values()), "bytes": sum(e["bytes"] for e in by_op.values()),
+            "by_op": by_op}

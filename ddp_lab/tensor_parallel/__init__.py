@@ -1,0 +1,89 @@
+"""Tensor parallelism: a model's plan (its `tp_plan()`, spec/parallel.py's styles) applied by the lab's own
+Megatron layers (`parallel.tp_impl=lab`: lab.py on layers.py and comm.py) or by torch's DTensor
+(`parallel.tp_impl=torch`: torch_plan.py), the loss its split logits take (loss.py), where every element of a
+split parameter lies (layout.py), and the TP axis's figures.
+
+`TensorParallel` is what a rank holds of it; ddp_lab/parallel/ builds it once and applies it to the model
+before the data-parallel strategy wraps the model.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+from ddp_lab.spec.parallel import TPImpl
+from ddp_lab.strategies.collectives import broadcast_module_state
+from ddp_lab.tensor_parallel.comm import TPContext
+from ddp_lab.tensor_parallel.count import FunctionalCollectives
+from ddp_lab.tensor_parallel.layout import TPLayout
+from ddp_lab.tensor_parallel.loss import CrossEntropy
+
+COUNTED_STEP = 0
+"""torch's TP collectives are counted in this step (a warm-up step): count.py says why only one."""
+
+
+class TensorParallel:
+    """This rank's tensor parallelism over the mesh's `tp` group (ddp_lab/parallel/mesh.py)."""
+
+    def __init__(self, mesh, impl: str, sequence_parallel: bool, device: torch.device):
+        self.mesh, self.impl, self.sequence_parallel = mesh, TPImpl(str(impl)), bool(sequence_parallel)
+        self.context = TPContext.over(mesh.tp_group, self.sequence_parallel, device)
+        self.layout = TPLayout(mesh.tp_group, mesh.tp, mesh.tp_rank)
+        self.loss: CrossEntropy = CrossEntropy()
+        self.counted: dict | None = None  # torch's collectives of the counted step
+
+    def apply(self, module: nn.Module) -> nn.Module:
+        """Split `module` in place by its plan. Every TP rank first takes TP rank 0's whole weights (each rank
+        built its own, from its own seed), so the pieces are of one model, as DTensor's `distribute_tensor`
+        scatters from one rank too."""
+        plan = getattr(module, "tp_plan", None)
+        if plan is None:
+            raise ValueError(f"{type(module).__name__} declares no tensor-parallel plan (tp_plan())")
+        broadcast_module_state(module, group=self.mesh.tp_group)
+        if self.impl == TPImpl.lab:
+            from ddp_lab.tensor_parallel.lab import parallelize
+
+            self.loss = parallelize(module, plan(), self.context, self.layout)
+        else:
+            from ddp_lab.tensor_parallel.torch_plan import parallelize
+
+            self.loss = parallelize(module, plan(), self.mesh.device_mesh["tp"], self.sequence_parallel, self.layout)
+        return module
+
+    def counting(self, step: int):
+        """Around a step: torch's collectives are counted in COUNTED_STEP (the lab's count themselves)."""
+        if self.impl == TPImpl.torch and step == COUNTED_STEP:
+            return _Counted(self)
+        return nullcontext()
+
+    def pop(self) -> dict:
+        """This step's TP figures: the lab's measured (time, calls, bytes), torch's counted in one step."""
+        if self.impl == TPImpl.lab:
+            figures = self.context.comm.pop()
+            self.context.totals()
+            return {"tp_comm_ms": figures.get("comm_ms"), "tp_collectives": figures["collectives"],
+                    "tp_comm_bytes": figures["comm_bytes"]}
+        return {}
+
+    def describe(self) -> dict:
+        """What the summary says of the TP axis."""
+        out = {"tp_impl": str(self.impl), "sequence_parallel": self.sequence_parallel}
+        if self.counted is not None:
+            out["tp_counted"] = {**self.counted, "step": COUNTED_STEP,
+                                 "how": "DTensor's functional collectives, counted by a dispatch mode in this step"}
+        return out
+
+
+class _Counted:
+    def __init__(self, tp: TensorParallel):
+        self.tp, self.mode = tp, FunctionalCollectives()
+
+    def __enter__(self):
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        self.tp.counted = self.mode.totals()
