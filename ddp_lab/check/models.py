@@ -184,8 +184,9 @@ def byte_transformer():
     return tiny_transformer(BYTE_VOCAB)
 
 
-ODD_VOCAB = VOCAB + 2
-"""A vocabulary no TP degree above 1 here divides (66: tp 4 pads it to 68); the data's ids stay below VOCAB."""
+ODD_VOCAB = VOCAB + 1
+"""A vocabulary no TP degree above 1 divides (65: the lab pads it to 66 at tp 2, 68 at tp 4); the data's ids stay
+below VOCAB."""
 
 
 def odd_vocab_transformer():

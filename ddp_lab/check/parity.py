@@ -240,12 +240,14 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
 def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: int, impl: str = "lab",
                   sequence_parallel: bool = False, tp_inner: bool = True, grad_accum_steps: int = 1,
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
-                  batch_size: int = GLOBAL_BATCH, inspect=None):
+                  batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
+                  inspect=None):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
     trainer's own `train_step` with the mesh's loss, each data-parallel rank on its rows of the batch. Rank 0 keeps
     a copy of its model before tensor parallelism splits it: every rank's pieces come from it (TP broadcasts TP
-    rank 0's weights, the strategy its dp axis's first rank's). Returns (this rank's weights whole: the strategy's
+    rank 0's weights, the strategy its dp axis's first rank's). `optimizer_cls` (with `opt_kwargs`: lr and
+    weight_decay) on both sides. Returns (this rank's weights whole: the strategy's
     `full_state_dict()` put back together over the TP ranks, the reference's or None), and `inspect(parallelism,
     wrapper, optimizer)`'s result third when given."""
     import copy
@@ -256,7 +258,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
 
     cfg = OmegaConf.merge(data_cfg(grad_accum_steps, batch_size), {"world_size": world_size, "parallel": {
         "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner}})
-    opt_kwargs = {"lr": 1e-2, "weight_decay": 0.1}
+    opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
     model = MODELS[model_name]()
@@ -265,13 +267,14 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     module = parallel.apply(model)
     spec = parallel.data_parallel(SPECS[strategy](**(knobs or {})))
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
-                                 group=parallel.group())
+                                 optimizer_cls, group=parallel.group())
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
     for step in range(steps):
-        train_step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed, loss=parallel.loss)
+        with parallel.counting(step):
+            train_step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed, loss=parallel.loss)
     out = parallel.whole(full_state(ddp, ties))
     if reference is not None:
-        train_reference(reference, torch.optim.AdamW, steps, opt_kwargs, grad_accum_steps, batch_size,
+        train_reference(reference, optimizer_cls, steps, opt_kwargs, grad_accum_steps, batch_size,
                         precision=precision)
     result = (out, reference.state_dict() if reference is not None else None)
     return result if inspect is None else (*result, inspect(parallel, ddp, optimizer))

@@ -157,21 +157,16 @@ def _validate_mesh(cfg: DictConfig) -> None:
              "proven against one process here yet: use train.compile=false")
     _require(not cfg.measure.grad_error, f"parallel.tp={p.tp} with measure.grad_error=true: its probe averages "
              "gradients over every rank, where a mesh averages over its data-parallel axis only")
-    _require(not (cfg.checkpoint.every or cfg.checkpoint.load or cfg.launcher.max_restarts),
-             f"parallel.tp={p.tp}: checkpoints on a mesh are not written yet (checkpoint.every, checkpoint.load, "
-             "launcher.max_restarts): use parallel.tp=1, or train.save_model=true for the whole weights")
 
 
 def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
     """The model declares a plan, and parallel.tp splits every layer of it into whole heads, rows and columns."""
-    import torch
+    from ddp_lab.models.facts import tp_layers
 
     tp = cfg.parallel.tp
     if tp == 1:
         return
-    plan = module.tp_plan() if hasattr(module, "tp_plan") else {}
-    shapes = {name: tuple(m.weight.shape) for name, m in module.named_modules()
-              if name in plan and isinstance(getattr(m, "weight", None), torch.Tensor)}
+    plan, shapes, _ = tp_layers(module)
     problem = plan_problem(plan, shapes, tp)
     _require(problem is None, f"parallel.tp={tp} with model={cfg.model.name}: {problem}")
 

@@ -14,7 +14,9 @@ instead of writing its architecture out again as formulas, so a model from outsi
   tensors that are not parameters), fp32, counted at small sizes and scaled (the launcher's checks must never
   run the model at the size they are asked about: a check costs what the job costs);
 - `parameter_facts`: each parameter in `parameters()` order with the backward FLOPs per token that make
-  its gradient ready, for the step replay.
+  its gradient ready, for the step replay;
+- `tp_layers`: the model's tensor-parallel plan with its layers' weight shapes and the parameters whose
+  gradients tensor parallelism sums under sequence parallelism (spec/parallel.py's `tp_schedule` reads them).
 """
 
 from __future__ import annotations
@@ -46,6 +48,26 @@ def meta_model(model_cfg) -> nn.Module:
     """The model of `model_cfg` built on the meta device (ValueError, TypeError: it cannot be built)."""
     with torch.device("meta"), _SkipInit():
         return build_model(model_cfg)
+
+
+def tp_layers(module: nn.Module) -> tuple[dict, dict, dict]:
+    """(plan, weight shapes, partial gradients) of a module (any device): its `tp_plan()` ({} without one), each
+    planned layer's weight shape, and for each planned layer the elements of its trainable parameters kept whole
+    on every TP rank but applied to its tokens only under sequence parallelism (a norm's weight, a row-parallel
+    layer's bias), whose gradients TP sums there."""
+    from ddp_lab.spec.parallel import Rowwise, SequenceNorm
+
+    plan = module.tp_plan() if hasattr(module, "tp_plan") else {}
+    shapes, partial = {}, {}
+    for name, style in plan.items():
+        layer = module.get_submodule(name)
+        if isinstance(getattr(layer, "weight", None), torch.Tensor):
+            shapes[name] = tuple(layer.weight.shape)
+        if isinstance(style, SequenceNorm):
+            partial[name] = sum(p.numel() for p in layer.parameters(recurse=False) if p.requires_grad)
+        elif isinstance(style, Rowwise) and getattr(layer, "bias", None) is not None and layer.bias.requires_grad:
+            partial[name] = layer.bias.numel()
+    return plan, shapes, partial
 
 
 def _key(model_cfg) -> str:

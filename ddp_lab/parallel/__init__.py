@@ -76,6 +76,12 @@ class Parallelism:
         """A state dict (whole over the dp axis) in the single-process layout; collective over the TP group."""
         return self.tensor.layout.whole(state) if self.tensor is not None else state
 
+    @property
+    def place(self):
+        """Where this rank's tensors lie in the whole parameters, for checkpoints (rank/checkpoint.py); None where
+        they are whole (no tensor parallelism)."""
+        return None if self.tensor is None else self.tensor.layout.pieces
+
     def describe(self) -> dict:
         """The mesh, as the summary records it."""
         out = self.mesh.describe()

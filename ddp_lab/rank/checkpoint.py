@@ -145,19 +145,26 @@ def _piece_at(flat: Flat, offset: int) -> torch.Tensor:
 
 # --- what a checkpoint holds ----------------------------------------------------------------------------
 
-def _model_state(model) -> tuple[dict, dict]:
-    """(`model.NAME` Flats, each parameter's full shape)."""
-    params = model.checkpoint_params()
+def as_is(name: str, shape, pieces: list) -> tuple:
+    """Where a strategy's pieces lie in the whole parameter: where the strategy says (no tensor parallelism)."""
+    return shape, pieces
+
+
+def _model_state(model, place=as_is) -> tuple[dict, dict]:
+    """(`model.NAME` Flats, each parameter's full shape). `place(name, shape, pieces)`: the pieces (and shape) of
+    the whole parameter that the strategy's pieces of this rank's tensor are (tensor parallelism's
+    `TPLayout.pieces`: a TP rank's tensor is itself a piece)."""
+    params = {name: place(name, shape, pieces) for name, (shape, pieces) in model.checkpoint_params().items()}
     shapes = {name: list(shape) for name, (shape, _) in params.items()}
     flats = {f"model.{name}": Flat(math.prod(shape), [(o, p) for o, p in pieces if p.numel()])
              for name, (shape, pieces) in params.items()}
     return flats, shapes
 
 
-def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -> dict:
+def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None, place=as_is) -> dict:
     """`optim.NAME.KEY` Flats of the optimizer state this rank holds; with `names` (the keys a checkpoint
     has), the optimizer's state is first created (zeros, of the keys the checkpoint has) where it does not exist
-    yet, to be read into."""
+    yet, to be read into; `place` as `_model_state`'s."""
     inner, where = model.checkpoint_optimizer(optimizer)
     flats: dict[str, Flat] = {}
     for group in inner.param_groups:
@@ -182,7 +189,7 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None) -
                 view = local_view(value)
                 if view.numel():
                     flat = flats.setdefault(f"optim.{name}.{key}", Flat(math.prod(shapes[name]), []))
-                    flat.pieces.append((offset, view))
+                    flat.pieces.extend(place(name, None, [(offset, view)])[1])
     return flats
 
 
@@ -205,11 +212,14 @@ def _state_key(rank: int, name: str) -> str:
 
 # --- save and load ------------------------------------------------------------------------------------
 
-def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, background=None) -> Saving:
+def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, background=None,
+         place=as_is) -> Saving:
     """Save the state after `step` steps to JOB/checkpoints/step_{step} (collective: every rank calls it).
-    `about`: the strategy, world size and model it was written by, for the record and for a load's checks.
+    `about`: the strategy, world size, mesh and model it was written by, for the record and for a load's checks.
     With `background` (a gloo process group of the checkpoints' own) the pieces are copied to host memory and
-    written by DCP's `async_save` while training goes on; else written before this returns."""
+    written by DCP's `async_save` while training goes on; else written before this returns. `place`: where this
+    rank's tensors lie in the whole parameters (`_model_state`): every checkpoint holds the single-process
+    layout, whatever the mesh that wrote it."""
     rank = dist.get_rank()
     final = checkpoint_path(job_dir, step)
     partial = final.with_name(final.name + ".partial")
@@ -224,8 +234,8 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
     mine = {_state_key(rank, name): Flat(t.numel(), [(0, t.detach().reshape(-1))])
             for name, t in model.checkpoint_rank_state().items() if t.numel()}  # before any consensus
     with model.checkpoint_consensus(optimizer):
-        flats, shapes = _model_state(model)
-        state = {**flats, **_optimizer_state(model, optimizer, shapes), **mine,
+        flats, shapes = _model_state(model, place)
+        state = {**flats, **_optimizer_state(model, optimizer, shapes, place=place), **mine,
                  _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
         meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
                 "loss_scaler": _scaler_state(precision)}
@@ -309,11 +319,12 @@ class Loaded(NamedTuple):
     rank_state: bool  # the strategy's own per-rank state was given back (else started afresh, or none)
 
 
-def load(path: Path, model, optimizer, precision, about: dict | None = None) -> Loaded:
-    """Load the checkpoint at `path` (written by any strategy at any world size) into this rank's pieces.
-    The strategy's per-rank state (`checkpoint_rank_state`) comes back where the world size is the same. A
-    checkpoint in a strategy's own format (DeepSpeed's) loads only into that strategy at its world size
-    (`about`: the loading strategy, as save's). Collective: every rank calls it."""
+def load(path: Path, model, optimizer, precision, about: dict | None = None, place=as_is) -> Loaded:
+    """Load the checkpoint at `path` (written by any strategy at any world size, on any mesh) into this rank's
+    pieces (`place` as save's). The strategy's per-rank state (`checkpoint_rank_state`) comes back where the
+    world size and the mesh are the same. A checkpoint in a strategy's own format (DeepSpeed's) loads only into
+    that strategy at its world size (`about`: the loading strategy, as save's). Collective: every rank calls
+    it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     meta = read_checkpoint(path)
     if about is not None:
@@ -324,17 +335,18 @@ def load(path: Path, model, optimizer, precision, about: dict | None = None) -> 
         model.load_own(path)
         _restore_scaler(precision, meta)
         return Loaded(int(meta["step"]), True)
-    flats, shapes = _model_state(model)
+    flats, shapes = _model_state(model, place)
     problem = checkpoint_problem(meta, shapes)
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
     saved = FileSystemReader(path).read_metadata().state_dict_metadata
-    state = {**flats, **_optimizer_state(model, optimizer, shapes, set(saved))}
+    state = {**flats, **_optimizer_state(model, optimizer, shapes, set(saved), place)}
     missing = sorted(k for k in state if k not in saved)
     if missing:
         raise CheckpointError(f"{path}: no {missing[0]} in the checkpoint (it has no optimizer state for it)")
     rng, own = torch.get_rng_state(), {}
-    if meta.get("world_size") == world_size:
+    same_mesh = meta.get("mesh", f"{meta.get('world_size')}x1") == (about or {}).get("mesh", f"{world_size}x1")
+    if meta.get("world_size") == world_size and same_mesh:
         if _rng_key(rank) in saved:
             state[_rng_key(rank)] = Flat(rng.numel(), [(0, rng)])
         prefix = _state_key(rank, "")

@@ -38,8 +38,10 @@ class Checkpoints:
     (`launcher.max_restarts`) the job's own newest checkpoint is loaded; before it has one, or on a first
     attempt, `checkpoint.load`'s."""
 
-    def __init__(self, cfg, job_dir: Path, about: dict):
-        self.cfg, self.job_dir, self.about = cfg.checkpoint, Path(job_dir), about
+    def __init__(self, cfg, job_dir: Path, about: dict, place=None):
+        """`about`: the strategy, world size, mesh and model; `place`: where a rank's tensors lie in the whole
+        parameters (`Parallelism.place`; rank/checkpoint.py's `as_is` by default)."""
+        self.cfg, self.job_dir, self.about, self.place = cfg.checkpoint, Path(job_dir), about, place
         self.last = cfg.train.steps - 1
         self.loaded: dict | None = None
         self.saving: Saving | None = None  # the latest save, maybe still writing
@@ -68,7 +70,7 @@ class Checkpoints:
             from ddp_lab.rank.checkpoint import load
 
             began = time.perf_counter()
-            step, rank_state = load(path, model, optimizer, precision, self.about)
+            step, rank_state = load(path, model, optimizer, precision, self.about, **self._placed())
             self.loaded = {"path": str(path), "step": step, "load_ms": (time.perf_counter() - began) * 1e3,
                            "rank_state": rank_state,
                            **{k: v for k, v in read_checkpoint(path).items() if k in ("strategy", "world_size")}}
@@ -89,7 +91,8 @@ class Checkpoints:
         from ddp_lab.rank.checkpoint import save
 
         background = self.background if step != self.last else None
-        self.saving = save(self.job_dir, step + 1, model, optimizer, precision, self.about, background)
+        self.saving = save(self.job_dir, step + 1, model, optimizer, precision, self.about, background,
+                           **self._placed())
         figures = ({CHECKPOINT_STAGED.key: self.saving.staged_bytes} if background is not None
                    else {CHECKPOINT_BYTES.key: self.saving.wait()})
         if dist.get_rank() == 0:
@@ -98,6 +101,10 @@ class Checkpoints:
         if resident is not None:
             figures[CHECKPOINT_MEMORY.key] = host_peak_bytes() - resident
         return figures
+
+
+    def _placed(self) -> dict:
+        return {} if self.place is None else {"place": self.place}
 
 
 def note_restart(job_dir: Path, resumed: int) -> None:

@@ -213,16 +213,18 @@ class TPCollective:
 
 
 def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: int, sequence_parallel: bool,
-                tokens: int, element_bytes: int = 4, impl: str = "lab", norms: dict[str, int] | None = None,
+                tokens: int, element_bytes: int = 4, partial_grads: dict[str, int] | None = None
                 ) -> list[TPCollective]:
     """The TP axis's collectives of one micro-batch's forward and backward (`tokens` = its sequences x context)
-    for a model's `plan` (weights' `shapes` by module name; `norms`: each SequenceNorm's parameter count), in
-    the order they run forward. Without sequence parallelism each region is entered by an identity (its
-    backward an all-reduce of the input's gradient) and left by an all-reduce of the partial outputs: two per
-    block forward, two backward (Megatron). With it each all-reduce is an all-gather of the sequence and a
-    reduce-scatter, the same bytes, and every norm's weight gradient is summed over the TP ranks. The loss is
-    the vocab-parallel cross-entropy: the lab all-reduces each token's max logit, its target logit and its sum
-    of exponentials; torch's `loss_parallel` the max and the sum (its target logit is gathered in the nll)."""
+    for a model's `plan` (weights' `shapes` by module name), in the order they run forward. Without sequence
+    parallelism each region is entered by an identity (its backward an all-reduce of the input's gradient) and
+    left by an all-reduce of the partial outputs: two per block forward, two backward (Megatron). With it each
+    all-reduce is an all-gather of the sequence and a reduce-scatter, the same bytes, and the parameters kept
+    whole on every TP rank but applied to its tokens only (`partial_grads`: their elements by module, a norm's
+    weight, a row-parallel layer's bias) have their gradients summed over the TP ranks. The loss is
+    the vocab-parallel cross-entropy: three all-reduces of one fp32 per token (the max logit, the sum of
+    exponentials, the target's logit), the lab's and torch's `loss_parallel` alike; its backward is local. The
+    lab's and torch's implementations issue this schedule op for op (tests/parity/test_tensor_parallel.py)."""
     if tp == 1:
         return []
     out: list[TPCollective] = []
@@ -236,9 +238,10 @@ def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: 
     back_leave = "all_gather" if sequence_parallel else None
     for name, style in plan.items():
         shape = shapes.get(name)
+        summed = sequence_parallel and (partial_grads or {}).get(name)
         if isinstance(style, SequenceNorm):
-            if sequence_parallel and norms and norms.get(name):
-                out.append(TPCollective("all_reduce", norms[name] * element_bytes, "backward", name))
+            if summed:
+                out.append(TPCollective("all_reduce", summed * element_bytes, "backward", name))
             continue
         if isinstance(style, PrepareInput):
             width = _input_width(plan, shapes, name)
@@ -254,6 +257,8 @@ def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: 
             out.append(TPCollective(leave, nbytes, "forward", name))
             if back_leave:
                 out.append(TPCollective(back_leave, nbytes, "backward", name))
+            if summed:
+                out.append(TPCollective("all_reduce", summed * element_bytes, "backward", name))
         elif isinstance(style, VocabEmbedding):
             nbytes = tokens * shape[-1] * element_bytes
             out.append(TPCollective(leave, nbytes, "forward", name))
@@ -261,8 +266,7 @@ def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: 
                 out.append(TPCollective(back_leave, nbytes, "backward", name))
         if isinstance(style, VocabHead):
             per_token = tokens * 4  # fp32 logits: one float per token
-            ops = ("all_reduce",) * (3 if impl == "lab" else 2)
-            out.extend(TPCollective(op, per_token, "loss", name) for op in ops)
+            out.extend(TPCollective("all_reduce", per_token, "loss", name) for _ in range(3))
     return out
 
 

@@ -91,15 +91,16 @@ def compile_summary(cfg, steps: list[dict], summary: dict) -> dict | None:
             "compile_s": max(0.0, first[STEP_TIME.key] - p50) / 1e3 if first and p50 is not None else None}
 
 
-def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer: str = "adamw",
+def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: float, optimizer="adamw",
          group: dict | None = None):
-    """The strategy of `spec` around `module`, its optimizer (`train.optimizer`: rank/optimizers.py) and the
-    `Precision` of `compute` (fp32, bf16, fp16), as every job trains them (tests/parity/test_precision_every_strategy.py
-    builds them here too); `group`: the keyword that puts the strategy on a mesh's data-parallel axis
-    (`Parallelism.group()`), none for every rank."""
+    """The strategy of `spec` around `module`, its optimizer (`train.optimizer`, rank/optimizers.py, or an optimizer
+    class: the parity tests' SGD) and the `Precision` of `compute` (fp32, bf16, fp16), as every job trains them
+    (tests/parity/test_precision_every_strategy.py builds them here too); `group`: the keyword that puts the
+    strategy on a mesh's data-parallel axis (`Parallelism.group()`), none for every rank."""
     casts_itself = spec.casts_itself and compute != "fp32"  # fsdp: the compute dtype instead of autocast
     model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}), **(group or {}))
-    optimizer = model.make_optimizer(optimizer_class(optimizer), lr=lr, weight_decay=weight_decay)
+    optimizer_cls = optimizer_class(optimizer) if isinstance(optimizer, str) else optimizer
+    optimizer = model.make_optimizer(optimizer_cls, lr=lr, weight_decay=weight_decay)
     precision = Precision(compute, device_type, autocast=not casts_itself,
                           agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
     return model, optimizer, precision
@@ -128,7 +129,8 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
     held_out = HeldOutLoss(cfg, data)
     checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": dist.get_world_size(),
-                                             "model": cfg.model.name})
+                                             "mesh": parallel.mesh.layout.label(), "model": cfg.model.name},
+                              parallel.place)
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded
 
     def before_step():

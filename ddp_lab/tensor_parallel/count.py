@@ -15,6 +15,8 @@ from collections import Counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+FUNCTIONAL = ("_c10d_functional", "c10d_functional")
+"""torch's functional collectives' namespaces: the native ops and the Python ones (loss_parallel issues these)."""
 
 
 class FunctionalCollectives(TorchDispatchMode):
@@ -27,9 +29,14 @@ class FunctionalCollectives(TorchDispatchMode):
         self.bytes: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented  # let DTensor desugar the op first: its collectives then come back here (as
+            # torch's CommDebugMode does; loss_parallel's all-reduces run inside DTensor's dispatch)
         kwargs = kwargs or {}
         packet = getattr(func, "_overloadpacket", None)
-        if packet is not None and getattr(packet, "__module__", "").endswith("_c10d_functional"):
+        if packet is not None and getattr(packet, "__module__", "").split(".")[-1] in FUNCTIONAL:
             op = _OPS.get(packet.__name__)
             if op is not None:
                 tensor = args[0]

@@ -9,7 +9,8 @@ policies still see a Linear), holding this rank's piece of the weight, cut by la
   (`PrepareInput`: q/k/v, w1/w3) takes it as it comes.
 - `RowParallelLinear`: input features split; the partial outputs are summed by g (all-reduce forward,
   identity backward), or reduce-scattered over the sequence; the bias is added once, after the sum (added on
-  every rank before it, it would count tp times).
+  every rank before it, it would count tp times). Under sequence parallelism the bias is added to this rank's
+  tokens only, so its gradient is summed over the TP ranks as a norm's is.
 - `VocabParallelEmbedding`: rows of the (padded) vocabulary split; an id outside a rank's rows looks up
   zeros, and the ranks' outputs are summed as a row-parallel layer's.
 - norms under sequence parallelism: run on the sequence shard as they are; their weight's gradient, a sum
@@ -57,7 +58,9 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = leave_region(F.linear(x, self.weight), self.tp)
-        return y + self.bias if self.bias is not None else y
+        if self.bias is None:
+            return y
+        return y + (copy_to_region(self.bias, self.tp) if self.tp.sequence_parallel else self.bias)
 
 
 class VocabParallelEmbedding(nn.Embedding):

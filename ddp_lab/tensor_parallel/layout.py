@@ -99,11 +99,11 @@ class TPLayout:
             out[name] = full.view(self.shapes[name])
         return out
 
-    def pieces(self, name: str, local_pieces: list) -> tuple[tuple[int, ...], list]:
-        """A strategy's checkpoint pieces of a local shard ((offset in the local tensor flattened, 1-D view)) as
-        pieces of the whole parameter, with its whole shape; a parameter not split is returned as it is."""
+    def pieces(self, name: str, shape, local_pieces: list) -> tuple[tuple[int, ...], list]:
+        """A strategy's checkpoint pieces of this rank's tensor `name` of `shape` ((offset in it flattened, 1-D
+        view)) as pieces of the whole parameter, with its whole shape; a parameter not split as it is."""
         if name not in self.splits:
-            return None, local_pieces
+            return shape, local_pieces
         where, out = self.indices(name), []
         for offset, view in local_pieces:
             for a, b, first in runs(where[offset:offset + view.numel()]):

@@ -257,3 +257,52 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
     assert newest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 1) and newest_checkpoint(partial) is None
     assert run_ranks(_load_and_save_again, 1, tmp_path)[0] == 1
     assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
+
+
+def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to):
+    """`strategy` on a (dp, tp) mesh (ddp_lab/parallel/): from the checkpoint `start` (None: the first weights,
+    rank-seeded as every run's), steps up to `step_to`, then a checkpoint there."""
+    from omegaconf import OmegaConf
+
+    from ddp_lab.parallel import Parallelism
+    from ddp_lab.rank.checkpoint import as_is, load, save
+    from ddp_lab.rank.data import BatchSource
+    from ddp_lab.spec.strategies import spec_of
+    from ddp_lab.tasks.train import train_step, wrap
+
+    cfg = OmegaConf.merge(data_cfg(1, BATCH), {"world_size": world_size, "parallel": {
+        "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True}})
+    parallel = Parallelism(cfg, torch.device("cpu"))
+    torch.manual_seed(rank if start is None else 100 + rank)
+    module = parallel.apply(MODELS["transformer"]())
+    spec = parallel.data_parallel(spec_of(strategy))
+    model, optimizer, precision = wrap(spec, module, PRECISION, "cpu", 1e-2, 0.1, group=parallel.group())
+    place = parallel.place or as_is
+    about = {"strategy": strategy["name"], "world_size": world_size, "mesh": parallel.mesh.layout.label()}
+    first = 0 if start is None else load(start, model, optimizer, precision, about, place).step
+    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
+    for step in range(first, step_to):
+        train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision, loss=parallel.loss)
+    save(root, step_to, model, optimizer, precision, about, place=place)
+
+
+@pytest.mark.parametrize("a, b", [
+    (({"name": "zero2"}, 4, 2, "lab"), ({"name": "bucketed"}, 4, 1, "lab")),
+    (({"name": "zero2"}, 4, 2, "lab"), ({"name": "flat"}, 1, 1, "lab")),
+    (({"name": "bucketed"}, 2, 1, "lab"), ({"name": "fsdp_torch"}, 4, 2, "torch")),
+    (({"name": "fsdp"}, 4, 2, "torch"), ({"name": "zero1"}, 4, 4, "lab")),
+], ids=lambda v: "{}-{}x{}-{}".format(v[0]["name"], v[1] // v[2], v[2], v[3]))
+def test_a_run_moves_between_meshes(tmp_path, a, b):
+    """A checkpoint written on a mesh holds the single-process layout: written at dp x tp = 2 x 2 (the lab's TP,
+    sequence parallel) it loads at 4 x 1 and at 1 x 1, and one written without TP loads into torch's TP at
+    2 x 2 (and torch's at 2 x 2 into the lab's at 1 x 4); each then trains as a run that never moved."""
+    (sa, na, ta, ia), (sb, nb, tb, ib) = a, b
+    run_ranks(_on_mesh, na, sa, ta, ia, None, tmp_path / "a", HALF)
+    run_ranks(_on_mesh, nb, sb, tb, ib, checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved", 2 * HALF)
+    run_ranks(_on_mesh, nb, sb, tb, ib, None, tmp_path / "straight", 2 * HALF)
+    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
+    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
+    assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
+    for key, tensor in straight.items():
+        if key.startswith(("model.", "optim.")):
+            torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
