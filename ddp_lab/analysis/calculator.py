@@ -3,6 +3,8 @@
     python -m ddp_lab.calculator model=small world_size=8 dtype=bf16 flops=989e12 bandwidth=450e9
     python -m ddp_lab.calculator --model xl --world-size 64 --strategy bucketed,zero1,zero2,fsdp --json
     python -m ddp_lab.calculator model=small strategy=zero1 strategy.comm=reduce_scatter
+    python -m ddp_lab.calculator --model xxl_ffn --world-size 64 --tp 4 --strategy fsdp --flops 4.6e14 \
+        --bandwidth dp=3.6e11,tp=1.8e11          # a mesh: analysis/mesh_accounting.py
 
 Answers, per device and per strategy (each with its spec's default knobs, or the ones given): bytes of
 parameters, gradients and optimizer state (fp32 training, or mixed-precision bf16 Adam at 16 bytes per
@@ -154,12 +156,17 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+FLAGS = ("--json", "--sequence-parallel")
+"""The options that take no value."""
+
+
 def _normalize_argv(argv: list[str]) -> list[str]:
     """Accept Hydra-style key=value (model=small world_size=8 model.context_length=512 strategy.comm=...) as
     well as --flags."""
     out = []
     for tok in argv:
-        if tok.startswith("-") or "=" not in tok:
+        value_of_a_flag = bool(out) and out[-1].startswith("--") and "=" not in out[-1] and out[-1] not in FLAGS
+        if tok.startswith("-") or "=" not in tok or value_of_a_flag:  # --bandwidth dp=...,tp=...: the flag's value
             out.append(tok)
         elif tok.startswith("model."):
             out.append(f"--set={tok[len('model.'):]}")
@@ -178,8 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16",
                         help="bf16 = mixed precision Adam (16 bytes/param), fp32 = everything fp32")
     parser.add_argument("--flops", type=float, default=989e12, help="FLOP/s per device (default: H100 bf16 dense)")
-    parser.add_argument("--bandwidth", type=float, default=450e9,
-                        help="bus bandwidth per device, bytes/s (default: H100 NVLink, 450 GB/s one way)")
+    parser.add_argument("--bandwidth", default="450e9",
+                        help="bus bandwidth per device, bytes/s (default: H100 NVLink, 450 GB/s one way); with --tp "
+                             "one per axis: dp=3.6e11,tp=1.8e11")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="tensor-parallel degree: the mesh report (world_size = dp x tp), per axis")
+    parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: norms on sequence shards")
+    parser.add_argument("--wire", choices=sorted(DTYPE_BYTES), default=None,
+                        help="with --tp: the dtype of gradients, gathered weights and activations on the wire "
+                             "(default: --dtype's gradient dtype)")
+    parser.add_argument("--phase", choices=("forward", "backward", "step"), default="forward",
+                        help="with --tp: the phase whose compute hides its communication (default forward)")
+    parser.add_argument("--device-gb", default="80",
+                        help="with --tp: device memory in GB (1e9 bytes), or several: 80,95")
+    parser.add_argument("--tokens", type=float, default=0.0,
+                        help="with --tp: tokens per device whose activations count in the FSDP memory (default 0)")
     parser.add_argument("--strategy", default=",".join(SPECS),
                         help=f"comma-separated, of {', '.join(SPECS)} (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -192,11 +212,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("world size must be >= 1")
     try:
         cfg = load_model_config(args.model, key_values(args.set, "--set"))
-        report = calculate(cfg, args.world_size, args.dtype, args.flops, args.bandwidth,
-                           [s for s in args.strategy.split(",") if s], key_values(args.knob, "--knob"))
+        strategies = [s for s in args.strategy.split(",") if s]
+        if args.tp is not None:
+            return _mesh(args, cfg, strategy_specs(strategies, key_values(args.knob, "--knob")))
+        report = calculate(cfg, args.world_size, args.dtype, args.flops, float(args.bandwidth), strategies,
+                           key_values(args.knob, "--knob"))
     except ValueError as exc:
         parser.error(str(exc))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _mesh(args, cfg, specs) -> int:
+    """The mesh report (`--tp`), one per strategy."""
+    from ddp_lab.analysis.mesh_accounting import format_mesh_report, mesh_accounting, parse_bandwidth
+
+    if args.tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {args.tp}")
+    wire = args.wire or ("bf16" if DTYPE_BYTES[args.dtype][1] == 2 else "fp32")
+    reports = [mesh_accounting(cfg, args.world_size, args.tp, spec, args.dtype, wire, args.flops,
+                               parse_bandwidth(args.bandwidth), args.phase, args.sequence_parallel,
+                               tuple(float(g) for g in args.device_gb.split(",")), args.tokens) for spec in specs]
+    print(json.dumps(reports, indent=2, default=str) if args.json else "\n\n".join(map(format_mesh_report, reports)))
     return 0
 
 

@@ -110,7 +110,7 @@ def train_record(res: dict) -> dict:
         other = max(0.0, step - compute - exposed - opt)
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
-        "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"),
+        "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res),
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),
@@ -127,6 +127,25 @@ def train_record(res: dict) -> dict:
             _get(res, "summary", "memory", "optimizer_state_max_rank")),
         **memory_record(res),
     }
+
+
+def mesh_record(res: dict) -> dict:
+    """The job's mesh (`dp x tp`: summary.mesh, or its config's for a job that wrote none) and the tensor-parallel
+    axis's collectives per step: the lab's measured in every step, torch's counted in one (summary.mesh.tp_counted)."""
+    cfg, mesh = res.get("config") or {}, _get(res, "summary", "mesh") or {}
+    if not mesh.get("label") and cfg.get("world_size"):
+        from ddp_lab.spec.parallel import layout_of
+
+        mesh = layout_of(cfg).describe()
+    counted = mesh.get("tp_counted") or {}
+    per_step = _get(res, "summary", "tp_collectives_per_step")
+    tp_bytes = _get(res, "summary", "tp_comm_bytes_per_step")
+    return {"mesh": mesh.get("label"), "tp": mesh.get("tp"), "tp_impl": mesh.get("tp_impl"),
+            "sequence_parallel": mesh.get("sequence_parallel"),
+            "tp_collectives_per_step": per_step if per_step is not None else counted.get("calls"),
+            "tp_comm_mib_per_step": _mib(tp_bytes if tp_bytes is not None else counted.get("bytes")),
+            "tp_params_held_pct": (lambda f: None if f is None else 100 * f)(
+                _get(res, "summary", "memory", "tp_param_fraction"))}
 
 
 def straggler_text(found: dict | None) -> str | None:
@@ -249,14 +268,17 @@ def job_records(runs: list[tuple[str, dict]], target_loss: float | None = None,
 
 def same_work(res: dict) -> tuple:
     """What two training jobs must share for their steps to compare: the model and its shape, the ranks, the
-    backend, the batch, the precision, the data and whether it was compiled (train.compile changes the compute).
-    The strategy, its knobs and the measurement switches may differ."""
+    backend, the batch, the precision, the data, whether it was compiled (train.compile changes the compute) and
+    its mesh (tensor parallelism splits the compute; spec/labels.py's `mesh_label`). The strategy, its knobs and
+    the measurement switches may differ."""
     cfg = res.get("config") or {}
     train = cfg.get("train") or {}
+    from ddp_lab.spec.labels import mesh_label
+
     return (_get(cfg, "model", "name"), _get(cfg, "model", "context_length"), cfg.get("world_size"),
             _get(res, "env", "backend") or _get(cfg, "backend", "name"), train.get("batch_size"),
             train.get("grad_accum_steps"), str(train.get("precision") or "fp32"), _get(cfg, "data", "name"),
-            bool(train.get("compile")))
+            bool(train.get("compile")), mesh_label(cfg))
 
 
 def per_collective_on(res: dict) -> bool:
@@ -266,7 +288,8 @@ def per_collective_on(res: dict) -> bool:
 def add_step_ratios(records: list[dict], results: list[dict]) -> None:
     """`vs_floor`: the step p50 over the floor's (`strategy=none`, the same work, in the sweep); `vs_torch`: over
     torch's reference of the strategy (its spec's `torch_reference`), the same work with the same measurement
-    switch, the same bucket size where one was swept. None where the sweep has no such job."""
+    switch, the same bucket size where one was swept; `vs_torch_tp`: a job of the lab's tensor parallelism over
+    the same job on torch's (`parallel.tp_impl=torch`, all else alike). None where the sweep has no such job."""
     from ddp_lab.spec.strategies import SPECS
 
     work = [same_work(res) if rec["task"] == "train" else None for rec, res in zip(records, results)]
@@ -274,10 +297,14 @@ def add_step_ratios(records: list[dict], results: list[dict]) -> None:
           if rec["task"] == "train" and rec["status"] == "ok" and rec.get("step_p50_ms")]
     floors = {key: rec["step_p50_ms"] for rec, key, _ in ok
               if SPECS.get(rec["strategy"]) is not None and not SPECS[rec["strategy"]].synchronizes}
+    torch_tp = {(rec["label"].replace("-tp_impl=torch", ""), key[:-1] + (key[-1].replace("-tp_impl=torch", ""),)):
+                rec["step_p50_ms"] for rec, key, _ in ok if rec.get("tp_impl") == "torch"}
     for rec, res, key in zip(records, results, work):
-        rec["vs_floor"] = rec["vs_torch"] = None
+        rec["vs_floor"] = rec["vs_torch"] = rec["vs_torch_tp"] = None
         if rec["task"] != "train" or not rec.get("step_p50_ms"):
             continue
+        if rec.get("tp_impl") == "lab" and (rec["label"], key) in torch_tp:
+            rec["vs_torch_tp"] = rec["step_p50_ms"] / torch_tp[rec["label"], key]
         floor = floors.get(key)
         rec["vs_floor"] = rec["step_p50_ms"] / floor if floor else None
         spec = SPECS.get(rec["strategy"])

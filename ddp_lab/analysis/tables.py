@@ -19,19 +19,25 @@ from ddp_lab.spec.figures import ALGBW, BUSBW
 
 ROW = [Column("job", "job"), Column("strategy", "label"), Column("model", "model"),
        Column("ranks", "world_size", "{}"), Column("status", "status")]
-TRAINING = ROW + [  # times in ms, the slowest rank per step; memory of the largest rank
+TRAIN_ROW = [*ROW[:4], Column("mesh", "mesh", "{}"), ROW[4]]  # dp x tp
+TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of the largest rank
     Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
     Column("× floor", "vs_floor", "{:.2f}", group="speed"), Column("× torch's", "vs_torch", "{:.2f}", group="speed"),
     Column("comm p50", "comm_p50_ms", group="speed"), Column("exposed p50", "exposed_p50_ms", group="speed"),
     Column("overlap %", "overlap_pct", group="speed"),
     Column("trace overlap %", "trace_overlap_pct", group="speed"),  # profile=true: from the traces
     Column("colls/step", "collectives_per_step", group="speed"),
+    Column("tp comm p50", "tp_comm_p50_ms", group="speed"),  # the tensor-parallel axis: blocking, all exposed
+    Column("tp colls/step", "tp_collectives_per_step", "{:.0f}", group="speed"),
+    Column("tp MiB/step", "tp_comm_mib_per_step", "{:.2f}", group="speed"),
+    Column("× torch TP", "vs_torch_tp", "{:.2f}", group="speed"),
     Column("compile s", "compile_s", "{:.1f}", group="speed"),  # train.compile: beyond a measured step
     Column("skew p50", "skew_p50_ms", group="speed"), Column("straggler", "straggler", group="speed"),
     Column("injected", "injected", group="speed"),
     Column("model state MiB/rank", "model_state_mib_per_rank", group="memory"),
     Column("× ZeRO paper", "model_state_vs_paper", "{:.3f}", group="memory"),  # the bar (1.05) needs 3 digits
     Column("strategy state MiB/rank", "strategy_state_mib_per_rank", group="memory"),
+    Column("params held %", "tp_params_held_pct", "{:.1f}", group="memory"),  # under TP: this rank's pieces
     # the accuracy figures (analysis/accuracy.py)
     Column("final loss", "final_loss", "{:.4f}", group="accuracy"),  # validation where it is a curve
     Column("val loss", "final_val_loss", "{:.4f}", group="accuracy"),

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddp_lab.spec.figures import COLLECTIVES, COMM, COMM_BYTES, EXPOSED, LOSS, VAL_LOSS, training_figures
+from ddp_lab.spec.figures import (
+    COLLECTIVES,
+    COMM,
+    COMM_BYTES,
+    EXPOSED,
+    LOSS,
+    TP_COLLECTIVES,
+    TP_COMM_BYTES,
+    VAL_LOSS,
+    training_figures,
+)
 
 SUMMARY_KEYS = ("mean", "std", "p50", "p90", "p95", "min", "max")
 
@@ -39,7 +49,9 @@ def summarize_training(steps: list[dict], warmup_steps: int) -> dict:
     held_out = [s[VAL_LOSS.key] for s in steps if s.get(VAL_LOSS.key) is not None]
     summary["final_val_loss"] = held_out[-1] if held_out else None
     if measured:  # means: local_sgd sends only on sync steps, powersgd's first steps are uncompressed
-        for key, out in ((COLLECTIVES.key, "collectives_per_step"), (COMM_BYTES.key, "comm_bytes_per_step")):
+        for key, out in ((COLLECTIVES.key, "collectives_per_step"), (COMM_BYTES.key, "comm_bytes_per_step"),
+                         (TP_COLLECTIVES.key, "tp_collectives_per_step"),
+                         (TP_COMM_BYTES.key, "tp_comm_bytes_per_step")):
             values = [s[key] for s in measured if s.get(key) is not None]
             summary[out] = sum(values) / len(values) if values else None
     return summary

@@ -216,6 +216,9 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(0 <= t.seed <= SEED_MAX - ws, f"train.seed must be in [0, {SEED_MAX - ws}] (rank r seeds numpy with "
              f"train.seed + r, and numpy takes seeds below 2^32), got {t.seed}")
     _require(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
+    _require(not _takes_activations(cfg), f"model={m.get('name')} maps activations to activations (no token ids in, no "
+             "logits out): a model for the calculator (python -m ddp_lab.calculator --model "
+             f"{m.get('name')}), not for training")
     for key in ("context_length", "vocab_size"):  # every model takes them: the data is drawn from them
         _require(key in m, f"model={m.get('name')} has no {key}: every model takes vocab_size and context_length")
     for key in ("context_length", "vocab_size", "d_model", "d_ff", "num_layers", "num_heads"):
@@ -258,6 +261,16 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_tensor_parallel(cfg, small)
     _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(dp, ranks_per_node))  # from shapes, before a full build
     _validate_checkpoint(cfg, spec)
+
+
+def _takes_activations(cfg: DictConfig) -> bool:
+    """The model's class takes activations, not tokens (models/ffn.py: its `example_input`)."""
+    from hydra.utils import get_class
+
+    try:
+        return hasattr(get_class(str(cfg.model._target_)), "example_input")
+    except (ImportError, AttributeError, ValueError):
+        return False  # the build's own check says what is wrong with it
 
 
 def _validate_logits(cfg: DictConfig) -> None:

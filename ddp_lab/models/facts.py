@@ -78,6 +78,21 @@ def _tokens(model_cfg, batch: int = 1, device: str = "meta") -> torch.Tensor:
     return torch.zeros(batch, int(model_cfg["context_length"]), dtype=torch.long, device=device)
 
 
+def _input(module: nn.Module, model_cfg, batch: int = 1, device: str = "meta") -> torch.Tensor:
+    """What the model's forward takes: token ids, or what its `example_input` says (models/ffn.py's activations)."""
+    if hasattr(module, "example_input"):
+        return module.example_input(batch, device=device)
+    return _tokens(model_cfg, batch, device)
+
+
+def _loss(output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """The next-token cross-entropy of logits; a model from activations to activations gets their sum (which saves
+    nothing and costs no FLOP: the backward's FLOPs and saved tensors are the model's own)."""
+    if inputs.dtype == torch.long:
+        return F.cross_entropy(output.flatten(0, 1), inputs.flatten())
+    return output.sum()
+
+
 def parameter_counts(model_cfg) -> dict:
     """{"total", "lookup", "matmul", "other"}: parameters in all and by use (module docstring). A model deeper
     than MEASURED_DEPTHS or with a context longer than MEASURED_CONTEXTS is counted at those sizes and scaled
@@ -185,12 +200,13 @@ def flops_per_token(model_cfg) -> dict:
 @lru_cache(maxsize=32)
 def _flops_per_token(key: str) -> tuple:
     model_cfg = OmegaConf.create(key)
-    module, tokens = meta_model(model_cfg), _tokens(model_cfg)
+    module = meta_model(model_cfg)
+    inputs = _input(module, model_cfg)
     with FlopCounterMode(display=False) as forward:
-        logits = module(tokens)
+        output = module(inputs)
     with FlopCounterMode(display=False) as backward:
-        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-    n = tokens.numel()
+        _loss(output, inputs).backward()
+    n = inputs.shape[0] * inputs.shape[1]
     fwd, bwd = forward.get_total_flops() / n, backward.get_total_flops() / n
     return (("forward", fwd), ("backward", bwd), ("step", fwd + bwd))
 
@@ -233,9 +249,9 @@ def _activation_bytes(key: str, batch: int, device: str) -> int:
             saved.append(tensor.numel() * max(4, tensor.element_size()))
         return tensor
 
-    tokens = _tokens(model_cfg, batch, device)
+    inputs = _input(module, model_cfg, batch, device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        F.cross_entropy(module(tokens).flatten(0, 1), tokens.flatten())
+        _loss(module(inputs), inputs)
     return int(sum(saved))
 
 
@@ -252,9 +268,10 @@ def parameter_facts(model_cfg) -> list[dict]:
 @lru_cache(maxsize=32)
 def _parameter_facts(key: str) -> tuple:
     model_cfg = OmegaConf.create(key)
-    module, tokens = meta_model(model_cfg), _tokens(model_cfg)
+    module = meta_model(model_cfg)
+    inputs = _input(module, model_cfg)
     with FlopCounterMode(display=False) as counter:
-        module(tokens)
+        module(inputs)
     totals = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
     root = type(module).__name__
 
@@ -274,7 +291,7 @@ def _parameter_facts(key: str) -> tuple:
         size = sum(p.numel() for p in mine)
         for p in mine:
             bwd[id(p)] = bwd.get(id(p), 0.0) + 2 * own * p.numel() / size
-    n = tokens.numel()
+    n = inputs.shape[0] * inputs.shape[1]
     return tuple(tuple({"name": name, "numel": p.numel(), "shape": tuple(p.shape),
                         "bwd": bwd.get(id(p), 0.0) / n}.items())
                  for name, p in module.named_parameters() if p.requires_grad)

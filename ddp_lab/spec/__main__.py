@@ -26,8 +26,9 @@ def markdown(table: str) -> str:
     if table == "figures":
         lines = [figures_markdown()]
     elif table == "strategies":
-        lines = ["| strategy | spec | runtime class | what it does |", "|---|---|---|---|"]
-        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['summary']} |" for r in strategy_rows()]
+        lines = ["| strategy | spec | runtime class | on a mesh | what it does |", "|---|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['summary']} |"
+                  for r in strategy_rows()]
     else:
         lines = ["| knob | strategies | type (default) | meaning |", "|---|---|---|---|"]
         lines += [f"| `strategy.{r['knob']}` | {', '.join(r['strategies'])} | {r['type']} | {r['doc']} |"
@@ -39,6 +40,7 @@ def text() -> str:
     out = []
     for row in strategy_rows():
         out.append(f"{row['name']}: {row['summary']}")
+        out.append(f"    on a mesh (parallel.tp > 1): {row['mesh']}")
         out += [f"    {k['knob']}: {k['type']}  {k['doc']}" for k in row["knobs"]] or ["    (no knobs)"]
     return "\n".join(out)
 

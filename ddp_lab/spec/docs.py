@@ -57,10 +57,17 @@ def knobs(cls: type[StrategySpec]) -> list[dict]:
             for f in fields(cls) if f.name not in NOT_KNOBS]
 
 
+def mesh_support(cls: type[StrategySpec]) -> str:
+    """`dp axis` where the strategy runs on a mesh's data-parallel axis (parallel.tp > 1), else why not."""
+    return "dp axis" if cls.mesh_refusal is None else f"no: {cls.mesh_refusal}"
+
+
 def strategy_rows() -> list[dict]:
-    """Per registered strategy: its option, spec (file and class), runtime class, one-liner and knobs."""
+    """Per registered strategy: its option, spec (file and class), runtime class, one-liner, knobs and whether it
+    runs on a mesh's data-parallel axis."""
     return [{"name": name, "spec": f"spec/strategies/{cls.__module__.rsplit('.', 1)[1]}.py {cls.__name__}",
-             "runtime": cls.runtime, "summary": summary(cls), "knobs": knobs(cls)} for name, cls in SPECS.items()]
+             "runtime": cls.runtime, "summary": summary(cls), "knobs": knobs(cls), "mesh": mesh_support(cls)}
+            for name, cls in SPECS.items()]
 
 
 def knob_rows() -> list[dict]:

@@ -68,6 +68,18 @@ def collectives_label(cfg) -> str:
     return "-collectives=native" if native else ""
 
 
+def mesh_label(cfg) -> str:
+    """`-tp=2`, `-tp=2-sp-tp_impl=torch-tp_inner=false`: the axes beyond data parallelism where a run has them
+    (parallel.tp > 1), else nothing."""
+    parallel = (cfg.get("parallel") if hasattr(cfg, "get") else None) or {}
+    tp = int(parallel.get("tp", 1) or 1)
+    if tp == 1:
+        return ""
+    return (f"-tp={tp}" + ("-sp" if parallel.get("sequence_parallel") else "")
+            + (f"-tp_impl={parallel.get('tp_impl')}" if str(parallel.get("tp_impl", "lab")) != "lab" else "")
+            + ("-tp_inner=false" if parallel.get("tp_inner", True) is False else ""))
+
+
 def collective_label(task) -> str:
     """`all_reduce`, or `all_reduce back-to-back` when the calls were timed without a barrier between
     them (task.barrier=false): a different measurement of the same op, kept apart in tables and fits."""
@@ -82,8 +94,8 @@ def run_name(cfg) -> str:
         task = cfg["task"]
         op = collective_label(task).replace(" ", "-")
         return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}{collectives_label(cfg)}-ws{cfg['world_size']}"
-    return (f"{knob_label(cfg['strategy'])}{compile_label(cfg)}{precision_label(cfg)}{data_label(cfg)}"
-            f"{collectives_label(cfg)}{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
+    return (f"{knob_label(cfg['strategy'])}{mesh_label(cfg)}{compile_label(cfg)}{precision_label(cfg)}"
+            f"{data_label(cfg)}{collectives_label(cfg)}{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -93,5 +105,5 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{collective_label(task)} {task.get('size_mb')} MiB{collectives_label(cfg)}"
     strategy = cfg.get("strategy")
-    return (knob_label(strategy) + compile_label(cfg) + precision_label(cfg) + data_label(cfg) + collectives_label(cfg)
-            + figures_label(cfg) if strategy else "?")
+    return (knob_label(strategy) + mesh_label(cfg) + compile_label(cfg) + precision_label(cfg) + data_label(cfg)
+            + collectives_label(cfg) + figures_label(cfg) if strategy else "?")

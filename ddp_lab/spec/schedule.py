@@ -100,19 +100,27 @@ class Schedule:
         reduce-scatter and all-gather (N-1)/N, one broadcast per tensor 1 (the root sends it whole), an
         all-reduce every k steps 1/k of one. None for low-rank factors, whose size depends on the
         shapes (the calculator counts them from the model)."""
+        phases = self.phase_bytes(grad_bytes, param_bytes, world_size)
+        return None if phases is None else sum(phases.values())
+
+    def phase_bytes(self, grad_bytes: float, param_bytes: float, world_size: int) -> dict[str, float] | None:
+        """`link_bytes` by the phase of the step they travel in: `forward` (ZeRO-3's gathers before each unit's
+        forward), `backward` (its gathers again and its reduce-scatters; a gradient sync, launched during or
+        after backward) and `optimizer` (the updated parameters shared after the step)."""
         n = world_size
+        out = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         if n == 1:
-            return 0.0
+            return out
         if self.low_rank is not None:
             return None
         factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
                   "broadcast": 1.0}
-        total = 0.0
         if self.units is not None:  # gathered for forward (and again for backward), reduce-scattered after
-            total += factor["all_gather"] * param_bytes * (2 if self.units.reshard_after_forward else 1)
-            total += factor["reduce_scatter"] * grad_bytes
+            out["forward"] += factor["all_gather"] * param_bytes
+            out["backward"] += factor["all_gather"] * param_bytes * (1 if self.units.reshard_after_forward else 0)
+            out["backward"] += factor["reduce_scatter"] * grad_bytes
         if self.gradients is not None:
-            total += factor[self.gradients.op] * grad_bytes
+            out["backward"] += factor[self.gradients.op] * grad_bytes
         if self.parameters is not None:
-            total += factor[self.parameters.op] * param_bytes / self.parameters.every
-        return total
+            out["optimizer"] += factor[self.parameters.op] * param_bytes / self.parameters.every
+        return out

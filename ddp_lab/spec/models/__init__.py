@@ -4,10 +4,11 @@ classes themselves are in ddp_lab/models/. A model from outside the package need
 names its class (examples/conf/model/)."""
 
 from ddp_lab.spec.models.base import ModelConfig
+from ddp_lab.spec.models.ffn import FFNStackConfig
 from ddp_lab.spec.models.toy_mlp import ToyMLPConfig
 from ddp_lab.spec.models.transformer import TransformerConfig
 
-MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig}
+MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig, "ffn": FFNStackConfig}
 """Each model class's node, stored as `schema/model/NAME` (conf/model/*.yaml list it in their defaults)."""
 
-__all__ = ["MODEL_SCHEMAS", "ModelConfig", "ToyMLPConfig", "TransformerConfig"]
+__all__ = ["MODEL_SCHEMAS", "FFNStackConfig", "ModelConfig", "ToyMLPConfig", "TransformerConfig"]
