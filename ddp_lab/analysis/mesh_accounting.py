@@ -34,7 +34,8 @@ from ddp_lab.spec.strategy import StrategySpec
 PHASES = ("forward", "backward", "step")
 BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
        "reduce_scatter": lambda n: (n - 1) / n}
-TP_PHASES = {"forward": ("forward", "loss"), "backward": ("backward",), "step": ("forward", "loss", "backward")}
+TP_PHASES = {"forward": ("forward", "cross_entropy"), "backward": ("backward",),
+             "step": ("forward", "cross_entropy", "backward")}
 
 
 def parse_bandwidth(text: str) -> dict[str, float]:

@@ -13,6 +13,7 @@ At the end every rank's weights must equal the reference's to float32 rounding.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -266,8 +267,9 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     reference = copy.deepcopy(model) if rank == 0 else None
     module = parallel.apply(model)
     spec = parallel.data_parallel(SPECS[strategy](**(knobs or {})))
+    rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
-                                 optimizer_cls, group=parallel.group())
+                                 partial(optimizer_cls, **rest), group=parallel.group())
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
     for step in range(steps):
         with parallel.counting(step):

@@ -264,13 +264,9 @@ def _validate_train(cfg: DictConfig) -> None:
 
 
 def _takes_activations(cfg: DictConfig) -> bool:
-    """The model's class takes activations, not tokens (models/ffn.py: its `example_input`)."""
-    from hydra.utils import get_class
-
-    try:
-        return hasattr(get_class(str(cfg.model._target_)), "example_input")
-    except (ImportError, AttributeError, ValueError):
-        return False  # the build's own check says what is wrong with it
+    """The model's node says it takes activations, not tokens (spec/models/: `takes_tokens`; a YAML naming a class
+    of the user's, with no node of its own, takes tokens)."""
+    return not getattr(OmegaConf.get_type(cfg.model), "takes_tokens", True)
 
 
 def _validate_logits(cfg: DictConfig) -> None:

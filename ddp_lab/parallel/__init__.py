@@ -13,6 +13,8 @@ no data-parallel collective at all.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -33,14 +35,18 @@ class Parallelism:
             self.tensor = TensorParallel(self.mesh, parallel.tp_impl, parallel.sequence_parallel, device)
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
+        self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
 
     # --- the model and its strategy -------------------------------------------------------------------
 
     def apply(self, module: nn.Module) -> nn.Module:
-        """Tensor parallelism on `module`, in place (nothing without it); the loss its output takes."""
+        """Tensor parallelism on `module`, in place (nothing without it); the loss its output takes, and the
+        parameters counted whole and as this rank holds them (before its strategy shards them)."""
+        self.whole_params = sum(p.numel() for p in module.parameters())
         if self.tensor is not None:
             self.tensor.apply(module)
             self.loss = self.tensor.loss
+        self.held_params = sum(p.numel() for p in module.parameters())
         return module
 
     def data_parallel(self, spec: StrategySpec) -> StrategySpec:
@@ -51,6 +57,14 @@ class Parallelism:
             self.replaced = spec.name
             return SPECS["none"]()
         return spec
+
+    def shard_ranks(self, spec: StrategySpec) -> int:
+        """How many ranks share what the strategy shards: its spec's count over the dp axis (hsdp: its group)."""
+        return spec.shard_ranks(self.mesh.dp, int(os.environ.get("LOCAL_WORLD_SIZE", self.mesh.dp)))
+
+    def about(self) -> dict:
+        """What a checkpoint records of the run's layout: the world size and the mesh (`dp x tp`)."""
+        return {"world_size": self.mesh.layout.world_size, "mesh": self.mesh.layout.label()}
 
     def group(self) -> dict:
         """The keyword a strategy's runtime takes to synchronize over the dp axis (nothing: every rank)."""

@@ -19,22 +19,28 @@ from ddp_lab.rank.data import BatchSource
 
 
 class HeldOutLoss:
-    def __init__(self, cfg, data: BatchSource):
+    def __init__(self, cfg, data: BatchSource, loss_fn, also_drop=None):
+        """`loss_fn`: what the model's output takes (the mesh's: a vocab-parallel one under tensor parallelism);
+        `also_drop()`: figures beyond the strategy's that the held-out forward counts (the TP axis's)."""
         self.every, self.last = cfg.train.eval_every, cfg.train.steps - 1
         self.batches = data.held_out_batches() if data.has_held_out() else []
+        self.loss_fn, self.also_drop = loss_fn, also_drop
 
     def due(self, step: int) -> bool:
         """After the last step, and every `train.eval_every` steps."""
         return bool(self.batches) and (step == self.last or (self.every > 0 and (step + 1) % self.every == 0))
 
     @torch.no_grad()
-    def measure(self, model, loss_fn, precision) -> float:
+    def measure(self, model, precision) -> float:
         losses = []
         for inputs, targets in self.batches:
             with precision.autocast():
                 logits = model(inputs)
-            losses.append(loss_fn(logits.float(), targets).double())
+            with self.loss_fn.context():
+                losses.append(self.loss_fn(logits.float(), targets).double())
         mean = torch.stack(losses).mean()
         dist.all_reduce(mean)
         model.comm.pop()  # the forward's gathers (fsdp) and the all-reduce above are no step's
+        if self.also_drop is not None:
+            self.also_drop()
         return float(mean) / dist.get_world_size()

@@ -208,7 +208,7 @@ class TPCollective:
     op: str
     nbytes: int
     phase: str
-    """forward, backward or loss."""
+    """forward, backward or cross_entropy (the vocab-parallel loss, forward)."""
     layer: str
 
 
@@ -266,7 +266,7 @@ def tp_schedule(plan: dict[str, Style], shapes: dict[str, tuple[int, ...]], tp: 
                 out.append(TPCollective(back_leave, nbytes, "backward", name))
         if isinstance(style, VocabHead):
             per_token = tokens * 4  # fp32 logits: one float per token
-            out.extend(TPCollective("all_reduce", per_token, "loss", name) for _ in range(3))
+            out.extend(TPCollective("all_reduce", per_token, "cross_entropy", name) for _ in range(3))
     return out
 
 

@@ -15,7 +15,6 @@ instead.
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
@@ -110,10 +109,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     rank = dist.get_rank()
     parallel = Parallelism(cfg, device)  # the mesh: which ranks share each axis
     seed_everything(cfg.train.seed + rank)  # different init per rank: the strategy's broadcast must fix it
-    module = build_model(cfg.model).to(device)
-    num_params = sum(p.numel() for p in module.parameters())  # the whole model: fsdp's, TP's parameters are pieces
-    module = parallel.apply(module)  # tensor parallelism: this rank's pieces of the model (nothing without it)
-    held_params = sum(p.numel() for p in module.parameters())  # what this rank holds before its strategy shards
+    module = parallel.apply(build_model(cfg.model).to(device))  # TP: this rank's pieces (nothing without it)
     slow = slow_compute(cfg.fault, rank, module)  # fault.kind=slow: its hooks before the strategy's, or None
     probe = GradErrorProbe(module) if cfg.measure.grad_error else None  # its hooks before the strategy's
     spec, compute = parallel.data_parallel(spec_of(cfg.strategy)), str(cfg.train.precision)
@@ -123,13 +119,12 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
         model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     data = BatchSource(cfg, *parallel.data_shard, device)  # this rank's rows of every batch, the source's facts
-    recorder.log_once({"num_params": num_params, **facts, **data.facts()})
+    recorder.log_once({"num_params": parallel.whole_params, **facts, **data.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
-    held_out = HeldOutLoss(cfg, data)
-    checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "world_size": dist.get_world_size(),
-                                             "mesh": parallel.mesh.layout.label(), "model": cfg.model.name},
+    held_out = HeldOutLoss(cfg, data, parallel.loss, also_drop=parallel.pop)
+    checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "model": cfg.model.name, **parallel.about()},
                               parallel.place)
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded
 
@@ -159,12 +154,10 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             saved = checkpoints.after_step(step, model, optimizer, precision)  # when due: its time and bytes
             record = {"step": step, **reduce_over_ranks({STEP_TIME.key: step_ms, LOSS.key: loss.item(), **timer.laps,
                                                          **model.comm.pop(), **parallel.pop(), **precision.record(),
-                                                         **measured,
-                                                         **saved, **(slow.pop() if slow else {})}, device),
-                      **skew}
+                                                         **measured, **saved, **(slow.pop() if slow else {})},
+                                                        device), **skew}
             if held_out.due(step) and not profiler.records(step):
-                record[VAL_LOSS.key] = held_out.measure(model, parallel.loss, precision)
-                parallel.pop()  # the held-out forward's TP collectives are no step's
+                record[VAL_LOSS.key] = held_out.measure(model, precision)
             steps.append(record)
             recorder.step(record)
             profiler.step()
@@ -172,16 +165,15 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             profiler.time_compute_alone(lambda: build_model(cfg.model).to(device), micro_batches[-1], loss_fn,
                                         precision.autocast)
     if held_out.due(steps[-1]["step"]) and VAL_LOSS.key not in steps[-1]:  # the last step was profiled
-        steps[-1][VAL_LOSS.key] = held_out.measure(model, parallel.loss, precision)
+        steps[-1][VAL_LOSS.key] = held_out.measure(model, precision)
     if cfg.train.save_model:
         state = parallel.whole(model.full_state_dict())  # collective where parameters are sharded: every rank calls
         if rank == 0:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
     summary["compile"] = compile_summary(cfg, steps, summary)
-    dp = parallel.mesh.dp
-    shard_ranks = spec.shard_ranks(dp, int(os.environ.get("LOCAL_WORLD_SIZE", dp)))
-    summary["memory"] = memory_report(memory, spec.zero_stage, held_params, compute, shard_ranks, num_params)
+    summary["memory"] = memory_report(memory, spec.zero_stage, parallel.held_params, compute,
+                                      parallel.shard_ranks(spec), parallel.whole_params)
     summary["mesh"] = parallel.describe()
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts

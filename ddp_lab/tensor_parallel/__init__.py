@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from ddp_lab.spec.figures import COLLECTIVES, COMM, COMM_BYTES, TP_COLLECTIVES, TP_COMM, TP_COMM_BYTES
 from ddp_lab.spec.parallel import TPImpl
 from ddp_lab.strategies.collectives import broadcast_module_state
 from ddp_lab.tensor_parallel.comm import TPContext
@@ -61,12 +62,12 @@ class TensorParallel:
 
     def pop(self) -> dict:
         """This step's TP figures: the lab's measured (time, calls, bytes), torch's counted in one step."""
-        if self.impl == TPImpl.lab:
-            figures = self.context.comm.pop()
-            self.context.totals()
-            return {"tp_comm_ms": figures.get("comm_ms"), "tp_collectives": figures["collectives"],
-                    "tp_comm_bytes": figures["comm_bytes"]}
-        return {}
+        if self.impl != TPImpl.lab:
+            return {}
+        figures = self.context.comm.pop()  # the data-parallel figures' keys: renamed to the TP axis's
+        self.context.totals()
+        renamed = {COMM.key: TP_COMM.key, COLLECTIVES.key: TP_COLLECTIVES.key, COMM_BYTES.key: TP_COMM_BYTES.key}
+        return {renamed[key]: value for key, value in figures.items() if key in renamed}
 
     def describe(self) -> dict:
         """What the summary says of the TP axis."""

@@ -67,7 +67,15 @@ class VocabParallelCrossEntropy(CrossEntropy):
 
 
 class LossParallel(CrossEntropy):
-    """torch's vocab-parallel cross-entropy: DTensor logits split by vocabulary, under `loss_parallel`."""
+    """torch's vocab-parallel cross-entropy: DTensor logits split by vocabulary, under `loss_parallel`. The loss, a
+    DTensor replicated over the TP ranks, is handed on as its local tensor (the whole value on every rank, its
+    backward through DTensor's), so what reads it (the step's loss, the held-out mean) sees a plain tensor."""
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        loss = super().__call__(logits, targets)
+        return loss.to_local() if isinstance(loss, DTensor) else loss
 
     def context(self):
         from torch.distributed.tensor.parallel import loss_parallel

@@ -122,13 +122,30 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.outer_topk=17 strategy.outer_chunk=4": "strategy.outer_topk=17 must be in [1, "
                                                                         "outer_chunk² = 16]",
     "strategy=local_sgd strategy.outer_topk=8 strategy.outer_bits=8": "strategy.outer_bits must be 2 or 32",
+    # the mesh (spec/parallel.py)
+    "parallel.tp=3": "parallel.tp=3 does not divide world_size=2",
+    "parallel.tp=0": "parallel.tp must be >= 1",
+    "parallel.tp=2 world_size=4 model.num_heads=7 model.d_model=252": "splits 7 heads over parallel.tp=2: "
+                                                                      "model.num_heads must divide",
+    "parallel.tp=4 world_size=4 model.d_ff=1022": "model.d_ff must divide by parallel.tp",
+    "parallel.tp=2 world_size=4 strategy=hsdp": "strategy=hsdp does not run on a mesh's data-parallel axis",
+    "parallel.tp=2 world_size=4 strategy=fsdp_torch strategy.shard_size=2": "FSDP2's hybrid sharding",
+    "parallel.tp=2 model.context_length=63 parallel.sequence_parallel=true": "model.context_length=63 does not "
+                                                                             "divide by it",
+    "parallel.sequence_parallel=true": "it needs parallel.tp > 1",
+    "parallel.tp=2 world_size=6 train.batch_size=8": "does not divide by the data-parallel ranks (world_size / "
+                                                     "parallel.tp = 3)",
+    "parallel.tp=2 parallel.tp_impl=jax": "Invalid value 'jax', expected one of [lab, torch]",
+    "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers are not proven",
+    "parallel.tp=2 task=allreduce": "task=allreduce has no model",
+    "model=xxl_ffn": "a model for the calculator",
 }
 
 
 # One per kind: Hydra's types, options and keys; a validation rule; the memory check; a knob rule.
 THROUGH_LAUNCH = ["world_size=two", "strategy=nonexistent", "+train.stpes=5", "train.batch_size=7",
                   "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16",
-                  "model.context_length=1000000"]
+                  "model.context_length=1000000", "parallel.tp=3"]
 ANSWERED_S = 2.0  # a refusal that needs no torch, from `python launch.py` to its exit, on this machine
 
 
@@ -169,7 +186,8 @@ def test_bad_input_is_refused_before_launch(overrides, tmp_path):
     assert CASES[overrides] in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()  # no rank started
     assert not (tmp_path / "run" / "steps.jsonl").exists()
-    if overrides == "model.context_length=1000000":  # the check must never do the job's work (its attention)
+    if overrides in ("model.context_length=1000000", "parallel.tp=3"):  # never the job's work (its attention),
+        # and the mesh's arithmetic needs no torch
         assert seconds <= ANSWERED_S, f"answered in {seconds:.2f} s"
 
 

@@ -50,12 +50,12 @@ def _every_strategy(rank, world_size):
     for scenario, (name, knobs) in SCENARIOS.items():
         spec = SPECS[name](**knobs)
         cfg = _held_out_cfg(world_size)
-        held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")))
+        held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")), loss_fn)
         measured = []
         sgd = REFERENCE.get(name, {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD}) if name in EXACT_KNOBS else {}
         out[scenario] = train_distributed(
             rank, world_size, spec.build, "byte_transformer", batch_size=2 * world_size, data=TEXT,
-            after_step=lambda wrapper, h=held_out, m=measured: m.append(h.measure(wrapper, loss_fn, FP32)),
+            after_step=lambda wrapper, h=held_out, m=measured: m.append(h.measure(wrapper, FP32)),
             inspect=lambda wrapper, optimizer, m=measured: m, **sgd)
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from omegaconf import MISSING
 
@@ -21,3 +22,7 @@ class ModelConfig:
     """Token ids the model embeds; data=text sets 256 (its bytes); a token file's ids must be below it."""
     context_length: int = 128
     """Tokens per sequence."""
+
+    takes_tokens: ClassVar[bool] = True
+    """The model maps token ids to logits, so a job can train it (models/ffn.py's maps activations: the
+    calculator's only); launch.py refuses one that does not before anything else."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ddp_lab.spec.models.base import ModelConfig
 
@@ -20,3 +21,5 @@ class FFNStackConfig(ModelConfig):
     d_ff: int = 53248
     """Width inside each block."""
     num_layers: int = 126
+
+    takes_tokens: ClassVar[bool] = False
