@@ -26,6 +26,7 @@ from ddp_lab.spec.figures import (
     OPTIMIZER,
     STEP_TIME,
     SYNC,
+    TP_COMM,
     training_figures,
 )
 from ddp_lab.spec.labels import collective_label, row_label
@@ -99,15 +100,19 @@ def train_record(res: dict) -> dict:
     others' wait, as a user of DDP experiences it, and torch DDP, which waits inside backward(), is
     split like the strategies that wait in finish_gradient_synchronization(). A sharded
     optimizer's wait for its own communication (zero1's parameter broadcasts) is exposed comm
-    taken out of the optimizer phase, which keeps only the update itself."""
+    taken out of the optimizer phase, which keeps only the update itself. The tensor-parallel axis's
+    collectives block inside forward and backward: their time (the lab's, measured) is taken out of the
+    compute (`tp_comm_mean_ms`); torch's TP, unseen, stays in it."""
     cfg = res.get("config") or {}
     fwd_bwd, sync, exposed, opt, step = (_mean(res, f.key) for f in (FWD_BWD, SYNC, EXPOSED, OPTIMIZER, STEP_TIME))
     compute = other = None
+    tp_comm = _mean(res, TP_COMM.key)
     if None not in (fwd_bwd, sync, exposed, opt, step):
         in_optimizer = min(_mean(res, EXPOSED_OPTIMIZER.key) or 0.0, exposed, opt)
         in_sync = min(exposed - in_optimizer, fwd_bwd + sync)
         compute, opt, exposed = fwd_bwd + sync - in_sync, opt - in_optimizer, in_sync + in_optimizer
-        other = max(0.0, step - compute - exposed - opt)
+        compute -= min(tp_comm or 0.0, compute)
+        other = max(0.0, step - compute - exposed - opt - (tp_comm or 0.0))
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
         "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res),
@@ -116,6 +121,7 @@ def train_record(res: dict) -> dict:
         "measured_steps": _get(res, "summary", "measured_steps"),
         **{f.record_key(stat): _get(res, "summary", f.key, stat) for f in training_figures() for stat in f.record},
         "compute_mean_ms": compute, "exposed_mean_ms": exposed, "optimizer_mean_ms": opt, "other_mean_ms": other,
+        "tp_comm_mean_ms": tp_comm,
         "overlap_pct": _get(res, "summary", "overlap_pct"),
         "trace_overlap_pct": _get(res, "summary", "trace_overlap", "overlap_pct"),
         "compile_s": _get(res, "summary", "compile", "compile_s"),
