@@ -83,23 +83,30 @@ def _counted_at(name: str, world_size: int) -> bool:
     return world_size == 2 or name == "bucketed" or (name not in TWO_RANKS_ONLY and SPECS[name]().zero_stage > 0)
 
 
-def _census(rank: int, world_size: int, cases: dict = CASES) -> dict:
-    cfg = data_cfg()
-    cfg.model.vocab_size = VOCAB * 8
+def _census(rank: int, world_size: int, cases: dict = CASES, mesh: dict | None = None) -> dict:
+    """Per case, the snapshot after 3 steps beside the census; `mesh`: a `parallel` node (tensor parallelism on the
+    model, the strategy on the dp axis, as a job builds them: ddp_lab/parallel/)."""
+    from omegaconf import OmegaConf
+
+    from ddp_lab.parallel import Parallelism
+
+    cfg = OmegaConf.merge(data_cfg(), {"model": {"vocab_size": VOCAB * 8}, "world_size": world_size,
+                                       "parallel": mesh or {}})
+    parallel = Parallelism(cfg, torch.device("cpu"))
     out = {}
     for case, (name, knobs) in cases.items():
-        if world_size > 2 and not _counted_at(name, world_size):
+        if world_size > 2 and not _counted_at(name, world_size) and mesh is None:
             continue
         gc.collect()
         baseline = live_tensor_bytes()  # per case: what an earlier case left is not this one's (DeepSpeed leaves some)
         torch.manual_seed(rank)
-        module = _model()
+        module = parallel.apply(_model())
         buffers = sum(b.untyped_storage().nbytes() for b in module.buffers())
-        model = _strategy(name, knobs).build(module)
+        model = _strategy(name, knobs).build(module, **parallel.group())
         optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
-        batches = BatchSource(cfg, rank, world_size, torch.device("cpu"))
+        batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
         for step in range(3):
-            train_step(model, optimizer, list(batches.micro_batches(step)))
+            train_step(model, optimizer, list(batches.micro_batches(step)), loss=parallel.loss)
         snapshot = memory_snapshot(model, optimizer, torch.device("cpu"), census=True)
         for _ in range(5):  # a collective's buffer gloo's worker thread has not let go of yet is not kept state
             if abs(snapshot["live_tensor_bytes"] - baseline - buffers - _reported(snapshot)) <= SLACK:
@@ -156,6 +163,21 @@ def test_hsdp_with_two_shard_groups_accounts_for_every_byte():
     for rank, result in enumerate(run_ranks(_census, 4, {"hsdp 2x2": ("hsdp", {"shard_size": 2})})):
         s = result["hsdp 2x2"]
         assert abs(s["unaccounted"] - _reported(s)) <= 0.05 * _reported(s) + SLACK, (rank, s)
+
+
+MESH_CASES = {name: (name, {}) for name in ("bucketed", "zero2", "fsdp", "fsdp_torch")}
+
+
+@pytest.mark.parametrize("impl", ["lab", "torch"])
+def test_on_a_mesh_the_accounting_explains_every_live_byte(impl):
+    """dp x tp = 2 x 2, sequence parallel: the TP layers keep nothing between steps (torch's DTensor parameters are
+    plain local tensors between forwards), so a rank's live bytes are still its pieces' model state and what the
+    strategy keeps, and deleting them frees every byte."""
+    mesh = {"tp": 2, "tp_impl": impl, "sequence_parallel": True}
+    for rank, result in enumerate(run_ranks(_census, 4, MESH_CASES, mesh)):
+        for case, s in result.items():
+            assert abs(s["unaccounted"] - _reported(s)) <= 0.05 * _reported(s) + SLACK, (impl, case, rank, s)
+            assert s["left_after_delete"] <= SLACK, (impl, case, rank, s["left_after_delete"])
 
 
 def test_kept_state_is_counted_where_a_strategy_keeps_some(census):
