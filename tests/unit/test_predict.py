@@ -644,3 +644,21 @@ def test_record_keeps_only_gpu_floor_jobs(tmp_path, capsys):
     assert "| bucketed | 1 | 36.0 |" in capsys.readouterr().out
     assert main(["record", str(tmp_path / "sweep" / "cpu"), "--table", str(table)]) == 2
     assert "no finished floor job" in capsys.readouterr().err
+
+
+def test_scale_prices_tensor_parallelism_as_a_split_step_plus_its_blocking_collectives():
+    """`scale --tp`: the strategy on N/tp ranks over 1/tp of the model (its compute and optimizer too), and TP's
+    collectives (spec/parallel.py's schedule, bf16 activations, over tp ranks) added whole; tp=1 is the plain row."""
+    system, model = SYSTEMS["h100-nvlink"], load_model("large")
+    work = scaling.workload(system, model, 8, table=[])
+    plain = step_ms(system, work, 16, "bucketed", 8)
+    assert step_ms(system, work, 16, "bucketed", 8, tp=1) == plain and plain["tp_ms"] == 0.0
+    split = step_ms(system, work, 16, "bucketed", 8, tp=4)
+    dp_part = step_ms(system, scaling.split_workload(work, 4), 4, "bucketed", 8)
+    assert split["tp_ms"] > 0 and split["step_ms"] == pytest.approx(dp_part["step_ms"] + split["tp_ms"])
+    assert split["compute_ms"] == pytest.approx(plain["compute_ms"] / 4)
+    assert scaling.tp_ms(system, model, 4, 16) > scaling.tp_ms(system, model, 4, 8)  # activations grow with tokens
+    with pytest.raises(PredictError, match="does not divide"):
+        step_ms(system, work, 6, "bucketed", 8, tp=4)
+    with pytest.raises(PredictError, match="model.num_heads must divide"):
+        scaling.tp_ms(system, model, 3, 8)

@@ -16,6 +16,12 @@ system's NCCL model (systems.py). Overlap: the same replay as on this machine (r
 slowdown between compute and communication (NCCL runs on its own SMs; what it takes from compute is
 ignored). Weak scaling: the per-GPU batch is fixed, so efficiency = step at one node / step at N.
 
+Tensor parallelism (`--tp T`, a conf model with a TP plan): each GPU holds 1/T of every parameter and does 1/T of
+the compute and of the optimizer (the norms a TP group keeps whole counted at 1/T too: a rounding); the strategy
+runs on the N/T ranks of the dp axis (priced as N/T ranks of the system, however they spread over the nodes);
+TP's collectives (spec/parallel.py's schedule, bf16 activations, priced over T ranks: inside a node when T is at
+most its GPUs) block forward and backward, so they add to the step whole.
+
 Strategies: every one whose spec declares a schedule (spec/schedule.py) that scale can replay, each
 with its default knobs and, where it has buckets, the best of BUCKET_MB. The schedule is interpreted
 by interpret.py, the same interpreter as a job's on this machine, with `NcclCosts` as its prices; fsdp's
@@ -25,7 +31,7 @@ averaging every k steps are not replayed here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddp_lab.analysis.predict import measured, torch_estimate
 from ddp_lab.analysis.predict.costs import PredictError
@@ -229,18 +235,51 @@ def work_of(w: Workload, first_bucket_mb: float | None = None) -> Work:
                 backward_ms=w.backward_ms, optimizer_ms=w.optimizer_ms, units=w.units, first_bucket_mb=first_bucket_mb)
 
 
+def split_workload(w: Workload, tp: int) -> Workload:
+    """One GPU's share of a step under `tp`-way tensor parallelism (module docstring): 1/tp of every parameter, of
+    forward, backward and the optimizer."""
+    if tp == 1:
+        return w
+    params = [{**p, "numel": -(-p["numel"] // tp), "bwd_ms": p["bwd_ms"] / tp} for p in w.params]
+    return replace(w, params=params, forward_ms=w.forward_ms / tp, backward_ms=w.backward_ms / tp,
+                   optimizer_ms=w.optimizer_ms / tp, _units={})
+
+
+def tp_ms(system: System, cfg, tp: int, batch: int, seconds=nccl_seconds, sequence_parallel: bool = False) -> float:
+    """TP's collectives of one GPU's step (`batch` sequences of the model's context, bf16 activations), each priced
+    by `seconds` over `tp` ranks and added whole (they block forward and backward)."""
+    if tp == 1:
+        return 0.0
+    if cfg is None:
+        raise PredictError("--tp needs a conf model with a tensor-parallel plan, not a described one")
+    from ddp_lab.models.facts import meta_model, tp_layers
+    from ddp_lab.spec.parallel import plan_problem, tp_schedule
+
+    plan, shapes, partial = tp_layers(meta_model(cfg))
+    problem = plan_problem(plan, shapes, tp)
+    if problem is not None:
+        raise PredictError(f"--tp {tp}: {problem}")
+    collectives = tp_schedule(plan, shapes, tp, sequence_parallel, batch * cfg.context_length, WIRE_BYTES, partial)
+    return sum(seconds(system, c.op, c.nbytes, tp) for c in collectives) * 1e3
+
+
 def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket_mb: float = DEFAULT_BUCKET_MB,
-            first_bucket_mb: float | None = None, seconds=nccl_seconds) -> dict:
-    """Predicted step (ms) of one strategy at world size n with `batch` sequences per GPU; `model` a conf
-    model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
-    `seconds(system, op, bytes, n)`: the collective model (torch_estimate.seconds: torch's, the reference)."""
+            first_bucket_mb: float | None = None, seconds=nccl_seconds, tp: int = 1) -> dict:
+    """Predicted step (ms) of one strategy at world size n with `batch` sequences per data-parallel shard; `model` a
+    conf model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
+    `seconds(system, op, bytes, n)`: the collective model (torch_estimate.seconds: torch's, the reference); `tp`:
+    tensor parallelism's degree (n = dp x tp; module docstring)."""
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
+    if n % tp:
+        raise PredictError(f"--tp {tp} does not divide world size {n}")
     plan = schedule(strategy, bucket_mb)
-    w = model if isinstance(model, Workload) else workload(system, model, batch)
-    step, r = interpret(plan, work_of(w, first_bucket_mb), NcclCosts(system, n, seconds))
-    return {"step_ms": r.step_ms, "exposed_ms": r.exposed_ms, "comm_ms": r.comm_ms,
-            "compute_ms": w.forward_ms + w.backward_ms, "optimizer_ms": step.optimizer_ms}
+    whole = model if isinstance(model, Workload) else workload(system, model, batch)
+    w = split_workload(whole, tp)
+    step, r = interpret(plan, work_of(w, first_bucket_mb), NcclCosts(system, n // tp, seconds))
+    tensor = tp_ms(system, whole.cfg, tp, batch, seconds)
+    return {"step_ms": r.step_ms + tensor, "exposed_ms": r.exposed_ms + tensor, "comm_ms": r.comm_ms + tensor,
+            "tp_ms": tensor, "compute_ms": w.forward_ms + w.backward_ms, "optimizer_ms": step.optimizer_ms}
 
 
 def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: float | None = None) -> float:
@@ -260,10 +299,11 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
 
 
 def scale_rows(system: System, model, world_sizes, strategies, batch: int, table: list[dict] | None = None,
-               compiled: bool = False) -> list[dict]:
+               compiled: bool = False, tp: int = 1) -> list[dict]:
     """One row per strategy and world size; `model` a conf model or a description (dict), a conf model's
     compute measured where `table` has it (workload), or a Workload already made. Beside the best bucket,
-    torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op."""
+    torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op. `tp`: each world size as
+    dp x tp (the calculator's `--tp` has the mesh's compute-bound batches: none here)."""
     w = model if isinstance(model, Workload) else workload(system, model, batch, table, compiled)
     rate = None if w.cfg is None else \
         flops_per_token(w.cfg)["backward"] * batch * w.cfg.context_length / (w.backward_ms * 1e-3)
@@ -273,24 +313,25 @@ def scale_rows(system: System, model, world_sizes, strategies, batch: int, table
         for n in world_sizes:
             if n < 1:
                 raise PredictError(f"world size must be >= 1, got {n}")
-            base_n = min(n, system.gpus_per_node)
+            base_n = max(tp, min(n, system.gpus_per_node))
             best_mb = base_mb = torch_mb = None
             if has_buckets(strategy):
-                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, n, strategy, batch, mb)["step_ms"])
-                base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, base_n, strategy, batch, mb)["step_ms"])
+                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, n, strategy, batch, mb, tp=tp)["step_ms"])
+                base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, base_n, strategy, batch, mb,
+                                                                tp=tp)["step_ms"])
                 op = plan.gradients.op if plan.gradients is not None else "all_reduce"
-                rule = torch_estimate.min_saturation_bytes(system, op if op != "reduce" else "reduce_scatter", n)
+                rule = torch_estimate.min_saturation_bytes(system, op if op != "reduce" else "reduce_scatter", n // tp)
                 torch_mb = None if rule is None else rule / 2**20
-            at = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB)
+            at = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB, tp=tp)
             theirs = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB,
-                             seconds=torch_estimate.seconds)
-            base = step_ms(system, w, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB)
-            rows.append({"strategy": strategy, "world_size": n, "step_ms": at["step_ms"],
-                         "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"],
+                             seconds=torch_estimate.seconds, tp=tp)
+            base = step_ms(system, w, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB, tp=tp)
+            rows.append({"strategy": strategy, "world_size": n, "tp": tp, "step_ms": at["step_ms"],
+                         "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"], "tp_ms": at["tp_ms"],
                          "torch_step_ms": theirs["step_ms"],
                          "efficiency": base["step_ms"] / at["step_ms"],
                          "best_bucket_mb": best_mb, "torch_rule_mb": torch_mb,
-                         "compute_bound_tokens": None if w.cfg is None else
+                         "compute_bound_tokens": None if w.cfg is None or tp > 1 else
                          compute_bound_tokens(system, w.cfg, n, strategy, rate)})
     return rows
 
