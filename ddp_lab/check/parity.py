@@ -243,7 +243,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
                   inspect=None):
-    """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/): tensor parallelism
+    """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
+    MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
     trainer's own `train_step` with the mesh's loss, each data-parallel rank on its rows of the batch. Rank 0 keeps
     a copy of its model before tensor parallelism splits it: every rank's pieces come from it (TP broadcasts TP
@@ -262,7 +263,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
-    model = MODELS[model_name]()
+    model = MODELS[model_name]() if isinstance(model_name, str) else model_name()
     ties = ties_of(model)
     reference = copy.deepcopy(model) if rank == 0 else None
     module = parallel.apply(model)

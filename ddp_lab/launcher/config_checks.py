@@ -169,6 +169,9 @@ def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
     plan, shapes, _ = tp_layers(module)
     problem = plan_problem(plan, shapes, tp)
     _require(problem is None, f"parallel.tp={tp} with model={cfg.model.name}: {problem}")
+    _require(not cfg.parallel.sequence_parallel or getattr(module, "tp_sequence_parallel", True),
+             f"parallel.sequence_parallel=true: model={cfg.model.name}'s tensor-parallel plan does not run on "
+             "sequence shards (its class sets tp_sequence_parallel = False)")
 
 
 def _validate_keys(cfg: DictConfig) -> None:

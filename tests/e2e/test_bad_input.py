@@ -139,6 +139,8 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers are not proven",
     "parallel.tp=2 task=allreduce": "task=allreduce has no model",
     "model=xxl_ffn": "a model for the calculator",
+    f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}] model=tied_gpt parallel.tp=2 "
+    "parallel.sequence_parallel=true": "does not run on sequence shards",
 }
 
 
