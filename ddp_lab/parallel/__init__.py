@@ -14,6 +14,7 @@ no data-parallel collective at all.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -78,8 +79,7 @@ class Parallelism:
         return self.mesh.dp_rank, self.mesh.dp
 
     def counting(self, step: int):
-        from contextlib import nullcontext
-
+        """A context around `step`: where torch's TP collectives are counted (in one step), nothing elsewhere."""
         return self.tensor.counting(step) if self.tensor is not None else nullcontext()
 
     def pop(self) -> dict:

@@ -95,63 +95,37 @@ def _reduce_scatter(x: torch.Tensor, ctx: TPContext) -> torch.Tensor:
     return out.movedim(0, SEQUENCE_DIM).contiguous()
 
 
-class _CopyToRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.tp), None
+def _identity(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
+    return x.view_as(x)
 
 
-class _ReduceFromRegion(torch.autograd.Function):
+class _Conjugate(torch.autograd.Function):
+    """`forward(x)` forward, `backward(grad)` backward: one of the module docstring's pairs."""
+
     @staticmethod
-    def forward(ctx, x, tp):
-        return _all_reduce(x, tp)
+    def forward(ctx, x, tp, forward, backward):
+        ctx.tp, ctx.backward_of = tp, backward
+        return forward(x, tp)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
-
-
-class _GatherSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _gather(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.tp), None
-
-
-class _ReduceScatterSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _reduce_scatter(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.tp), None
+        return ctx.backward_of(grad, ctx.tp), None, None, None
 
 
 def copy_to_region(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    return _CopyToRegion.apply(x, tp)
+    return _Conjugate.apply(x, tp, _identity, _all_reduce)
 
 
 def reduce_from_region(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    return _ReduceFromRegion.apply(x, tp)
+    return _Conjugate.apply(x, tp, _all_reduce, _identity)
 
 
 def gather_sequence(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    return _GatherSequence.apply(x, tp)
+    return _Conjugate.apply(x, tp, _gather, _reduce_scatter)
 
 
 def reduce_scatter_sequence(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    return _ReduceScatterSequence.apply(x, tp)
+    return _Conjugate.apply(x, tp, _reduce_scatter, _gather)
 
 
 def enter_region(x: torch.Tensor, tp: TPContext) -> torch.Tensor:

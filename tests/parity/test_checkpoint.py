@@ -195,6 +195,16 @@ def _whole(folder, step, into) -> dict:
     return torch.load(into)
 
 
+def _moved_as_straight(tmp_path) -> None:
+    """The final checkpoints of the run that moved and the one that did not: parameters and optimizer state equal."""
+    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
+    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
+    assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
+    for key, tensor in straight.items():
+        if key.startswith(("model.", "optim.")):
+            torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
+
+
 @pytest.mark.parametrize("a, n, b, m", [
     ({"name": "bucketed"}, 2, {"name": "fsdp"}, 3),
     ({"name": "fsdp"}, 2, {"name": "zero1"}, 4),
@@ -206,12 +216,7 @@ def test_a_run_moves_between_strategies_and_world_sizes(tmp_path, a, n, b, m):
     run_ranks(_first, n, a, tmp_path / "a")
     run_ranks(_second, m, b, checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved")
     run_ranks(_second, m, b, None, tmp_path / "straight")
-    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
-    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
-    assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
-    for key, tensor in straight.items():
-        if key.startswith(("model.", "optim.")):
-            torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
+    _moved_as_straight(tmp_path)
 
 
 def _killed_mid_save(rank, world_size, job):
@@ -300,9 +305,4 @@ def test_a_run_moves_between_meshes(tmp_path, a, b):
     run_ranks(_on_mesh, na, sa, ta, ia, None, tmp_path / "a", HALF)
     run_ranks(_on_mesh, nb, sb, tb, ib, checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved", 2 * HALF)
     run_ranks(_on_mesh, nb, sb, tb, ib, None, tmp_path / "straight", 2 * HALF)
-    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
-    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
-    assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
-    for key, tensor in straight.items():
-        if key.startswith(("model.", "optim.")):
-            torch.testing.assert_close(moved[key], tensor, atol=ATOL, rtol=RTOL, msg=lambda msg, k=key: f"{k}: {msg}")
+    _moved_as_straight(tmp_path)
