@@ -350,16 +350,19 @@ class Config:
 
 
 def data_parallel_size(cfg) -> int:
-    """The ranks the global batch is split over: world_size / parallel.tp (tensor-parallel ranks read the same
-    rows); a config without a `parallel` node (older results, the tests' own) is data parallel only."""
+    """The ranks the global batch is split over: world_size / (parallel.tp x parallel.pp) (tensor-parallel ranks
+    read the same rows, and so do a pipeline's stages); a config without a `parallel` node (older results, the
+    tests' own) is data parallel only."""
     tp = OmegaConf.select(cfg, "parallel.tp", default=1) or 1
-    return max(1, cfg.world_size // tp)
+    pp = OmegaConf.select(cfg, "parallel.pp", default=1) or 1
+    return max(1, cfg.world_size // (tp * pp))
 
 
 def micro_batch_size(cfg) -> int:
     """Sequences in one forward of one rank: the global batch over the data-parallel ranks and the micro-batches
-    (at least 1)."""
-    return max(1, cfg.train.batch_size // data_parallel_size(cfg) // cfg.train.grad_accum_steps)
+    (gradient accumulation's, or a pipeline's; at least 1)."""
+    pp_micro = OmegaConf.select(cfg, "parallel.microbatches", default=1) or 1
+    return max(1, cfg.train.batch_size // data_parallel_size(cfg) // cfg.train.grad_accum_steps // pp_micro)
 
 
 def register_configs() -> None:

@@ -179,6 +179,11 @@ def tiny_transformer(vocab_size: int = VOCAB):
                        num_heads=4)
 
 
+def deep_transformer():
+    """tiny_transformer with 4 blocks: pipelines of 4 stages (pp 4, or pp 2 x 2 virtual stages)."""
+    return Transformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, d_ff=64, num_layers=4, num_heads=4)
+
+
 def byte_transformer():
     """tiny_transformer over bytes: the parity proofs on data=text."""
     return tiny_transformer(BYTE_VOCAB)
@@ -264,7 +269,7 @@ MODELS = {name: _built(factory) for name, factory in {
     "frozen": FrozenLayerNet, "tied": TiedNet, "norms": NormNet, "transformer": tiny_transformer,
     "own_classes": OwnClassesNet, "unused": UnusedNet, "byte_transformer": byte_transformer,
     "odd_vocab_transformer": odd_vocab_transformer, "toy": toy_mlp, "frozen_toy": frozen_toy,
-    "tied_toy": tied_toy}.items()}
+    "tied_toy": tied_toy, "deep_transformer": deep_transformer}.items()}
 """Every model above by name; the ones with a tensor-parallel plan (`tp_plan()`): transformer,
 odd_vocab_transformer, byte_transformer, toy, frozen_toy, tied_toy."""
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ddp_lab.check.models import BYTE_VOCAB, CONTEXT, MODELS, VOCAB
+from ddp_lab.models.facts import ties_of
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.data import global_batch as data_global_batch
 from ddp_lab.rank.precision import Precision
@@ -161,14 +162,6 @@ def full_state(ddp, ties: list[list[str]] = ()) -> dict:
     return state
 
 
-def ties_of(model: nn.Module) -> list[list[str]]:
-    """The names of each parameter `model` holds under more than one name."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    return [group for group in names.values() if len(group) > 1]
-
-
 def _whole(state: dict, model: nn.Module) -> dict:
     """`state`, if it holds every weight of `model` whole; else ValueError saying what the wrapper must offer."""
     expected = model.state_dict()
@@ -238,11 +231,11 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     return out if inspect is None else (*out, inspect(ddp, optimizer))
 
 
-def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: int, impl: str = "lab",
+def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: int = 1, impl: str = "lab",
                   sequence_parallel: bool = False, tp_inner: bool = True, grad_accum_steps: int = 1,
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
-                  inspect=None):
+                  inspect=None, pipeline: dict | None = None):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -250,16 +243,19 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     a copy of its model before tensor parallelism splits it: every rank's pieces come from it (TP broadcasts TP
     rank 0's weights, the strategy its dp axis's first rank's). `optimizer_cls` (with `opt_kwargs`: lr and
     weight_decay) on both sides. Returns (this rank's weights whole: the strategy's
-    `full_state_dict()` put back together over the TP ranks, the reference's or None), and `inspect(parallelism,
-    wrapper, optimizer)`'s result third when given."""
+    `full_state_dict()` put back together over the TP ranks and the pipeline's stages, the reference's or None),
+    and `inspect(parallelism, wrapper, optimizer)`'s result third when given. `pipeline`: the `parallel` node's
+    pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers)."""
     import copy
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.spec.strategies import SPECS
     from ddp_lab.tasks.train import wrap
 
+    pipeline = {"pp": 1, "microbatches": 1, "stages_per_rank": 1, "stage_layers": None, "pp_schedule": "1f1b",
+                "pp_impl": "lab", **(pipeline or {})}
     cfg = OmegaConf.merge(data_cfg(grad_accum_steps, batch_size), {"world_size": world_size, "parallel": {
-        "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner}})
+        "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner, **pipeline}})
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
@@ -271,10 +267,10 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
-    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
+    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits)
     for step in range(steps):
         with parallel.counting(step):
-            train_step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed, loss=parallel.loss)
+            parallel.step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed)
     out = parallel.whole(full_state(ddp, ties))
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, grad_accum_steps, batch_size,

@@ -50,6 +50,14 @@ def meta_model(model_cfg) -> nn.Module:
         return build_model(model_cfg)
 
 
+def ties_of(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter `model` holds under more than one name (a tied embedding and head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
 def tp_layers(module: nn.Module) -> tuple[dict, dict, dict]:
     """(plan, weight shapes, partial gradients) of a module (any device): its `tp_plan()` ({} without one), each
     planned layer's weight shape, and for each planned layer the elements of its trainable parameters kept whole

@@ -26,6 +26,11 @@ class ToyMLP(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.out(self.mlp(self.embed(tokens)))
 
+    def pp_layers(self) -> tuple[list[str], list[list[str]], list[str]]:
+        """The forward as a chain for pipeline parallelism: the embedding, each (Linear, GELU, Linear) pair as a
+        block, the output."""
+        return ["embed"], [[f"mlp.{i + k}" for k in range(3)] for i in range(0, len(self.mlp), 3)], ["out"]
+
     def tp_plan(self) -> dict:
         """Tensor parallelism's split (spec/parallel.py): each (Linear, GELU, Linear) pair as Megatron splits an
         MLP, the first column-wise, the second row-wise (its bias added once, after the sum); the embedding and

@@ -96,7 +96,7 @@ class Transformer(nn.Module):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
-        self.context_length = context_length
+        self.context_length, self.head_dim = context_length, d_model // num_heads
         self.embed = nn.Embedding(vocab_size, d_model)
         # One RoPE table shared by every layer (a buffer, not a parameter).
         rope = RotaryEmbedding(d_model // num_heads, context_length, rope_theta)
@@ -117,13 +117,17 @@ class Transformer(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_final(x))
 
+    def pp_layers(self) -> tuple[list[str], list[list[str]], list[str]]:
+        """The forward as a chain for pipeline parallelism (ddp_lab/pipeline_parallel/stages.py): the embedding,
+        each block, then the final norm and the output head."""
+        return ["embed"], [[f"blocks.{i}"] for i in range(len(self.blocks))], ["ln_final", "lm_head"]
+
     def tp_plan(self) -> dict:
         """How tensor parallelism splits this model (spec/parallel.py's styles), Megatron's way as torchtitan
         plans its Llama: the embedding and the output by vocabulary, attention by heads (q, k and v column-wise
         from one input made whole once, the output projection row-wise), SwiGLU along d_ff (w1 and w3
         column-wise, w2 row-wise), the norms on sequence shards under sequence parallelism."""
-        heads = Colwise(chunks=3, unit=self.blocks[0].attn.head_dim if len(self.blocks) else 1,
-                        what="model.num_heads")
+        heads = Colwise(chunks=3, unit=self.head_dim, what="model.num_heads")
         plan = {"embed": VocabEmbedding()}
         for i in range(len(self.blocks)):
             b = f"blocks.{i}"

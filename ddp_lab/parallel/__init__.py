@@ -1,14 +1,15 @@
 """Every axis of a run applied from one place, as torchtitan's `parallelize` applies one function per axis.
 
-`Parallelism(cfg, device)` is built once per rank: the mesh (mesh.py), tensor parallelism on the model
-(ddp_lab/tensor_parallel/) and the data-parallel strategy on the mesh's `dp` axis. The train loop asks it
-for what each axis changes (the model it trains, the strategy around it, its rows of the batch, the loss,
-the step's figures, the weights whole) and never names an axis itself. Without tensor parallelism it
-changes nothing: the strategy is built as it always was, over every rank.
+`Parallelism(cfg, device)` is built once per rank: the mesh (mesh.py), pipeline parallelism's cut of the model
+into stages (ddp_lab/pipeline_parallel/), tensor parallelism on what the rank keeps (ddp_lab/tensor_parallel/)
+and the data-parallel strategy on the mesh's `dp` axis. The train loop asks it for what each axis changes (the
+model it trains, the strategy around it, its rows of the batch, the loss, a step: plain, or a pipeline
+schedule's, the step's figures, the weights whole) and never names an axis itself. Without a mesh it changes
+nothing: the strategy is built as it always was, over every rank, and a step is `train_step`.
 
-With tensor parallelism and a data-parallel degree of 1 there is no one to synchronize with: the strategy's
-spec is replaced by the floor's (`strategy=none`) and the summary says so, so the TP row of a sweep shows
-no data-parallel collective at all.
+With a mesh and a data-parallel degree of 1 there is no one to synchronize with: the strategy's spec is replaced
+by the floor's (`strategy=none`) and the summary says so, so the TP or PP row of a sweep shows no data-parallel
+collective at all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.parallel.mesh import Mesh
@@ -28,12 +30,16 @@ from ddp_lab.tensor_parallel.loss import CrossEntropy
 class Parallelism:
     def __init__(self, cfg, device: torch.device):
         self.mesh = Mesh(layout_of(cfg), device.type)
-        self.tensor = None
+        self.tensor = self.pipeline = None
+        parallel = cfg.get("parallel")
         if self.mesh.tp > 1:
             from ddp_lab.tensor_parallel import TensorParallel
 
-            parallel = cfg.parallel
             self.tensor = TensorParallel(self.mesh, parallel.tp_impl, parallel.sequence_parallel, device)
+        if self.mesh.pp > 1:
+            from ddp_lab.pipeline_parallel import Pipeline
+
+            self.pipeline = Pipeline(self.mesh, parallel, device)
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
         self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
@@ -44,6 +50,8 @@ class Parallelism:
         """Tensor parallelism on `module`, in place (nothing without it); the loss its output takes, and the
         parameters counted whole and as this rank holds them (before its strategy shards them)."""
         self.whole_params = sum(p.numel() for p in module.parameters())
+        if self.pipeline is not None:
+            self.pipeline.cut(module)
         if self.tensor is not None:
             self.tensor.apply(module)
             self.loss = self.tensor.loss
@@ -52,7 +60,7 @@ class Parallelism:
 
     def data_parallel(self, spec: StrategySpec) -> StrategySpec:
         """The spec that runs on the dp axis: `spec`, or the floor's where the dp axis has one rank under TP."""
-        if self.tensor is not None and self.mesh.dp == 1 and spec.synchronizes:
+        if self.mesh.device_mesh is not None and self.mesh.dp == 1 and spec.synchronizes:
             from ddp_lab.spec.strategies import SPECS
 
             self.replaced = spec.name
@@ -69,26 +77,49 @@ class Parallelism:
 
     def group(self) -> dict:
         """The keyword a strategy's runtime takes to synchronize over the dp axis (nothing: every rank)."""
-        return {} if self.tensor is None else {"process_group": self.mesh.dp_group}
+        return {} if self.mesh.device_mesh is None else {"process_group": self.mesh.dp_group}
 
     # --- what the loop reads ---------------------------------------------------------------------------
 
     @property
     def data_shard(self) -> tuple[int, int]:
-        """(this rank's share, the number of shares) of each global batch: TP ranks read the same rows."""
+        """(this rank's share, the number of shares) of each global batch: TP ranks read the same rows, and so do a
+        pipeline's stages."""
         return self.mesh.dp_rank, self.mesh.dp
+
+    @property
+    def splits(self) -> int | None:
+        """The micro-batches a step's rows are cut into: a pipeline's; None: train.grad_accum_steps."""
+        return self.pipeline.m if self.pipeline is not None else None
+
+    def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, precision=None):
+        """One optimizer step: the pipeline schedule's, or `train_step`'s."""
+        if self.pipeline is not None:
+            return self.pipeline.step(model, optimizer, micro_batches, timer, before_step, precision=precision,
+                                      loss=self.loss)
+        from ddp_lab.tasks.train import train_step
+
+        return train_step(model, optimizer, micro_batches, timer, before_step, precision=precision, loss=self.loss)
 
     def counting(self, step: int):
         """A context around `step`: where torch's TP collectives are counted (in one step), nothing elsewhere."""
         return self.tensor.counting(step) if self.tensor is not None else nullcontext()
 
     def pop(self) -> dict:
-        """This step's figures of the axes beyond data parallelism (the TP axis's collectives)."""
-        return self.tensor.pop() if self.tensor is not None else {}
+        """This step's figures of the axes beyond data parallelism (the TP axis's collectives, the pipeline's)."""
+        return {**(self.tensor.pop() if self.tensor is not None else {}),
+                **(self.pipeline.pop() if self.pipeline is not None else {})}
 
     def whole(self, state: dict) -> dict:
-        """A state dict (whole over the dp axis) in the single-process layout; collective over the TP group."""
-        return self.tensor.layout.whole(state) if self.tensor is not None else state
+        """A state dict (whole over the dp axis) in the single-process layout: put back together over the TP group,
+        and the stages' parameters gathered over the pipeline (every rank gets them). Collective."""
+        if self.tensor is not None:
+            state = self.tensor.layout.whole(state)
+        if self.pipeline is not None:
+            stages = [None] * self.mesh.pp
+            dist.all_gather_object(stages, {k: v.cpu() for k, v in state.items()}, group=self.mesh.pp_group)
+            state = {k: v for stage in stages for k, v in stage.items()}
+        return state
 
     @property
     def place(self):
@@ -96,11 +127,13 @@ class Parallelism:
         they are whole (no tensor parallelism)."""
         return None if self.tensor is None else self.tensor.layout.pieces
 
-    def describe(self) -> dict:
-        """The mesh, as the summary records it."""
+    def describe(self, warmup_steps: int = 0) -> dict:
+        """The mesh, as the summary records it (a pipeline's summary gathered from every rank: collective)."""
         out = self.mesh.describe()
         if self.tensor is not None:
             out.update(self.tensor.describe())
+        if self.pipeline is not None:
+            out["pipeline"] = self.pipeline.describe(warmup_steps)
         if self.replaced is not None:
             out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
                                     "synchronize with (the floor runs in its place)")

@@ -50,9 +50,11 @@ class BatchSource:
     """The run's data, derived from the config once: this rank's rows of every step's global batch and of
     the fixed held-out batches, and the source's facts. The loop and the held-out loss ask it."""
 
-    def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
+    def __init__(self, cfg, rank: int, world_size: int, device: torch.device, splits: int | None = None):
+        """This rank's rows of `world_size` shares; `splits`: the micro-batches each step's rows are cut into
+        (default train.grad_accum_steps; a pipeline's parallel.microbatches)."""
         t, m = cfg.train, cfg.model
-        self.batch_size, self.seed, self.accum = t.batch_size, t.seed, t.grad_accum_steps
+        self.batch_size, self.seed, self.accum = t.batch_size, t.seed, splits or t.grad_accum_steps
         self.eval_batches = int(OmegaConf.select(cfg, "train.eval_batches", default=0))  # a test's config: none
         self.context_length, self.vocab_size = m.context_length, m.vocab_size
         local = t.batch_size // world_size

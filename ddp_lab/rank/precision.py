@@ -112,8 +112,12 @@ class Precision:
         """What backward multiplies the gradients by: fp16's current loss scale, else 1."""
         return self.scaler.scale if self.scaler is not None else 1.0
 
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """What backward starts from: the loss times fp16's loss scale, else the loss."""
+        return self.scaler.scaled(loss) if self.scaler is not None else loss
+
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scaled(loss) if self.scaler is not None else loss).backward()
+        self.scaled(loss).backward()
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None:

@@ -90,6 +90,14 @@ TP_COLLECTIVES = Figure("tp_collectives", "count", "collectives of the tensor-pa
 TP_COMM_BYTES = Figure("tp_comm_bytes", "bytes", "bytes handed to the tensor-parallel axis's collectives (an "
                        "all-gather's output, a reduce-scatter's input)", summarized=False, wandb="mean",
                        when="parallel.tp > 1 with parallel.tp_impl=lab")
+PP_BUBBLE = Figure("pp_bubble_pct", "%", "the share of the pipeline's span (first action to last) a rank computed "
+                   "nothing: waiting for a neighbour or idle; the published bubble is the mean over stages",
+                   ranks="mean", wandb="mean", record=("p50",), stem="pp_bubble",
+                   when="parallel.pp > 1 with parallel.pp_impl=lab")
+PP_WAIT = Figure("pp_wait_ms", "ms", "a rank's time blocked in the pipeline's receives (activations, gradients)",
+                 ranks="mean", wandb="mean", when="parallel.pp > 1 with parallel.pp_impl=lab")
+PP_P2P_BYTES = Figure("pp_p2p_bytes", "bytes", "bytes a rank sent to its neighbouring stages (activations forward, "
+                      "their gradients backward)", summarized=False, when="parallel.pp > 1 with parallel.pp_impl=lab")
 GRAD_ERROR = Figure("grad_error", "ratio", "relative error of the delivered gradient against the exact mean",
                     when="measure.grad_error=true")
 LOSS_SCALE = Figure("loss_scale", "scale", "fp16's loss scale after the step's update", summarized=False,
@@ -130,7 +138,7 @@ TRANSFER = Figure("transfer_ms", "ms", "the same rank's time inside collectives 
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, TP_COMM, TP_COLLECTIVES,
-                               TP_COMM_BYTES, GRAD_ERROR, LOSS_SCALE,
+                               TP_COMM_BYTES, PP_BUBBLE, PP_WAIT, PP_P2P_BYTES, GRAD_ERROR, LOSS_SCALE,
                                CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_STAGED,
                                INJECTED_DELAY, SKEW, PEER_WAIT, TRANSFER, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""

@@ -18,9 +18,10 @@ same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from ddp_lab.spec.choices import Choice
+from ddp_lab.spec.pipeline import PPImpl, PPSchedule
 
 
 class TPImpl(Choice):
@@ -32,7 +33,8 @@ class TPImpl(Choice):
 
 @dataclass
 class ParallelConfig:
-    """The axes beyond data parallelism (ddp_lab/spec/parallel.py). `world_size = dp x tp`; dp is derived."""
+    """The axes beyond data parallelism (ddp_lab/spec/parallel.py, ddp_lab/spec/pipeline.py).
+    `world_size = pp x dp x tp`; dp is derived."""
 
     tp: int = 1
     """Tensor-parallel degree: each layer's weights split over this many ranks; must divide world_size, the
@@ -46,64 +48,102 @@ class ParallelConfig:
     tp_inner: bool = True
     """TP ranks consecutive (inside a node, as torchtitan and Megatron order them); false: TP across nodes,
     DP inside, to measure why TP stays inside."""
+    pp: int = 1
+    """Pipeline stages' ranks: the model's blocks split over this many ranks (the embedding with the first, the
+    norm and output with the last), the outermost axis. 1: no pipeline."""
+    pp_schedule: PPSchedule = PPSchedule.one_f_one_b
+    """gpipe, 1f1b, interleaved_1f1b (with stages_per_rank >= 2), zero_bubble (ZB-H1's split backward)."""
+    pp_impl: PPImpl = PPImpl.lab
+    """lab: the hand-written schedules over point-to-point sends and receives; torch: torch.distributed.pipelining's
+    PipelineStage and the schedule of the same name."""
+    microbatches: int = 1
+    """Micro-batches each data-parallel rank's batch is split into for the pipeline (it must divide that batch);
+    the bubble is (pp-1)/(m+pp-1) of a step for GPipe and 1F1B."""
+    stages_per_rank: int = 1
+    """Virtual stages per rank (interleaved_1f1b): the bubble divided by them, more sends and receives."""
+    stage_layers: Optional[list[int]] = None
+    """Blocks per stage, in stage order (pp x stages_per_rank entries, each >= 1, summing to the model's blocks);
+    unset: as even as they split."""
 
 
 @dataclass(frozen=True)
 class MeshLayout:
-    """The (dp, tp) grid of a job: which ranks share each axis."""
+    """The (pp, dp, tp) grid of a job: which ranks share each axis. `world_size = pp x dp x tp`; the pipeline axis
+    is outermost (as torchtitan orders it: a stage's ranks consecutive), TP inside DP unless `tp_inner` is False."""
 
     world_size: int
     tp: int = 1
     tp_inner: bool = True
+    pp: int = 1
 
     @property
     def dp(self) -> int:
-        return self.world_size // self.tp
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks per pipeline stage: dp x tp."""
+        return self.world_size // self.pp
 
     def coordinates(self, rank: int) -> tuple[int, int]:
-        """(dp index, tp index) of a global rank."""
+        """(dp index, tp index) of a global rank, within its pipeline stage."""
+        rank %= self.stage_ranks
         if self.tp_inner:
             return rank // self.tp, rank % self.tp
         return rank % self.dp, rank // self.dp
 
-    def rank_at(self, dp_index: int, tp_index: int) -> int:
-        return dp_index * self.tp + tp_index if self.tp_inner else tp_index * self.dp + dp_index
+    def pp_index(self, rank: int) -> int:
+        """The pipeline rank (which stage, or stages) of a global rank."""
+        return rank // self.stage_ranks
 
-    def grid(self) -> list[list[int]]:
-        """grid[i][j]: the global rank at dp index i, tp index j (a DeviceMesh's mesh, dims (dp, tp))."""
-        return [[self.rank_at(i, j) for j in range(self.tp)] for i in range(self.dp)]
+    def rank_at(self, dp_index: int, tp_index: int, pp_index: int = 0) -> int:
+        within = dp_index * self.tp + tp_index if self.tp_inner else tp_index * self.dp + dp_index
+        return pp_index * self.stage_ranks + within
+
+    def grid(self) -> list[list[list[int]]]:
+        """grid[k][i][j]: the global rank at pp index k, dp index i, tp index j (a DeviceMesh's mesh, dims (pp, dp,
+        tp))."""
+        return [[[self.rank_at(i, j, k) for j in range(self.tp)] for i in range(self.dp)] for k in range(self.pp)]
 
     def tp_groups(self) -> list[list[int]]:
-        return [self.grid()[i] for i in range(self.dp)]
+        return [row for stage in self.grid() for row in stage]
 
     def dp_groups(self) -> list[list[int]]:
-        return [[row[j] for row in self.grid()] for j in range(self.tp)]
+        return [[row[j] for row in stage] for stage in self.grid() for j in range(self.tp)]
+
+    def pp_groups(self) -> list[list[int]]:
+        return [[self.grid()[k][i][j] for k in range(self.pp)] for i in range(self.dp) for j in range(self.tp)]
 
     def label(self) -> str:
-        """`dp x tp`, as tables show a job's mesh."""
-        return f"{self.dp}x{self.tp}"
+        """`dp x tp` (`dp x tp x pp` with a pipeline), as tables show a job's mesh."""
+        return f"{self.dp}x{self.tp}" + (f"x{self.pp}" if self.pp > 1 else "")
 
     def describe(self) -> dict:
         """The mesh as results.json's summary records it."""
-        return {"dp": self.dp, "tp": self.tp, "label": self.label(), "tp_inner": self.tp_inner}
+        return {"dp": self.dp, "tp": self.tp, **({"pp": self.pp} if self.pp > 1 else {}), "label": self.label(),
+                "tp_inner": self.tp_inner}
 
 
 def layout_of(cfg) -> MeshLayout:
     """The mesh of a run's config (a composed config, the one a rank reads, results.json's); a config without a
     `parallel` node (older results, the tests' own) is data parallel only."""
     parallel = cfg.get("parallel") if hasattr(cfg, "get") else None
-    tp = int(parallel.get("tp", 1)) if parallel is not None else 1
-    inner = bool(parallel.get("tp_inner", True)) if parallel is not None else True
-    return MeshLayout(int(cfg["world_size"]), tp, inner)
+    if parallel is None:
+        return MeshLayout(int(cfg["world_size"]))
+    return MeshLayout(int(cfg["world_size"]), int(parallel.get("tp", 1)), bool(parallel.get("tp_inner", True)),
+                      int(parallel.get("pp", 1) or 1))
 
 
-def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int) -> str | None:
+def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1) -> str | None:
     """One line saying why this mesh cannot be laid out, or None."""
     if tp < 1:
         return f"parallel.tp must be >= 1, got {tp}"
-    if world_size % tp:
-        return (f"parallel.tp={tp} does not divide world_size={world_size}: world_size = dp x tp, use a "
-                f"world_size that is a multiple of {tp}")
+    if pp < 1:
+        return f"parallel.pp must be >= 1, got {pp}"
+    if world_size % (tp * pp):
+        what = f"parallel.tp={tp}" if pp == 1 else f"parallel.pp x parallel.tp = {pp} x {tp}"
+        return (f"{what} does not divide world_size={world_size}: world_size = "
+                f"{'dp x tp' if pp == 1 else 'pp x dp x tp'}, use a world_size that is a multiple of {tp * pp}")
     if sequence_parallel and tp == 1:
         return ("parallel.sequence_parallel=true shards the sequence over the tensor-parallel ranks: it needs "
                 "parallel.tp > 1")

@@ -18,7 +18,10 @@ each with its default here, so nothing is probed with getattr:
 - `grad_scale` is set by the train step before backward: the factor the coming gradients carry
   (fp16's loss scale, else 1), for a strategy that keeps gradient-derived state across steps;
 - `no_sync()` is a context in which backward must not communicate (gradient accumulation), as in
-  torch's DistributedDataParallel;
+  torch's DistributedDataParallel; `reduces_after_no_sync`: whether `finish_gradient_synchronization()` reduces
+  gradients every backward of the step accumulated inside it (True for all but FSDP2's, which reduce only in a
+  backward outside it: a torch pipeline schedule, which runs whole inside `no_sync()`, leaves those synchronizing
+  every micro-batch instead);
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
 - `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
 - `compile_model(backend)`: `train.compile`, in place (each unit's forward by default, `compile_units`; torch's
@@ -94,6 +97,7 @@ class DataParallelBase(nn.Module):
     train step before each backward (PowerSGD keeps its error feedback in unscaled units with it)."""
 
     peak_gathered_bytes: int | None = None
+    reduces_after_no_sync = True
 
     def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True, process_group=None):
         """`broadcast=False` for a wrapper around a strategy that has broadcast the model already (zero1);

@@ -131,6 +131,8 @@ def counted_collectives():
 class TorchFSDP(DataParallelBase):
     """torch's FSDP2 behind the strategy contract (module docstring)."""
 
+    reduces_after_no_sync = False  # FSDP2 reduce-scatters in backward hooks, never after
+
     collectives: str | None = None
     """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
 

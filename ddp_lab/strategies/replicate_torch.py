@@ -62,6 +62,8 @@ def _count_all_reduce(strategy) -> None:
 class TorchReplicate(DataParallelBase):
     """torch's replicate() behind the strategy contract (module docstring)."""
 
+    reduces_after_no_sync = False  # FSDP2's machinery: it all-reduces in backward hooks, never after
+
     def __init__(self, module: nn.Module, process_group=None):
         from torch.distributed._composable.replicate_with_fsdp import replicate
         from torch.distributed.device_mesh import DeviceMesh

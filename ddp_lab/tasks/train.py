@@ -100,8 +100,8 @@ def wrap(spec, module, compute: str, device_type: str, lr: float, weight_decay: 
     model = spec.build(module, **({"compute_dtype": compute} if casts_itself else {}), **(group or {}))
     optimizer_cls = optimizer_class(optimizer) if isinstance(optimizer, str) else optimizer
     optimizer = model.make_optimizer(optimizer_cls, lr=lr, weight_decay=weight_decay)
-    precision = Precision(compute, device_type, autocast=not casts_itself,
-                          agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients)
+    precision = Precision(compute, device_type, autocast=not casts_itself,  # on a mesh, ranks hold different pieces
+                          agree_over_ranks=spec.zero_stage > 0 or not spec.reduces_gradients or bool(group))
     return model, optimizer, precision
 
 
@@ -118,7 +118,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     if cfg.train.compile:
         model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
-    data = BatchSource(cfg, *parallel.data_shard, device)  # this rank's rows of every batch, the source's facts
+    data = BatchSource(cfg, *parallel.data_shard, device, parallel.splits)  # this rank's rows, the source's facts
     recorder.log_once({"num_params": parallel.whole_params, **facts, **data.facts()})
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
@@ -144,8 +144,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             with arrivals.drawing():
                 micro_batches = list(data.micro_batches(step))
             with parallel.counting(step):
-                loss = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision,
-                                  loss=parallel.loss)
+                loss = parallel.step(model, optimizer, micro_batches, timer, before_step, precision=precision)
             step_ms = timer.stop_ms()
             profiler.end_step(timer, model.comm.intervals)
             skew = arrivals.step(step, model.comm, timer, step_ms)
@@ -174,7 +173,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     summary["compile"] = compile_summary(cfg, steps, summary)
     summary["memory"] = memory_report(memory, spec.zero_stage, parallel.held_params, compute,
                                       parallel.shard_ranks(spec), parallel.whole_params)
-    summary["mesh"] = parallel.describe()
+    summary["mesh"] = parallel.describe(cfg.train.warmup_steps)
     summary["trace_overlap"] = profiler.overlap  # None unless profile=true
     summary["strategy_facts"] = facts
     summary["resumed_from"] = checkpoints.loaded  # None, or the checkpoint this run started from

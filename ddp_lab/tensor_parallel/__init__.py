@@ -40,18 +40,18 @@ class TensorParallel:
         """Split `module` in place by its plan. Every TP rank first takes TP rank 0's whole weights (each rank
         built its own, from its own seed), so the pieces are of one model, as DTensor's `distribute_tensor`
         scatters from one rank too."""
-        plan = getattr(module, "tp_plan", None)
-        if plan is None:
+        if not hasattr(module, "tp_plan"):
             raise ValueError(f"{type(module).__name__} declares no tensor-parallel plan (tp_plan())")
+        plan = {name: style for name, style in module.tp_plan().items() if present(module, name)}  # a stage's own
         broadcast_module_state(module, group=self.mesh.tp_group)
         if self.impl == TPImpl.lab:
             from ddp_lab.tensor_parallel.lab import parallelize
 
-            self.loss = parallelize(module, plan(), self.context, self.layout)
+            self.loss = parallelize(module, plan, self.context, self.layout)
         else:
             from ddp_lab.tensor_parallel.torch_plan import parallelize
 
-            self.loss = parallelize(module, plan(), self.mesh.device_mesh["tp"], self.sequence_parallel, self.layout)
+            self.loss = parallelize(module, plan, self.mesh.device_mesh["tp"], self.sequence_parallel, self.layout)
         return module
 
     def counting(self, step: int):
@@ -76,6 +76,16 @@ class TensorParallel:
             out["tp_counted"] = {**self.counted, "step": COUNTED_STEP,
                                  "how": "DTensor's functional collectives, counted by a dispatch mode in this step"}
         return out
+
+
+def present(module: nn.Module, name: str) -> bool:
+    """The layer `name` is on this rank: not one a pipeline cut away (nn.Identity in its place, or inside one)."""
+    node = module
+    for part in name.split("."):
+        if isinstance(node, nn.Identity) or not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return not isinstance(node, nn.Identity)
 
 
 class _Counted:

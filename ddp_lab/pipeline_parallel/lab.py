@@ -1,0 +1,245 @@
+"""`parallel.pp_impl=lab`: a schedule's actions (spec/pipeline.py) run by hand over point-to-point sends and
+receives on the mesh's `pp` group.
+
+Per action: F receives the micro-batch's activation from the previous stage (the first stage takes its tokens),
+runs this rank's chunk, and sends the output on (the last stage computes the micro-batch's loss, divided by the
+micro-batch count once, so the step's gradients are the mean over the global batch whatever the schedule); B
+receives the output's gradient from the next stage, runs backward, and sends the input's gradient back; I and W
+(zero bubble) are B's two halves, the input's gradient first and sent on at once, the weights' later (torch's
+autograd split of a backward, `stage_backward_input` / `stage_backward_weight`, does the arithmetic; the order
+is the lab's). Sends are asynchronous and waited for at the end of the step; a receive blocks, and its wait is
+timed. Messages are tagged by micro-batch, stage and direction; an activation's shape and dtype cross each stage
+boundary once, as a header before the first.
+
+Data parallelism on the stage: every forward and every backward but the rank's last runs inside the strategy's
+`no_sync()`; the last runs outside it, and `finish_gradient_synchronization()` follows the schedule, so each
+strategy reduces the sum of the micro-batches' gradients once, over its stage's dp group.
+
+Each step is clocked per action: the compute (what the bubble is not), the waits for a receive, and the
+timeline of the last step; on the first step the activations autograd saves are counted per micro-batch, and the
+most alive at once is the stage's activation peak.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from ddp_lab.spec.pipeline import schedule_actions, stage_index
+from ddp_lab.units import tensor_bytes
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+HEADER = 8  # ndim, dtype, and up to 6 dimensions
+HEADER_TAG = 1 << 30  # above every micro-batch's tags
+
+
+class Messages:
+    """Activations forward and gradients backward between neighbouring stages (module docstring)."""
+
+    def __init__(self, group, pp: int, stages: int, device: torch.device):
+        self.group, self.pp, self.stages, self.device = group, pp, stages, device
+        self.told: set[int] = set()      # stage boundaries whose header went out
+        self.known: dict[int, tuple] = {}  # stage -> the (shape, dtype) its input arrives in
+        self.sends: list = []
+        self.sent_bytes = 0
+        self.wait_s = 0.0
+
+    def _tag(self, microbatch: int, stage: int, backward: bool) -> int:
+        return 2 * (microbatch * self.stages + stage) + int(backward)
+
+    def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
+        tensor = tensor.contiguous()
+        self.sends.append(dist.isend(tensor, group=self.group, group_dst=to_stage % self.pp, tag=tag))
+        self.sent_bytes += tensor_bytes(tensor)
+
+    def _recv(self, like: torch.Tensor, from_stage: int, tag: int) -> torch.Tensor:
+        start = time.perf_counter()
+        dist.irecv(like, group=self.group, group_src=from_stage % self.pp, tag=tag).wait()
+        self.wait_s += time.perf_counter() - start
+        return like
+
+    def send_activation(self, out: torch.Tensor, microbatch: int, stage: int) -> None:
+        if stage not in self.told:
+            header = torch.zeros(HEADER, dtype=torch.int64, device=self.device)
+            header[0], header[1] = out.dim(), DTYPES.index(out.dtype)
+            header[2:2 + out.dim()] = torch.tensor(out.shape)
+            self._send(header, stage + 1, HEADER_TAG + stage + 1)
+            self.told.add(stage)
+        self._send(out.detach(), stage + 1, self._tag(microbatch, stage + 1, False))
+
+    def recv_activation(self, microbatch: int, stage: int) -> torch.Tensor:
+        if stage not in self.known:
+            header = self._recv(torch.zeros(HEADER, dtype=torch.int64, device=self.device), stage - 1,
+                                HEADER_TAG + stage)
+            ndim = int(header[0])
+            self.known[stage] = (tuple(int(d) for d in header[2:2 + ndim]), DTYPES[int(header[1])])
+        shape, dtype = self.known[stage]
+        x = self._recv(torch.empty(shape, dtype=dtype, device=self.device), stage - 1, self._tag(microbatch, stage,
+                                                                                                    False))
+        return x.requires_grad_()
+
+    def send_gradient(self, grad: torch.Tensor, microbatch: int, stage: int) -> None:
+        self._send(grad, stage - 1, self._tag(microbatch, stage - 1, True))
+
+    def recv_gradient(self, like: torch.Tensor, microbatch: int, stage: int) -> torch.Tensor:
+        return self._recv(torch.empty_like(like), stage + 1, self._tag(microbatch, stage, True))
+
+    def finish_step(self) -> dict:
+        """Wait for every send of the step; its bytes and waits, then start afresh."""
+        for work in self.sends:
+            work.wait()
+        out = {"sent_bytes": self.sent_bytes, "wait_s": self.wait_s}
+        self.sends, self.sent_bytes, self.wait_s = [], 0, 0.0
+        return out
+
+
+class SavedActivations:
+    """Bytes autograd saves during each forward (not the parameters), counted on one step: the stage's activation
+    memory per micro-batch, and the most alive at once."""
+
+    def __init__(self):
+        self.alive: dict[tuple, int] = {}
+        self.now = self.peak = 0
+
+    def counting(self, key: tuple, params: set[int]):
+        saved = []
+
+        def pack(tensor):
+            if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
+                saved.append(tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0)
+            return tensor
+
+        def done():
+            self.alive[key] = sum(saved)
+            self.now += self.alive[key]
+            self.peak = max(self.peak, self.now)
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), done
+
+    def freed(self, key: tuple) -> None:
+        self.now -= self.alive.pop(key, 0)
+
+
+class LabPipeline:
+    """This rank's part of the schedule, run by hand (module docstring)."""
+
+    def __init__(self, mesh, schedule: str, microbatches: int, chunks: int, device: torch.device):
+        self.pp, self.rank, self.chunks, self.m = mesh.pp, mesh.pp_rank, chunks, microbatches
+        self.stages = self.pp * chunks
+        self.group = mesh.pp_group
+        self.actions = schedule_actions(schedule, self.pp, microbatches, self.rank, chunks)
+        backward = [i for i, a in enumerate(self.actions) if a.kind in ("B", "W")]
+        self.last_backward = backward[-1]
+        self.messages = Messages(self.group, self.pp, self.stages, device)
+        self.ties = None  # stages.TiedAcrossStages, where a tied weight is on two ranks
+        self.steps = 0
+        self.activations: SavedActivations | None = None
+        self.figures: dict = {}
+        self.timeline: list = []
+
+    def _chunk_params(self, module, chunk: int) -> list:
+        seen, out = set(), []
+        for name in module._pp_chunks[chunk]:
+            for p in module.get_submodule(name).parameters():
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, set_to_none: bool = True,
+             precision=None, loss=None) -> torch.Tensor:
+        """One optimizer step of the schedule over this rank's micro-batches; the mean loss over them (the last
+        stage's, on every rank of the pipeline)."""
+        from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, SYNC
+
+        lap = timer.lap if timer is not None else (lambda phase: None)
+        optimizer.zero_grad(set_to_none=set_to_none)
+        model.grad_scale = precision.grad_scale
+        counting = self.steps == 0
+        if counting:
+            self.activations = SavedActivations()
+            params = {id(p) for p in model.parameters()}
+        saved, weights, losses, timeline = {}, {}, [], []
+        begin, busy = time.perf_counter(), 0.0
+        for index, act in enumerate(self.actions):
+            s = stage_index(self.rank, act.chunk, self.pp)
+            first, last, key = s == 0, s == self.stages - 1, (act.microbatch, act.chunk)
+            inputs, targets = micro_batches[act.microbatch]
+            ask = time.perf_counter()
+            if act.kind == "F":
+                x = inputs if first else self.messages.recv_activation(act.microbatch, s)
+                start = time.perf_counter()
+                hooks, done = self.activations.counting(key, params) if counting else (nullcontext(), None)
+                with model.no_sync(), hooks, precision.autocast():
+                    out = model(x, chunk=act.chunk)
+                if last:
+                    with loss.context():
+                        out = loss(out.float(), targets) / len(micro_batches)
+                    losses.append(out.detach())
+                if done is not None:
+                    done()
+                if not last:
+                    self.messages.send_activation(out, act.microbatch, s)
+                saved[key] = (x, out)
+            else:
+                start = self._backward(act, index, s, first, last, key, model, saved, weights, precision, loss)
+            end = time.perf_counter()
+            busy += end - start
+            timeline.append((act.kind, act.microbatch, act.chunk, ask - begin, start - begin, end - begin))
+        sent = self.messages.finish_step()
+        span = time.perf_counter() - begin
+        lap(FWD_BWD.key)
+        model.finish_gradient_synchronization()
+        if self.ties is not None:
+            self.ties.sum_gradients()
+        lap(SYNC.key)
+        if before_step is not None:
+            before_step()
+        precision.step(optimizer)
+        lap(OPTIMIZER.key)
+        self.steps += 1
+        self.timeline = timeline
+        self.figures = {"busy_s": busy, "span_s": span, **sent}
+        total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.messages.device)
+        dist.broadcast(total, group=self.group, group_src=(self.stages - 1) % self.pp)
+        return total
+
+    def _backward(self, act, index, s, first, last, key, model, saved, weights, precision, loss) -> float:
+        """B, I or W of one micro-batch on one chunk (module docstring); when its compute began."""
+        sync = index == self.last_backward
+        if act.kind == "W":
+            start = time.perf_counter()
+            x, out, grad, groups = weights.pop(key)
+            with nullcontext() if sync else model.no_sync():
+                if groups is None:  # the first stage: its I had no input to give a gradient to
+                    torch.autograd.backward(out, grad)
+                else:
+                    stage_backward_weight(iter(self._chunk_params(model.module, act.chunk)), groups)
+            if self.activations is not None:
+                self.activations.freed(key)
+            return start
+        x, out = saved.pop(key)
+        grad = None if last else self.messages.recv_gradient(out, act.microbatch, s)
+        start = time.perf_counter()
+        with loss.context() if last else nullcontext():
+            root = precision.scaled(out) if last else out
+            if act.kind == "B":
+                with nullcontext() if sync else model.no_sync():
+                    torch.autograd.backward(root, grad)
+                given = None if first else x.grad
+            elif first:  # I on the first stage: nothing to send; W runs the whole backward
+                weights[key] = (x, root, grad, None)
+                return start
+            else:
+                params = self._chunk_params(model.module, act.chunk)
+                grads, groups = stage_backward_input([root], None if grad is None else [grad], [x], iter(params))
+                weights[key] = (x, root, grad, groups)
+                given = grads[0]
+        if given is not None:
+            self.messages.send_gradient(given, act.microbatch, s)
+        if act.kind == "B" and self.activations is not None:
+            self.activations.freed(key)
+        return start

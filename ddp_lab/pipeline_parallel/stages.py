@@ -1,0 +1,93 @@
+"""A model cut into pipeline stages: this rank keeps its stages' layers and runs one stage at a time.
+
+A model says how it runs as a chain with `pp_layers()`: (the layers before its blocks, each block's layers, the
+layers after), module names in the order its forward applies them, each taking the previous one's output (the
+Transformer: `embed`; `blocks.i`; `ln_final`, `lm_head`). The blocks are split into stages (spec/pipeline.py's
+`split_blocks`), the first layers go with the first stage, the last with the last. A rank keeps the model object
+with every other stage's layers replaced by `nn.Identity` (no parameters), so its parameters keep the names one
+process gives them (checkpoints, the whole state, the optimizer's and the strategies' bookkeeping), and its
+forward becomes `forward(x, chunk=k)`: the layers of its k-th stage, in order.
+
+A weight tied between layers on two stages (an embedding and its output head) is a copy on each: both start
+equal (every rank takes pipeline rank 0's whole model first) and their gradients are summed over the two stages
+after each step's backward, as Megatron sums its embedding group's (`TiedAcrossStages`).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_lab.spec.pipeline import split_blocks, stage_index
+
+
+def chain_of(module: nn.Module) -> tuple[list[str], list[list[str]], list[str]]:
+    """The model's `pp_layers()`; ValueError (one line) for a model without them."""
+    if not hasattr(module, "pp_layers"):
+        raise ValueError(f"{type(module).__name__} declares no pipeline layers (pp_layers(): docs/parallelism.md)")
+    return module.pp_layers()
+
+
+def stage_layers(module: nn.Module, stages: int, counts: list[int] | None = None) -> list[list[str]]:
+    """Each stage's layer names, in the order they run."""
+    first, blocks, last = chain_of(module)
+    ranges = split_blocks(len(blocks), stages, counts)
+    return [(first if s == 0 else []) + [name for b in ranges[s] for name in blocks[b]]
+            + (last if s == stages - 1 else []) for s in range(stages)]
+
+
+def keep_stages(module: nn.Module, pp: int, pp_rank: int, chunks: int, counts: list[int] | None = None
+                ) -> list[list[str]]:
+    """Cut `module` in place down to this rank's stages (module docstring); every stage's layer names."""
+    layers = stage_layers(module, pp * chunks, counts)
+    mine = [layers[stage_index(pp_rank, c, pp)] for c in range(chunks)]
+    keep = {name for names in mine for name in names}
+    for names in layers:
+        for name in names:
+            if name not in keep:
+                parent, _, child = name.rpartition(".")
+                setattr(module.get_submodule(parent) if parent else module, child, nn.Identity())
+    module._pp_chunks = mine
+    module.forward = types.MethodType(_stage_forward, module)
+    return layers
+
+
+def _stage_forward(self, x: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    for name in self._pp_chunks[chunk]:
+        x = self.get_submodule(name)(x)
+    return x
+
+
+def stage_of(name: str, layers: list[list[str]]) -> int:
+    """The stage a parameter (or layer) of the whole model lives on."""
+    for s, names in enumerate(layers):
+        if any(name == layer or name.startswith(layer + ".") for layer in names):
+            return s
+    raise ValueError(f"{name} is in none of the pipeline's layers (pp_layers() must list every parameter's layer)")
+
+
+class TiedAcrossStages:
+    """Weights tied between layers the pipeline put on different ranks: after backward, each copy's gradient
+    becomes the sum of both (one all-reduce over the ranks holding them, for every dp and tp place)."""
+
+    def __init__(self, module: nn.Module, ties: list[list[str]], layers: list[list[str]], layout, pp_rank: int):
+        """`ties`: the names of each weight the whole model held under several names (parity.ties_of), taken
+        before the model was cut; `layers`: every stage's layers. Collective: every rank builds the same groups."""
+        self.pairs: list[tuple[nn.Parameter, object]] = []
+        for names in ties:
+            ranks = sorted({stage_of(n, layers) % layout.pp for n in names})
+            if len(ranks) < 2:
+                continue  # every copy on one rank: one parameter there, as in the whole model
+            group, _ = dist.new_subgroups_by_enumeration(
+                [[layout.rank_at(i, j, k) for k in ranks] for i in range(layout.dp) for j in range(layout.tp)])
+            if pp_rank in ranks:
+                name = next(n for n in names if stage_of(n, layers) % layout.pp == pp_rank)
+                self.pairs.append((module.get_parameter(name), group))
+
+    def sum_gradients(self) -> None:
+        for param, group in self.pairs:
+            if param.grad is not None:
+                dist.all_reduce(param.grad, group=group)
