@@ -29,8 +29,9 @@ from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.parallel import mesh_problem, plan_problem
+from ddp_lab.spec.pipeline import pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
-from ddp_lab.spec.strategy import StrategySpec
+from ddp_lab.spec.strategy import StrategySpec, mesh_keys
 from ddp_lab.units import MiB
 
 if TYPE_CHECKING:
@@ -142,21 +143,44 @@ def _validate_network(cfg: DictConfig) -> None:
 
 
 def _validate_mesh(cfg: DictConfig) -> None:
-    """The mesh lays out (spec/parallel.py): tp divides world_size (and the sequence, under sequence parallelism);
-    what does not run on a mesh yet is refused, saying why."""
+    """The mesh lays out (spec/parallel.py): tp x pp divides world_size (and tp the sequence, under sequence
+    parallelism); what does not run on a mesh yet is refused, saying why."""
     p = cfg.parallel
     context = OmegaConf.select(cfg, "model.context_length", default=1)
-    problem = mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context)
+    problem = mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context, p.pp) or schedule_problem(
+        p.pp, p.stages_per_rank, str(p.pp_schedule), p.microbatches, str(p.pp_impl))
     _require(problem is None, str(problem))
-    if p.tp == 1:
+    if p.tp == 1 and p.pp == 1:
         return
-    _require(cfg.task.name == "train", f"parallel.tp={p.tp} splits a model's layers: task={cfg.task.name} has no "
-             "model (use parallel.tp=1)")
+    keys = mesh_keys(p.tp, p.pp)
+    _require(cfg.task.name == "train", f"{keys} splits a model's layers: task={cfg.task.name} has no model (use "
+             "parallel.tp=1 and parallel.pp=1)")
     t = cfg.train
-    _require(not t.compile, f"parallel.tp={p.tp} with train.compile=true: compiled tensor-parallel layers are not "
-             "proven against one process here yet: use train.compile=false")
-    _require(not cfg.measure.grad_error, f"parallel.tp={p.tp} with measure.grad_error=true: its probe averages "
-             "gradients over every rank, where a mesh averages over its data-parallel axis only")
+    _require(not t.compile, f"{keys} with train.compile=true: compiled tensor-parallel layers and pipeline stages "
+             "are not proven against one process here yet: use train.compile=false")
+    _require(not cfg.measure.grad_error, f"{keys} with measure.grad_error=true: its probe averages gradients over "
+             "every rank, where a mesh averages over its data-parallel axis only")
+
+
+def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
+    """The model runs as a chain (pp_layers()) of at least as many blocks as the pipeline has stages, and the
+    schedule's constraints hold (spec/pipeline.py's pipeline_problem). `small`: the model at bounded depth; the
+    blocks are counted on the model itself where that cut them."""
+    from ddp_lab.models.facts import bounded_size
+
+    p, t = cfg.parallel, cfg.train
+    if p.pp == 1:
+        _require(p.stage_layers is None, "parallel.stage_layers splits a pipeline's blocks, and parallel.pp=1 is none")
+        return
+    _require(hasattr(small, "pp_layers"), f"parallel.pp={p.pp}: model={cfg.model.name} does not say how its forward "
+             "runs as a chain of layers (its class has no pp_layers(): docs/parallelism.md)")
+    module = small if bounded_size(cfg.model) == cfg.model else _meta_model(cfg)
+    blocks = len(module.pp_layers()[1])
+    layers = None if p.stage_layers is None else list(p.stage_layers)
+    problem = pipeline_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), p.microbatches,
+                               t.batch_size // data_parallel_size(cfg), blocks, layers, t.grad_accum_steps,
+                               str(p.pp_impl))
+    _require(problem is None, str(problem))
 
 
 def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
@@ -208,7 +232,7 @@ def _validate_train(cfg: DictConfig) -> None:
              f"train.warmup_steps={t.warmup_steps} must be in [0, train.steps) so some steps are measured")
     _require(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     dp = data_parallel_size(cfg)
-    over = f"world_size={ws}" if dp == ws else f"the data-parallel ranks (world_size / parallel.tp = {dp})"
+    over = f"world_size={ws}" if dp == ws else f"the data-parallel ranks (world_size / (tp x pp) = {dp})"
     _require(t.batch_size % dp == 0,
              f"train.batch_size={t.batch_size} (global) does not divide by {over}: use a multiple of {dp}")
     _require(t.grad_accum_steps >= 1, f"train.grad_accum_steps must be >= 1, got {t.grad_accum_steps}")
@@ -233,7 +257,7 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_logits(cfg)
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
-        spec.check_mesh(int(cfg.parallel.tp))
+        spec.check_mesh(int(cfg.parallel.tp), int(cfg.parallel.pp), str(cfg.parallel.pp_schedule))
         spec.check_world(dp, ranks_per_node)
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
@@ -262,6 +286,7 @@ def _validate_train(cfg: DictConfig) -> None:
     small = _meta_model(cfg, small=True)  # its kinds of layers, at a bounded size
     _validate_model_for_strategy(cfg, spec, small)
     _validate_tensor_parallel(cfg, small)
+    _validate_pipeline(cfg, small)
     _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(dp, ranks_per_node))  # from shapes, before a full build
     _validate_checkpoint(cfg, spec)
 

@@ -40,7 +40,7 @@ def text() -> str:
     out = []
     for row in strategy_rows():
         out.append(f"{row['name']}: {row['summary']}")
-        out.append(f"    on a mesh (parallel.tp > 1): {row['mesh']}")
+        out.append(f"    on a mesh (parallel.tp or pp > 1): {row['mesh']}")
         out += [f"    {k['knob']}: {k['type']}  {k['doc']}" for k in row["knobs"]] or ["    (no knobs)"]
     return "\n".join(out)
 

@@ -58,8 +58,11 @@ def knobs(cls: type[StrategySpec]) -> list[dict]:
 
 
 def mesh_support(cls: type[StrategySpec]) -> str:
-    """`dp axis` where the strategy runs on a mesh's data-parallel axis (parallel.tp > 1), else why not."""
-    return "dp axis" if cls.mesh_refusal is None else f"no: {cls.mesh_refusal}"
+    """`dp axis` where the strategy runs on a mesh's data-parallel axis (parallel.tp or pp > 1), else why not;
+    `dp axis, no pipeline` (and why) where it runs beside tensor parallelism only."""
+    if cls.mesh_refusal is not None:
+        return f"no: {cls.mesh_refusal}"
+    return "dp axis" if cls.pipeline_refusal is None else f"dp axis, no pipeline: {cls.pipeline_refusal}"
 
 
 def strategy_rows() -> list[dict]:

@@ -90,10 +90,10 @@ TP_COLLECTIVES = Figure("tp_collectives", "count", "collectives of the tensor-pa
 TP_COMM_BYTES = Figure("tp_comm_bytes", "bytes", "bytes handed to the tensor-parallel axis's collectives (an "
                        "all-gather's output, a reduce-scatter's input)", summarized=False, wandb="mean",
                        when="parallel.tp > 1 with parallel.tp_impl=lab")
-PP_BUBBLE = Figure("pp_bubble_pct", "%", "the share of the pipeline's span (first action to last) a rank computed "
-                   "nothing: waiting for a neighbour or idle; the published bubble is the mean over stages",
-                   ranks="mean", wandb="mean", record=("p50",), stem="pp_bubble",
-                   when="parallel.pp > 1 with parallel.pp_impl=lab")
+PP_BUBBLE = Figure("pp_bubble_pct", "%", "the share of the pipeline's span (the step's start to the last action of "
+                   "its longest stage rank) a rank computed nothing: waiting for a neighbour or idle; the published "
+                   "bubble is the mean over stages", ranks="mean", wandb="mean", record=("p50",), stem="pp_bubble",
+                   when="parallel.pp > 1")
 PP_WAIT = Figure("pp_wait_ms", "ms", "a rank's time blocked in the pipeline's receives (activations, gradients)",
                  ranks="mean", wandb="mean", when="parallel.pp > 1 with parallel.pp_impl=lab")
 PP_P2P_BYTES = Figure("pp_p2p_bytes", "bytes", "bytes a rank sent to its neighbouring stages (activations forward, "

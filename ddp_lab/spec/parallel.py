@@ -51,8 +51,10 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline stages' ranks: the model's blocks split over this many ranks (the embedding with the first, the
     norm and output with the last), the outermost axis. 1: no pipeline."""
-    pp_schedule: PPSchedule = PPSchedule.one_f_one_b
-    """gpipe, 1f1b, interleaved_1f1b (with stages_per_rank >= 2), zero_bubble (ZB-H1's split backward)."""
+    pp_schedule: str = PPSchedule.one_f_one_b.value
+    """gpipe, 1f1b, interleaved_1f1b (with stages_per_rank >= 2), zero_bubble (ZB-H1's split backward). A string,
+    not an enum node: OmegaConf takes an enum by its member's name, and `1f1b` cannot be one (the launcher checks
+    it is one of spec/pipeline.py's PPSchedule)."""
     pp_impl: PPImpl = PPImpl.lab
     """lab: the hand-written schedules over point-to-point sends and receives; torch: torch.distributed.pipelining's
     PipelineStage and the schedule of the same name."""

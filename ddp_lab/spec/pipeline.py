@@ -163,7 +163,8 @@ class Simulated:
     busy: list[float]
     """Per rank: the time it computed."""
     peak_in_flight: list[int]
-    """Per rank: the most micro-batches whose forward ran and whose backward (or I) had not."""
+    """Per rank: the most micro-batches whose forward ran and whose backward had not (zero bubble's W: its I
+    leaves the activations the weights' gradients need alive)."""
 
     def bubble(self, rank: int | None = None) -> float:
         """The idle share of the step: of one rank, or the mean over ranks."""
@@ -172,11 +173,13 @@ class Simulated:
 
 
 def simulate(schedule: str, pp: int, microbatches: int, chunks: int = 1, forward: float = 1.0,
-             backward: float = 2.0, weight_share: float = 0.5) -> Simulated:
+             backward: float = 2.0, weight_share: float = 0.5,
+             stage_costs: list[dict[str, float]] | None = None) -> Simulated:
     """Run every rank's actions on paper: each starts once its rank is free and what it needs is done (F the
     previous stage's F of the micro-batch, B or I the next stage's B or I, W its own I), costing `forward`,
-    `backward` (I is `backward` x (1 - weight_share), W the rest); communication is free. Raises ValueError where
-    the ranks would wait on each other forever (a schedule with a bug)."""
+    `backward` (I is `backward` x (1 - weight_share), W the rest), or with `stage_costs` what each stage's actions
+    cost (`[{"F": ..., "B": ...}, ...]`, by stage index: measured ones); communication is free. Raises ValueError
+    where the ranks would wait on each other forever (a schedule with a bug)."""
     orders = [schedule_actions(schedule, pp, microbatches, r, chunks) for r in range(pp)]
     stages = pp * chunks
     cost = {"F": forward, "B": backward, "I": backward * (1 - weight_share), "W": backward * weight_share}
@@ -200,10 +203,11 @@ def simulate(schedule: str, pp: int, microbatches: int, chunks: int = 1, forward
             if any(n is None or n not in done for n in need):
                 continue
             start = max([clock[r]] + [done[n] for n in need])
-            clock[r] = start + cost[act.kind]
-            busy[r] += cost[act.kind]
+            took = cost[act.kind] if stage_costs is None else stage_costs[s][act.kind]
+            clock[r] = start + took
+            busy[r] += took
             done[(act.kind, act.microbatch, s)] = clock[r]
-            alive[r] += 1 if act.kind == "F" else -1 if act.kind in ("B", "I") else 0
+            alive[r] += 1 if act.kind == "F" else -1 if act.kind in ("B", "W") else 0
             peak[r] = max(peak[r], alive[r])
             at[r] += 1
             progressed = True
@@ -236,15 +240,20 @@ def split_blocks(blocks: int, stages: int, stage_layers: list[int] | None = None
     return out
 
 
-def pipeline_problem(pp: int, chunks: int, schedule: str, microbatches: int, per_rank_batch: int, blocks: int,
-                     stage_layers: list[int] | None, grad_accum_steps: int) -> str | None:
-    """One line saying why this pipeline cannot run, or None."""
-    stages = pp * chunks
+def schedule_problem(pp: int, chunks: int, schedule: str, microbatches: int, impl: str = "lab") -> str | None:
+    """One line saying why the `parallel` node's pipeline keys cannot go together, or None (no model needed)."""
+    if schedule not in {str(s) for s in PPSchedule}:
+        return f"parallel.pp_schedule must be one of {', '.join(PPSchedule)}, got {schedule}"
+    if impl not in {str(s) for s in PPImpl}:
+        return f"parallel.pp_impl must be one of {', '.join(PPImpl)}, got {impl}"
     if pp < 1 or chunks < 1 or microbatches < 1:
         return (f"parallel.pp, parallel.stages_per_rank and parallel.microbatches must be >= 1, got {pp}, {chunks} "
                 f"and {microbatches}")
     if pp == 1:
-        return None
+        return (f"parallel.microbatches={microbatches} splits a pipeline's batch, and parallel.pp=1 is none: set "
+                "parallel.pp > 1 (train.grad_accum_steps splits a batch without one)" if microbatches > 1 else
+                f"parallel.stages_per_rank={chunks} are a pipeline's virtual stages, and parallel.pp=1 is none"
+                if chunks > 1 else None)
     if chunks > 1 and schedule != PPSchedule.interleaved_1f1b:
         return (f"parallel.stages_per_rank={chunks} is interleaved 1F1B's: use parallel.pp_schedule=interleaved_1f1b "
                 "or stages_per_rank=1")
@@ -253,6 +262,17 @@ def pipeline_problem(pp: int, chunks: int, schedule: str, microbatches: int, per
     if schedule == PPSchedule.interleaved_1f1b and microbatches % pp:
         return (f"parallel.pp_schedule=interleaved_1f1b runs micro-batches in groups of parallel.pp={pp}: "
                 f"parallel.microbatches={microbatches} does not divide by it")
+    return _torch_schedule_problem(impl, schedule, pp, pp * chunks, microbatches)
+
+
+def pipeline_problem(pp: int, chunks: int, schedule: str, microbatches: int, per_rank_batch: int, blocks: int,
+                     stage_layers: list[int] | None, grad_accum_steps: int, impl: str = "lab") -> str | None:
+    """One line saying why this pipeline cannot run on this model and batch, or None. `blocks`: the model's
+    (pp_layers())."""
+    problem = schedule_problem(pp, chunks, schedule, microbatches, impl)
+    if problem is not None or pp == 1:
+        return problem
+    stages = pp * chunks
     if stage_layers is not None:
         if len(stage_layers) != stages:
             return (f"parallel.stage_layers lists {len(stage_layers)} stages, the pipeline has {stages} "
@@ -269,4 +289,18 @@ def pipeline_problem(pp: int, chunks: int, schedule: str, microbatches: int, per
     if grad_accum_steps != 1:
         return ("train.grad_accum_steps > 1 with parallel.pp > 1: a pipeline's micro-batches are its accumulation "
                 "(parallel.microbatches)")
+    return None
+
+
+def _torch_schedule_problem(impl: str, schedule: str, pp: int, stages: int, m: int) -> str | None:
+    """What torch 2.13's schedule classes refuse at construction, said before launch."""
+    if impl != PPImpl.torch:
+        return None
+    if schedule == PPSchedule.one_f_one_b and m < stages:
+        return (f"parallel.pp_impl=torch: torch's Schedule1F1B needs parallel.microbatches >= its {stages} stages, "
+                f"got {m} (the lab's 1F1B runs fewer)")
+    rounds = max(1, m // pp)
+    if schedule == PPSchedule.zero_bubble and m % rounds:
+        return (f"parallel.pp_impl=torch: torch's ScheduleInterleavedZeroBubble runs micro-batches in rounds of "
+                f"about parallel.pp={pp}: parallel.microbatches={m} does not divide into its {rounds} rounds")
     return None

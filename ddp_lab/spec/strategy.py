@@ -31,10 +31,12 @@ instead of probing the runtime class or matching its name:
   zero2's zero1_torch, fsdp's fsdp_torch), the bar tables divide its step by; None where torch has none;
 - `emulated_nodes`: it runs across emulated nodes (False: local_sgd_torchft, whose servers advertise a host
   name another namespace cannot reach);
-- `mesh_refusal`: why the strategy cannot synchronize over a mesh's data-parallel axis (`parallel.tp > 1`),
-  None where it can: its runtime takes `process_group` and issues every collective over it (all of the lab's
-  and torch's; a strategy of your own says None once its runtime does); `check_mesh(tp)` asks it, and what a
-  knob rules out on a mesh;
+- `mesh_refusal`: why the strategy cannot synchronize over a mesh's data-parallel axis (`parallel.tp > 1` or
+  `parallel.pp > 1`), None where it can: its runtime takes `process_group` and issues every collective over it
+  (all of the lab's and torch's; a strategy of your own says None once its runtime does);
+- `pipeline_refusal`: why it cannot synchronize under a pipeline schedule, which runs several micro-batches'
+  forwards before their backwards (the lab's fsdp); `check_mesh(tp, pp, pp_schedule)` asks both, and what a knob
+  or a schedule rules out on a mesh;
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -88,6 +90,7 @@ class StrategySpec:
     mesh_refusal: ClassVar[Optional[str]] = ("its runtime class is not said to take process_group, the mesh's "
                                              "data-parallel axis to synchronize over (a spec whose runtime does "
                                              "sets mesh_refusal = None)")
+    pipeline_refusal: ClassVar[Optional[str]] = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -123,12 +126,15 @@ class StrategySpec:
         for hsdp, the shard group."""
         return world_size
 
-    def check_mesh(self, tp: int) -> None:
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
         """Raise ValueError, one line, when the strategy cannot run on the data-parallel axis of a mesh with `tp`
-        tensor-parallel ranks (ddp_lab/spec/parallel.py)."""
-        require(tp == 1 or self.mesh_refusal is None,
-                f"parallel.tp={tp}: strategy={self.name} does not run on a mesh's data-parallel axis: "
+        tensor-parallel ranks and `pp` pipeline stages run by `pp_schedule` (ddp_lab/spec/parallel.py)."""
+        require((tp == 1 and pp == 1) or self.mesh_refusal is None,
+                f"{mesh_keys(tp, pp)}: strategy={self.name} does not run on a mesh's data-parallel axis: "
                 f"{self.mesh_refusal}")
+        require(pp == 1 or self.pipeline_refusal is None,
+                f"parallel.pp={pp}: strategy={self.name} does not run under a pipeline schedule: "
+                f"{self.pipeline_refusal}")
 
     def check_run(self, precision: str, grad_accum_steps: int) -> None:
         """Raise ValueError, one line, for what this run needs that is not there (an optional extra) or a
@@ -156,6 +162,11 @@ def require(ok: bool, message: str) -> None:
     """`check()`'s one-line refusal."""
     if not ok:
         raise ValueError(message)
+
+
+def mesh_keys(tp: int, pp: int) -> str:
+    """The keys that made a mesh, for a refusal: `parallel.tp=2`, `parallel.pp=2`, or both."""
+    return ", ".join(f"parallel.{k}={v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1) or "parallel.tp=1"
 
 
 def knob_at_least(spec: StrategySpec, knob: str, least: float, strictly: bool = False) -> None:

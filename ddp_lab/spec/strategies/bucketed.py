@@ -8,7 +8,7 @@ from typing import Optional
 from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.spec.choices import AllReduce, Dtype
 from ddp_lab.spec.schedule import GradientSync, Schedule
-from ddp_lab.spec.strategy import StrategySpec, knob_at_least, require
+from ddp_lab.spec.strategy import StrategySpec, knob_at_least, mesh_keys, require
 
 
 @dataclass
@@ -48,10 +48,11 @@ class BucketedSpec(StrategySpec):
             require(world_size % node == 0, f"strategy.all_reduce=two_level: world_size={world_size} does not "
                     f"split into node groups of {node} ranks (strategy.node_size)")
 
-    def check_mesh(self, tp: int) -> None:
-        super().check_mesh(tp)
-        require(tp == 1 or self.all_reduce != AllReduce.two_level, f"parallel.tp={tp}: strategy.all_reduce=two_level "
-                "lays its node groups over every rank, not a mesh's data-parallel axis: use all_reduce=flat")
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
+        super().check_mesh(tp, pp, pp_schedule)
+        require((tp == 1 and pp == 1) or self.all_reduce != AllReduce.two_level, f"{mesh_keys(tp, pp)}: "
+                "strategy.all_reduce=two_level lays its node groups over every rank, not a mesh's data-parallel "
+                "axis: use all_reduce=flat")
 
     def schedule(self) -> Optional[Schedule]:
         if self.all_reduce == AllReduce.two_level:

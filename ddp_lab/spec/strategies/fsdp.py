@@ -30,6 +30,10 @@ class FSDPSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.FSDP"
     mesh_refusal = None
+    pipeline_refusal = ("its units free their gathered parameters after each forward and expect that unit's "
+                        "backward next, where a pipeline runs several micro-batches' forwards first (measured: the "
+                        "second backward finds the storage freed); fsdp_torch shards under every schedule but "
+                        "zero_bubble")
     torch_reference = "fsdp_torch"
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddp_lab.spec.strategy import StrategySpec
+from ddp_lab.spec.strategies.fsdp_torch import SPLIT_BACKWARD
+from ddp_lab.spec.strategy import StrategySpec, require
 
 
 @dataclass
@@ -18,3 +19,7 @@ class TorchReplicateSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.TorchReplicate"
     mesh_refusal = None
+
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
+        super().check_mesh(tp, pp, pp_schedule)
+        require(pp == 1 or pp_schedule != "zero_bubble", f"strategy={self.name}: {SPLIT_BACKWARD}")
