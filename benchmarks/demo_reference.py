@@ -44,8 +44,8 @@ class Unsynced(torch.nn.Module):
 def _train(rank, world_size, reference_path, steps):
     from ddp_lab.check.parity import data_cfg
     from ddp_lab.rank.data import BatchSource
+    from ddp_lab.rank.step import train_step
     from ddp_lab.strategies import DeMo
-    from ddp_lab.tasks.train import train_step
 
     spec = importlib.util.spec_from_file_location("authors_demo", reference_path)
     authors = importlib.util.module_from_spec(spec)

@@ -49,7 +49,7 @@ def build(variant: str, model_cfg):
 
 def rank_main(rank: int, world_size: int, args) -> dict[str, list[float]]:
     """Every variant's step times on the slowest rank (one thread per rank: run_ranks')."""
-    from ddp_lab.tasks.train import train_step
+    from ddp_lab.rank.step import train_step
 
     model_cfg = compose_model(args.model)
     built = {}

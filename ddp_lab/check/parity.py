@@ -2,7 +2,7 @@
 
 The parity tests and `python -m ddp_lab.check` (anyone's wrapper class) both run it.
 
-Both sides run the trainer's own step (`ddp_lab.tasks.train.train_step`) on the trainer's own data
+Both sides run the trainer's own step (`ddp_lab.rank.step.train_step`) on the trainer's own data
 (`ddp_lab.rank.data.BatchSource`): each rank builds its model from a different seed (so the
 start-up broadcast is what makes them agree), rank 0 keeps a copy of the broadcast weights as the
 single-process reference, and both train for a few steps on the same global batches. A rank sees
@@ -26,7 +26,7 @@ from ddp_lab.models.facts import ties_of
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.data import global_batch as data_global_batch
 from ddp_lab.rank.precision import Precision
-from ddp_lab.tasks.train import train_step
+from ddp_lab.rank.step import train_step
 
 GLOBAL_BATCH = 8
 STEPS = 4

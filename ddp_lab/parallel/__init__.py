@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.parallel.mesh import Mesh
+from ddp_lab.rank.step import train_step
 from ddp_lab.spec.parallel import layout_of
 from ddp_lab.spec.strategy import StrategySpec
 from ddp_lab.tensor_parallel.loss import CrossEntropy
@@ -97,9 +98,17 @@ class Parallelism:
         if self.pipeline is not None:
             return self.pipeline.step(model, optimizer, micro_batches, timer, before_step, precision=precision,
                                       loss=self.loss)
-        from ddp_lab.tasks.train import train_step
-
         return train_step(model, optimizer, micro_batches, timer, before_step, precision=precision, loss=self.loss)
+
+    def held_out_loss(self, model, inputs, targets, precision) -> torch.Tensor:
+        """The mean loss of one batch, forward only (rank/held_out.py): through the pipeline's stages, or the
+        model, on every rank."""
+        if self.pipeline is not None:
+            return self.pipeline.forward_loss(model, inputs, targets, precision, self.loss)
+        with precision.autocast():
+            logits = model(inputs)
+        with self.loss.context():
+            return self.loss(logits.float(), targets).double()
 
     def counting(self, step: int):
         """A context around `step`: where torch's TP collectives are counted (in one step), nothing elsewhere."""
@@ -123,9 +132,18 @@ class Parallelism:
 
     @property
     def place(self):
-        """Where this rank's tensors lie in the whole parameters, for checkpoints (rank/checkpoint.py); None where
-        they are whole (no tensor parallelism)."""
-        return None if self.tensor is None else self.tensor.layout.pieces
+        """Where this rank's tensors lie in the whole parameters, for checkpoints (rank/checkpoint.py's `place`):
+        tensor parallelism's pieces, under the name one process gives the parameter (a pipeline's copy of a weight
+        tied across stages is that weight); None where every tensor is whole under its own name."""
+        split = None if self.tensor is None else self.tensor.layout.pieces
+        alias = {} if self.pipeline is None else self.pipeline.aliases
+        if split is None and not alias:
+            return None
+
+        def place(name: str, shape, pieces: list) -> tuple:
+            name, shape, pieces = split(name, shape, pieces) if split is not None else (name, shape, pieces)
+            return alias.get(name, name), shape, pieces
+        return place
 
     def describe(self, warmup_steps: int = 0) -> dict:
         """The mesh, as the summary records it (a pipeline's summary gathered from every rank: collective)."""

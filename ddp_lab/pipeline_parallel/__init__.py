@@ -35,6 +35,7 @@ class Pipeline:
 
             self.runner = TorchPipeline(mesh, self.schedule, self.m, self.chunks, device)
         self.per_step: list[dict] = []
+        self.aliases: dict[str, str] = {}  # a tied weight's other names: the name one process gives it
 
     def cut(self, module: nn.Module) -> nn.Module:
         """Keep this rank's stages of `module`, in place. Every pipeline rank first takes pipeline rank 0's whole
@@ -44,35 +45,83 @@ class Pipeline:
         ties = ties_of(module)
         layers = keep_stages(module, self.mesh.pp, self.mesh.pp_rank, self.chunks, self.counts)
         self.runner.ties = TiedAcrossStages(module, ties, layers, self.mesh.layout, self.mesh.pp_rank)
+        self.aliases = {name: names[0] for names in ties for name in names[1:]}  # as named_parameters() names it
         self.layers = layers
         return module
 
     def step(self, *args, **kwargs) -> torch.Tensor:
         return self.runner.step(*args, **kwargs)
 
+    @torch.no_grad()
+    def forward_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor, precision, loss) -> torch.Tensor:
+        """The loss of one batch run forward through every stage in order, no schedule (nothing to overlap, no
+        backward: the held-out loss), on every rank of the pipeline. Collective over the pp group."""
+        from ddp_lab.pipeline_parallel.lab import Messages
+
+        stages, pp, rank = self.mesh.pp * self.chunks, self.mesh.pp, self.mesh.pp_rank
+        messages, value = Messages(self.mesh.pp_group, pp, stages, self.device), torch.zeros((), device=self.device)
+        for stage in range(stages):
+            if stage % pp != rank:
+                continue
+            x = inputs if stage == 0 else messages.recv_activation(0, stage)
+            with precision.autocast():
+                out = model(x, chunk=stage // pp)
+            if stage < stages - 1:
+                messages.send_activation(out, 0, stage)
+            else:
+                with loss.context():
+                    value = loss(out.float(), targets).double()
+        messages.finish_step()
+        value = value.double()
+        dist.broadcast(value, group=self.mesh.pp_group, group_src=(stages - 1) % pp)
+        return value
+
     def pop(self) -> dict:
-        """This step's figures of the pipeline (the lab's: clocked per action; torch's schedules are not)."""
-        figures = self.runner.figures
+        """This step's figures of the pipeline, from the runner's clocks (each action's compute; the lab's also its
+        receives' waits and its bytes sent), once. The bubble is of the pipeline's span, the longest stage rank's
+        (the formula's, and the simulation's: a last stage that finished early idles until the first finishes its
+        flush): one all-reduce over the pp group, after the step's timer stopped. Collective over the pp group."""
+        figures, self.runner.figures = self.runner.figures, {}
         if not figures:
             return {}
-        self.per_step.append(figures)
-        return {PP_BUBBLE.key: 100 * (1 - figures["busy_s"] / figures["span_s"]),
-                PP_WAIT.key: figures["wait_s"] * 1e3, PP_P2P_BYTES.key: figures["sent_bytes"]}
+        costs: dict[str, list[float]] = {}
+        for kind, _, chunk, _, start, end in self.runner.timeline:
+            costs.setdefault(f"{kind}{chunk}", []).append(end - start)
+        span = torch.tensor(figures["span_s"], dtype=torch.float64, device=self.device)
+        dist.all_reduce(span, op=dist.ReduceOp.MAX, group=self.mesh.pp_group)
+        figures["span_s"] = float(span)
+        self.per_step.append({**figures, "costs": costs})
+        out = {PP_BUBBLE.key: 100 * (1 - figures["busy_s"] / figures["span_s"])}
+        if "wait_s" in figures:
+            out.update({PP_WAIT.key: figures["wait_s"] * 1e3, PP_P2P_BYTES.key: figures["sent_bytes"]})
+        return out
 
     def describe(self, warmup_steps: int) -> dict:
-        """The summary's pipeline: the schedule, its formula and simulated bubble, each stage's measured bubble
-        and compute (mean over the measured steps), its activation peak, and the last step's timeline. Collective
-        over every rank (gathered)."""
+        """The summary's pipeline: the schedule, its formula and its bubble simulated on paper, and per stage rank
+        the measured bubble, compute, waits, bytes sent and activation peak (means over the measured steps), each
+        action's mean compute (`action_ms`: `F0` the forward of chunk 0, ...; what analysis/pipeline.py replays
+        the schedule with) and the last step's timeline. Collective over every rank (gathered)."""
         pp = self.mesh.pp
         simulated = simulate(self.schedule, pp, self.m, self.chunks)
         measured = self.per_step[warmup_steps:] or self.per_step
+        saved = getattr(self.runner, "activations", None)  # the lab's count (torch's stages are not counted)
         mine = {"pp_rank": self.mesh.pp_rank, "timeline": self.runner.timeline,
-                "activation_peak_bytes": getattr(getattr(self.runner, "activations", None), "peak", None)}
+                "activation_peak_bytes": None if saved is None else saved.peak,
+                "activation_microbatch_bytes": None if saved is None else saved.largest}
         if measured:
-            mine.update(bubble_pct=100 * sum(1 - f["busy_s"] / f["span_s"] for f in measured) / len(measured),
-                        busy_ms=1e3 * sum(f["busy_s"] for f in measured) / len(measured),
-                        wait_ms=1e3 * sum(f["wait_s"] for f in measured) / len(measured),
-                        p2p_bytes=measured[-1]["sent_bytes"])
+            def mean(values):
+                return sum(values) / len(values)
+
+            pooled: dict[str, list[float]] = {}
+            for f in measured:
+                for key, values in f["costs"].items():
+                    pooled.setdefault(key, []).extend(values)
+            mine.update(bubble_pct=100 * mean([1 - f["busy_s"] / f["span_s"] for f in measured]),
+                        busy_ms=1e3 * mean([f["busy_s"] for f in measured]),
+                        span_ms=1e3 * mean([f["span_s"] for f in measured]),  # the pipeline's (pop)
+                        action_ms={key: 1e3 * mean(values) for key, values in sorted(pooled.items())})
+            if "wait_s" in measured[-1]:
+                mine.update(wait_ms=1e3 * mean([f["wait_s"] for f in measured]), p2p_bytes=measured[-1]["sent_bytes"])
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         stages = {}
@@ -82,7 +131,7 @@ class Pipeline:
         formula = bubble_formula(self.schedule, pp, self.m, self.chunks)
         measured_mean = (sum(s["bubble_pct"] for s in per_stage) / pp) if measured else None
         return {"schedule": self.schedule, "impl": str(self.impl), "microbatches": self.m,
-                "stages_per_rank": self.chunks, "stage_layers": [[n for n in names] for names in self.layers],
+                "stages_per_rank": self.chunks, "stage_layers": [list(names) for names in self.layers],
                 "bubble_formula_pct": None if formula is None else 100 * formula,
                 "bubble_simulated_pct": 100 * simulated.bubble(),
                 "bubble_measured_pct": measured_mean, "in_flight_peak": simulated.peak_in_flight,

@@ -13,7 +13,9 @@ boundary once, as a header before the first.
 
 Data parallelism on the stage: every forward and every backward but the rank's last runs inside the strategy's
 `no_sync()`; the last runs outside it, and `finish_gradient_synchronization()` follows the schedule, so each
-strategy reduces the sum of the micro-batches' gradients once, over its stage's dp group.
+strategy reduces the sum of the micro-batches' gradients once, over its stage's dp group (a weight tied across
+stages keeps the last backward under `no_sync()` too, where its copies are summed before the reduction:
+stages.TiedAcrossStages).
 
 Each step is clocked per action: the compute (what the bubble is not), the waits for a receive, and the
 timeline of the last step; on the first step the activations autograd saves are counted per micro-batch, and the
@@ -98,23 +100,25 @@ class Messages:
 
 
 class SavedActivations:
-    """Bytes autograd saves during each forward (not the parameters), counted on one step: the stage's activation
-    memory per micro-batch, and the most alive at once."""
+    """Bytes autograd saves during each forward (not the parameters; each storage once), counted on one step: the
+    stage's activation memory per micro-batch (`largest`), and the most alive at once (`peak`)."""
 
     def __init__(self):
         self.alive: dict[tuple, int] = {}
-        self.now = self.peak = 0
+        self.now = self.peak = self.largest = 0
 
     def counting(self, key: tuple, params: set[int]):
-        saved = []
+        saved: dict[int, int] = {}  # storage address -> bytes
 
         def pack(tensor):
             if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
-                saved.append(tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0)
+                storage = tensor.untyped_storage()
+                saved[storage.data_ptr()] = storage.nbytes() if tensor.device.type != "meta" else 0
             return tensor
 
         def done():
-            self.alive[key] = sum(saved)
+            self.alive[key] = sum(saved.values())
+            self.largest = max(self.largest, self.alive[key])
             self.now += self.alive[key]
             self.peak = max(self.peak, self.now)
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), done
@@ -134,7 +138,7 @@ class LabPipeline:
         backward = [i for i, a in enumerate(self.actions) if a.kind in ("B", "W")]
         self.last_backward = backward[-1]
         self.messages = Messages(self.group, self.pp, self.stages, device)
-        self.ties = None  # stages.TiedAcrossStages, where a tied weight is on two ranks
+        self.ties = None  # stages.TiedAcrossStages: set by Pipeline.cut
         self.steps = 0
         self.activations: SavedActivations | None = None
         self.figures: dict = {}
@@ -192,9 +196,7 @@ class LabPipeline:
         sent = self.messages.finish_step()
         span = time.perf_counter() - begin
         lap(FWD_BWD.key)
-        model.finish_gradient_synchronization()
-        if self.ties is not None:
-            self.ties.sum_gradients()
+        self.ties.synchronize(model)
         lap(SYNC.key)
         if before_step is not None:
             before_step()
@@ -209,7 +211,7 @@ class LabPipeline:
 
     def _backward(self, act, index, s, first, last, key, model, saved, weights, precision, loss) -> float:
         """B, I or W of one micro-batch on one chunk (module docstring); when its compute began."""
-        sync = index == self.last_backward
+        sync = index == self.last_backward and not self.ties.sum_first(model)
         if act.kind == "W":
             start = time.perf_counter()
             x, out, grad, groups = weights.pop(key)

@@ -70,13 +70,14 @@ def stage_of(name: str, layers: list[list[str]]) -> int:
 
 
 class TiedAcrossStages:
-    """Weights tied between layers the pipeline put on different ranks: after backward, each copy's gradient
-    becomes the sum of both (one all-reduce over the ranks holding them, for every dp and tp place)."""
+    """Weights tied between layers the pipeline put on different ranks: each copy's gradient becomes the sum of
+    both (one all-reduce over the ranks holding them, for every dp and tp place), next to the strategy's
+    gradient sync (`synchronize`)."""
 
     def __init__(self, module: nn.Module, ties: list[list[str]], layers: list[list[str]], layout, pp_rank: int):
         """`ties`: the names of each weight the whole model held under several names (parity.ties_of), taken
         before the model was cut; `layers`: every stage's layers. Collective: every rank builds the same groups."""
-        self.pairs: list[tuple[nn.Parameter, object]] = []
+        self.pairs: list[tuple[str, object]] = []  # this rank's copy by name: a strategy may replace the object
         for names in ties:
             ranks = sorted({stage_of(n, layers) % layout.pp for n in names})
             if len(ranks) < 2:
@@ -85,9 +86,26 @@ class TiedAcrossStages:
                 [[layout.rank_at(i, j, k) for k in ranks] for i in range(layout.dp) for j in range(layout.tp)])
             if pp_rank in ranks:
                 name = next(n for n in names if stage_of(n, layers) % layout.pp == pp_rank)
-                self.pairs.append((module.get_parameter(name), group))
+                self.pairs.append((name, group))
 
-    def sum_gradients(self) -> None:
-        for param, group in self.pairs:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=group)
+    def sum_first(self, model) -> bool:
+        """Whether the copies are summed before the strategy's sync (its last backward then runs under no_sync):
+        where the strategy reduces after no_sync, its reduction carries the sum to wherever it keeps gradients
+        (zero2 and DeepSpeed-like strategies keep only their shard after it). Otherwise (FSDP2's, which reduce in
+        backward) the sum follows the sync, on each rank's local piece: both copies are sharded alike."""
+        return bool(self.pairs) and model.reduces_after_no_sync
+
+    def synchronize(self, model) -> None:
+        """The strategy's gradient sync and the tied copies' sum, in the order `sum_first` says."""
+        if self.sum_first(model):
+            self._sum(model.module)
+            model.finish_gradient_synchronization()
+        else:
+            model.finish_gradient_synchronization()
+            self._sum(model.module)
+
+    def _sum(self, module: nn.Module) -> None:
+        for name, group in self.pairs:
+            grad = module.get_parameter(name).grad
+            if grad is not None:
+                dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)

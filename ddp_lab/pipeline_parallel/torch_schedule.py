@@ -13,6 +13,7 @@ replicate_torch) reduce only in backward (`reduces_after_no_sync` False): they s
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 
 import torch
@@ -59,7 +60,8 @@ class TorchPipeline:
         self.ties = None
         self.runner = None
         self.figures: dict = {}
-        self.timeline: list = []
+        self.timeline: list = []  # (kind, micro-batch, chunk, asked, start, end): seconds from the step's start
+        self.begin = 0.0
 
     def _build(self, model, precision, loss) -> None:
         from torch.distributed import pipelining
@@ -72,11 +74,33 @@ class TorchPipeline:
         def loss_fn(output, target):
             return precision.scaled(loss(output.float(), target) / m)
 
+        for chunk, stage in enumerate(stages):
+            self._clock(stage, chunk)
         cls = getattr(pipelining, TORCH_SCHEDULES[self.schedule])
         self.runner = cls(stages if self.schedule in MULTI_STAGE else stages[0], m, loss_fn=loss_fn,
                           scale_grads=False)
         self.first = any(s.is_first for s in stages)
         self.last = any(s.is_last for s in stages)
+
+    def _clock(self, stage, chunk: int) -> None:
+        """Time each action the schedule runs on `stage` (its forward, backward, and zero bubble's input and weight
+        halves: I is a backward without the weights'), as the lab's clocks its own: the step's compute and timeline.
+        The schedule's sends, receives and loss are outside them (the last stage's F here excludes its loss)."""
+        def timed(method, kind_of):
+            def run(chunk_id, *args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return method(chunk_id, *args, **kwargs)
+                finally:
+                    end = time.perf_counter() - self.begin
+                    start -= self.begin
+                    self.timeline.append((kind_of(kwargs), chunk_id, chunk, start, start, end))
+            return run
+
+        stage.forward_one_chunk = timed(stage.forward_one_chunk, lambda kw: "F")
+        stage.backward_one_chunk = timed(stage.backward_one_chunk,
+                                         lambda kw: "B" if kw.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, lambda kw: "W")
 
     def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, set_to_none: bool = True,
              precision=None, loss=None) -> torch.Tensor:
@@ -90,15 +114,16 @@ class TorchPipeline:
         inputs = torch.cat([x for x, _ in micro_batches])
         targets = torch.cat([y for _, y in micro_batches])
         losses: list = []
+        self.timeline, self.begin = [], time.perf_counter()
         with model.no_sync() if model.reduces_after_no_sync else nullcontext(), loss.context(), precision.autocast():
             self.runner.step(*([inputs] if self.first else []), target=targets if self.last else None,
                              losses=losses if self.last else None)
+        self.figures = {"busy_s": sum(end - start for *_, start, end in self.timeline),
+                        "span_s": time.perf_counter() - self.begin}
         total = (torch.stack([v.detach() for v in losses]).sum() / precision.grad_scale if losses
                  else torch.zeros((), device=self.device))  # the losses came scaled (fp16)
         lap(FWD_BWD.key)
-        model.finish_gradient_synchronization()
-        if self.ties is not None:
-            self.ties.sum_gradients()
+        self.ties.synchronize(model)
         lap(SYNC.key)
         if before_step is not None:
             before_step()

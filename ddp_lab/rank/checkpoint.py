@@ -139,6 +139,13 @@ class _LoadPlanner(DefaultLoadPlanner):
             super().commit_tensor(read_item, tensor)  # a Flat's piece was read into in place
 
 
+def _every_rank(shapes: dict) -> dict:
+    """Every parameter's shape, from every rank's (a pipeline's stages each hold their own layers'). Collective."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shapes)
+    return {name: shape for mine in everyone for name, shape in mine.items()}
+
+
 def _piece_at(flat: Flat, offset: int) -> torch.Tensor:
     return next(piece for at, piece in flat.pieces if at == offset)
 
@@ -146,15 +153,20 @@ def _piece_at(flat: Flat, offset: int) -> torch.Tensor:
 # --- what a checkpoint holds ----------------------------------------------------------------------------
 
 def as_is(name: str, shape, pieces: list) -> tuple:
-    """Where a strategy's pieces lie in the whole parameter: where the strategy says (no tensor parallelism)."""
-    return shape, pieces
+    """Where a strategy's pieces lie in the whole parameter: the parameter of that name, where the strategy says
+    (no tensor parallelism, no pipeline)."""
+    return name, shape, pieces
 
 
 def _model_state(model, place=as_is) -> tuple[dict, dict]:
-    """(`model.NAME` Flats, each parameter's full shape). `place(name, shape, pieces)`: the pieces (and shape) of
-    the whole parameter that the strategy's pieces of this rank's tensor are (tensor parallelism's
-    `TPLayout.pieces`: a TP rank's tensor is itself a piece)."""
-    params = {name: place(name, shape, pieces) for name, (shape, pieces) in model.checkpoint_params().items()}
+    """(`model.NAME` Flats, each parameter's full shape). `place(name, shape, pieces)`: the whole model's
+    parameter, its shape and the pieces of it that the strategy's pieces of this rank's tensor are (tensor
+    parallelism's: a TP rank's tensor is itself a piece; a pipeline's: the copy of a weight tied across stages
+    is the weight of the name one process gives it: `Parallelism.place`)."""
+    params = {}
+    for name, (shape, pieces) in model.checkpoint_params().items():
+        whole, shape, pieces = place(name, shape, pieces)
+        params[whole] = (shape, pieces)
     shapes = {name: list(shape) for name, (shape, _) in params.items()}
     flats = {f"model.{name}": Flat(math.prod(shape), [(o, p) for o, p in pieces if p.numel()])
              for name, (shape, pieces) in params.items()}
@@ -171,7 +183,8 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None, p
         for tensor in group["params"]:
             if id(tensor) not in where:
                 continue
-            name, offset = where[id(tensor)]
+            local, offset = where[id(tensor)]
+            name = place(local, None, [])[0]  # the whole model's name for it
             if names is not None and tensor not in inner.state:
                 prefix = f"optim.{name}."
                 keys = [n[len(prefix):] for n in names if n.startswith(prefix) and "." not in n[len(prefix):]]
@@ -189,7 +202,7 @@ def _optimizer_state(model, optimizer, shapes: dict, names: set | None = None, p
                 view = local_view(value)
                 if view.numel():
                     flat = flats.setdefault(f"optim.{name}.{key}", Flat(math.prod(shapes[name]), []))
-                    flat.pieces.extend(place(name, None, [(offset, view)])[1])
+                    flat.pieces.extend(place(local, None, [(offset, view)])[2])
     return flats
 
 
@@ -237,7 +250,7 @@ def save(job_dir: Path, step: int, model, optimizer, precision, about: dict, bac
         flats, shapes = _model_state(model, place)
         state = {**flats, **_optimizer_state(model, optimizer, shapes, place=place), **mine,
                  _rng_key(rank): Flat(rng.numel(), [(0, rng)])}
-        meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": shapes,
+        meta = {"format": CHECKPOINT_FORMAT, "step": step, **about, "shapes": _every_rank(shapes),
                 "loss_scaler": _scaler_state(precision)}
         saving = Saving(partial, final, meta, _SavePlanner())
         writer = FileSystemWriter(partial)
@@ -336,7 +349,7 @@ def load(path: Path, model, optimizer, precision, about: dict | None = None, pla
         _restore_scaler(precision, meta)
         return Loaded(int(meta["step"]), True)
     flats, shapes = _model_state(model, place)
-    problem = checkpoint_problem(meta, shapes)
+    problem = checkpoint_problem(meta, _every_rank(shapes))
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
     saved = FileSystemReader(path).read_metadata().state_dict_metadata

@@ -19,12 +19,13 @@ from ddp_lab.rank.data import BatchSource
 
 
 class HeldOutLoss:
-    def __init__(self, cfg, data: BatchSource, loss_fn, also_drop=None):
-        """`loss_fn`: what the model's output takes (the mesh's: a vocab-parallel one under tensor parallelism);
-        `also_drop()`: figures beyond the strategy's that the held-out forward counts (the TP axis's)."""
+    def __init__(self, cfg, data: BatchSource, batch_loss, also_drop=None):
+        """`batch_loss(model, inputs, targets, precision)`: one batch's mean loss, forward only, on every rank
+        (`Parallelism.held_out_loss`: the mesh's loss, through a pipeline's stages); `also_drop()`: figures beyond
+        the strategy's that the held-out forward counts (the TP axis's)."""
         self.every, self.last = cfg.train.eval_every, cfg.train.steps - 1
         self.batches = data.held_out_batches() if data.has_held_out() else []
-        self.loss_fn, self.also_drop = loss_fn, also_drop
+        self.batch_loss, self.also_drop = batch_loss, also_drop
 
     def due(self, step: int) -> bool:
         """After the last step, and every `train.eval_every` steps."""
@@ -34,10 +35,7 @@ class HeldOutLoss:
     def measure(self, model, precision) -> float:
         losses = []
         for inputs, targets in self.batches:
-            with precision.autocast():
-                logits = model(inputs)
-            with self.loss_fn.context():
-                losses.append(self.loss_fn(logits.float(), targets).double())
+            losses.append(self.batch_loss(model, inputs, targets, precision))
         mean = torch.stack(losses).mean()
         dist.all_reduce(mean)
         model.comm.pop()  # the forward's gathers (fsdp) and the all-reduce above are no step's

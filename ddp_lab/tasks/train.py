@@ -2,10 +2,10 @@
 
 `run` reads top to bottom and never names a strategy nor an axis: `Parallelism` (ddp_lab/parallel/) applies
 every axis beyond data parallelism to the model (tensor parallelism) and says which ranks the strategy
-synchronizes over, which rows of each batch this rank reads and which loss the model's output takes; the
-strategy's spec (spec/strategies/) builds the runtime class that wraps the model and builds the optimizer,
-and `train_step` knows only the wrapper contract (strategies/base.py): `no_sync()`,
-`finish_gradient_synchronization()`. The parity tests and the benchmarks call the same `train_step`.
+synchronizes over, which rows of each batch this rank reads, which loss the model's output takes and how one
+step runs (a pipeline's schedule, or rank/step.py's `train_step`, which the parity tests and the benchmarks call
+too); the strategy's spec (spec/strategies/) builds the runtime class that wraps the model and builds the
+optimizer.
 `train.precision` is a `Precision` (rank/precision.py): autocast around the forward, fp16's loss scaling around
 backward and the optimizer step; a strategy whose spec `casts_itself` (fsdp) gets the dtype as `compute_dtype`
 instead.
@@ -14,8 +14,6 @@ instead.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -31,50 +29,15 @@ from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.memory import memory_report, memory_snapshot
 from ddp_lab.rank.optimizers import optimizer_class
-from ddp_lab.rank.precision import FP32, Precision
+from ddp_lab.rank.precision import Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
+from ddp_lab.rank.step import loss_fn
 from ddp_lab.rank.straggler import ArrivalWatch
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
-from ddp_lab.spec.figures import FWD_BWD, LOSS, OPTIMIZER, STEP_TIME, SYNC, VAL_LOSS
+from ddp_lab.spec.figures import LOSS, STEP_TIME, VAL_LOSS
 from ddp_lab.spec.injection import injected
 from ddp_lab.spec.strategies import spec_of
-from ddp_lab.tensor_parallel.loss import CrossEntropy
-
-loss_fn = CrossEntropy()
-"""The loss every job trains on: the mean next-token cross-entropy (a vocab-parallel one under tensor
-parallelism: `Parallelism.loss`)."""
-
-
-def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = None, before_step=None,
-               set_to_none: bool = True, precision: Precision = FP32, loss: CrossEntropy = loss_fn) -> torch.Tensor:
-    """One optimizer step over this rank's micro-batches; returns their mean loss (a 0-d tensor).
-
-    All but the last micro-batch run inside `no_sync()`; `timer.lap` marks the phases;
-    `before_step()`, if given, runs between the gradient sync and the optimizer step;
-    `set_to_none` is `zero_grad`'s (the trainer's default; the tests also run False);
-    `precision`: autocast, loss scaling (rank/precision.py; fp32 changes nothing);
-    `loss`: what the model's output takes, forward and backward inside its `context()` (loss.py).
-    """
-    lap = timer.lap if timer is not None else (lambda phase: None)
-    optimizer.zero_grad(set_to_none=set_to_none)
-    model.grad_scale = precision.grad_scale  # the gradients below come multiplied by it (fp16's loss scale)
-    losses = []
-    for i, (inputs, targets) in enumerate(micro_batches):
-        with nullcontext() if i == len(micro_batches) - 1 else model.no_sync(), loss.context():
-            with precision.autocast():
-                logits = model(inputs)
-            value = loss(logits.float(), targets) / len(micro_batches)
-            precision.backward(value)
-        losses.append(value.detach())
-    lap(FWD_BWD.key)
-    model.finish_gradient_synchronization()
-    lap(SYNC.key)
-    if before_step is not None:
-        before_step()
-    precision.step(optimizer)
-    lap(OPTIMIZER.key)
-    return torch.stack(losses).sum()
 
 
 def compile_summary(cfg, steps: list[dict], summary: dict) -> dict | None:
@@ -123,7 +86,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
-    held_out = HeldOutLoss(cfg, data, parallel.loss, also_drop=parallel.pop)
+    held_out = HeldOutLoss(cfg, data, parallel.held_out_loss, also_drop=parallel.pop)
     checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "model": cfg.model.name, **parallel.about()},
                               parallel.place)
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded

@@ -99,13 +99,14 @@ class TPLayout:
             out[name] = full.view(self.shapes[name])
         return out
 
-    def pieces(self, name: str, shape, local_pieces: list) -> tuple[tuple[int, ...], list]:
+    def pieces(self, name: str, shape, local_pieces: list) -> tuple[str, tuple[int, ...], list]:
         """A strategy's checkpoint pieces of this rank's tensor `name` of `shape` ((offset in it flattened, 1-D
-        view)) as pieces of the whole parameter, with its whole shape; a parameter not split as it is."""
+        view)) as pieces of the whole parameter, with its name and whole shape (rank/checkpoint.py's `place`); a
+        parameter not split as it is."""
         if name not in self.splits:
-            return shape, local_pieces
+            return name, shape, local_pieces
         where, out = self.indices(name), []
         for offset, view in local_pieces:
             for a, b, first in runs(where[offset:offset + view.numel()]):
                 out.append((first, view[a:b]))
-        return self.shapes[name], out
+        return name, self.shapes[name], out

@@ -50,7 +50,7 @@ def _build(strategy: dict, model: str, seed: int, precision: str = PRECISION):
 
 def _steps(model, optimizer, precision, rank, world_size, steps):
     from ddp_lab.rank.data import BatchSource
-    from ddp_lab.tasks.train import train_step
+    from ddp_lab.rank.step import train_step
 
     batches = BatchSource(data_cfg(1, BATCH), rank, world_size, torch.device("cpu"))
     for step in steps:
@@ -264,30 +264,32 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
     assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
 
 
-def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to):
-    """`strategy` on a (dp, tp) mesh (ddp_lab/parallel/): from the checkpoint `start` (None: the first weights,
-    rank-seeded as every run's), steps up to `step_to`, then a checkpoint there."""
+def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer"):
+    """`strategy` on a (pp, dp, tp) mesh (ddp_lab/parallel/; pp > 1: 1F1B over 2 micro-batches): from the
+    checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to `step_to`, then a
+    checkpoint there."""
     from omegaconf import OmegaConf
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.rank.checkpoint import as_is, load, save
     from ddp_lab.rank.data import BatchSource
     from ddp_lab.spec.strategies import spec_of
-    from ddp_lab.tasks.train import train_step, wrap
+    from ddp_lab.tasks.train import wrap
 
     cfg = OmegaConf.merge(data_cfg(1, BATCH), {"world_size": world_size, "parallel": {
-        "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True}})
+        "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True, "pp": pp, "pp_impl": "lab",
+        "pp_schedule": "1f1b", "microbatches": 2 if pp > 1 else 1, "stages_per_rank": 1, "stage_layers": None}})
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank if start is None else 100 + rank)
-    module = parallel.apply(MODELS["transformer"]())
+    module = parallel.apply(MODELS[model_name]())
     spec = parallel.data_parallel(spec_of(strategy))
     model, optimizer, precision = wrap(spec, module, PRECISION, "cpu", 1e-2, 0.1, group=parallel.group())
     place = parallel.place or as_is
-    about = {"strategy": strategy["name"], "world_size": world_size, "mesh": parallel.mesh.layout.label()}
+    about = {"strategy": strategy["name"], **parallel.about()}
     first = 0 if start is None else load(start, model, optimizer, precision, about, place).step
-    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"))
+    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits)
     for step in range(first, step_to):
-        train_step(model, optimizer, list(batches.micro_batches(step)), precision=precision, loss=parallel.loss)
+        parallel.step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
     save(root, step_to, model, optimizer, precision, about, place=place)
 
 
@@ -296,13 +298,37 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to):
     (({"name": "zero2"}, 4, 2, "lab"), ({"name": "flat"}, 1, 1, "lab")),
     (({"name": "bucketed"}, 2, 1, "lab"), ({"name": "fsdp_torch"}, 4, 2, "torch")),
     (({"name": "fsdp"}, 4, 2, "torch"), ({"name": "zero1"}, 4, 4, "lab")),
-], ids=lambda v: "{}-{}x{}-{}".format(v[0]["name"], v[1] // v[2], v[2], v[3]))
+    (({"name": "zero2"}, 4, 1, "lab", 2), ({"name": "bucketed"}, 4, 1, "lab")),
+    (({"name": "fsdp_torch"}, 4, 1, "lab", 2), ({"name": "flat"}, 1, 1, "lab")),
+    (({"name": "bucketed"}, 2, 1, "lab"), ({"name": "zero1"}, 4, 2, "lab", 2)),
+], ids=lambda v: "{}-{}{}x{}-{}".format(v[0]["name"], f"{v[4]}x" if len(v) > 4 else "",
+                                        v[1] // v[2] // (v[4] if len(v) > 4 else 1), v[2], v[3]))
 def test_a_run_moves_between_meshes(tmp_path, a, b):
     """A checkpoint written on a mesh holds the single-process layout: written at dp x tp = 2 x 2 (the lab's TP,
     sequence parallel) it loads at 4 x 1 and at 1 x 1, and one written without TP loads into torch's TP at
-    2 x 2 (and torch's at 2 x 2 into the lab's at 1 x 4); each then trains as a run that never moved."""
-    (sa, na, ta, ia), (sb, nb, tb, ib) = a, b
-    run_ranks(_on_mesh, na, sa, ta, ia, None, tmp_path / "a", HALF)
-    run_ranks(_on_mesh, nb, sb, tb, ib, checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved", 2 * HALF)
-    run_ranks(_on_mesh, nb, sb, tb, ib, None, tmp_path / "straight", 2 * HALF)
+    2 x 2 (and torch's at 2 x 2 into the lab's at 1 x 4); written at pp x dp = 2 x 2 (1F1B) it loads at dp 4 and
+    at 1, and one written at dp 2 loads into pp x dp x tp = 2 x 1 x 2; each then trains as a run that never
+    moved."""
+    run_ranks(_on_mesh, a[1], a[0], a[2], a[3], None, tmp_path / "a", HALF, *a[4:])
+    for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
+        run_ranks(_on_mesh, b[1], b[0], b[2], b[3], start, tmp_path / folder, 2 * HALF, *b[4:])
+    _moved_as_straight(tmp_path)
+
+
+def _tied_across_stages(rank, world_size, root, step_to, start=None):
+    """tied_toy cut in two (its embedding on one stage, the head tied to it on the other), saved."""
+    _on_mesh(rank, world_size, {"name": "zero2"}, 1, "lab", start, root, step_to, pp=2, model_name="tied_toy")
+
+
+def test_a_weight_tied_across_stages_is_saved_once_as_one_process_names_it(tmp_path):
+    """The two stages' copies of a tied weight are one entry of the checkpoint, under its first name, and the
+    run loads it back at one rank (where the two names are one parameter again) and trains on as a run that
+    never moved."""
+    run_ranks(_tied_across_stages, 2, tmp_path / "a", HALF)
+    names = set(_whole(tmp_path / "a", HALF, tmp_path / "a.pt"))
+    model = MODELS["tied_toy"]()
+    assert {f"model.{n}" for n, _ in model.named_parameters()} == {n for n in names if n.startswith("model.")}
+    run_ranks(_on_mesh, 1, {"name": "flat"}, 1, "lab", checkpoint_path(tmp_path / "a", HALF), tmp_path / "moved",
+              2 * HALF, 1, "tied_toy")
+    run_ranks(_on_mesh, 1, {"name": "flat"}, 1, "lab", None, tmp_path / "straight", 2 * HALF, 1, "tied_toy")
     _moved_as_straight(tmp_path)

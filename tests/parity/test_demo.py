@@ -18,9 +18,9 @@ from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.data import BatchSource
+from ddp_lab.rank.step import train_step
 from ddp_lab.strategies import DeMo
 from ddp_lab.strategies.demo import Blocks, dct_basis, largest_divisor_at_most
-from ddp_lab.tasks.train import train_step
 from tests.helpers.distributed import ranks_fixture
 from tests.helpers.sign_sgd import SignSGD
 

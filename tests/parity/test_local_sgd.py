@@ -19,9 +19,9 @@ from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.data import BatchSource
+from ddp_lab.rank.step import train_step
 from ddp_lab.strategies import LocalSGD
 from ddp_lab.strategies.local_sgd import OUTER_LR, OUTER_MOMENTUM
-from ddp_lab.tasks.train import train_step
 from tests.helpers.distributed import ranks_fixture
 
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}

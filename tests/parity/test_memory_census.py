@@ -33,8 +33,8 @@ from ddp_lab.check.parity import data_cfg
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.memory import live_tensor_bytes, memory_snapshot
+from ddp_lab.rank.step import train_step
 from ddp_lab.spec.strategies import SPECS
-from ddp_lab.tasks.train import train_step
 from tests.helpers.extras import runnable_specs
 
 MiB = 2**20

@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.check.models import tiny_transformer
 from ddp_lab.check.parity import global_batch
+from ddp_lab.rank.step import train_step
 from ddp_lab.spec.strategies import spec_of
 from ddp_lab.strategies.comm_stats import set_per_collective
-from ddp_lab.tasks.train import train_step
 from tests.helpers.distributed import ranks_fixture
 
 STAMPED = ["naive", "overlap", "bucketed", "zero1", "zero2", "fsdp", "powersgd", "torch_ddp"]

@@ -25,8 +25,8 @@ from ddp_lab.check.parity import assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.rank.grad_error import GradErrorProbe
 from ddp_lab.rank.precision import LossScaler, Precision
+from ddp_lab.rank.step import loss_fn, train_step
 from ddp_lab.strategies import BucketedDDP, FlatDDP, NaiveDDP, Zero1, Zero2
-from ddp_lab.tasks.train import loss_fn, train_step
 
 PARITY = {
     "flat": FlatDDP,

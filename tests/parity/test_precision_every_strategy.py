@@ -12,8 +12,9 @@ import torch
 
 from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import data_cfg
+from ddp_lab.rank.step import train_step
 from ddp_lab.spec.strategies import SPECS
-from ddp_lab.tasks.train import train_step, wrap
+from ddp_lab.tasks.train import wrap
 from tests.helpers.distributed import ranks_fixture
 from tests.helpers.extras import runnable_specs
 

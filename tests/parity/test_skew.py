@@ -24,12 +24,12 @@ from ddp_lab.arithmetic.skew import ISSUED_AFTER, ISSUED_LATE, LATE_PEER, QUEUED
 from ddp_lab.check.models import tiny_transformer
 from ddp_lab.check.parity import global_batch
 from ddp_lab.check.ranks import run_ranks
+from ddp_lab.rank.step import train_step
 from ddp_lab.rank.straggler import ArrivalWatch
 from ddp_lab.rank.timing import StepTimer
 from ddp_lab.spec.figures import FWD_BWD
 from ddp_lab.strategies import BucketedDDP
 from ddp_lab.strategies.comm_stats import CommStats
-from ddp_lab.tasks.train import train_step
 
 DELAY_S, STEPS = 0.2, 3
 LATE_STEPS = 1 + 8  # a warm-up step, then the 8 measured steps the verdict needs to name one of 2 ranks

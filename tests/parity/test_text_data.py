@@ -21,11 +21,12 @@ import torch
 from ddp_lab.check.parity import ATOL, RTOL, STEPS, assert_parity, data_cfg, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.data.text import python_docs
+from ddp_lab.parallel import Parallelism
 from ddp_lab.rank.data import BatchSource
 from ddp_lab.rank.held_out import HeldOutLoss
 from ddp_lab.rank.precision import FP32
+from ddp_lab.rank.step import loss_fn
 from ddp_lab.spec.strategies import SPECS
-from ddp_lab.tasks.train import loss_fn
 from tests.helpers.extras import runnable_specs
 from tests.helpers.sign_sgd import SignSGD
 
@@ -50,7 +51,8 @@ def _every_strategy(rank, world_size):
     for scenario, (name, knobs) in SCENARIOS.items():
         spec = SPECS[name](**knobs)
         cfg = _held_out_cfg(world_size)
-        held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")), loss_fn)
+        held_out = HeldOutLoss(cfg, BatchSource(cfg, rank, world_size, torch.device("cpu")),
+                               Parallelism(cfg, torch.device("cpu")).held_out_loss)
         measured = []
         sgd = REFERENCE.get(name, {"optimizer_cls": torch.optim.SGD, "opt_kwargs": SGD}) if name in EXACT_KNOBS else {}
         out[scenario] = train_distributed(
