@@ -42,6 +42,7 @@ LOGS = "logs"
 ERRORS = "errors"
 TRACES = "traces"
 TIMELINE = "timeline.png"
+PIPELINE = "pipeline.png"  # a pipeline job's schedule as it ran (analysis/pipeline.py)
 MERGED_TRACE = "trace_all_ranks.json"
 PHASES = "phases.json"  # what `python -m ddp_lab.predict fit` reads (rank/profiler.py GradientClock)
 WANDB = "wandb"  # the offline W&B run: `wandb sync JOB/wandb/offline-run-*`

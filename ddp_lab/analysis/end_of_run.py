@@ -1,6 +1,7 @@
 """What a user sees when a job or a sweep ends, read from the files the jobs wrote.
 
-- `job_ended(job_dir, results)`, called by launch.py after each job: the job's table and, for a
+- `job_ended(job_dir, results)`, called by launch.py after each job: the job's table, for a pipeline job
+  its bubble against its schedule's and the picture of its schedule as it ran (JOB/pipeline.png), and, for a
   profiled job (profile=true), its timeline picture (JOB/timeline.png, drawn from the ranks' traces:
   the ranks record, this draws) and the ranks' traces merged into one for Perfetto
   (JOB/trace_all_ranks.json).
@@ -18,14 +19,22 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ddp_lab.analysis.pipeline import pipeline_of, verdict
 from ddp_lab.analysis.tables import print_tables
-from ddp_lab.jobdir import MERGED_TRACE, TIMELINE, read_results
+from ddp_lab.jobdir import MERGED_TRACE, PIPELINE, TIMELINE, read_results
 from ddp_lab.spec.labels import run_name
 
 
 def job_ended(job_dir: Path, results: dict) -> None:
-    """The job's table; a profiled job's timeline picture beside its traces."""
+    """The job's table; a pipeline job's bubble said against its schedule's, and its schedule as it ran
+    (JOB/pipeline.png); a profiled job's timeline picture beside its traces."""
     print_tables([(job_dir.name, results)], f"{job_dir}")
+    pipeline = pipeline_of(results)
+    if pipeline is not None and results.get("status") == "ok":
+        print(verdict(results) or "")
+        from ddp_lab.analysis.pipeline import plot_schedules  # matplotlib: only for pipeline jobs
+
+        print(f"the schedule as it ran: {plot_schedules({run_name(results['config']): pipeline}, job_dir / PIPELINE)}")
     overlap = (results.get("summary") or {}).get("trace_overlap")
     if overlap and overlap.get("traces"):
         from ddp_lab.analysis.timeline import plot_timeline  # matplotlib: ~0.4 s, only for profiled runs

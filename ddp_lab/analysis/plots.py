@@ -25,6 +25,8 @@ from ddp_lab.spec.figures import BUSBW  # noqa: E402
 
 PHASES = [("compute_mean_ms", "compute (forward + backward)", "#4C72B0"),
           ("exposed_mean_ms", "exposed communication", "#C44E52"),
+          ("tp_comm_mean_ms", "tensor-parallel collectives", "#8172B3"),
+          ("pp_idle_mean_ms", "pipeline bubble (receives' waits, idle)", "#CCB974"),
           ("optimizer_mean_ms", "optimizer step (the update)", "#DD8452"),
           ("other_mean_ms", "other (timers, bookkeeping)", "#BBBBBB")]
 FAILED = "#C44E52"
@@ -306,6 +308,19 @@ def plot_timelines(runs, path) -> bool:
     plot_timeline({label: job / TRACES for label, (_, _, job) in zip(names, profiled)}, path,
                   exposures={label: (res.get("summary") or {}).get("exposure")
                              for label, (_, res, _) in zip(names, profiled)})
+    return True
+
+
+def plot_pipelines(runs, path) -> bool:
+    """Every pipeline job's last step as it ran, stages as rows (analysis/pipeline.py): at most MAX_TIMELINES."""
+    from ddp_lab.analysis.pipeline import pipeline_of, plot_schedules
+
+    jobs = [(name, res) for name, res, _ in runs if res.get("status") == "ok" and pipeline_of(res)]
+    if not jobs:
+        return False
+    jobs = jobs[:MAX_TIMELINES]
+    names = labels([record(name, res) for name, res in jobs])
+    plot_schedules({label: pipeline_of(res) for label, (_, res) in zip(names, jobs)}, path)
     return True
 
 

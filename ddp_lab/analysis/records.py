@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ddp_lab.analysis.accuracy import accuracy
+from ddp_lab.analysis.pipeline import pipeline_record
 from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.jobdir import CONFIG, RESULTS, read_results
 from ddp_lab.spec.figures import (
@@ -102,20 +103,23 @@ def train_record(res: dict) -> dict:
     optimizer's wait for its own communication (zero1's parameter broadcasts) is exposed comm
     taken out of the optimizer phase, which keeps only the update itself. The tensor-parallel axis's
     collectives block inside forward and backward: their time (the lab's, measured) is taken out of the
-    compute (`tp_comm_mean_ms`); torch's TP, unseen, stays in it."""
+    compute (`tp_comm_mean_ms`); torch's TP, unseen, stays in it. A pipeline's idle time (its span less its
+    actions' compute, mean over stage ranks: analysis/pipeline.py) is taken out too (`pp_idle_mean_ms`)."""
     cfg = res.get("config") or {}
     fwd_bwd, sync, exposed, opt, step = (_mean(res, f.key) for f in (FWD_BWD, SYNC, EXPOSED, OPTIMIZER, STEP_TIME))
     compute = other = None
     tp_comm = _mean(res, TP_COMM.key)
+    pipeline = pipeline_record(res)
     if None not in (fwd_bwd, sync, exposed, opt, step):
         in_optimizer = min(_mean(res, EXPOSED_OPTIMIZER.key) or 0.0, exposed, opt)
         in_sync = min(exposed - in_optimizer, fwd_bwd + sync)
         compute, opt, exposed = fwd_bwd + sync - in_sync, opt - in_optimizer, in_sync + in_optimizer
         compute -= min(tp_comm or 0.0, compute)
-        other = max(0.0, step - compute - exposed - opt - (tp_comm or 0.0))
+        compute -= min(pipeline["pp_idle_mean_ms"] or 0.0, compute)
+        other = max(0.0, step - compute - exposed - opt - (tp_comm or 0.0) - (pipeline["pp_idle_mean_ms"] or 0.0))
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
-        "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res),
+        "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res), **pipeline,
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),

@@ -40,6 +40,7 @@ from ddp_lab.analysis import plots
 from ddp_lab.analysis.accuracy import TARGET_MARGIN
 from ddp_lab.analysis.columns import Column, markdown, table
 from ddp_lab.analysis.cost_model import bucket_predictions
+from ddp_lab.analysis.pipeline import verdict
 from ddp_lab.analysis.predict import fit as predict_fit
 from ddp_lab.analysis.predict import validate as predict_validate
 from ddp_lab.analysis.records import job_records, load_runs, task_of
@@ -157,6 +158,12 @@ def exposure_markdown(runs) -> str | None:
     return intro + ("\n\n" + markdown(*table(rows, EXPOSURE)) if rows else "")
 
 
+PIPELINE_INTRO = ("The schedule's bubble is the published formula ((p-1)/(m+p-1), over v when interleaved), zero "
+                  "bubble's its own on paper; it assumes equal stages and free sends. Replayed: the same schedule at "
+                  "each stage's measured compute, sends still free (ddp_lab/analysis/pipeline.py). Measured: each "
+                  "stage rank's step span less its compute, mean over stage ranks and measured steps.")
+
+
 def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: list[dict], notes: list[str],
                    records: list[dict], step_model: str | None = None, target_loss: float | None = None) -> Path:
     train = [r for r in records if r["task"] != "allreduce"]
@@ -169,6 +176,10 @@ def write_markdown(path: Path, root: Path, runs, pictures: dict, predictions: li
     cost = accuracy_markdown(records, target_loss)
     if cost:
         parts += ["## Accuracy cost", "", cost, ""]
+    bubbles = [(n, verdict(r)) for n, r, _ in runs]
+    if any(text for _, text in bubbles):
+        parts += ["## Pipeline bubble: measured against the schedule's", "", PIPELINE_INTRO, ""]
+        parts += [f"- `{n}`: {text}" for n, text in bubbles if text] + [""]
     exposed = exposure_markdown(runs)
     if exposed:
         parts += ["## Exposed communication per collective", "", exposed, ""]
@@ -246,6 +257,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
         ("Bucket size", "report_buckets.png", lambda p: plots.plot_buckets(records, predictions, p)),
         ("Bandwidth against message size", "report_bandwidth.png", lambda p: plots.plot_bandwidth(records, p)),
         ("Timelines of profiled jobs", "report_timelines.png", lambda p: plots.plot_timelines(runs, p)),
+        ("Pipeline schedules as they ran", "report_pipelines.png", lambda p: plots.plot_pipelines(runs, p)),
         ("Memory against step time: the sharding ladder", "report_ladder.png", lambda p: plots.plot_ladder(records, p)),
         ("Loss against wall time and step", "report_loss.png", lambda p: plots.plot_loss(runs, records, p)),
         ("Step time against link rate", "report_link_rate.png", lambda p: plots.plot_link_rate(records, p)),

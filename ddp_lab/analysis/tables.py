@@ -19,7 +19,7 @@ from ddp_lab.spec.figures import ALGBW, BUSBW
 
 ROW = [Column("job", "job"), Column("strategy", "label"), Column("model", "model"),
        Column("ranks", "world_size", "{}"), Column("status", "status")]
-TRAIN_ROW = [*ROW[:4], Column("mesh", "mesh", "{}"), ROW[4]]  # dp x tp
+TRAIN_ROW = [*ROW[:4], Column("mesh", "mesh", "{}"), Column("pipeline", "pipeline", "{}"), ROW[4]]  # dp x tp (x pp)
 TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of the largest rank
     Column("step p50", "step_p50_ms", group="speed"), Column("step p90", "step_p90_ms", group="speed"),
     Column("× floor", "vs_floor", "{:.2f}", group="speed"), Column("× torch's", "vs_torch", "{:.2f}", group="speed"),
@@ -45,6 +45,14 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("wire MiB/step", "comm_mib_per_step", "{:.2f}", group="accuracy"),
     Column("s to target", "time_to_target_s", "{:.2f}", group="accuracy"),
     Column("grad err", "grad_error_mean", "{:.2e}", group="accuracy"),
+    # a pipeline's bubble (analysis/pipeline.py): measured, the schedule's, replayed at the stages' compute
+    Column("bubble %", "bubble_pct", "{:.1f}", group="pipeline"),
+    Column("schedule's bubble %", "bubble_schedule_pct", "{:.1f}", group="pipeline"),
+    Column("at stage times %", "bubble_stages_pct", "{:.1f}", group="pipeline"),
+    Column("pp idle ms", "pp_idle_mean_ms", group="pipeline"),
+    Column("pp wait ms", "pp_wait_mean_ms", group="pipeline"),
+    Column("p2p MiB/step", "p2p_mib_per_step", "{:.2f}", group="pipeline"),
+    Column("act peak MiB", "activation_peak_mib", "{:.1f}", group="pipeline"),
 ]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
 COLLECTIVES = [
     Column("job", "job"), Column("op", "op_label"), Column("MiB", "size_mb", "{:g}"),
@@ -78,7 +86,7 @@ for _column in TRAINING + COLLECTIVES:
         GROUPS[_column.group] = (*GROUPS.get(_column.group, ()), _column.header)
 # What names a row rather than measures it. Shown when it differs between rows, else in the title.
 IDENTITY = tuple(dict.fromkeys(c.header for c in TRAINING + COLLECTIVES if not c.group))
-TEXT_COLUMNS = ("job", "strategy", "model", "status", "op", "backend", "straggler", "injected")
+TEXT_COLUMNS = ("job", "strategy", "model", "pipeline", "status", "op", "backend", "straggler", "injected")
 FOLD_WIDTH = 24  # a text column wider than this wraps onto more lines (a figure never does)
 
 
@@ -139,7 +147,7 @@ def _vertical(title: str, header: list[str], cells: list[str], figures: list[str
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column("figure", justify="left", no_wrap=True)
     table.add_column("value", justify="left", overflow="fold")
-    for name in (h for h in header if h in IDENTITY):
+    for name in (h for h in header if h in IDENTITY and cells[header.index(h)] != "-"):
         table.add_row(name, cells[header.index(name)], style="red" if name == "status" and cells[
             header.index(name)] != "ok" else None)
     for group in GROUPS.values():
@@ -167,7 +175,8 @@ def terminal_tables(title: str, header: list[str], rows: list[list[str]], width:
     identity = [h for h in header if h in IDENTITY]
     same = [h for h in identity if h != "job" and len({r[header.index(h)] for r in rows}) == 1]
     ident = [h for h in identity if h not in same]
-    first = title + ("  (" + ", ".join(f"{h} {rows[0][header.index(h)]}" for h in same) + ")" if same else "")
+    named = [h for h in same if rows[0][header.index(h)] != "-"]  # a key no row has (no pipeline) goes unsaid
+    first = title + ("  (" + ", ".join(f"{h} {rows[0][header.index(h)]}" for h in named) + ")" if named else "")
     chunks: list[tuple[str, list[str]]] = []
     for name, group in GROUPS.items():
         chunk: list[str] = []
