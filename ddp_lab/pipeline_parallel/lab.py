@@ -111,9 +111,13 @@ class SavedActivations:
         saved: dict[int, int] = {}  # storage address -> bytes
 
         def pack(tensor):
-            if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
+            if id(tensor) in params or id(getattr(tensor, "_base", None)) in params or tensor.device.type == "meta":
+                return tensor
+            try:
                 storage = tensor.untyped_storage()
-                saved[storage.data_ptr()] = storage.nbytes() if tensor.device.type != "meta" else 0
+                saved[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:  # no storage of its own to read (a DTensor's, a functional tensor's): its bytes
+                saved[id(tensor)] = tensor_bytes(tensor)
             return tensor
 
         def done():

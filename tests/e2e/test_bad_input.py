@@ -134,10 +134,29 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
                                                                              "divide by it",
     "parallel.sequence_parallel=true": "it needs parallel.tp > 1",
     "parallel.tp=2 world_size=6 train.batch_size=8": "does not divide by the data-parallel ranks (world_size / "
-                                                     "parallel.tp = 3)",
+                                                     "(tp x pp) = 3)",
     "parallel.tp=2 parallel.tp_impl=jax": "Invalid value 'jax', expected one of [lab, torch]",
-    "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers are not proven",
+    "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers and pipeline stages are not proven",
     "parallel.tp=2 task=allreduce": "task=allreduce has no model",
+    # the pipeline (spec/pipeline.py)
+    "parallel.pp=3": "does not divide world_size=2",
+    "parallel.pp=2 parallel.pp_schedule=pipedream": "parallel.pp_schedule must be one of gpipe, 1f1b, "
+                                                    "interleaved_1f1b, zero_bubble, got pipedream",
+    "parallel.pp=2 parallel.microbatches=3": "does not divide",
+    "parallel.microbatches=4": "parallel.pp=1 is none: set parallel.pp > 1 (train.grad_accum_steps",
+    "parallel.pp=2 parallel.stages_per_rank=2": "use parallel.pp_schedule=interleaved_1f1b",
+    "parallel.pp=2 parallel.pp_schedule=interleaved_1f1b parallel.stages_per_rank=2 parallel.microbatches=2 "
+    "model.num_layers=3": "4 stages, more than the model's 3 blocks",
+    "parallel.pp=2 parallel.stage_layers=[1,1]": "must give every stage at least one of the model's 4 blocks",
+    "parallel.stage_layers=[2,2]": "parallel.stage_layers splits a pipeline's blocks, and parallel.pp=1 is none",
+    "parallel.pp=2 train.grad_accum_steps=2": "a pipeline's micro-batches are its accumulation",
+    "parallel.pp=2 parallel.pp_impl=torch parallel.microbatches=1": "torch's Schedule1F1B needs "
+                                                                    "parallel.microbatches >= its 2 stages",
+    "parallel.pp=2 world_size=4 strategy=fsdp": "strategy=fsdp does not run under a pipeline",
+    "parallel.pp=2 world_size=4 strategy=fsdp_torch parallel.pp_schedule=zero_bubble": "zero_bubble",
+    "parallel.pp=2 train.compile=true": "compiled tensor-parallel layers and pipeline stages are not proven",
+    "parallel.pp=2 task=allreduce": "task=allreduce has no model",
+    "parallel.pp=2 measure.grad_error=true": "its probe averages gradients over every rank",
     "model=xxl_ffn": "a model for the calculator",
     f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}] model=tied_gpt parallel.tp=2 "
     "parallel.sequence_parallel=true": "does not run on sequence shards",
@@ -147,7 +166,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
 # One per kind: Hydra's types, options and keys; a validation rule; the memory check; a knob rule.
 THROUGH_LAUNCH = ["world_size=two", "strategy=nonexistent", "+train.stpes=5", "train.batch_size=7",
                   "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16",
-                  "model.context_length=1000000", "parallel.tp=3"]
+                  "model.context_length=1000000", "parallel.tp=3", "parallel.pp=2 parallel.microbatches=3"]
 ANSWERED_S = 2.0  # a refusal that needs no torch, from `python launch.py` to its exit, on this machine
 
 
