@@ -90,12 +90,10 @@ def pipeline_record(res: dict) -> dict:
     p = pipeline_of(res)
     if p is None:
         return {"pipeline": None, "bubble_pct": None, "bubble_schedule_pct": None, "bubble_stages_pct": None,
-                "pp_idle_mean_ms": None, "pp_wait_mean_ms": None, "p2p_mib_per_step": None,
-                "activation_peak_mib": None}
+                "pp_idle_mean_ms": None, "pp_wait_mean_ms": None, "p2p_mib_per_step": None}
     stages = p["per_stage"]
     waits = [s["wait_ms"] for s in stages if s.get("wait_ms") is not None]
     sent = [s["p2p_bytes"] for s in stages if s.get("p2p_bytes") is not None]
-    peaks = [s["activation_peak_bytes"] for s in stages if s.get("activation_peak_bytes") is not None]
     label = f"{p['schedule']} m={p['microbatches']}" + (f" v={p['stages_per_rank']}" if p["stages_per_rank"] > 1
                                                         else "") + f" {p['impl']}"
     idle = [s["span_ms"] - s["busy_ms"] for s in stages if s.get("span_ms") is not None]
@@ -103,8 +101,7 @@ def pipeline_record(res: dict) -> dict:
             "bubble_schedule_pct": schedule_bubble_pct(p), "bubble_stages_pct": replayed_bubble_pct(p),
             "pp_idle_mean_ms": sum(idle) / len(idle) if idle else None,
             "pp_wait_mean_ms": sum(waits) / len(waits) if waits else None,
-            "p2p_mib_per_step": max(sent) / MiB if sent else None,
-            "activation_peak_mib": max(peaks) / MiB if peaks else None}
+            "p2p_mib_per_step": max(sent) / MiB if sent else None}
 
 
 def verdict(res: dict) -> str | None:

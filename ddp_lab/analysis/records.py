@@ -204,6 +204,7 @@ def memory_record(res: dict) -> dict:
            "strategy_state_mib_per_rank": _mib(memory.get("strategy_state_max_rank")),
            "state_total_mib_per_rank": _mib(memory.get("state_total_max_rank")),
            "live_tensors_mib": _mib(memory.get("live_tensor_bytes_max_rank")),
+           "activations_mib_per_rank": _mib(memory.get("activation_peak_bytes_max_rank")),
            "paper_mixed_model_state_mib": _mib(memory.get("paper_mixed_total")),
            "peak_gathered_mib": _mib(memory.get("peak_gathered_bytes_max_rank")),
            "max_memory_allocated_mib": _mib(memory.get("max_memory_allocated_max_rank")),

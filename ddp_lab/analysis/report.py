@@ -87,7 +87,8 @@ MEMORY = IDENTITY_MD + [Column("stage", "zero_stage", "{}"), Column("dtype", "st
         ("paper: grads", "paper_grads_mib"), ("paper: optimizer", "paper_opt_mib"),
         ("paper: model state", "paper_model_state_mib"), ("× paper", "model_state_vs_paper"),
         ("paper, mixed 2+2+12", "paper_mixed_model_state_mib"), ("strategy state", "strategy_state_mib_per_rank"),
-        ("total", "state_total_mib_per_rank"), ("live tensors", "live_tensors_mib"),
+        ("total", "state_total_mib_per_rank"), ("activations", "activations_mib_per_rank"),
+        ("live tensors", "live_tensors_mib"),
         ("peak gathered", "peak_gathered_mib"), ("max allocated", "max_memory_allocated_mib"))
 ]  # MiB of the largest rank; × paper with the 3 digits its bar (1.05) needs
 

@@ -37,6 +37,7 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("model state MiB/rank", "model_state_mib_per_rank", group="memory"),
     Column("× ZeRO paper", "model_state_vs_paper", "{:.3f}", group="memory"),  # the bar (1.05) needs 3 digits
     Column("strategy state MiB/rank", "strategy_state_mib_per_rank", group="memory"),
+    Column("activations MiB/rank", "activations_mib_per_rank", "{:.1f}", group="memory"),  # the first step's peak
     Column("params held %", "tp_params_held_pct", "{:.1f}", group="memory"),  # under TP: this rank's pieces
     # the accuracy figures (analysis/accuracy.py)
     Column("final loss", "final_loss", "{:.4f}", group="accuracy"),  # validation where it is a curve
@@ -52,7 +53,6 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("pp idle ms", "pp_idle_mean_ms", group="pipeline"),
     Column("pp wait ms", "pp_wait_mean_ms", group="pipeline"),
     Column("p2p MiB/step", "p2p_mib_per_step", "{:.2f}", group="pipeline"),
-    Column("act peak MiB", "activation_peak_mib", "{:.1f}", group="pipeline"),
 ]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
 COLLECTIVES = [
     Column("job", "job"), Column("op", "op_label"), Column("MiB", "size_mb", "{:g}"),

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.parallel.mesh import Mesh
+from ddp_lab.rank.activations import SavedActivations
 from ddp_lab.rank.step import train_step
 from ddp_lab.spec.parallel import layout_of
 from ddp_lab.spec.strategy import StrategySpec
@@ -44,6 +45,7 @@ class Parallelism:
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
         self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
+        self._activations: SavedActivations | None = None  # the plain step's, counted on its first call
 
     # --- the model and its strategy -------------------------------------------------------------------
 
@@ -94,11 +96,30 @@ class Parallelism:
         return self.pipeline.m if self.pipeline is not None else None
 
     def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, precision=None):
-        """One optimizer step: the pipeline schedule's, or `train_step`'s."""
+        """One optimizer step: the pipeline schedule's, or `train_step`'s (its first with the activations autograd
+        saves counted: rank/activations.py)."""
         if self.pipeline is not None:
             return self.pipeline.step(model, optimizer, micro_batches, timer, before_step, precision=precision,
                                       loss=self.loss)
-        return train_step(model, optimizer, micro_batches, timer, before_step, precision=precision, loss=self.loss)
+        if self._activations is not None:
+            return train_step(model, optimizer, micro_batches, timer, before_step, precision=precision,
+                              loss=self.loss)
+        self._activations = SavedActivations()
+        hooks, done = self._activations.counting("step")
+        with hooks:
+            out = train_step(model, optimizer, micro_batches, timer, before_step, precision=precision, loss=self.loss)
+        done()
+        self._activations.largest //= len(micro_batches)  # one at a time: each micro-batch's freed by its backward
+        return out
+
+    @property
+    def activation_peak(self) -> int | None:
+        """The most bytes of activations this rank held at once in its first step: a pipeline stage's micro-batches
+        in flight (the lab's schedules; torch's are not counted: None), else one micro-batch's."""
+        if self.pipeline is not None:
+            saved = getattr(self.pipeline.runner, "activations", None)
+            return None if saved is None else saved.peak
+        return None if self._activations is None else self._activations.largest
 
     def held_out_loss(self, model, inputs, targets, precision) -> torch.Tensor:
         """The mean loss of one batch, forward only (rank/held_out.py): through the pipeline's stages, or the

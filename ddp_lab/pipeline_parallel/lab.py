@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from ddp_lab.rank.activations import SavedActivations
 from ddp_lab.spec.pipeline import schedule_actions, stage_index
 from ddp_lab.units import tensor_bytes
 
@@ -99,38 +100,6 @@ class Messages:
         return out
 
 
-class SavedActivations:
-    """Bytes autograd saves during each forward (not the parameters; each storage once), counted on one step: the
-    stage's activation memory per micro-batch (`largest`), and the most alive at once (`peak`)."""
-
-    def __init__(self):
-        self.alive: dict[tuple, int] = {}
-        self.now = self.peak = self.largest = 0
-
-    def counting(self, key: tuple, params: set[int]):
-        saved: dict[int, int] = {}  # storage address -> bytes
-
-        def pack(tensor):
-            if id(tensor) in params or id(getattr(tensor, "_base", None)) in params or tensor.device.type == "meta":
-                return tensor
-            try:
-                storage = tensor.untyped_storage()
-                saved[storage.data_ptr()] = storage.nbytes()
-            except RuntimeError:  # no storage of its own to read (a DTensor's, a functional tensor's): its bytes
-                saved[id(tensor)] = tensor_bytes(tensor)
-            return tensor
-
-        def done():
-            self.alive[key] = sum(saved.values())
-            self.largest = max(self.largest, self.alive[key])
-            self.now += self.alive[key]
-            self.peak = max(self.peak, self.now)
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), done
-
-    def freed(self, key: tuple) -> None:
-        self.now -= self.alive.pop(key, 0)
-
-
 class LabPipeline:
     """This rank's part of the schedule, run by hand (module docstring)."""
 
@@ -169,7 +138,6 @@ class LabPipeline:
         counting = self.steps == 0
         if counting:
             self.activations = SavedActivations()
-            params = {id(p) for p in model.parameters()}
         saved, weights, losses, timeline = {}, {}, [], []
         begin, busy = time.perf_counter(), 0.0
         for index, act in enumerate(self.actions):
@@ -180,7 +148,7 @@ class LabPipeline:
             if act.kind == "F":
                 x = inputs if first else self.messages.recv_activation(act.microbatch, s)
                 start = time.perf_counter()
-                hooks, done = self.activations.counting(key, params) if counting else (nullcontext(), None)
+                hooks, done = self.activations.counting(key) if counting else (nullcontext(), None)
                 with model.no_sync(), hooks, precision.autocast():
                     out = model(x, chunk=act.chunk)
                 if last:

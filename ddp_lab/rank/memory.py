@@ -288,11 +288,15 @@ def memory_report(memory: dict, zero_stage: int, num_params: int, precision: str
     `num_params`: the count a rank holds before its strategy shards (taken before wrapping: fsdp's parameters are
     shards): the whole model's, or under tensor parallelism its pieces'; `whole_params`: the whole model's, where
     that differs (the report then says the TP fraction: each rank's pieces over the whole, padding included);
-    `shard_ranks`: how many ranks share what is sharded (hsdp: its shard group; default: every rank)."""
+    `shard_ranks`: how many ranks share what is sharded (hsdp: its shard group; default: every rank);
+    `memory["activations"]`: the rank's activation peak (rank/activations.py), beside the model state."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, memory)
     report = summarize_memory(per_rank, num_params, shard_ranks or dist.get_world_size(), zero_stage, precision)
     report["shard_ranks"] = shard_ranks or dist.get_world_size()
+    counted = [m.get("activations") for m in per_rank]
+    report["activation_peak_bytes"] = counted  # per rank: rank/activations.py's count (None: not counted)
+    report["activation_peak_bytes_max_rank"] = max((c for c in counted if c is not None), default=None)
     if whole_params is not None and whole_params != num_params:
         report["whole_params"] = whole_params
         report["tp_param_fraction"] = num_params / whole_params

@@ -134,6 +134,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
     summary["compile"] = compile_summary(cfg, steps, summary)
+    memory["activations"] = parallel.activation_peak
     summary["memory"] = memory_report(memory, spec.zero_stage, parallel.held_params, compute,
                                       parallel.shard_ranks(spec), parallel.whole_params)
     summary["mesh"] = parallel.describe(cfg.train.warmup_steps)
