@@ -361,7 +361,10 @@ def data_parallel_size(cfg) -> int:
 def micro_batch_size(cfg) -> int:
     """Sequences in one forward of one rank: the global batch over the data-parallel ranks and the micro-batches
     (gradient accumulation's, or a pipeline's; at least 1)."""
-    pp_micro = OmegaConf.select(cfg, "parallel.microbatches", default=1) or 1
+    from ddp_lab.spec.pipeline import microbatches_of
+
+    parallel = OmegaConf.select(cfg, "parallel")
+    pp_micro = microbatches_of(parallel) if parallel is not None else 1
     return max(1, cfg.train.batch_size // data_parallel_size(cfg) // cfg.train.grad_accum_steps // pp_micro)
 
 

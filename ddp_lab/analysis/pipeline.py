@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddp_lab.spec.pipeline import schedule_actions, simulate, stage_index
+from ddp_lab.spec.pipeline import microbatches_of, schedule_actions, simulate, stage_index
 from ddp_lab.units import MiB
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#C44E52", "I": "#DD8452", "W": "#55A868"}
@@ -81,7 +81,7 @@ def activation_bytes(cfg: dict) -> int | None:
     if not all(k in model for k in ("context_length", "d_model")) or not train.get("batch_size"):
         return None
     dp = max(1, cfg["world_size"] // ((parallel.get("tp") or 1) * (parallel.get("pp") or 1)))
-    rows = train["batch_size"] // dp // (parallel.get("microbatches") or 1)
+    rows = train["batch_size"] // dp // microbatches_of(parallel)
     return rows * model["context_length"] * model["d_model"] * 4
 
 

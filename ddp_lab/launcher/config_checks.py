@@ -29,7 +29,7 @@ from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.parallel import mesh_problem, plan_problem
-from ddp_lab.spec.pipeline import pipeline_problem, schedule_problem
+from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec, mesh_keys
 from ddp_lab.units import MiB
@@ -148,7 +148,7 @@ def _validate_mesh(cfg: DictConfig) -> None:
     p = cfg.parallel
     context = OmegaConf.select(cfg, "model.context_length", default=1)
     problem = mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context, p.pp) or schedule_problem(
-        p.pp, p.stages_per_rank, str(p.pp_schedule), p.microbatches, str(p.pp_impl))
+        p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p), str(p.pp_impl))
     _require(problem is None, str(problem))
     if p.tp == 1 and p.pp == 1:
         return
@@ -177,7 +177,7 @@ def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
     module = small if bounded_size(cfg.model) == cfg.model else _meta_model(cfg)
     blocks = len(module.pp_layers()[1])
     layers = None if p.stage_layers is None else list(p.stage_layers)
-    problem = pipeline_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), p.microbatches,
+    problem = pipeline_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p),
                                t.batch_size // data_parallel_size(cfg), blocks, layers, t.grad_accum_steps,
                                str(p.pp_impl))
     _require(problem is None, str(problem))

@@ -14,7 +14,7 @@ from torch import nn
 from ddp_lab.models.facts import ties_of
 from ddp_lab.pipeline_parallel.stages import TiedAcrossStages, keep_stages
 from ddp_lab.spec.figures import PP_BUBBLE, PP_P2P_BYTES, PP_WAIT
-from ddp_lab.spec.pipeline import PPImpl, bubble_formula, simulate
+from ddp_lab.spec.pipeline import PPImpl, bubble_formula, microbatches_of, simulate
 from ddp_lab.strategies.collectives import broadcast_module_state
 
 
@@ -24,7 +24,7 @@ class Pipeline:
     def __init__(self, mesh, parallel, device: torch.device):
         self.mesh, self.device = mesh, device
         self.schedule, self.impl = str(parallel.pp_schedule), PPImpl(str(parallel.pp_impl))
-        self.m, self.chunks = int(parallel.microbatches), int(parallel.stages_per_rank)
+        self.m, self.chunks = microbatches_of(parallel), int(parallel.stages_per_rank)
         self.counts = list(parallel.stage_layers) if parallel.stage_layers is not None else None
         if self.impl == PPImpl.lab:
             from ddp_lab.pipeline_parallel.lab import LabPipeline

@@ -58,9 +58,10 @@ class ParallelConfig:
     pp_impl: PPImpl = PPImpl.lab
     """lab: the hand-written schedules over point-to-point sends and receives; torch: torch.distributed.pipelining's
     PipelineStage and the schedule of the same name."""
-    microbatches: int = 1
+    microbatches: Optional[int] = None
     """Micro-batches each data-parallel rank's batch is split into for the pipeline (it must divide that batch);
-    the bubble is (pp-1)/(m+pp-1) of a step for GPipe and 1F1B."""
+    the bubble is (pp-1)/(m+pp-1) of a step for GPipe and 1F1B. Unset: one per stage (pp x stages_per_rank), the
+    fewest torch's Schedule1F1B takes."""
     stages_per_rank: int = 1
     """Virtual stages per rank (interleaved_1f1b): the bubble divided by them, more sends and receives."""
     stage_layers: Optional[list[int]] = None

@@ -240,6 +240,15 @@ def split_blocks(blocks: int, stages: int, stage_layers: list[int] | None = None
     return out
 
 
+def microbatches_of(parallel) -> int:
+    """The `parallel` node's (a DictConfig or a dict) micro-batches: as set, or one per stage (1 without a
+    pipeline)."""
+    if parallel.get("microbatches") is not None:
+        return int(parallel.get("microbatches"))
+    pp = int(parallel.get("pp") or 1)
+    return pp * int(parallel.get("stages_per_rank") or 1) if pp > 1 else 1
+
+
 def schedule_problem(pp: int, chunks: int, schedule: str, microbatches: int, impl: str = "lab") -> str | None:
     """One line saying why the `parallel` node's pipeline keys cannot go together, or None (no model needed)."""
     if schedule not in {str(s) for s in PPSchedule}:
