@@ -300,7 +300,8 @@ def add_step_ratios(records: list[dict], results: list[dict]) -> None:
     """`vs_floor`: the step p50 over the floor's (`strategy=none`, the same work, in the sweep); `vs_torch`: over
     torch's reference of the strategy (its spec's `torch_reference`), the same work with the same measurement
     switch, the same bucket size where one was swept; `vs_torch_tp`: a job of the lab's tensor parallelism over
-    the same job on torch's (`parallel.tp_impl=torch`, all else alike). None where the sweep has no such job."""
+    the same job on torch's (`parallel.tp_impl=torch`, all else alike); `vs_torch_pp` the same for a pipeline
+    (`parallel.pp_impl=torch`: torch's schedule on the same stages). None where the sweep has no such job."""
     from ddp_lab.spec.strategies import SPECS
 
     work = [same_work(res) if rec["task"] == "train" else None for rec, res in zip(records, results)]
@@ -308,14 +309,21 @@ def add_step_ratios(records: list[dict], results: list[dict]) -> None:
           if rec["task"] == "train" and rec["status"] == "ok" and rec.get("step_p50_ms")]
     floors = {key: rec["step_p50_ms"] for rec, key, _ in ok
               if SPECS.get(rec["strategy"]) is not None and not SPECS[rec["strategy"]].synchronizes}
-    torch_tp = {(rec["label"].replace("-tp_impl=torch", ""), key[:-1] + (key[-1].replace("-tp_impl=torch", ""),)):
-                rec["step_p50_ms"] for rec, key, _ in ok if rec.get("tp_impl") == "torch"}
+    def twin(impl_key: str):
+        """torch's job of an axis (`-tp_impl=torch`, `-pp_impl=torch` in its label) by the lab's job's key."""
+        mark = f"-{impl_key}=torch"
+        return {(rec["label"].replace(mark, ""), key[:-1] + (key[-1].replace(mark, ""),)): rec["step_p50_ms"]
+                for rec, key, _ in ok if mark in rec["label"]}
+
+    torch_tp, torch_pp = twin("tp_impl"), twin("pp_impl")
     for rec, res, key in zip(records, results, work):
-        rec["vs_floor"] = rec["vs_torch"] = rec["vs_torch_tp"] = None
+        rec["vs_floor"] = rec["vs_torch"] = rec["vs_torch_tp"] = rec["vs_torch_pp"] = None
         if rec["task"] != "train" or not rec.get("step_p50_ms"):
             continue
         if rec.get("tp_impl") == "lab" and (rec["label"], key) in torch_tp:
             rec["vs_torch_tp"] = rec["step_p50_ms"] / torch_tp[rec["label"], key]
+        if rec.get("pipeline") and "-pp_impl=" not in rec["label"] and (rec["label"], key) in torch_pp:
+            rec["vs_torch_pp"] = rec["step_p50_ms"] / torch_pp[rec["label"], key]
         floor = floors.get(key)
         rec["vs_floor"] = rec["step_p50_ms"] / floor if floor else None
         spec = SPECS.get(rec["strategy"])

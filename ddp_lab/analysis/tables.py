@@ -48,6 +48,7 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("grad err", "grad_error_mean", "{:.2e}", group="accuracy"),
     # a pipeline's bubble (analysis/pipeline.py): measured, the schedule's, replayed at the stages' compute
     Column("bubble %", "bubble_pct", "{:.1f}", group="pipeline"),
+    Column("× torch PP", "vs_torch_pp", "{:.2f}", group="pipeline"),
     Column("schedule's bubble %", "bubble_schedule_pct", "{:.1f}", group="pipeline"),
     Column("at stage times %", "bubble_stages_pct", "{:.1f}", group="pipeline"),
     Column("pp idle ms", "pp_idle_mean_ms", group="pipeline"),

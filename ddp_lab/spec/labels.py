@@ -69,15 +69,24 @@ def collectives_label(cfg) -> str:
 
 
 def mesh_label(cfg) -> str:
-    """`-tp=2`, `-tp=2-sp-tp_impl=torch-tp_inner=false`: the axes beyond data parallelism where a run has them
-    (parallel.tp > 1), else nothing."""
+    """`-tp=2`, `-tp=2-sp-tp_impl=torch-tp_inner=false`, `-pp=2-1f1b-m=4`,
+    `-pp=2-interleaved_1f1b-v=2-m=4-pp_impl=torch`: the axes beyond data parallelism where a run has them
+    (parallel.tp > 1, parallel.pp > 1), else nothing."""
+    from ddp_lab.spec.pipeline import microbatches_of
+
     parallel = (cfg.get("parallel") if hasattr(cfg, "get") else None) or {}
-    tp = int(parallel.get("tp", 1) or 1)
-    if tp == 1:
-        return ""
-    return (f"-tp={tp}" + ("-sp" if parallel.get("sequence_parallel") else "")
-            + (f"-tp_impl={parallel.get('tp_impl')}" if str(parallel.get("tp_impl", "lab")) != "lab" else "")
-            + ("-tp_inner=false" if parallel.get("tp_inner", True) is False else ""))
+    tp, pp = int(parallel.get("tp", 1) or 1), int(parallel.get("pp", 1) or 1)
+    label = ""
+    if tp > 1:
+        label += (f"-tp={tp}" + ("-sp" if parallel.get("sequence_parallel") else "")
+                  + (f"-tp_impl={parallel.get('tp_impl')}" if str(parallel.get("tp_impl", "lab")) != "lab" else "")
+                  + ("-tp_inner=false" if parallel.get("tp_inner", True) is False else ""))
+    if pp > 1:
+        chunks = int(parallel.get("stages_per_rank", 1) or 1)
+        label += (f"-pp={pp}-{parallel.get('pp_schedule', '1f1b')}" + (f"-v={chunks}" if chunks > 1 else "")
+                  + f"-m={microbatches_of(parallel)}"
+                  + (f"-pp_impl={parallel.get('pp_impl')}" if str(parallel.get("pp_impl", "lab")) != "lab" else ""))
+    return label
 
 
 def collective_label(task) -> str:

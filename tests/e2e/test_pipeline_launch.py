@@ -61,6 +61,9 @@ def test_the_tables_and_report_carry_the_bubble(sweep):
     for record in records:
         assert record["bubble_schedule_pct"] == pytest.approx(100 / 3) and record["bubble_pct"] > 0
         assert record["bubble_stages_pct"] is not None and record["mesh"] == "2x1x2"
+        assert (record["vs_torch_pp"] is not None) == record["pipeline"].endswith("lab")  # the lab's over torch's
+        assert "-pp=2-" in record["label"] and record["label"].endswith("-m=2" if "lab" in record["pipeline"] else
+                                                                       "-m=2-pp_impl=torch")
     report = make_report(sweep, quiet=True)
     text = (sweep / "report.md").read_text()
     assert "## Pipeline bubble: measured against the schedule's" in text and "unequal stages account for" in text
