@@ -5,6 +5,8 @@
     python -m ddp_lab.calculator model=small strategy=zero1 strategy.comm=reduce_scatter
     python -m ddp_lab.calculator --model xxl_ffn --world-size 64 --tp 4 --strategy fsdp --flops 4.6e14 \
         --bandwidth dp=3.6e11,tp=1.8e11          # a mesh: analysis/mesh_accounting.py
+    python -m ddp_lab.calculator --model tiny --world-size 2 --pp 2 --microbatches 4 --schedule 1f1b \
+        --dtype fp32                             # a pipeline: analysis/pipeline_accounting.py
 
 Answers, per device and per strategy (each with its spec's default knobs, or the ones given): bytes of
 parameters, gradients and optimizer state (fp32 training, or mixed-precision bf16 Adam at 16 bytes per
@@ -191,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=None,
                         help="tensor-parallel degree: the mesh report (world_size = dp x tp), per axis")
     parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: norms on sequence shards")
+    parser.add_argument("--pp", type=int, default=None,
+                        help="pipeline stages: the pipeline report (world_size = pp x dp), per stage")
+    parser.add_argument("--schedule", default="1f1b", help="with --pp: gpipe, 1f1b, interleaved_1f1b, zero_bubble")
+    parser.add_argument("--microbatches", type=int, default=None, help="with --pp: default one per stage")
+    parser.add_argument("--stages-per-rank", type=int, default=1, help="with --pp: interleaved's virtual stages")
+    parser.add_argument("--batch", type=int, default=8, help="with --pp: the global batch in sequences")
     parser.add_argument("--wire", choices=sorted(DTYPE_BYTES), default=None,
                         help="with --tp: the dtype of gradients, gathered weights and activations on the wire "
                              "(default: --dtype's gradient dtype)")
@@ -213,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_model_config(args.model, key_values(args.set, "--set"))
         strategies = [s for s in args.strategy.split(",") if s]
+        if args.pp is not None and args.tp is not None:
+            raise ValueError("--pp and --tp: one axis at a time (each report prices its own)")
+        if args.pp is not None:
+            return _pipeline(args, cfg)
         if args.tp is not None:
             return _mesh(args, cfg, strategy_specs(strategies, key_values(args.knob, "--knob")))
         report = calculate(cfg, args.world_size, args.dtype, args.flops, float(args.bandwidth), strategies,
@@ -234,6 +246,18 @@ def _mesh(args, cfg, specs) -> int:
                                parse_bandwidth(args.bandwidth), args.phase, args.sequence_parallel,
                                tuple(float(g) for g in args.device_gb.split(",")), args.tokens) for spec in specs]
     print(json.dumps(reports, indent=2, default=str) if args.json else "\n\n".join(map(format_mesh_report, reports)))
+    return 0
+
+
+def _pipeline(args, cfg) -> int:
+    """The pipeline report (`--pp`)."""
+    from ddp_lab.analysis.pipeline_accounting import format_pipeline_report, pipeline_accounting
+
+    m = args.microbatches if args.microbatches is not None else args.pp * args.stages_per_rank
+    wire = args.wire or ("bf16" if DTYPE_BYTES[args.dtype][1] == 2 else "fp32")
+    report = pipeline_accounting(cfg, args.world_size, args.pp, m, args.schedule, args.stages_per_rank, args.batch,
+                                 args.flops, wire)
+    print(json.dumps(report, indent=2) if args.json else format_pipeline_report(report))
     return 0
 
 

@@ -139,3 +139,30 @@ def test_the_report_splits_the_gap_to_the_formula_into_unequal_stages_and_the_re
     assert record["bubble_schedule_pct"] == 20.0 and record["pp_wait_mean_ms"] == 1.5
     assert pipeline_record({"summary": {"mesh": {}}})["bubble_pct"] is None and verdict({}) is None
     assert plot_schedules({"job": res["summary"]["mesh"]["pipeline"]}, tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_calculator_prices_a_pipeline_from_the_model_itself(capsys):
+    """`python -m ddp_lab.calculator --pp`: the stages hold every parameter once, the last stage (the 10,000-word
+    head) computes more than the first, so the bubble at the stages' own FLOPs exceeds the formula's; 1F1B keeps
+    p - rank micro-batches' activations, GPipe all m; each rank sends the schedule's count of one activation."""
+    from ddp_lab.analysis.calculator import main as calculator_main
+    from ddp_lab.analysis.pipeline_accounting import pipeline_accounting
+    from ddp_lab.config import compose_model
+    from ddp_lab.models.facts import parameter_counts
+
+    cfg = compose_model("tiny")
+    one_f = pipeline_accounting(cfg, 2, 2, 4, "1f1b", batch=8, wire="fp32")
+    gpipe = pipeline_accounting(cfg, 2, 2, 4, "gpipe", batch=8, wire="fp32")
+    assert sum(r["params"] for r in one_f["per_rank"]) == parameter_counts(cfg)["total"]
+    assert one_f["per_stage"][1]["flops_per_token"] > 2 * one_f["per_stage"][0]["flops_per_token"]
+    assert one_f["bubble_equal_stages"] == pytest.approx(0.2) == one_f["bubble_formula"]
+    assert one_f["bubble_at_stage_flops"] > 0.3
+    assert [r["in_flight"] for r in one_f["per_rank"]] == [2, 1]
+    assert [r["in_flight"] for r in gpipe["per_rank"]] == [4, 4]
+    assert one_f["activation_bytes"] == 2 * 64 * 256 * 4
+    assert [r["p2p_bytes"] for r in one_f["per_rank"]] == [4 * one_f["activation_bytes"]] * 2
+    assert calculator_main(["--model", "tiny", "--world-size", "2", "--pp", "2", "--microbatches", "4"]) == 0
+    assert "bubble: formula 20.0%, on paper at equal stages 20.0%" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        calculator_main(["--model", "tiny", "--world-size", "2", "--pp", "2", "--microbatches", "3"])
+    assert "does not divide into 1 data-parallel ranks x 3 micro-batches" in capsys.readouterr().err
