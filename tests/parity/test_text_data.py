@@ -43,6 +43,7 @@ REFERENCE = {"demo": {"optimizer_cls": SignSGD, "opt_kwargs": {"lr": 1e-2, "weig
 def _held_out_cfg(world_size):
     cfg = data_cfg(batch_size=2 * world_size, data=TEXT)
     cfg.train.update({"eval_batches": 2, "eval_every": 0, "steps": 1})
+    cfg.world_size = world_size  # the mesh Parallelism builds: data parallelism alone
     return cfg
 
 
