@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ddp_lab.arithmetic.zero_bytes import DTYPE_BYTES
-from ddp_lab.models.facts import meta_model
+from ddp_lab.models.facts import counting_saved, meta_model
 from ddp_lab.spec.pipeline import (
     bubble_formula,
     schedule_actions,
@@ -51,15 +51,7 @@ def _flops_per_token(module: nn.Module, names: list[str], context: int, blocks: 
 
 def _saved_bytes(module: nn.Module, names: list[str], x: torch.Tensor) -> tuple[int, torch.Tensor]:
     """What autograd saves running `names` in order on `x` (meta), and their output."""
-    params = {id(p) for p in module.parameters()}
-    saved = []
-
-    def pack(tensor):
-        if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
-            saved.append(tensor.numel() * max(4, tensor.element_size()))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with counting_saved(module) as saved:
         for name in names:
             x = module.get_submodule(name)(x)
     return int(sum(saved)), x.detach()

@@ -21,6 +21,7 @@ instead of writing its architecture out again as formulas, so a model from outsi
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -249,18 +250,26 @@ def _activation_bytes(key: str, batch: int, device: str) -> int:
         # real storage, never initialized (sizes are what is counted); torch.empty, not to_empty's empty_like,
         # which on a meta tensor runs through torch._refs and imports its registrations (0.7 s)
         module = module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    inputs = _input(module, model_cfg, batch, device)
+    with counting_saved(module) as saved:
+        _loss(module(inputs), inputs)
+    return int(sum(saved))
+
+
+@contextmanager
+def counting_saved(module: nn.Module):
+    """A list that fills, inside the block, with the bytes of each tensor autograd saves that is not one of
+    `module`'s parameters (fp32 or wider, each time saved: the upper bound the calculator counts)."""
     params = {id(p) for p in module.parameters()}
-    saved = []
+    saved: list[int] = []
 
     def pack(tensor):
         if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
             saved.append(tensor.numel() * max(4, tensor.element_size()))
         return tensor
 
-    inputs = _input(module, model_cfg, batch, device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _loss(module(inputs), inputs)
-    return int(sum(saved))
+        yield saved
 
 
 def parameter_facts(model_cfg) -> list[dict]:

@@ -130,7 +130,7 @@ class LabPipeline:
              precision=None, loss=None) -> torch.Tensor:
         """One optimizer step of the schedule over this rank's micro-batches; the mean loss over them (the last
         stage's, on every rank of the pipeline)."""
-        from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, SYNC
+        from ddp_lab.rank.step import finish_step
 
         lap = timer.lap if timer is not None else (lambda phase: None)
         optimizer.zero_grad(set_to_none=set_to_none)
@@ -167,13 +167,7 @@ class LabPipeline:
             timeline.append((act.kind, act.microbatch, act.chunk, ask - begin, start - begin, end - begin))
         sent = self.messages.finish_step()
         span = time.perf_counter() - begin
-        lap(FWD_BWD.key)
-        self.ties.synchronize(model)
-        lap(SYNC.key)
-        if before_step is not None:
-            before_step()
-        precision.step(optimizer)
-        lap(OPTIMIZER.key)
+        finish_step(lambda: self.ties.synchronize(model), optimizer, lap, before_step, precision)
         self.steps += 1
         self.timeline = timeline
         self.figures = {"busy_s": busy, "span_s": span, **sent}

@@ -104,7 +104,7 @@ class TorchPipeline:
 
     def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, set_to_none: bool = True,
              precision=None, loss=None) -> torch.Tensor:
-        from ddp_lab.spec.figures import FWD_BWD, OPTIMIZER, SYNC
+        from ddp_lab.rank.step import finish_step
 
         if self.runner is None:
             self._build(model, precision, loss)
@@ -122,12 +122,6 @@ class TorchPipeline:
                         "span_s": time.perf_counter() - self.begin}
         total = (torch.stack([v.detach() for v in losses]).sum() / precision.grad_scale if losses
                  else torch.zeros((), device=self.device))  # the losses came scaled (fp16)
-        lap(FWD_BWD.key)
-        self.ties.synchronize(model)
-        lap(SYNC.key)
-        if before_step is not None:
-            before_step()
-        precision.step(optimizer)
-        lap(OPTIMIZER.key)
+        finish_step(lambda: self.ties.synchronize(model), optimizer, lap, before_step, precision)
         dist.broadcast(total, group=self.mesh.pp_group, group_src=(self.stages - 1) % self.mesh.pp)
         return total

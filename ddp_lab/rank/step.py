@@ -43,11 +43,17 @@ def train_step(model, optimizer, micro_batches: list, timer: StepTimer | None = 
             value = loss(logits.float(), targets) / len(micro_batches)
             precision.backward(value)
         losses.append(value.detach())
+    finish_step(model.finish_gradient_synchronization, optimizer, lap, before_step, precision)
+    return torch.stack(losses).sum()
+
+
+def finish_step(synchronize, optimizer, lap, before_step, precision: Precision) -> None:
+    """How every step ends once backward is done (this one, and each pipeline schedule's): the gradient sync
+    (`synchronize()`), `before_step()`, the optimizer step, each phase lapped."""
     lap(FWD_BWD.key)
-    model.finish_gradient_synchronization()
+    synchronize()
     lap(SYNC.key)
     if before_step is not None:
         before_step()
     precision.step(optimizer)
     lap(OPTIMIZER.key)
-    return torch.stack(losses).sum()
