@@ -3,6 +3,7 @@
     python launch.py                                   # the default experiment
     python launch.py strategy=naive,flat -m            # one job per strategy, one W&B group
     python launch.py resume=outputs/multirun/DATE/TIME_PID   # re-run the jobs that did not end ok
+    python launch.py strategy=naive,flat -m --dry-run  # check every job, start none
 
 One process per sweep job. It validates the composed config (a user's mistake is one line on
 stderr and exit code 2, before any rank starts), saves the resolved config into the job's output
@@ -44,6 +45,7 @@ register_configs()
 OmegaConf.register_new_resolver("ddp_lab.pid", lambda: str(os.getpid()), use_cache=True)
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+DRY_RUN = "--dry-run"  # check every job of the command line (Hydra's composition, every pre-launch check), start none
 
 
 def sweep_group(hc) -> str:
@@ -123,7 +125,12 @@ if __name__ == "__main__":
     # submitit's job processes unpickle the job function: ddp_lab must import there too.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
                                                              os.environ.get("PYTHONPATH")]))
+    dry_run = DRY_RUN in sys.argv[1:]  # every job checked, none started: tests/unit/test_docs_commands.py
+    sys.argv[1:] = [a for a in sys.argv[1:] if a != DRY_RUN]
     sys.argv[1:], points = resume_or_exit(sys.argv[1:])
     sys.argv[1:] = knobs_of_swept_groups(sys.argv[1:])  # strategy=a,b strategy.knob=v -m: v in every job
     check_command_line(Path(__file__).parent / "conf", "config", sys.argv[1:], points)
+    if dry_run:
+        print(f"{DRY_RUN}: every job of this command line passes the checks; none started")
+        sys.exit(0)
     main()
