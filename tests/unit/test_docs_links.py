@@ -69,7 +69,8 @@ def test_every_relative_link_resolves(page, target):
 
 
 @pytest.mark.parametrize("heading, expected", [
-    ("## Measured: the overview's table, DP, PP, TP and their pairs", "measured-the-overviews-table-dp-pp-tp-and-their-pairs"),
+    ("## Measured: the overview's table, DP, PP, TP and their pairs",
+     "measured-the-overviews-table-dp-pp-tp-and-their-pairs"),
     ("### `zero2`", "zero2"), ("## Ring collectives on gloo (2026-11-28)", "ring-collectives-on-gloo-2026-11-28")])
 def test_slugs_are_githubs(heading, expected):
     assert slug(heading.lstrip("#")) == expected
