@@ -28,7 +28,7 @@ from ddp_lab.launcher.preflight import check_command_line, knobs_of_swept_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 register_configs()  # as launch.py does on import: the schema Hydra composes on
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LAUNCH = "python launch.py"
 MODULES = ("python -m ddp_lab.calculator", "python -m ddp_lab.spec")
 REFUSED = re.compile(r"#.*\brefused\b")
