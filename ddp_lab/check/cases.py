@@ -208,7 +208,8 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             inspect=lambda wrapper, opt, before=before: Observer.held(wrapper, opt, before["module"], before["layers"]),
             **optimizer, **low)
         seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "sizes": observer.sizes,
-                "overlapping": observer.overlapping(), "held": held}
+                "overlapping": observer.overlapping(), "blocking": observer.blocking,
+                "held": held}
         out[name] = (started, state, reference, seen)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))

@@ -4,9 +4,11 @@ bucketing or overlap, so the check watches for them while the ranks train.
 - collectives: every call of torch.distributed's collectives (and point-to-point messages, which rings are
   built of), made through the module (`dist.all_reduce(...)`), during the training steps (the start-up
   broadcast and the final gather are not counted), per op, and how many were issued while autograd was
-  running backward (`torch._C._current_autograd_node()` is set inside a gradient hook): those can overlap
-  the rest of backward, the others wait for it; and each call's message (its largest tensor argument), so
-  one per tensor, per bucket or one flat shows in the bytes per step and the largest message;
+  running backward (`torch._C._current_autograd_node()` is set inside a gradient hook): those launched
+  asynchronously (`async_op=True`, or isend/irecv) can overlap the rest of backward, a blocking one inside a hook
+  stops backward until it completes, and the others wait for backward to end; and each call's message (its
+  largest tensor argument), so one per tensor, per bucket or one flat shows in the bytes per step and the largest
+  message;
 - held: after the last step, the parameters and the optimizer state each rank holds (rank/memory.py's
   accounting: local shards, a sharded optimizer's inner state), against the whole model's and a whole
   AdamW's (two moments per trainable parameter); and which layer classes it holds a shard of (fewer
@@ -15,6 +17,7 @@ bucketing or overlap, so the check watches for them while the ranks train.
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from contextlib import contextmanager
 
@@ -34,6 +37,7 @@ class Observer:
 
     def __init__(self):
         self.calls, self.in_backward, self.sizes = Counter(), 0, []  # sizes: each call's message, in bytes
+        self.blocking = 0  # of those in backward, the ones that did not return until done (no async_op)
         # "forward"; "grad": a parameter's gradient accumulated; "collective": one issued in backward
         self.events: list[str] = []
         self.dtypes: dict | None = None  # each parameter's dtype as the wrapper's first forward ran it
@@ -74,11 +78,15 @@ class Observer:
         originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
 
         def counted(name, fn):
+            signature = inspect.signature(fn)
+
             def call(*args, **kwargs):
                 self.calls[name] += 1
                 backward = torch._C._current_autograd_node() is not None
                 self.in_backward += backward
-                if backward:
+                if backward and _blocks(name, signature, args, kwargs):
+                    self.blocking += 1  # backward waits for it: it overlaps nothing
+                elif backward:
                     self.events.append("collective")
                 self.sizes.append(message_bytes(args, kwargs))
                 return fn(*args, **kwargs)
@@ -116,6 +124,17 @@ class Observer:
                 "sharded": sorted(sharded), "whole": sorted(whole)}
 
 
+def _blocks(name: str, signature: inspect.Signature, args, kwargs) -> bool:
+    """Whether a call returns only once its collective is done: every one but isend/irecv and those given
+    `async_op=True` (by keyword or by position)."""
+    if name in ("isend", "irecv", "batch_isend_irecv"):
+        return False
+    try:
+        return not signature.bind_partial(*args, **kwargs).arguments.get("async_op", False)
+    except TypeError:
+        return not kwargs.get("async_op", False)
+
+
 def message_bytes(args, kwargs) -> int:
     """A collective call's message: the bytes of its largest tensor argument (a list's tensors each)."""
     tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
@@ -142,9 +161,11 @@ def describe(per_rank: list, steps: int) -> str:
     calls = Counter(seen["calls"])
     total = sum(calls.values())
     ops = ", ".join(f"{op} {n / steps:g}" for op, n in calls.most_common())
-    overlapping = seen.get("overlapping", seen["in_backward"])
-    when = (f"{seen['in_backward'] / steps:g} of them issued during backward, {overlapping / steps:g} with gradients "
-            "still to come (those can overlap it)" if seen["in_backward"]
+    overlapping, blocking = seen.get("overlapping", seen["in_backward"]), seen.get("blocking", 0)
+    blocked = (f"{'all' if blocking == seen['in_backward'] else f'{blocking / steps:g}'} blocking (backward waits "
+               "for each), " if blocking else "")
+    when = (f"{seen['in_backward'] / steps:g} of them issued during backward, {blocked}{overlapping / steps:g} "
+            "launched asynchronously with gradients still to come (those can overlap it)" if seen["in_backward"]
             else "none during backward (each waits for backward to end)")
     plural = "" if total == steps else "s"
     sizes = seen.get("sizes") or [0]

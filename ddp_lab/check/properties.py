@@ -13,8 +13,9 @@ layers) and `own_classes` (the user's kind of layers), every rank's:
   large and tiny), so how evenly is shown in the `seen` line, not judged: what no dealing of whole tensors
   can avoid is no fault. For an FSDP, the parameters too: the largest rank holds at most 1/N of them +SLACK
   (an FSDP splits tensors); a FAIL says which layer classes it held whole;
-- overlap: some collective was issued while backward still ran (in a gradient hook) with a parameter's
-  gradient still to come after it (one issued in the last hook has nothing left to overlap);
+- overlap: some collective was launched asynchronously (`async_op=True`, isend/irecv) while backward still ran
+  (in a gradient hook) with a parameter's gradient still to come after it (one issued in the last hook has nothing
+  left to overlap; a blocking one stops backward until it is done);
 - bucketed: fewer gradient collectives per step than trainable tensors at 25 MB buckets (or the size
   given), and, where the check chose the sizes, more at half the largest parameter than at 25 MB (the
   size is honoured).
@@ -104,6 +105,10 @@ def _overlap(world_size: int, watched: dict, fsdp: bool) -> str | None:
     if not any(issued.values()):
         return (f"in {runs} no collective was issued during backward: each waits for backward to end "
                 "(finish_gradient_synchronization), so none can overlap it")
+    blocking = {run for run, per_rank in watched.items() if any(seen.get("blocking") for *_, seen in per_rank)}
+    if blocking:
+        return (f"in {', '.join(blocking)} the collectives issued during backward block it (called without "
+                "async_op=True in a gradient hook, backward waits for each to complete), so none overlaps it")
     return (f"in {runs} every collective issued during backward came after the last gradient (in the last "
             "gradient hook): nothing was left for it to overlap")
 
@@ -132,7 +137,8 @@ def describe_claim(prop: str, why: str, sizes_chosen: bool = True) -> str:
     it saw whether smaller buckets mean more collectives)."""
     what = {"sharded": f"the ranks hold one copy of the optimizer state between them (at most 100% + {SLACK:g}%), "
                        f"no rank all of it (and, for an FSDP, each at most 1/N + {SLACK:g}% of the parameters)",
-            "overlap": "a collective is issued during backward with gradients still to come, which it can overlap",
+            "overlap": "a collective is launched asynchronously during backward with gradients still to come, which it "
+                       "can overlap",
             "bucketed": "fewer collectives than tensors" + (", and more with smaller buckets" if sizes_chosen else
                                                              " at the bucket size given")}[prop]
     return f"claimed ({why}): {what}"

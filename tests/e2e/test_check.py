@@ -321,3 +321,17 @@ def test_claims_say_what_was_seen(capsys):
                          "--expect", "overlap", capsys=capsys)
     verdict, detail = verdicts(out)[(2, "overlap")]
     assert code == 1 and verdict == "FAIL" and "nothing was left for it to overlap" in detail, out
+
+
+def test_a_blocking_all_reduce_in_each_hook_is_not_overlap(capsys):
+    """A collective called without async_op in a gradient hook stops backward until it is done: issued during
+    backward with gradients still to come, it overlaps nothing, and the check says why (it used to count 16 of
+    17 as overlapping)."""
+    code, out, _ = check("tests.helpers.own_ddp.BlocksInEveryHook", "--world-size", "2", "--cases", "plain",
+                         "--expect", "overlap", capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == "ok", out
+    verdict, detail = lines[(2, "overlap")]
+    assert verdict == "FAIL" and "called without async_op=True in a gradient hook, backward waits for each" in detail
+    assert "17 of them issued during backward, all blocking (backward waits for each), 0 launched" in \
+        lines[(2, "seen plain")][1], out

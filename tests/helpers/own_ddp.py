@@ -435,16 +435,38 @@ class RenamesItsShard(CourseFSDP):
 
 class AveragesInTheLastHook(AveragingDDP):
     """Right: every gradient averaged from the hook of the gradient backward computes last (the embedding's), so
-    its collectives are issued during backward with nothing left for them to overlap."""
+    its collectives, launched asynchronously, are issued during backward with nothing left for them to overlap."""
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
         first = next(p for p in module.parameters() if p.requires_grad)  # the embedding: its gradient comes last
-        first.register_post_accumulate_grad_hook(lambda _: self._average(self.module.parameters()))
-        self.averaged = True
+        first.register_post_accumulate_grad_hook(lambda _: self._launch())
+        self.works = []
+
+    def _launch(self) -> None:
+        self.works = [(p, dist.all_reduce(p.grad, async_op=True)) for p in self.module.parameters()
+                      if p.grad is not None]
 
     def finish_gradient_synchronization(self) -> None:
-        pass
+        for p, work in self.works:
+            work.wait()
+            p.grad /= dist.get_world_size()
+
+
+class BlocksInEveryHook(AveragingDDP):
+    """Right, as students write an "overlapped" DDP: each gradient all-reduced from its own hook as it is ready,
+    but without async_op, so backward stops at each hook until its all-reduce is done: nothing overlaps."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
+
+    def finish_gradient_synchronization(self) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad /= dist.get_world_size()
 
 
 class CastsOnlyItsLayers(CourseFSDP):

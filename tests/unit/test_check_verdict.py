@@ -77,8 +77,8 @@ def test_what_was_seen_reads_in_a_line():
 
     per_rank = [rank(50.0, 50.4, ["Linear"], ["RMSNorm"]), rank(52.0, 51.0, ["Embedding", "Linear"], ["RMSNorm"])]
     assert describe(per_rank, 4) == ("per step 3 collectives (all_reduce 2, broadcast 1, 2.00 MiB per step, the "
-                                     "largest 1.00 MiB), 2 of them issued during backward, 2 with gradients still "
-                                     "to come (those can overlap it); the "
+                                     "largest 1.00 MiB), 2 of them issued during backward, 2 launched "
+                                     "asynchronously with gradients still to come (those can overlap it); the "
                                      "largest rank holds 52% of the parameters, 51% of AdamW's state; sharded "
                                      "Embedding, Linear, whole RMSNorm")
     quiet = [(None, None, None, {"calls": {}, "in_backward": 0,
