@@ -173,7 +173,7 @@ def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
         _require(p.stage_layers is None, "parallel.stage_layers splits a pipeline's blocks, and parallel.pp=1 is none")
         return
     _require(hasattr(small, "pp_layers"), f"parallel.pp={p.pp}: model={cfg.model.name} does not say how its forward "
-             "runs as a chain of layers (its class has no pp_layers(): docs/parallelism.md)")
+             "runs as a chain of layers (its class has no pp_layers(): docs/pipelines.md)")
     module = small if bounded_size(cfg.model) == cfg.model else _meta_model(cfg)
     blocks = len(module.pp_layers()[1])
     layers = None if p.stage_layers is None else list(p.stage_layers)

@@ -27,7 +27,7 @@ from ddp_lab.spec.pipeline import split_blocks, stage_index
 def chain_of(module: nn.Module) -> tuple[list[str], list[list[str]], list[str]]:
     """The model's `pp_layers()`; ValueError (one line) for a model without them."""
     if not hasattr(module, "pp_layers"):
-        raise ValueError(f"{type(module).__name__} declares no pipeline layers (pp_layers(): docs/parallelism.md)")
+        raise ValueError(f"{type(module).__name__} declares no pipeline layers (pp_layers(): docs/pipelines.md)")
     return module.pp_layers()
 
 
