@@ -71,7 +71,7 @@ class BucketedDDP(OverlapEngine):
         self.bucket_mb = bucket_mb
         multiple = self._pad_multiple()
         self._lengths = [-(-sum(p.numel() for p in unit) // multiple) * multiple for unit in self._units]
-        self._buffers: list[torch.Tensor | None] = [None] * len(self._units)
+        self._bucket_buffers: list[torch.Tensor | None] = [None] * len(self._units)
         self._view_of: dict[int, torch.Tensor] = {}
         if self.keeps_buffers:
             for index in range(len(self._units)):
@@ -90,14 +90,14 @@ class BucketedDDP(OverlapEngine):
 
     def _bucket(self, index: int) -> torch.Tensor:
         """Bucket `index`'s flat buffer (zeros when new) with a view per parameter in `_view_of`."""
-        if self._buffers[index] is None:
+        if self._bucket_buffers[index] is None:
             buffer = self._new_buffer(index)
             offset = 0
             for p in self._units[index]:
                 self._view_of[id(p)] = buffer[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
-            self._buffers[index] = buffer
-        return self._buffers[index]
+            self._bucket_buffers[index] = buffer
+        return self._bucket_buffers[index]
 
     def _new_buffer(self, index: int) -> torch.Tensor:
         """A zeroed flat buffer of bucket `index`'s length (zero2 reuses freed ones)."""
@@ -106,7 +106,7 @@ class BucketedDDP(OverlapEngine):
 
     def kept_tensors(self) -> list[torch.Tensor]:
         """The allocated buckets (the gradients are views into them while they exist)."""
-        return [b for b in self._buffers if b is not None]
+        return [b for b in self._bucket_buffers if b is not None]
 
     def facts(self) -> dict:
         facts = {"buckets": {"count": len(self.bucket_sizes_mb), "sizes_mb": list(self.bucket_sizes_mb)}}
@@ -129,7 +129,7 @@ class BucketedDDP(OverlapEngine):
         empty = [p for p in unit if p.grad is None]
         if not empty:
             return
-        fresh = self._buffers[index] is None  # allocated just now: already zeros
+        fresh = self._bucket_buffers[index] is None  # allocated just now: already zeros
         buffer = self._bucket(index)
         if fresh:
             pass

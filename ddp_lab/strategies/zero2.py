@@ -136,7 +136,7 @@ class Zero2(BucketedDDP):
     def _stage(self, param: nn.Parameter) -> None:
         own = self._unit_of[id(param)]
         for index in (own, own + 1):  # its own bucket (if its gradient came early) and the one that fills next
-            if self._next_unit <= index < len(self._units) and self._buffers[index] is None:
+            if self._next_unit <= index < len(self._units) and self._bucket_buffers[index] is None:
                 self._point_grads(index)
         super()._stage(param)
 
@@ -184,7 +184,7 @@ class Zero2(BucketedDDP):
         for p in self._units[index]:
             p.grad = None
             del self._view_of[id(p)]
-        self._buffers[index] = None
+        self._bucket_buffers[index] = None
         self._pool.append(self._bases.pop(index))
         self._reaped += 1
 

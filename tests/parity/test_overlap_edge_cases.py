@@ -135,7 +135,7 @@ def _no_sync_and_double_backward(rank, world_size, make):
 
 
 def _in_a_bucket(ptr, ddp):
-    return any(b.data_ptr() <= ptr < b.data_ptr() + b.numel() * b.element_size() for b in ddp._buffers)
+    return any(b.data_ptr() <= ptr < b.data_ptr() + b.numel() * b.element_size() for b in ddp._bucket_buffers)
 
 
 def _views_and_accounting(rank, world_size, set_to_none):
@@ -145,7 +145,7 @@ def _views_and_accounting(rank, world_size, set_to_none):
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: autograd_wrote.append(p.grad.data_ptr()))
     ddp = BucketedDDP(model, bucket_mb=2.0**-4)
-    buffers = [b.data_ptr() for b in ddp._buffers]
+    buffers = [b.data_ptr() for b in ddp._bucket_buffers]
     params = list(ddp.parameters())
     optimizer = torch.optim.SGD(params, lr=0.1)
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -158,8 +158,8 @@ def _views_and_accounting(rank, world_size, set_to_none):
         ddp.finish_gradient_synchronization()
         stats = ddp.comm.pop()
         inside = all(_in_a_bucket(p.grad.data_ptr(), ddp) for p in params)
-        report.append((written_in_place, inside, [b.data_ptr() for b in ddp._buffers] == buffers,
-                       stats["collectives"] == len(ddp._buffers), stats["comm_bytes"] == grad_bytes,
+        report.append((written_in_place, inside, [b.data_ptr() for b in ddp._bucket_buffers] == buffers,
+                       stats["collectives"] == len(ddp._bucket_buffers), stats["comm_bytes"] == grad_bytes,
                        stats["comm_ms"] > 0))
         optimizer.step()
     overlap = OverlapDDP(tiny_transformer())

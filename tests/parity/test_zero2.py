@@ -58,7 +58,7 @@ def inspect(ddp, optimizer) -> dict:
             "model_bytes": sum(p.numel() * p.element_size() for p in ddp.module.parameters()),
             "shards": len(ddp.local_shards()), "comm": ddp.comm.pop(), "memory": model_state_bytes(ddp, optimizer),
             "param_grads": sum(p.grad is not None for p in ddp.module.parameters()),
-            "buckets_held": sum(b is not None for b in ddp._buffers), "pooled": len(ddp._pool),
+            "buckets_held": sum(b is not None for b in ddp._bucket_buffers), "pooled": len(ddp._pool),
             "pooled_bytes": sum(b.numel() * b.element_size() for b in ddp._pool), "bucket_count": len(ddp._units),
             "bucket_mb": ddp.bucket_mb,
             "collectives": ddp.collectives}

@@ -76,4 +76,4 @@ def test_wrapper_reports_its_plan_without_frozen_or_duplicate_parameters(one_ran
     # Trainable, in parameters() order: w0 (256 KiB), b0 (0.5 KiB), b2 (0.5 KiB).
     # Reverse: b2 + b0 = 1 KiB; adding w0 would pass 256 KiB, so w0 gets the second bucket.
     assert ddp.bucket_sizes_mb == [1 * KIB / MIB, 0.25]
-    assert [b.numel() * b.element_size() / MIB for b in ddp._buffers] == ddp.bucket_sizes_mb
+    assert [b.numel() * b.element_size() / MIB for b in ddp._bucket_buffers] == ddp.bucket_sizes_mb
