@@ -6,24 +6,25 @@
         --layers linear=my_pkg.model.Linear,embedding=my_pkg.model.Embedding,norm=my_pkg.model.RMSNorm
     python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --expect bucketed,overlap
 
-The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does:
-`MyDDP(module, **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward.
-`no_sync()` (for the accumulation case), `make_optimizer`, and `full_state_dict` or `gather_full_params`
-are used when it has them. A wrapper with a bucket size argument (`bucket_mb`, `bucket_size_mb` or
-`bucket_cap_mb`) runs every case at 25 MB and at half the largest parameter unless `--set` gives one
-(cases.runs). `--set` values are YAML, and a torch dtype's name (`compute_dtype=bfloat16`) is that dtype;
-a compute dtype below fp32 is checked against a reference that rounds the same way. `--same-init`: every
-rank builds the model from one seed (a wrapper that does not broadcast at start, as the 2026 course's FSDP
-may). One line per run and world size (cases.py says what each proves): ok, FAIL with the cause and every
-parameter that differs (verdict.py), or skip with the reason; then a line per claimed property
-(`--expect`, an FSDP's or a sharded optimizer's sharding: properties.py), then `seen` lines (the plain
-case, on torch's layers, and own_classes, on the user's kind): the collectives per step, how many were
-issued during backward, what the largest rank holds of the parameters and of AdamW's state and which
-layer classes were sharded (observe.py: what parity cannot see). Each world size runs its cases in one
-set of gloo ranks on this machine (CPU); when a rank raises, dies or hangs past `--timeout`, the case it
-was in fails with the exception and the user's file and line, and the cases after it run in one more set.
-The ranks' prints go to a log folder, kept and named when a case failed (with each crashed rank's
-traceback; `--traceback` prints it). Exit status: 0 when no case failed, 1 when one did, 2 for bad input.
+The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does: `MyDDP(module,
+**kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward. `no_sync()` (for the
+accumulation case), `make_optimizer`, and `full_state_dict` or `gather_full_params` are used when it has them.
+A wrapper with a bucket size argument (`bucket_mb`, `bucket_size_mb` or `bucket_cap_mb`) runs every case at 25
+MB and at half the largest parameter unless `--set` gives one (cases.runs). `--set` values are YAML, and a
+torch dtype's name (`compute_dtype=bfloat16`) is that dtype; a compute dtype below fp32 is checked against a
+reference that rounds the same way. `--same-init`: every rank builds the model from one seed (a wrapper that
+does not broadcast at start, as the 2026 course's FSDP may). One line per run and world size (cases.py says
+what each proves): ok, FAIL with the cause and every parameter that differs (verdict.py), or skip with the
+reason; then a line per claimed property (`--expect`, an FSDP's or a sharded optimizer's sharding:
+properties.py), then `seen` lines (the plain case, on torch's layers, and own_classes, on the user's kind, at
+each bucket size the check ran): the collectives per step, how many were issued during backward, what the
+largest rank holds of the parameters and of AdamW's state and which layer classes were sharded (observe.py:
+what parity cannot see). Each world size runs its cases in one set of gloo ranks on this machine (CPU); when a
+rank raises, dies or hangs past `--timeout`, the case it was in fails with the exception and the user's file
+and line, and the cases after it run in one more set. The ranks' prints go to a log folder (a new one in the
+system's temporary directory, or `--logs DIR`), kept and named when a case failed (with each crashed rank's
+traceback; `--traceback` prints it), removed when none did. Exit status: 0 when no case
+failed, 1 when one did, 2 for bad input.
 Every case and option: docs/check.md.
 """
 
@@ -163,11 +164,14 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
         lines += [(world_size, n, "skip", skip_reason(CASES[n], cls), None) for n in names if n not in runnable]
         planned = runs(cls, kwargs, runnable)
         results = _run(target, world_size, kwargs, planned, timeout_s, log_dir, same_init, layers)
+        plain_passed = None  # the plain case's runs all passed (known before groups, which comes after it)
         for run in planned:
             per_rank, failure = results[run]
             case = case_of(run)[0]
             line, trace = failure or (verdict(case, per_rank, atol, rtol, getattr(cls, "checks_optimizer", None)
-                                              is not None), None)
+                                              is not None, plain_passed), None)
+            if case.name == "plain":
+                plain_passed = (plain_passed is not False) and not line
             lines.append((world_size, run, "FAIL" if line else "ok",
                           f"{case.proves}: FAILED: {line}" if line else case.proves, trace))
         done = {run: per_rank for run, (per_rank, _) in results.items() if per_rank is not None}
@@ -179,13 +183,37 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
             detail = describe_claim(prop, why, sizes_chosen=planned != runnable)
             lines.append((world_size, prop, "FAIL" if problem else "ok",
                           f"{detail}: FAILED: {problem}" if problem else detail, None))
-        first = {}  # each case's first finished run
-        for run in planned:
-            if run in done:
-                first.setdefault(case_of(run)[0].name, run)
-        watched = [first[n] for n in WATCHED if n in first] or list(first.values())[:1]
+        # every run a claim is read from (both bucket sizes: a claim seen at one shows in its line), else the first
+        finished = [run for run in planned if run in done]
+        watched = [run for run in finished if case_of(run)[0].name in WATCHED] or finished[:1]
         lines += [(world_size, run, "seen", describe(done[run], STEPS), None) for run in watched]
     return lines
+
+
+LOGS = ("rank*.log", "spawn.log", "traceback-*.txt")  # what a check writes in its log folder
+
+
+def _log_folder(given: str | None) -> tuple[str, bool]:
+    """The folder the ranks' output goes to, and whether the check made it (so may remove it): `--logs DIR`
+    (made if missing; a former check's logs there are replaced), else a new one in the system's temporary
+    directory, never in the working directory."""
+    if given is None:
+        return tempfile.mkdtemp(prefix="ddp_lab_check_"), True
+    folder = Path(given)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear(str(folder), False)
+    return str(folder), made
+
+
+def _clear(log_dir: str, ours: bool) -> None:
+    """Remove what the check wrote in `log_dir`, and the folder itself where the check made it."""
+    if ours:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        return
+    for pattern in LOGS:
+        for path in Path(log_dir).glob(pattern):
+            path.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,8 +234,15 @@ def main(argv: list[str] | None = None) -> int:
                              "paths (my_pkg.model.Linear), as the course's models are")
     parser.add_argument("--fsdp", action="store_true",
                         help="an FSDP (detected by gather_full_params() or its name): claims sharded parameters")
+    parser.add_argument("--logs", metavar="DIR", default=None,
+                        help="where the ranks' output and a failed run's tracebacks go, kept only when a case fails "
+                             "(default: a new ddp_lab_check_* folder in the system's temporary directory)")
     args = parser.parse_args(argv)
-    log_dir = tempfile.mkdtemp(prefix="ddp_lab_check_")
+    try:
+        log_dir, ours = _log_folder(args.logs)
+    except OSError as exc:
+        print(f"error: --logs {args.logs}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         world_sizes = _world_sizes(args.world_size)
         names = [n for n in args.cases.split(",") if n]
@@ -226,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = check(args.target, world_sizes, names, kwargs, args.timeout, log_dir, args.same_init, expect, fsdp,
                       layers)
     except ValueError as exc:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        _clear(log_dir, ours)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(_header(args.target, cls, kwargs, fsdp))
@@ -240,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = sum(verdict_ == "FAIL" for _, _, verdict_, _, _ in lines)
     cases = sum(verdict_ != "seen" for _, _, verdict_, _, _ in lines)
     if not failed:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        _clear(log_dir, ours)
         print(f"every case passed ({cases})")
         return 0
     print(f"{failed} of {cases} failed; the ranks' output and tracebacks: {log_dir}")

@@ -9,26 +9,33 @@ bucketing or overlap, so the check watches for them while the ranks train.
   stops backward until it completes, and the others wait for backward to end; and each call's message (its
   largest tensor argument), so one per tensor, per bucket or one flat shows in the bytes per step and the largest
   message;
-- held: after the last step, the parameters and the optimizer state each rank holds (rank/memory.py's
-  accounting: local shards, a sharded optimizer's inner state), against the whole model's and a whole
-  AdamW's (two moments per trainable parameter); and which layer classes it holds a shard of (fewer
+- held: after the last step, measured as memory, each storage once and whole (a shard that is a view of the
+  whole weight costs the whole weight): the parameters' storages, whatever else the wrapper keeps reachable
+  from it beside parameters, gradients, buffers and optimizer state (a dict of gathered weights), and the
+  optimizer state (a sharded optimizer's inner state), against the whole model's parameters and a whole
+  AdamW's state (two moments per trainable parameter); and which layer classes it holds a shard of (fewer
   elements of one of their parameters than the model had before wrapping) and which it holds whole.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
+import sysconfig
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.rank.memory import model_state_bytes
+from ddp_lab.rank.memory import local, model_state_storages, storage_key
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single",
                "send", "recv", "isend", "irecv", "batch_isend_irecv")  # the last: rings built of messages
+MAX_DEPTH = 8  # attribute hops from the wrapper a kept tensor is looked for
+VIEW_SLACK = 1.5  # a parameter storage this many times its parameters' bytes is more than padding
 
 
 class Observer:
@@ -102,13 +109,38 @@ class Observer:
 
     @staticmethod
     def held(wrapper, optimizer, module: torch.nn.Module, before: dict) -> dict:
-        """{"params_pct", "optimizer_pct", "sharded", "whole"}: what this rank holds of the whole model's
-        parameters and of a whole AdamW's state (None for an optimizer that keeps none, plain SGD), and the
-        layer classes (of `module`, as `layers(module)` found them before wrapping) it holds a shard of, and
-        those holding a matrix it holds whole."""
-        held = model_state_bytes(wrapper, optimizer)
+        """What this rank holds after the last step, measured as memory (each storage once and whole, so a shard
+        that is a view of the whole weight costs the whole weight): "params_pct", its parameters' storages, and
+        "kept_pct", what else the wrapper keeps reachable from it (not gradients, buffers or optimizer state: a
+        dict of gathered weights, a flat copy), of the whole model's parameter bytes, with "kept" (where, percent,
+        tensors, how many of them are the size of a whole weight) and "views" (a parameter, its bytes and its
+        storage's: a storage larger than the parameters viewing it), largest first;
+        "optimizer_pct", of a whole AdamW's state (None for an optimizer that keeps none, plain SGD); and the
+        layer classes (of `module`, as `layers(module)` found them before wrapping) it holds a shard of, and those
+        holding a matrix it holds whole."""
+        storages = model_state_storages(wrapper, optimizer)
         full = sum(numel * size for _, numel, size, _, first in before.values() if first)
         trainable = sum(numel * size for _, numel, size, grad, first in before.values() if grad and first)
+        buffers = {storage_key(local(b)) for b in wrapper.buffers()}
+        taken = buffers.union(*storages.values())
+        whole_sizes = {numel for _, numel, *_ in before.values() if numel > 1}
+        kept: dict = {}  # where (up to its first index: `self.full_params`) -> [percent, tensors, whole weights]
+        for where, tensor in reachable(wrapper):
+            key = storage_key(tensor)
+            if key is not None and key not in taken:
+                taken.add(key)
+                totals = kept.setdefault(where.partition("[")[0], [0.0, 0, 0])
+                totals[0] += 100 * tensor.untyped_storage().nbytes() / full
+                totals[1] += 1
+                totals[2] += tensor.numel() in whole_sizes
+        viewed: dict = {}  # a parameter storage -> (its parameters' bytes, their names)
+        for name, p in wrapper.named_parameters():
+            key = storage_key(local(p))
+            if key is not None:
+                size, names = viewed.get(key, (0, []))
+                viewed[key] = (size + local(p).numel() * local(p).element_size(), [*names, name])
+        views = sorted(((names[0], size, storages["params"][key]) for key, (size, names) in viewed.items()
+                        if storages["params"][key] > VIEW_SLACK * size), key=lambda v: v[1] - v[2])
         # by what each layer holds now, whatever its parameters are called (an FSDP may hold `weight_shard`)
         now = {name: sum(p.numel() for p in layer.parameters(recurse=False))
                for name, layer in module.named_modules(remove_duplicate=False)}
@@ -119,9 +151,57 @@ class Observer:
         sharded = {cls for layer, (cls, numel) in had.items() if now.get(layer, 0) < numel}
         whole = {cls for layer, (cls, numel) in had.items()
                  if now.get(layer, 0) >= numel and numel > 1 and cls not in sharded}
-        return {"params_pct": 100 * held["params"] / full,
-                "optimizer_pct": 100 * held["optimizer_state"] / (2 * trainable) if held["optimizer_state"] else None,
+        state = sum(storages["optimizer_state"].values())
+        return {"params_pct": 100 * sum(storages["params"].values()) / full,
+                "kept_pct": sum(pct for pct, *_ in kept.values()),
+                "kept": sorted(((where, *totals) for where, totals in kept.items()), key=lambda k: -k[1]),
+                "views": views,
+                "optimizer_pct": 100 * state / (2 * trainable) if state else None,
                 "sharded": sorted(sharded), "whole": sorted(whole)}
+
+
+def reachable(root) -> list[tuple[str, torch.Tensor]]:
+    """(where, tensor) for every tensor reachable from `root` (a wrapper), named as its code would name it
+    (`self.gathered['embed.weight']`): through modules (parameters, buffers, submodules, attributes), dicts,
+    lists, tuples and sets, and the objects of classes defined outside torch and Python's own library (a user's
+    bucket), each object once; an optimizer is not entered (its state is counted apart). A DTensor as its
+    local shard."""
+    out, seen, todo = [], set(), [("self", root, 0)]
+    while todo:
+        where, obj, depth = todo.pop()
+        if id(obj) in seen or depth > MAX_DEPTH:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            out.append((where, local(obj)))
+            continue
+        if isinstance(obj, dict):
+            children = [(f"{where}[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+        elif isinstance(obj, torch.nn.Module):
+            registered = {**obj._parameters, **obj._buffers, **obj._modules}
+            children = [(f"{where}.{k}", v) for k, v in registered.items()] + \
+                [(f"{where}.{k}", v) for k, v in vars(obj).items() if k not in _MODULE_OWN]
+        elif _users(obj):
+            children = [(f"{where}.{k}", v) for k, v in vars(obj).items()]
+        else:
+            continue
+        todo += [(w, v, depth + 1) for w, v in reversed(children)]
+    return out
+
+
+_MODULE_OWN = frozenset(vars(torch.nn.Module()))  # what every module has: its registries, hooks and flags
+_NOT_USERS = (str(Path(torch.__file__).parent), sysconfig.get_paths()["stdlib"])
+
+
+def _users(obj) -> bool:
+    """An object worth entering: one with attributes, of a class defined in a file outside torch and Python's own
+    library, not an optimizer."""
+    if not hasattr(obj, "__dict__") or isinstance(obj, (type, torch.optim.Optimizer)):
+        return False
+    path = getattr(sys.modules.get(type(obj).__module__), "__file__", None)
+    return path is not None and not path.startswith(_NOT_USERS)
 
 
 def _blocks(name: str, signature: inspect.Signature, args, kwargs) -> bool:
@@ -174,12 +254,15 @@ def describe(per_rank: list, steps: int) -> str:
                    else "no collective seen")
     held = [s["held"] for *_, s in per_rank]
     params = max(h["params_pct"] for h in held)
+    top = max(held, key=lambda h: h.get("kept_pct", 0))
+    kept = (f" (and keeps {top['kept_pct']:.0f}% more beside them, in {', '.join(w for w, *_ in top['kept'][:3])})"
+            if top.get("kept_pct", 0) >= 1 else "")
     optimizer = [h["optimizer_pct"] for h in held if h["optimizer_pct"] is not None]
     state = f", {max(optimizer):.0f}% of AdamW's state" if optimizer else ""
     sharded = sorted({c for h in held for c in h["sharded"]})
     whole = sorted({c for h in held for c in h["whole"]} - set(sharded))
     kinds = f"; sharded {', '.join(sharded)}" + (f", whole {', '.join(whole)}" if whole else "") if sharded else ""
-    return f"{collectives}; the largest rank holds {params:.0f}% of the parameters{state}{kinds}"
+    return f"{collectives}; the largest rank holds {params:.0f}% of the parameters{kept}{state}{kinds}"
 
 
 def _kib(n: float) -> str:

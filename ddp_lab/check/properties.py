@@ -63,20 +63,44 @@ def _sharded(world_size: int, watched: dict, fsdp: bool) -> str | None:
     limit = 100 / world_size + SLACK
     for run, per_rank in watched.items():
         held = _held(per_rank)
-        share = max(h["params_pct"] for h in held)
+        rank, top = max(enumerate(held), key=lambda h: h[1]["params_pct"] + h[1].get("kept_pct", 0))
+        share = top["params_pct"] + top.get("kept_pct", 0)
         if fsdp and share > limit:
-            whole = sorted({c for h in held for c in h["whole"]})
-            sharded = sorted({c for h in held for c in h["sharded"]})
-            kinds = (f": it shards {', '.join(sharded) or 'no layer'} and holds {', '.join(whole)} whole"
-                     if whole else "")
-            hint = (" (does it pick its layers by a class the check's models are not built of? Give it yours with "
-                    "--layers)") if not sharded else ""
-            return (f"in {run} a rank holds {share:.0f}% of the parameters, more than 1/{world_size} + {SLACK:g}% "
-                    f"({limit:.0f}%){kinds}{hint}")
+            return (f"in {run} rank {rank} holds {share:.0f}% of the parameters' bytes, more than 1/{world_size} + "
+                    f"{SLACK:g}% ({limit:.0f}%): {'; and '.join(_why_held(top, held))}")
         problem = _state_kept_once(run, [h["optimizer_pct"] for h in held])
         if problem:
             return problem
     return None
+
+
+def _why_held(top: dict, held: list[dict]) -> list[str]:
+    """Every cause of a rank holding more than its share of the parameters (`top`: its observe.held), largest
+    first: shards that are views of whole weights, tensors kept beside the shards, layers not sharded at all."""
+    causes = []
+    if top.get("views"):
+        name, size, storage = top["views"][0]
+        others = f" and {len(top['views']) - 1} more" if len(top["views"]) > 1 else ""
+        causes.append(f"the shard is a view of the whole weight ({name}{others}: {_bytes(size)}, its storage "
+                      f"{_bytes(storage)}; the slice keeps the whole tensor alive, .clone() it)")
+    for where, pct, count, whole in top.get("kept", []):
+        if whole and pct >= 1:
+            causes.append(f"it keeps the gathered weights after forward ({whole} whole weight{'s' * (whole > 1)} in "
+                          f"{where}, {pct:.0f}% of the parameters; free them once forward and backward are done)")
+        elif pct >= 1:
+            causes.append(f"it keeps {pct:.0f}% of the parameters' bytes beside its shards ({count} tensor"
+                          f"{'s' * (count > 1)} in {where})")
+    whole = sorted({c for h in held for c in h["whole"]})
+    sharded = sorted({c for h in held for c in h["sharded"]})
+    if whole and not causes:
+        hint = (" (does it pick its layers by a class the check's models are not built of? Give it yours with "
+                "--layers)") if not sharded else ""
+        causes.append(f"it shards {', '.join(sharded) or 'no layer'} and holds {', '.join(whole)} whole{hint}")
+    return causes or ["what it holds is not one weight's shard"]
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B"
 
 
 def _state_kept_once(run: str, shares: list) -> str | None:

@@ -13,8 +13,14 @@ The cause is read from which parameters differ, from what and on which ranks, kn
   every gradient), an update its owner never sent; on the model with an unused parameter that is itself
   right, that parameter held back the bucket it shares; else some gradient was not averaged over every rank
   (a bucket or a parameter never reduced, a hook that never fired on one rank);
-- every rank agrees and all differ from one process: the average itself is wrong (a sum for a mean, a
-  gradient counted twice) or a step differs.
+- every rank agrees and all differ from one process: for a sharded optimizer, an update that is not its
+  owner's alone (averaged with the other ranks' copies), or, in the groups case where plain passed, a group's
+  options dropped; else the average itself is wrong (a sum for a mean, a gradient counted twice) or a step
+  differs.
+
+A frozen parameter that moved and a broken tie explain their own parameters; what differs beyond them is read
+for one more cause where it is a fault of its own (ranks that disagree, an unused parameter that moved; what
+merely trained on different weights, alike on every rank, is a victim), so a run with two faults names both.
 
 A crash is read from the rank's traceback (`crash_line`): the exception and the frame nearest the user's
 code (not torch's, not this package's, not Python's own).
@@ -58,11 +64,13 @@ def _listed(names: list[str], facts: dict) -> str:
     return ", ".join(ordered[:SHOWN]) + more
 
 
-def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = False) -> str | None:
-    """None when every rank matches; else the cause, every parameter that differs and the largest
+def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = False,
+            plain_passed: bool | None = None) -> str | None:
+    """None when every rank matches; else the causes, every parameter that differs and the largest
     difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank.
     `optimizer`: the target is a sharded optimizer under the project's own DDP (which averages every gradient),
-    so ranks that disagree point at its updates, not at a gradient."""
+    so what differs points at its updates, not at a gradient. `plain_passed`: whether the plain case passed in the
+    same check (None: not run), which tells a group's dropped options from an update that is wrong everywhere."""
     facts = model_facts(case.model)
     start0, _, reference = per_rank[0][:3]
     moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
@@ -82,19 +90,38 @@ def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = Fa
     if not wrong:
         return None
     detail = f"{_listed(list(wrong), facts)} differ ({worst}; tolerance {atol:g} + {rtol:g} x |expected|)"
-    return f"{_cause(per_rank, wrong, facts, atol, rtol, optimizer, case.groups)}: {detail}"
+    causes = _causes(per_rank, wrong, facts, atol, rtol, optimizer, case.groups, plain_passed)
+    return f"{'; and '.join(causes)}: {detail}"
 
 
-def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool = False,
-           groups: bool = False) -> str:
+def _causes(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool = False,
+            groups: bool = False, plain_passed: bool | None = None) -> list[str]:
+    """Every cause the differences show, each once: a frozen parameter that moved and a broken tie each explain
+    their own names; what is left is read as one more cause (ranks apart, an unused parameter, or all agreeing)."""
+    causes, explained = [], set()
     frozen = sorted(facts["frozen"] & set(wrong))
     if frozen:
-        return f"a frozen parameter moved ({frozen[0]}): it must stay as broadcast, never reduced or stepped"
-    for rank, (_, state, *_) in enumerate(per_rank):
-        for names in facts["tied"]:
-            if any(_differs(state[n], state[names[0]], 0.0, 0.0) for n in names[1:] if n in state):
-                return (f"the tie is broken on rank {rank}: {' and '.join(names)} are one weight and hold different "
-                        "values (each was synchronized apart)")
+        causes.append(f"a frozen parameter moved ({frozen[0]}): it must stay as broadcast, never reduced or stepped")
+        explained |= facts["frozen"]
+    for names in facts["tied"]:
+        rank = next((r for r, (_, state, *_) in enumerate(per_rank)
+                     if any(_differs(state[n], state[names[0]], 0.0, 0.0) for n in names[1:] if n in state)), None)
+        if rank is not None:
+            causes.append(f"the tie is broken on rank {rank}: {' and '.join(names)} are one weight and hold different "
+                          "values (each was synchronized apart)")
+            explained |= set(names)
+    rest = {n: ranks for n, ranks in wrong.items() if n not in explained}
+    trained0 = per_rank[0][1]
+    apart = any(_differs(s[n], trained0[n], atol, rtol) for n in rest for _, s, *_ in per_rank[1:] if n in s)
+    # what differs beyond a moved frozen layer or a broken tie, alike on every rank, may be its victim (the model
+    # trained on different weights); ranks that disagree, or an unused parameter that moved, are a fault of their own
+    if rest and (not causes or apart or facts["unused"] & set(rest)):
+        causes.append(_cause_of_rest(per_rank, rest, facts, atol, rtol, optimizer, groups, plain_passed))
+    return causes
+
+
+def _cause_of_rest(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool,
+                   groups: bool, plain_passed: bool | None) -> str:
     trained0 = per_rank[0][1]
     apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, *_ in per_rank[1:] if n in s)]
     unused = sorted(facts["unused"] & set(wrong))
@@ -113,9 +140,18 @@ def _cause(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, o
     if apart:
         return (f"the ranks disagree after training ({_listed(apart, facts)}): a gradient was not averaged over every "
                 "rank (a bucket or a parameter never reduced?)")
-    if optimizer and groups:
-        return ("every rank agrees, and all differ from one process: a parameter was not stepped with its own "
-                "group's options (an inner optimizer built from the constructor's options alone?)")
+    options = ("a parameter was not stepped with its own group's options (an inner optimizer built from the "
+               "constructor's options alone?)")
+    owner = ("an update is not its owner's alone (the check's own DDP averaged the gradients, so each owner's step was "
+             "mixed with the other ranks' copies? an all-reduce of the parameters after the step where the owner "
+             "should broadcast)")
+    if optimizer and groups and plain_passed:
+        return f"every rank agrees, and all differ from one process: {options}"
+    if optimizer and groups and plain_passed is None:
+        return (f"every rank agrees, and all differ from one process: {options}, or {owner} (the plain case tells them "
+                "apart: it passes where only the options are lost)")
+    if optimizer:
+        return f"every rank agrees, and all differ from one process: {owner}"
     return ("every rank agrees, and all differ from one process: the average is wrong (a sum for a mean, a "
             "gradient counted twice?) or a step differs")
 

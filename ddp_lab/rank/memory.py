@@ -113,7 +113,7 @@ def _tensors(obj) -> list[torch.Tensor]:
     return []
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple | None:
+def storage_key(tensor: torch.Tensor) -> tuple | None:
     """What identifies a tensor's storage (device, address); None for one without memory of its own."""
     if tensor.device.type == "meta":
         return None
@@ -124,12 +124,22 @@ def _storage_key(tensor: torch.Tensor) -> tuple | None:
         return None
 
 
+def model_state_storages(model: torch.nn.Module, optimizer=None) -> dict:
+    """{"params", "grads", "optimizer_state"}: {storage key: bytes} of the storages behind each figure, each
+    counted once and whole: what they cost in memory, where `model_state_bytes` counts elements (a shard that is a
+    view of the whole weight holds all of it alive; ddp_lab.check measures what a rank holds by this)."""
+    out = {}
+    for key, tensors in _model_state_tensors(model, optimizer).items():
+        out[key] = {k: t.untyped_storage().nbytes() for t in _tensors(tensors) if (k := storage_key(t)) is not None}
+    return out
+
+
 def strategy_state_bytes(model, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Bytes of the storages a strategy (strategies/base.py's contract) keeps between steps
     (`model.kept_tensors()`) that hold no parameter, gradient or optimizer state: each storage counted
     once, whole."""
     kept = model.kept_tensors()
-    held = {_storage_key(t) for t in _tensors(_model_state_tensors(model, optimizer))}
+    held = {storage_key(t) for t in _tensors(_model_state_tensors(model, optimizer))}
     return _storage_bytes(_tensors(kept), skip=held)
 
 
@@ -137,7 +147,7 @@ def _storage_bytes(tensors, skip: set = frozenset()) -> int:
     """Bytes of the distinct storages behind `tensors`, each whole and once, but those in `skip`."""
     storages = {}
     for tensor in tensors:
-        key = _storage_key(tensor)
+        key = storage_key(tensor)
         if key is not None and key not in skip:
             storages[key] = tensor.untyped_storage().nbytes()
     return sum(storages.values())

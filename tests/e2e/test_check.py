@@ -2,10 +2,12 @@
 and the parameter, those that do not (tests/helpers/own_ddp.py: written as a CS336 student would)."""
 
 import inspect
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -143,7 +145,7 @@ def test_an_fsdp_that_shards_nothing_trains_right_and_fails_its_claim(capsys):
     lines = verdicts(out)
     assert code == 1 and lines[(2, "plain")][0] == "ok", out
     assert lines[(2, "sharded")][1].split("FAILED: ")[1].startswith(
-        "in plain a rank holds 100% of the parameters, more than 1/2 + 20% (70%): it shards no layer and holds "
+        "in plain rank 0 holds 100% of the parameters' bytes, more than 1/2 + 20% (70%): it shards no layer and holds "
         "Embedding, Linear, RMSNorm whole (does it pick its layers by a class")
 
 
@@ -161,8 +163,8 @@ def test_an_fsdp_of_the_courses_kind_passes_in_fp16_and_shards_the_users_layers(
 
 
 @pytest.mark.parametrize("target, flags, expected", [
-    ("KeyedOnTorchLayers", ["--same-init"], r"in own_classes a rank holds 100% of the parameters, more than 1/2 \+ "
-                                            r"20% \(70%\): it shards no layer and holds OwnEmbedding, OwnLinear"),
+    ("KeyedOnTorchLayers", ["--same-init"], r"in own_classes rank \d holds 100% of the parameters' bytes, more than "
+                                            r"1/2 \+ 20% \(70%\): it shards no layer and holds OwnEmbedding"),
     ("KeepsEveryState", [], r"in plain the ranks hold 200% of one AdamW's state between them \(rank 0 100%, rank 1 "
                             r"100%\), more than 100% \+ 20%: each piece is kept on more than one rank$"),
 ])
@@ -233,6 +235,10 @@ def test_the_command_line_runs_our_own_strategy():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every case passed (4)" in proc.stdout  # a case at two bucket sizes, two claims
     assert "with gradients still to come (those can overlap it)" in proc.stdout  # its buckets go while backward runs
+    seen = verdicts(proc.stdout)  # what each bucket size did, the claims read from both
+    assert seen[(2, "seen plain@25MB")][1].startswith("per step 1 collective") and \
+        ", 0 launched asynchronously" in seen[(2, "seen plain@25MB")][1], proc.stdout
+    assert re.search(r", [1-9]\d* launched asynchronously", seen[(2, "seen plain@small")][1]), proc.stdout
 
 
 # --- code written to the course's spec (docs/check.md, "Code written for the course") -----------------------------
@@ -260,15 +266,22 @@ def test_an_optimizer_that_keeps_every_state_fails_sharded_whatever_its_inner_op
     assert code == 1 and verdict == "FAIL" and "the ranks hold 200% of one AdamW's state between them" in detail, out
 
 
-@pytest.mark.parametrize("target, case, cause", [
-    ("DropsFirstGroupOptions", "groups", "a parameter was not stepped with its own group's options"),
+@pytest.mark.parametrize("target, cases, cause", [
+    ("DropsFirstGroupOptions", "plain,groups", "a parameter was not stepped with its own group's options"),
     ("NeverSendsTheLastGroup", "groups", "a parameter's update was not sent from the rank that owns it"),
+    ("AveragesParametersAfterStep", "plain,groups", "an update is not its owner's alone"),
 ])
-def test_a_sharded_optimizers_fault_gets_an_optimizers_cause(target, case, cause, capsys):
-    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2", "--cases", case, capsys=capsys)
-    verdict, detail = verdicts(out)[(2, case)]
+def test_a_sharded_optimizers_fault_gets_an_optimizers_cause(target, cases, cause, capsys):
+    """Under the check's own DDP the gradients are averaged right, so a fault points at the updates: one averaged
+    with the other ranks' stale copies is not blamed on an average or (where plain fails too) on group options;
+    group options are blamed where plain passes."""
+    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2", "--cases", cases, capsys=capsys)
+    lines = verdicts(out)
+    verdict, detail = lines[(2, "groups")]
     assert code == 1 and verdict == "FAIL" and cause in detail, out
-    assert "a gradient was not averaged" not in detail
+    assert "a gradient was not averaged" not in detail and "the average is wrong" not in detail
+    if target == "AveragesParametersAfterStep":
+        assert cause in lines[(2, "plain")][1] and "group's options" not in detail.split("FAILED: ")[1], out
 
 
 def test_an_unused_parameter_that_holds_its_bucket_back_is_named_as_the_cause(capsys):
@@ -335,3 +348,61 @@ def test_a_blocking_all_reduce_in_each_hook_is_not_overlap(capsys):
     assert verdict == "FAIL" and "called without async_op=True in a gradient hook, backward waits for each" in detail
     assert "17 of them issued during backward, all blocking (backward waits for each), 0 launched" in \
         lines[(2, "seen plain")][1], out
+
+
+@pytest.mark.parametrize("target, cause", [
+    ("KeepsGatheredWeights", r"it keeps the gathered weights after forward \(12 whole weights in self\.full_params, "
+                             r"\d+% of the parameters"),
+    ("ShardIsAView", r"the shard is a view of the whole weight \(module\.\S+ and 11 more: 6\.0 KiB, its storage "
+                     r"12\.0 KiB"),
+])
+def test_an_fsdp_holding_whole_weights_at_rest_fails_sharded_by_what_it_holds(target, cause, capsys):
+    """Memory measured, not elements counted: a dict of every gathered weight kept on the wrapper, and a shard that
+    is a slice of the whole weight, both hold 1/N of the elements in their parameters and train right; each storage
+    counted once and whole shows what they hold (150% and 100% at 2 ranks), with the cause."""
+    code, out, _ = check(f"tests.helpers.own_ddp.{target}", "--world-size", "2", "--same-init", "--cases", "plain",
+                         capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and lines[(2, "plain")][0] == "ok", out
+    verdict, detail = lines[(2, "sharded")]
+    assert verdict == "FAIL" and re.search(r"in plain rank \d holds 1[05]0% of the parameters' bytes, more than 1/2 "
+                                           r"\+ 20% \(70%\): " + cause, detail), detail
+    held = "50% of the parameters (and keeps 99% more beside them, in self.full_params)" \
+        if target == "KeepsGatheredWeights" else "100% of the parameters"
+    assert f"the largest rank holds {held}, 50% of AdamW's state" in lines[(2, "seen plain")][1], out
+
+
+def test_two_faults_in_one_run_are_both_named(capsys):
+    """A broken tie and a bias never averaged: the tie explains its own names, and the ranks disagreeing on the bias
+    is a fault of its own (what merely trained on different weights is not blamed on a second cause)."""
+    code, out, _ = check("tests.helpers.own_ddp.UntiesAndSkipsABias", "--world-size", "2", "--cases", "tied",
+                         capsys=capsys)
+    detail = verdicts(out)[(2, "tied")][1].split("FAILED: ")[1]
+    assert code == 1 and detail.startswith("the tie is broken on rank 0: embed.weight and out.weight are one"), out
+    assert "; and the ranks disagree after training (hidden.bias): a gradient was not averaged" in detail, out
+    code, out, _ = check("tests.helpers.own_ddp.BreaksTheTie", "--world-size", "2", "--cases", "tied", capsys=capsys)
+    assert "; and " not in verdicts(out)[(2, "tied")][1], out  # one fault, one cause
+
+
+def test_a_failing_run_leaves_nothing_in_the_working_directory(tmp_path):
+    """Its logs go to a folder it names, in the system's temporary directory or under --logs, and nowhere else;
+    a passing run keeps none."""
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(target, *flags):
+        return subprocess.run([sys.executable, "-m", "ddp_lab.check", f"tests.helpers.own_ddp.{target}",
+                               "--world-size", "2", "--cases", "plain", *flags], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    failed = run("DropsABucket", "--set", "bucket_size_mb=0.001")
+    assert failed.returncode == 1 and list(work.iterdir()) == [], failed.stdout + failed.stderr
+    kept = Path(re.search(r"the ranks' output and tracebacks: (\S+)$", failed.stdout.strip()).group(1))
+    assert kept.parent == Path(tempfile.gettempdir()) and (kept / "rank0.log").exists()
+    shutil.rmtree(kept)
+    failed = run("DropsABucket", "--set", "bucket_size_mb=0.001", "--logs", str(logs))
+    assert failed.returncode == 1 and failed.stdout.strip().endswith(f"tracebacks: {logs}"), failed.stdout
+    assert sorted(p.name for p in logs.iterdir()) == ["rank0.log", "rank1.log", "spawn.log"]
+    passed = run("AveragingDDP", "--logs", str(logs))
+    assert passed.returncode == 0 and list(logs.iterdir()) == [] and list(work.iterdir()) == [], passed.stdout

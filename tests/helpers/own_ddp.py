@@ -479,3 +479,46 @@ class CastsOnlyItsLayers(CourseFSDP):
             full = self._whole(p) if p in self.rows else p.data
             p.data = full.to(self.dtype) if self.dtype is not None and p in self.rows else full
         return self.module(*args, **kwargs)
+
+
+class KeepsGatheredWeights(CourseFSDP):
+    """Trains right, as a student's FSDP that caches: every weight it gathers is kept in `self.full_params` by name and
+    never freed, so at rest each rank holds its shards and every whole weight beside them."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__(module, compute_dtype)
+        self.names = {p: name for name, p in module.named_parameters()}
+        self.full_params: dict[str, torch.Tensor] = {}
+
+    def _whole(self, p: nn.Parameter) -> torch.Tensor:
+        self.full_params[self.names[p]] = super()._whole(p)
+        return self.full_params[self.names[p]]
+
+
+class ShardIsAView(CourseFSDP):
+    """Trains right, and its shard is a slice of the padded whole weight, not a copy: the slice keeps the whole
+    weight's storage alive on every rank."""
+
+    def _rows_of(self, full: torch.Tensor) -> torch.Tensor:
+        chunk = -(-full.shape[0] // self.n)
+        padded = torch.zeros(chunk * self.n, *full.shape[1:], dtype=full.dtype)
+        padded[:full.shape[0]] = full
+        return padded[self.rank * chunk:(self.rank + 1) * chunk]
+
+
+class AveragesParametersAfterStep(RoundRobinSharded):
+    """Steps its share, then all-reduces every parameter and divides by the world size, where the owner should
+    broadcast: the ranks agree, each owner's update averaged with the other ranks' stale copies."""
+
+    def share(self):
+        for p, _ in self.owned:
+            dist.all_reduce(p.data)
+            p.data /= self.n
+
+
+class UntiesAndSkipsABias(BreaksTheTie):
+    """Two faults in one: unties the shared weight, and never averages `hidden.bias` (as a hand-made list of what to
+    reduce that misses one)."""
+
+    def finish_gradient_synchronization(self) -> None:
+        self._average(p for name, p in self.module.named_parameters() if name != "hidden.bias")
