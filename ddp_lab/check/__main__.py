@@ -56,14 +56,21 @@ from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
 from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_claim, judge, unjudged
 from ddp_lab.check.ranks import RanksFailed, run_ranks
+from ddp_lab.check.tensor_parallel import ATOL as TP_ATOL
+from ddp_lab.check.tensor_parallel import RTOL as TP_RTOL
+from ddp_lab.check.tensor_parallel import STEPS as TP_STEPS
+from ddp_lab.check.tensor_parallel import TP_CASES, pair, run_tp_cases, tp_verdict
 from ddp_lab.check.verdict import crash_line, verdict
 from ddp_lab.config import key_values
 
 
-def _world_sizes(text: str) -> list[int]:
-    sizes = [int(s) for s in text.split(",") if s]
+def _world_sizes(text: str, flag: str = "--world-size") -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s]
+    except ValueError:
+        sizes = []
     if not sizes or min(sizes) < 2:
-        raise ValueError(f"--world-size takes ranks >= 2, comma-separated, got {text!r}")
+        raise ValueError(f"{flag} takes ranks >= 2, comma-separated, got {text!r}")
     return sizes
 
 
@@ -216,11 +223,36 @@ def _clear(log_dir: str, ours: bool) -> None:
             path.unlink()
 
 
+def check_tp(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+    """The tensor-parallel check (check/tensor_parallel.py) of a `COLUMN,ROW` pair: (tp, case, verdict, detail,
+    a crashed rank's traceback or None) per case and degree, each case in a set of ranks of its own (a hang or a
+    crash costs that case only)."""
+    column, row = pair(target)
+    lines = []
+    for tp in degrees:
+        for name in names:
+            try:
+                per_rank = run_ranks(run_tp_cases, tp, column, row, [name], timeout_s=timeout_s, log_dir=log_dir)
+            except Exception as exc:  # a rank raised, died or hung
+                failure, trace = _failure(exc, timeout_s)
+                lines.append((tp, name, "FAIL", f"{TP_CASES[name].proves}: FAILED: {failure}", trace))
+                continue
+            verdict_, detail = tp_verdict([r[name] for r in per_rank], tp)
+            shown = TP_CASES[name].proves if verdict_ == "ok" else \
+                detail if verdict_ == "skip" else f"{TP_CASES[name].proves}: FAILED: {detail}"
+            lines.append((tp, name, verdict_, shown, None))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP)")
+    parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP), or a tensor-parallel "
+                                       "pair: the column- and the row-parallel layer, comma-separated")
     parser.add_argument("--world-size", default="2,3", help="gloo ranks, comma-separated (default: 2,3)")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (a tensor-parallel "
+                                                      f"pair: of {', '.join(TP_CASES)})")
+    parser.add_argument("--tp", default=None, metavar="DEGREES",
+                        help="a tensor-parallel pair's TP degrees, comma-separated (default 2,4)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
@@ -243,12 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: --logs {args.logs}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    tensor_parallel = "," in args.target or args.tp is not None
     try:
+        if tensor_parallel:
+            return _main_tp(args, log_dir, ours)
         world_sizes = _world_sizes(args.world_size)
-        names = [n for n in args.cases.split(",") if n]
-        unknown = [n for n in names if n not in CASES]
-        if unknown or not names:
-            raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(CASES)}")
+        names = _case_names(args.cases, CASES)
         expect = {p for p in args.expect.split(",") if p}
         if expect - set(PROPERTIES):
             raise ValueError(f"--expect {sorted(expect - set(PROPERTIES))[0]!r} is no property: "
@@ -265,13 +297,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(_header(args.target, cls, kwargs, fsdp))
+    return _report(lines, log_dir, ours, args.traceback)
+
+
+def _case_names(given: str | None, cases: dict) -> list[str]:
+    names = [n for n in (given or ",".join(cases)).split(",") if n]
+    unknown = [n for n in names if n not in cases]
+    if unknown or not names:
+        raise ValueError(f"unknown case {unknown[0] if unknown else ''!r}; cases: {', '.join(cases)}")
+    return names
+
+
+def _main_tp(args, log_dir: str, ours: bool) -> int:
+    """The tensor-parallel check of `args.target` (COLUMN,ROW); ValueError for bad input."""
+    degrees = _world_sizes(args.tp or "2,4", "--tp")
+    names = _case_names(args.cases, TP_CASES)
+    for flag, given in (("--set", args.set), ("--same-init", args.same_init), ("--expect", args.expect),
+                        ("--layers", args.layers), ("--fsdp", args.fsdp)):
+        if given:
+            raise ValueError(f"{flag} is a data-parallel check's option; a tensor-parallel pair takes --tp, --cases, "
+                             "--timeout, --logs and --traceback")
+    lines = check_tp(args.target, degrees, names, args.timeout, log_dir)
+    print(f"{args.target} (column-parallel, row-parallel) against single-process training (atol {TP_ATOL:g}, rtol "
+          f"{TP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {TP_STEPS} SGD steps, every TP rank on the same "
+          "batch):")
+    return _report(lines, log_dir, ours, args.traceback, unit="tp")
+
+
+def _report(lines: list[tuple], log_dir: str, ours: bool, traceback: bool, unit: str = "ranks") -> int:
+    """Print the verdict lines and the summary; the exit status."""
     width = max(len(name) for _, name, *_ in lines)
     for world_size, name, verdict_, detail, trace in lines:
-        print(f"  {verdict_:<4}  {world_size} ranks  {name:<{width}}  {detail}")
+        where = f"{world_size} ranks" if unit == "ranks" else f"tp {world_size}"
+        print(f"  {verdict_:<4}  {where}  {name:<{width}}  {detail}")
         if trace is not None:
-            Path(log_dir, f"traceback-{world_size}ranks-{name}.txt").write_text(trace)
-            if args.traceback:
-                print(f"\n{world_size} ranks, {name}:\n{trace}", file=sys.stderr)
+            Path(log_dir, f"traceback-{world_size}{unit}-{name}.txt").write_text(trace)
+            if traceback:
+                print(f"\n{where}, {name}:\n{trace}", file=sys.stderr)
     failed = sum(verdict_ == "FAIL" for _, _, verdict_, _, _ in lines)
     cases = sum(verdict_ != "seen" for _, _, verdict_, _, _ in lines)
     if not failed:

@@ -84,9 +84,8 @@ def under_plain_ddp(optimizer: type) -> type:
     return PlainDDPWith
 
 
-def locate(target: str) -> type:
-    """The wrapper class at a dotted path (`my_pkg.ddp.MyDDP`), or the project's plain DDP around the sharded
-    optimizer there (`my_pkg.optim.ShardedOptimizer`); ValueError saying what is wrong."""
+def locate_class(target: str) -> type:
+    """The class at a dotted path (`my_pkg.ddp.MyDDP`); ValueError saying what is wrong."""
     module_name, _, name = target.rpartition(".")
     if not module_name:
         raise ValueError(f"{target!r} is not a dotted path to a class (my_pkg.module.MyDDP)")
@@ -97,6 +96,13 @@ def locate(target: str) -> type:
     cls = getattr(module, name, None)
     if not inspect.isclass(cls):
         raise ValueError(f"{module_name!r} has no class {name!r}")
+    return cls
+
+
+def locate(target: str) -> type:
+    """The wrapper class at a dotted path (`my_pkg.ddp.MyDDP`), or the project's plain DDP around the sharded
+    optimizer there (`my_pkg.optim.ShardedOptimizer`); ValueError saying what is wrong."""
+    cls = locate_class(target)
     if not callable(getattr(cls, "finish_gradient_synchronization", None)) and is_optimizer(cls):
         return under_plain_ddp(cls)
     if not callable(getattr(cls, "finish_gradient_synchronization", None)):

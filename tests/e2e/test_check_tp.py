@@ -1,0 +1,75 @@
+"""`python -m ddp_lab.check COLUMN,ROW --tp 2,4`: a pair of tensor-parallel layers proven against one process, and
+each wrong version (tests/helpers/course_tp.py, the lecture's homework as students complete it) failed with its
+cause, not its victims."""
+
+import pytest
+
+from tests.e2e.test_check import check
+
+HELPERS = "tests.helpers.course_tp"
+
+
+def lines(out: str) -> dict:
+    """(tp, case) -> (verdict, detail)."""
+    import re
+
+    found = re.findall(r"^  (ok|FAIL|skip)\s+tp (\d)  (\w+)\s+(.*)$", out, flags=re.M)
+    return {(int(tp), case): (verdict, detail) for verdict, tp, case, detail in found}
+
+
+def test_the_lectures_layers_completed_pass_at_tp_2_and_4(capsys):
+    code, out, _ = check(f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--tp", "2,4", capsys=capsys)
+    assert code == 0 and out.strip().endswith("every case passed (8)"), out
+    assert {case for _, case in lines(out)} == {"mlp", "attention", "frozen", "uneven"}
+    assert "3 SGD steps, every TP rank on the same batch" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("column, row, cause", [
+    ("ColumnWithoutInputAllReduce", "RowParallelLinear",
+     "the backward of a column-parallel layer does not all-reduce the input gradient (the output and every piece's "
+     "gradient are right"),
+    ("ColumnParallelLinear", "RowBiasOnEveryRank",
+     "a row-parallel layer adds its bias on every rank (w2: the output is off by {n} x its bias"),
+    ("ColumnAlongTheInput", "RowParallelLinear",
+     "a shard is taken along the wrong dimension: the column-parallel w1.weight holds columns of the whole weight"),
+])
+def test_each_wrong_version_fails_with_its_cause(column, row, cause, capsys):
+    code, out, _ = check(f"{HELPERS}.{column},{HELPERS}.{row}", "--tp", "2,4", "--cases", "mlp", capsys=capsys)
+    found = lines(out)
+    assert code == 1, out
+    for tp in (2, 4):
+        verdict, detail = found[(tp, "mlp")]
+        assert verdict == "FAIL" and cause.format(n=tp - 1) in detail.split("FAILED: ")[1], out
+
+
+def test_a_frozen_layer_that_trains_and_an_uneven_refusal(capsys):
+    code, out, _ = check(f"{HELPERS}.ColumnTrainsFrozen,{HELPERS}.RowParallelLinear", "--tp", "2", "--cases",
+                         "frozen,mlp", capsys=capsys)
+    found = lines(out)
+    assert code == 1 and found[(2, "mlp")][0] == "ok", out
+    assert "FAILED: a frozen parameter moved (w1.weight)" in found[(2, "frozen")][1], out
+    code, out, _ = check(f"{HELPERS}.ColumnRefusesUneven,{HELPERS}.RowParallelLinear", "--tp", "2", "--cases",
+                         "uneven", capsys=capsys)
+    assert code == 0 and lines(out)[(2, "uneven")] == (
+        "skip", "refused when built at tp 2: ValueError: out_features 33 is not divisible by the TP degree 2"), out
+
+
+def test_the_tp_group_goes_to_a_constructor_that_takes_one(capsys):
+    code, out, _ = check(f"{HELPERS}.TakesAGroup,{HELPERS}.RowParallelLinear", "--tp", "2", "--cases", "mlp",
+                         capsys=capsys)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--tp", "1"], "error: --tp takes ranks >= 2"),
+    ([f"{HELPERS}.ColumnParallelLinear", "--tp", "2"], "error: 'tests.helpers.course_tp.ColumnParallelLinear': a "
+                                                        "tensor-parallel check takes two classes"),
+    ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.Nope"], "error: 'tests.helpers.course_tp' has no class 'Nope'"),
+    ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--cases", "plain"], "error: unknown case "
+                                                                                          "'plain'; cases: mlp"),
+    ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--same-init"], "error: --same-init is a "
+                                                                                     "data-parallel check's option"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    code, _, err = check(*argv, capsys=capsys)
+    assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
