@@ -54,6 +54,10 @@ from ddp_lab.check.cases import (
 from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
+from ddp_lab.check.pipeline import ATOL as PP_ATOL
+from ddp_lab.check.pipeline import PP_CASES, locate_function, pp_verdict, run_pp_cases, seen_line, waiting
+from ddp_lab.check.pipeline import RTOL as PP_RTOL
+from ddp_lab.check.pipeline import STEPS as PP_STEPS
 from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_claim, judge, unjudged
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.tensor_parallel import ATOL as TP_ATOL
@@ -101,10 +105,15 @@ def _header(target: str, cls: type, kwargs: dict, fsdp: bool) -> str:
             f"{read}):")
 
 
+SECONDARY = ("Connection closed by peer", "remote worker crashing")  # gloo's words on a rank whose peer died
+
+
 def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
-    """What ended a set of ranks, in a line, and the failed rank's traceback where one raised."""
+    """What ended a set of ranks, in a line, and the failed rank's traceback where one raised: the first rank that
+    raised of its own accord, before one that raised because its peer had died."""
     if isinstance(exc, RanksFailed) and exc.errors:
-        return f"rank {exc.failed_ranks[0]} raised {crash_line(exc.errors[0])}", exc.errors[0]
+        first = min(range(len(exc.errors)), key=lambda i: any(s in exc.errors[i] for s in SECONDARY))
+        return f"rank {exc.failed_ranks[first]} raised {crash_line(exc.errors[first])}", exc.errors[first]
     if isinstance(exc, RanksFailed):
         return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
                 "or for a gradient that never comes"), None
@@ -244,6 +253,40 @@ def check_tp(target: str, degrees: list[int], names: list[str], timeout_s: float
     return lines
 
 
+# autograd's words for backward through a graph already freed, or never kept (a detached output)
+FREED = ("backward through the graph a second time", "does not require grad and does not have a grad_fn")
+
+
+def check_pp(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+    """The pipeline check (check/pipeline.py) of a schedule function: (pp, case, verdict, detail, a crashed rank's
+    traceback or None) per case and degree, and a `seen` line per finished case; each case in a set of ranks of its
+    own, so a hang costs that case only and is told by what each stage was waiting for."""
+    locate_function(target)  # refused here, in one line, before any rank starts
+    lines = []
+    for pp in degrees:
+        for name in names:
+            proves = PP_CASES[name].proves
+            with tempfile.TemporaryDirectory() as progress:
+                try:
+                    per_rank = run_ranks(run_pp_cases, pp, target, [name], progress, timeout_s=timeout_s,
+                                         log_dir=log_dir)
+                except Exception as exc:  # a rank raised, died or hung
+                    failure, trace = _failure(exc, timeout_s)
+                    if trace is None and isinstance(exc, RanksFailed):  # a hang: what every stage waited for
+                        failure = f"still running after {timeout_s:g} s: {waiting(progress, name, pp)}"
+                    if trace is not None and any(words in trace for words in FREED):
+                        failure = ("a micro-batch's activations were freed before its backward (backward ran "
+                                   "through a graph already freed, or never kept: keep each micro-batch's input and "
+                                   f"output until its own backward): {failure}")
+                    lines.append((pp, name, "FAIL", f"{proves}: FAILED: {failure}", trace))
+                    continue
+            results = [r[name] for r in per_rank]
+            cause = pp_verdict(results)
+            lines.append((pp, name, "FAIL" if cause else "ok", f"{proves}: FAILED: {cause}" if cause else proves, None))
+            lines.append((pp, name, "seen", seen_line(results, pp), None))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP), or a tensor-parallel "
@@ -253,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       f"pair: of {', '.join(TP_CASES)})")
     parser.add_argument("--tp", default=None, metavar="DEGREES",
                         help="a tensor-parallel pair's TP degrees, comma-separated (default 2,4)")
+    parser.add_argument("--pp", default=None, metavar="DEGREES",
+                        help="check a pipeline schedule function (the target) at these stage counts, comma-separated")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
@@ -277,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tensor_parallel = "," in args.target or args.tp is not None
     try:
+        if args.pp is not None:
+            return _main_other(args, log_dir, ours, "pp")
         if tensor_parallel:
-            return _main_tp(args, log_dir, ours)
+            return _main_other(args, log_dir, ours, "tp")
         world_sizes = _world_sizes(args.world_size)
         names = _case_names(args.cases, CASES)
         expect = {p for p in args.expect.split(",") if p}
@@ -308,27 +355,36 @@ def _case_names(given: str | None, cases: dict) -> list[str]:
     return names
 
 
-def _main_tp(args, log_dir: str, ours: bool) -> int:
-    """The tensor-parallel check of `args.target` (COLUMN,ROW); ValueError for bad input."""
-    degrees = _world_sizes(args.tp or "2,4", "--tp")
-    names = _case_names(args.cases, TP_CASES)
+def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
+    """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp") or the pipeline check of a schedule ("pp");
+    ValueError for bad input."""
+    if args.tp is not None and args.pp is not None:
+        raise ValueError("--tp checks a pair of layers, --pp a schedule: one at a time")
+    degrees = _world_sizes(getattr(args, axis) or "2,4", f"--{axis}")
+    names = _case_names(args.cases, TP_CASES if axis == "tp" else PP_CASES)
     for flag, given in (("--set", args.set), ("--same-init", args.same_init), ("--expect", args.expect),
                         ("--layers", args.layers), ("--fsdp", args.fsdp)):
         if given:
-            raise ValueError(f"{flag} is a data-parallel check's option; a tensor-parallel pair takes --tp, --cases, "
-                             "--timeout, --logs and --traceback")
-    lines = check_tp(args.target, degrees, names, args.timeout, log_dir)
-    print(f"{args.target} (column-parallel, row-parallel) against single-process training (atol {TP_ATOL:g}, rtol "
-          f"{TP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {TP_STEPS} SGD steps, every TP rank on the same "
-          "batch):")
-    return _report(lines, log_dir, ours, args.traceback, unit="tp")
+            raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes --cases, --timeout, --logs "
+                             "and --traceback")
+    if axis == "tp":
+        lines = check_tp(args.target, degrees, names, args.timeout, log_dir)
+        print(f"{args.target} (column-parallel, row-parallel) against single-process training (atol {TP_ATOL:g}, "
+              f"rtol {TP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {TP_STEPS} SGD steps, every TP rank on the "
+              "same batch):")
+    else:
+        lines = check_pp(args.target, degrees, names, args.timeout, log_dir)
+        print(f"{args.target} (a pipeline schedule, stage r on rank r) against single-process training (atol "
+              f"{PP_ATOL:g}, rtol {PP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {PP_STEPS} SGD steps on the "
+              "whole batch):")
+    return _report(lines, log_dir, ours, args.traceback, unit=axis)
 
 
 def _report(lines: list[tuple], log_dir: str, ours: bool, traceback: bool, unit: str = "ranks") -> int:
     """Print the verdict lines and the summary; the exit status."""
     width = max(len(name) for _, name, *_ in lines)
     for world_size, name, verdict_, detail, trace in lines:
-        where = f"{world_size} ranks" if unit == "ranks" else f"tp {world_size}"
+        where = f"{world_size} ranks" if unit == "ranks" else f"{unit} {world_size}"
         print(f"  {verdict_:<4}  {where}  {name:<{width}}  {detail}")
         if trace is not None:
             Path(log_dir, f"traceback-{world_size}{unit}-{name}.txt").write_text(trace)

@@ -1,0 +1,133 @@
+"""Pipeline schedules as a student completes the lecture's homework (its forward over send/recv given, the
+backward left to write), in the shape `python -m ddp_lab.check SCHEDULE --pp 2,4` takes (ddp_lab/check/pipeline.py):
+two right (GPipe with blocking sends, 1F1B with asynchronous ones) and one wrong version for each cause the check
+names (tests/e2e/test_check_pp.py; docs/check.md, "Tensor and pipeline parallelism")."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _receive(step, src: int, tag: int = 0) -> torch.Tensor:
+    x = torch.empty(step.activation_shape)
+    dist.recv(x, src=src, tag=tag)
+    return x.requires_grad_(True)
+
+
+def _sum_tied(step) -> None:
+    for weight, group in step.tied:
+        dist.all_reduce(weight.grad, group=group)
+
+
+def _forward(stage, step, i: int, tag: int | None = None):
+    """Micro-batch i through this stage: (its input, its output), the output sent on."""
+    first, last = step.rank == 0, step.rank == step.stages - 1
+    x = step.inputs[i] if first else _receive(step, step.rank - 1, i if tag is None else tag)
+    y = stage(x)
+    if not last:
+        dist.send(y.detach(), dst=step.rank + 1, tag=i)
+    return x, y
+
+
+def _backward(stage, step, i: int, x, y, divide: int | None = None) -> None:
+    """Micro-batch i's backward through this stage, its input's gradient sent back."""
+    first, last = step.rank == 0, step.rank == step.stages - 1
+    if last:
+        loss = step.loss_fn(y, step.targets[i])
+        (loss / (step.microbatches if divide is None else divide)).backward()
+    else:
+        grad = torch.empty(step.activation_shape)
+        dist.recv(grad, src=step.rank + 1, tag=i)
+        y.backward(grad)
+    if not first:
+        dist.send(x.grad, dst=step.rank - 1, tag=i)
+
+
+def gpipe(stage, step) -> None:
+    """Right: every forward, then every backward, each micro-batch's loss divided by m; tied copies summed."""
+    flight = [_forward(stage, step, i) for i in range(step.microbatches)]
+    for i, (x, y) in enumerate(flight):
+        _backward(stage, step, i, x, y)
+    _sum_tied(step)
+
+
+def one_f_one_b(stage, step) -> None:
+    """Right: 1F1B, at most (stages - rank) micro-batches in flight; sends asynchronous, waited at the end."""
+    first, last = step.rank == 0, step.rank == step.stages - 1
+    m, sends, flight = step.microbatches, [], {}
+    warmup = min(m, step.stages - step.rank - 1)
+
+    def forward(i):
+        x = step.inputs[i] if first else _receive(step, step.rank - 1, i)
+        y = stage(x)
+        if not last:
+            sends.append(dist.isend(y.detach(), dst=step.rank + 1, tag=i))
+        flight[i] = (x, y)
+
+    def backward(i):
+        x, y = flight.pop(i)
+        if last:
+            (step.loss_fn(y, step.targets[i]) / m).backward()
+        else:
+            grad = torch.empty(step.activation_shape)
+            dist.recv(grad, src=step.rank + 1, tag=i)
+            y.backward(grad)
+        if not first:
+            sends.append(dist.isend(x.grad, dst=step.rank - 1, tag=i))
+
+    for i in range(warmup):
+        forward(i)
+    for i in range(m - warmup):
+        forward(warmup + i)
+        backward(i)
+    for i in range(m - warmup, m):
+        backward(i)
+    for work in sends:
+        work.wait()
+    _sum_tied(step)
+
+
+def loss_not_divided(stage, step) -> None:
+    """GPipe, each micro-batch's loss summed as it is: m times the whole batch's mean."""
+    flight = [_forward(stage, step, i) for i in range(step.microbatches)]
+    for i, (x, y) in enumerate(flight):
+        _backward(stage, step, i, x, y, divide=1)
+    _sum_tied(step)
+
+
+def divided_twice(stage, step) -> None:
+    """GPipe with the loss divided by m, and every gradient averaged over the micro-batches again after."""
+    gpipe(stage, step)
+    for p in stage.parameters():
+        if p.grad is not None:
+            p.grad /= step.microbatches
+
+
+def frees_its_outputs(stage, step) -> None:
+    """GPipe that keeps each micro-batch's output detached, to free its graph's memory until backward: nothing is
+    left for backward to run through."""
+    flight = []
+    for i in range(step.microbatches):
+        x, y = _forward(stage, step, i)
+        flight.append((x, y.detach()))
+    for i, (x, y) in enumerate(flight):
+        _backward(stage, step, i, x, y)
+    _sum_tied(step)
+
+
+def receives_in_reverse(stage, step) -> None:
+    """GPipe whose stages after the first receive their micro-batches last first (tags m-1 .. 0), while the stage
+    before sends them first first, blocking: each waits for the other."""
+    order = list(reversed(range(step.microbatches))) if step.rank > 0 else list(range(step.microbatches))
+    flight = {i: _forward(stage, step, i, tag=i) for i in order}
+    for i in sorted(flight):
+        _backward(stage, step, i, *flight[i])
+    _sum_tied(step)
+
+
+def forgets_the_tie(stage, step) -> None:
+    """GPipe, right but for the tied weight: each stage keeps its own copy's gradient."""
+    flight = [_forward(stage, step, i) for i in range(step.microbatches)]
+    for i, (x, y) in enumerate(flight):
+        _backward(stage, step, i, x, y)
