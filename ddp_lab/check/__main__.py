@@ -5,6 +5,8 @@
     python -m ddp_lab.check my_pkg.fsdp.FSDP --same-init --set compute_dtype=float16 \
         --layers linear=my_pkg.model.Linear,embedding=my_pkg.model.Embedding,norm=my_pkg.model.RMSNorm
     python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --expect bucketed,overlap
+    python -m ddp_lab.check my_pkg.tp.ColumnParallelLinear,my_pkg.tp.RowParallelLinear --tp 2,4   # tensor_parallel.py
+    python -m ddp_lab.check my_pkg.pp.one_f_one_b --pp 2,4        # a pipeline schedule: pipeline.py
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does: `MyDDP(module,
 **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward. `no_sync()` (for the

@@ -84,16 +84,22 @@ def under_plain_ddp(optimizer: type) -> type:
     return PlainDDPWith
 
 
-def locate_class(target: str) -> type:
-    """The class at a dotted path (`my_pkg.ddp.MyDDP`); ValueError saying what is wrong."""
+def imported(target: str, example: str = "my_pkg.module.MyDDP") -> tuple[str, str, object]:
+    """(module name, attribute name, the attribute or None) of a dotted path; ValueError where it is no dotted path
+    or its module does not import."""
     module_name, _, name = target.rpartition(".")
     if not module_name:
-        raise ValueError(f"{target!r} is not a dotted path to a class (my_pkg.module.MyDDP)")
+        raise ValueError(f"{target!r} is not a dotted path ({example})")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import {module_name!r}: {exc}") from None
-    cls = getattr(module, name, None)
+    return module_name, name, getattr(module, name, None)
+
+
+def locate_class(target: str) -> type:
+    """The class at a dotted path (`my_pkg.ddp.MyDDP`); ValueError saying what is wrong."""
+    module_name, name, cls = imported(target)
     if not inspect.isclass(cls):
         raise ValueError(f"{module_name!r} has no class {name!r}")
     return cls

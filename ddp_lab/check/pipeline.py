@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_lab.check.cases import imported
 from ddp_lab.spec.pipeline import split_blocks
 
 VOCAB, D_MODEL, SEQUENCE, BATCH, BLOCKS = 32, 16, 6, 8, 4
@@ -201,16 +202,7 @@ def _none_or(t):
 
 def locate_function(target: str):
     """The schedule function at a dotted path; ValueError saying what is wrong."""
-    import importlib
-
-    module_name, _, name = target.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{target!r} is not a dotted path to a schedule function (my_pkg.pipeline.one_f_one_b)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
-    fn = getattr(module, name, None)
+    module_name, name, fn = imported(target, "my_pkg.pipeline.one_f_one_b")
     if fn is None or isinstance(fn, type) or not callable(fn):
         raise ValueError(f"{module_name!r} has no schedule function {name!r} (a function (stage, step) -> None)")
     return fn
@@ -439,4 +431,5 @@ def seen_line(per_rank: list[dict], pp: int) -> str:
         bubble = f"bubble {100 * r['bubble']:.0f}%" if r.get("bubble") is not None else "bubble not measured"
         parts.append(f"stage {r['rank']} {bubble}, activations held at most {r['peak_bytes'] / 2**10:.1f} KiB{worth}")
     return (f"{'; '.join(parts)} (GPipe's and 1F1B's bubble (p - 1) / (m + p - 1) = {100 * formula:.0f}% at p {pp}, "
-            f"m {m}; measured: the share of the step blocked in sends, receives and waits, on shared CPU cores)")
+            f"m {m}; measured: the share of the steps after the first spent blocked in sends, receives and waits, on "
+            "shared CPU cores)")

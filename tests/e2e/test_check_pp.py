@@ -84,3 +84,19 @@ def test_sends_and_receives_in_a_different_order_hang_and_are_told(capsys):
 def test_bad_input_is_one_line(argv, message, capsys):
     code, _, err = check(*argv, capsys=capsys)
     assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_gpipe_docs_show_is_the_one_the_suite_checks():
+    """docs/check.md's worked example is tests/helpers/course_pp.gpipe, line for line (its docstring aside)."""
+    import inspect
+    from pathlib import Path
+
+    from tests.helpers import course_pp
+    from tests.helpers.launching import ROOT
+
+    docs = (Path(ROOT) / "docs" / "check.md").read_text()
+    shown = docs[docs.index("def gpipe(stage, step) -> None:"):]
+    shown = shown[:shown.index("```")].rstrip()
+    source = inspect.getsource(course_pp.gpipe)
+    docstring = f'    """{course_pp.gpipe.__doc__}"""\n'
+    assert source.replace(docstring, "").rstrip() == shown

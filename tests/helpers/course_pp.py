@@ -45,11 +45,32 @@ def _backward(stage, step, i: int, x, y, divide: int | None = None) -> None:
 
 
 def gpipe(stage, step) -> None:
-    """Right: every forward, then every backward, each micro-batch's loss divided by m; tied copies summed."""
-    flight = [_forward(stage, step, i) for i in range(step.microbatches)]
-    for i, (x, y) in enumerate(flight):
-        _backward(stage, step, i, x, y)
-    _sum_tied(step)
+    """Right: every forward, then every backward, each micro-batch's loss divided by m; tied copies summed (shown
+    in docs/check.md, "Pipeline schedules", as it is here)."""
+    first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
+    flight = []
+    for i in range(m):                                   # every forward
+        if first:
+            x = step.inputs[i]
+        else:
+            x = torch.empty(step.activation_shape)
+            dist.recv(x, src=step.rank - 1, tag=i)
+            x.requires_grad_(True)
+        y = stage(x)
+        if not last:
+            dist.send(y.detach(), dst=step.rank + 1, tag=i)
+        flight.append((x, y))                            # kept until its backward
+    for i, (x, y) in enumerate(flight):                  # then every backward
+        if last:
+            (step.loss_fn(y, step.targets[i]) / m).backward()   # divided by m once
+        else:
+            grad = torch.empty(step.activation_shape)
+            dist.recv(grad, src=step.rank + 1, tag=i)
+            y.backward(grad)
+        if not first:
+            dist.send(x.grad, dst=step.rank - 1, tag=i)
+    for weight, group in step.tied:                      # a tied weight's copies summed
+        dist.all_reduce(weight.grad, group=group)
 
 
 def one_f_one_b(stage, step) -> None:
