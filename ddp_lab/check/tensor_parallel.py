@@ -17,7 +17,8 @@ parallelism"):
 Each case builds one of the check's models with the user's layers where Megatron puts them (the feed-forward
 block's first linear column-wise and its second row-wise; attention's q, k and v column-wise, heads split, and
 its output row-wise), from the same seed on every rank, and trains 3 SGD steps on the same batch on every TP
-rank against the single-process model on it: the pieces must put back together into the whole layer (in the
+rank (under sequence parallelism, a case of its own for layers that take `sequence_parallel`, each rank its
+tokens of it) against the single-process model on it: the pieces must put back together into the whole layer (in the
 order of the ranks), and the output, the input's gradient, every piece's gradient and the weights after the
 steps must equal one process's, to float32 rounding. A FAIL names the first thing that differs and the cause
 it points to (`_cause`).
@@ -36,7 +37,7 @@ from torch import nn
 
 from ddp_lab.check.cases import locate_class
 
-D_MODEL, HEADS, HIDDEN, SEQUENCE, BATCH = 16, 4, 32, 6, 4
+D_MODEL, HEADS, HIDDEN, SEQUENCE, BATCH = 16, 4, 32, 8, 4  # SEQUENCE: split by tp 2 and 4
 STEPS, LR, SEED = 3, 0.1, 1234
 ATOL, RTOL = 1e-5, 1e-4
 GROUP_ARGUMENTS = ("group", "process_group", "tp_group")
@@ -84,6 +85,7 @@ class TPCase:
     name: str
     build: object
     proves: str
+    sequence_parallel: bool = False  # built with sequence_parallel=True, each rank given its tokens
 
 
 TP_CASES = {case.name: case for case in (
@@ -93,7 +95,14 @@ TP_CASES = {case.name: case for case in (
     TPCase("frozen", _frozen_feed_forward, "a frozen column-parallel layer: its piece never moves"),
     TPCase("uneven", lambda: FeedForward(hidden=HIDDEN + 1), f"a hidden size ({HIDDEN + 1}) no TP degree divides: "
            "right, or refused when built (skip)"),
+    TPCase("sequence_parallel", FeedForward, "sequence parallelism, where both layers take sequence_parallel: each "
+           "rank given its tokens, the column layer gathers them and the row layer scatters its sum over them, the "
+           "row's bias gradient summed over the ranks", sequence_parallel=True),
 )}
+
+
+def claims_sequence_parallel(cls: type) -> bool:
+    return "sequence_parallel" in inspect.signature(cls).parameters
 
 
 def pair(target: str) -> tuple[str, str]:
@@ -109,17 +118,18 @@ def pair(target: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def _build(cls: type, linear: nn.Linear) -> nn.Module:
+def _build(cls: type, linear: nn.Linear, sequence_parallel: bool) -> nn.Module:
     parameters = inspect.signature(cls).parameters
     group = next((name for name in GROUP_ARGUMENTS if name in parameters), None)
-    return cls(linear, **({group: dist.group.WORLD} if group else {}))
+    return cls(linear, **({group: dist.group.WORLD} if group else {}),
+               **({"sequence_parallel": True} if sequence_parallel else {}))
 
 
-def parallelize(model: nn.Module, column: type, row: type) -> dict[str, nn.Module]:
+def parallelize(model: nn.Module, column: type, row: type, sequence_parallel: bool = False) -> dict[str, nn.Module]:
     """Replace each linear `model.parallel` names by the user's layer built from it; the new layers by name."""
     out = {}
     for name, kind in model.parallel.items():
-        out[name] = _build(column if kind == "column" else row, getattr(model, name))
+        out[name] = _build(column if kind == "column" else row, getattr(model, name), sequence_parallel)
         setattr(model, name, out[name])
     return out
 
@@ -130,17 +140,21 @@ def run_tp_cases(rank: int, world_size: int, column_path: str, row_path: str, na
     column, row = locate_class(column_path), locate_class(row_path)
     out = {}
     for name in names:
+        case = TP_CASES[name]
+        if case.sequence_parallel and not (claims_sequence_parallel(column) and claims_sequence_parallel(row)):
+            out[name] = {"unclaimed": "the layers take no sequence_parallel argument: none claimed"}
+            continue
         torch.manual_seed(SEED)  # the same whole model on every rank: the layers are built from it
-        reference = TP_CASES[name].build()
+        reference = case.build()
         model = copy.deepcopy(reference)
         try:
-            layers = parallelize(model, column, row)
+            layers = parallelize(model, column, row, case.sequence_parallel)
         except Exception as exc:  # noqa: BLE001 - a refusal of the user's, reported as the case's
             if name != "uneven":
                 raise
             out[name] = {"refused": f"{type(exc).__name__}: {exc}"}
             continue
-        out[name] = _compare(reference, model, layers, rank, world_size)
+        out[name] = _compare(reference, model, layers, rank, world_size, case.sequence_parallel)
     return out
 
 
@@ -203,6 +217,10 @@ def _fits(parts: list, whole: torch.Tensor, dim: int) -> bool:
         return False
 
 
+def _none_or(t):
+    return None if t is None else t.detach().clone()
+
+
 def _whole(reference: nn.Module, layer: str, name: str) -> torch.Tensor:
     return getattr(getattr(reference, layer), name).detach()
 
@@ -222,8 +240,11 @@ def _differs(got: torch.Tensor | None, expected: torch.Tensor | None) -> float |
     return (got - expected).abs().max().item()
 
 
-def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, world_size: int) -> dict:
-    """Train both on the same batch; what differs on this rank, first step's forward and backward, then weights."""
+def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, world_size: int,
+             sequence_parallel: bool = False) -> dict:
+    """Train both on the same batch; what differs on this rank, first step's forward and backward, then weights.
+    Under sequence parallelism the layers see this rank's tokens (and give its tokens' output), and its share of the
+    loss is its tokens' part of the whole batch's mean: the ranks' losses sum to one process's."""
     where, cause = _offsets(layers, model, reference, world_size, rank)
     if cause is not None:
         return {"pieces": cause}
@@ -231,15 +252,17 @@ def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, wo
     generator = torch.Generator().manual_seed(SEED + 1)
     x = torch.randn(BATCH, SEQUENCE, D_MODEL, generator=generator)
     target = torch.randn(BATCH, SEQUENCE, D_MODEL, generator=generator)
+    mine = (lambda t: t.tensor_split(world_size, dim=1)[rank]) if sequence_parallel else (lambda t: t)
     optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=LR) for m in (reference, model)]
     for step in range(STEPS):
         outputs, inputs = [], []
         for m in (reference, model):
-            given = x.clone().requires_grad_(True)
+            given = (x if m is reference else mine(x)).clone().requires_grad_(True)
             y = m(given)
-            F.mse_loss(y, target).backward()
-            outputs.append(y.detach())
-            inputs.append(given.grad)
+            part = target if m is reference else mine(target)
+            (F.mse_loss(y, part, reduction="sum") / target.numel()).backward()
+            outputs.append(mine(y.detach()) if m is reference else y.detach())  # this rank's tokens' on both sides
+            inputs.append(mine(given.grad) if m is reference else given.grad)
         if step == 0:
             found["output"] = _differs(outputs[1], outputs[0])
             found["output_off_by"] = (outputs[1] - outputs[0]).detach()
@@ -248,9 +271,11 @@ def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, wo
                                                                              where[(layer, name)]))
                               for layer, piece in layers.items() for name, p in _pieces(piece).items()
                               if getattr(getattr(reference, layer), name).requires_grad}
-            found["row_biases"] = {layer: getattr(reference, layer).bias.detach().clone()
-                                   for layer, kind in model.parallel.items() if kind == "row"
-                                   and getattr(reference, layer).bias is not None}
+            rows = [layer for layer, kind in model.parallel.items() if kind == "row"
+                    and getattr(reference, layer).bias is not None]
+            found["row_biases"] = {layer: getattr(reference, layer).bias.detach().clone() for layer in rows}
+            found["row_bias_grads"] = {layer: (_none_or(layers[layer].bias.grad),
+                                               getattr(reference, layer).bias.grad.clone()) for layer in rows}
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
@@ -268,6 +293,8 @@ def tp_verdict(per_rank: list[dict], world_size: int) -> tuple[str, str | None]:
     first = per_rank[0]
     if "refused" in first:
         return "skip", f"refused when built at tp {world_size}: {first['refused']}"
+    if "unclaimed" in first:
+        return "skip", first["unclaimed"]
     cause = _cause(per_rank, world_size)
     return ("FAIL", cause) if cause else ("ok", None)
 
@@ -304,7 +331,10 @@ def _cause(per_rank: list[dict], world_size: int) -> str | None:
         rank, diff = input_grad
         return ("the backward of a column-parallel layer does not all-reduce the input gradient (the output and "
                 f"every piece's gradient are right, the input's is not: rank {rank}, max |difference| {diff:.3g}; "
-                "each rank holds only its part of it)")
+                "each rank holds only its part of it; under sequence parallelism, reduce-scatter it)")
+    summed = _bias_gradient_not_summed(per_rank, grads)
+    if summed:
+        return summed
     if grads:
         name, (rank, diff) = next(iter(grads.items()))
         listed = ", ".join(sorted(grads))
@@ -320,3 +350,19 @@ def _cause(per_rank: list[dict], world_size: int) -> str | None:
         return (f"the weights after {STEPS} SGD steps differ ({', '.join(sorted(weights))}; rank {rank}, {name}: "
                 f"max |difference| {diff:.3g}) although the first step's gradients were right")
     return None
+
+
+def _bias_gradient_not_summed(per_rank: list[dict], grads: dict) -> str | None:
+    """Under sequence parallelism a row-parallel bias is added to each rank's tokens only: where the only wrong
+    gradients are such biases' and their sum over the ranks is one process's, the sum over the ranks is missing."""
+    wrong = {name.rpartition(".")[0] for name in grads}
+    if not wrong or any(not name.endswith(".bias") for name in grads):
+        return None
+    for layer in wrong:
+        parts = [r["row_bias_grads"].get(layer) for r in per_rank]
+        if any(p is None or p[0] is None for p in parts):
+            return None
+        if not torch.allclose(sum(p[0] for p in parts), parts[0][1], atol=ATOL, rtol=RTOL):
+            return None
+    return (f"under sequence parallelism a row-parallel layer's bias gradient is only its own tokens' "
+            f"({', '.join(sorted(wrong))}.bias: the ranks' gradients sum to one process's; sum it over the TP ranks)")

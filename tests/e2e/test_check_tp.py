@@ -19,8 +19,8 @@ def lines(out: str) -> dict:
 
 def test_the_lectures_layers_completed_pass_at_tp_2_and_4(capsys):
     code, out, _ = check(f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--tp", "2,4", capsys=capsys)
-    assert code == 0 and out.strip().endswith("every case passed (8)"), out
-    assert {case for _, case in lines(out)} == {"mlp", "attention", "frozen", "uneven"}
+    assert code == 0 and out.strip().endswith("every case passed (10)"), out
+    assert {case for _, case in lines(out)} == {"mlp", "attention", "frozen", "uneven", "sequence_parallel"}
     assert "3 SGD steps, every TP rank on the same batch" in out.splitlines()[0]
 
 
@@ -54,6 +54,22 @@ def test_a_frozen_layer_that_trains_and_an_uneven_refusal(capsys):
         "skip", "refused when built at tp 2: ValueError: out_features 33 is not divisible by the TP degree 2"), out
 
 
+def test_sequence_parallelism_where_the_layers_claim_it(capsys):
+    """Layers that take `sequence_parallel` run its case (each rank its tokens); a row-parallel bias added to each
+    rank's tokens without summing its gradient over the ranks is named; layers that do not take it are skipped."""
+    code, out, _ = check(f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowSequenceBiasNotSummed", "--tp", "2,4",
+                         "--cases", "mlp,sequence_parallel", capsys=capsys)
+    found = lines(out)
+    assert code == 1 and found[(2, "mlp")][0] == found[(4, "mlp")][0] == "ok", out
+    for tp in (2, 4):
+        assert "FAILED: under sequence parallelism a row-parallel layer's bias gradient is only its own tokens' " \
+            "(w2.bias: the ranks' gradients sum to one process's" in found[(tp, "sequence_parallel")][1], out
+    code, out, _ = check(f"{HELPERS}.ColumnWithoutInputAllReduce,{HELPERS}.RowParallelLinear", "--tp", "2",
+                         "--cases", "sequence_parallel", capsys=capsys)
+    assert code == 0 and lines(out)[(2, "sequence_parallel")] == (
+        "skip", "the layers take no sequence_parallel argument: none claimed"), out
+
+
 def test_the_tp_group_goes_to_a_constructor_that_takes_one(capsys):
     code, out, _ = check(f"{HELPERS}.TakesAGroup,{HELPERS}.RowParallelLinear", "--tp", "2", "--cases", "mlp",
                          capsys=capsys)
@@ -73,3 +89,24 @@ def test_the_tp_group_goes_to_a_constructor_that_takes_one(capsys):
 def test_bad_input_is_one_line(argv, message, capsys):
     code, _, err = check(*argv, capsys=capsys)
     assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_layers_docs_show_are_the_ones_the_suite_checks():
+    """docs/check.md's worked example is tests/helpers/course_tp.py's: f's and g's methods and both forwards, line
+    for line."""
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    from tests.helpers import course_tp
+    from tests.helpers.launching import ROOT
+
+    docs = (Path(ROOT) / "docs" / "check.md").read_text()
+    block = docs[docs.index("class CopyToRegion(torch.autograd.Function):"):]
+    block = block[:block.index("```")]
+    methods = [course_tp.CopyToRegion.forward, course_tp.CopyToRegion.backward, course_tp.ReduceFromRegion.forward,
+               course_tp.ReduceFromRegion.backward, course_tp.ColumnParallelLinear.forward,
+               course_tp.RowParallelLinear.forward]
+    for method in methods:
+        source = textwrap.indent(textwrap.dedent(inspect.getsource(method)), "    ")
+        assert source in block, method.__qualname__
