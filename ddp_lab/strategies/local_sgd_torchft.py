@@ -120,6 +120,18 @@ class TorchftDiLoCo(DataParallelBase):
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize: each rank steps on its own gradients."""
 
+    def close(self) -> None:
+        """Stop torchft's manager and, on rank 0, its Lighthouse, once every rank is done with them (a barrier: a
+        quorum still in flight on another rank would lose its server). A job's one wrapper ends with its process; a
+        process that builds several (the parity tests, one per scenario) closes each before the next, so an old
+        manager stops heartbeating and an old Lighthouse is not dropped by the garbage collector at any moment,
+        beside the live one's quorum (CI's extras pass once saw that quorum fail with "transport error")."""
+        dist.barrier()
+        self.manager.shutdown(wait=True)
+        if getattr(self, "_lighthouse", None) is not None:
+            self._lighthouse.shutdown()
+            self._lighthouse = None
+
     def facts(self) -> dict:
         fragment_bytes = [sum(tensor_bytes(p) for p in f.parameters()) for f in self._fragments]
         return {"local_sgd": {"sync_every": self.sync_every, "outer": self.outer, "bytes_per_sync": sum(fragment_bytes),

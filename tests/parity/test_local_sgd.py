@@ -157,7 +157,7 @@ STREAMING = {  # name -> LocalSGD's knobs; each run 9 steps of hand gradients wi
 def hand_run(rank, configs: dict, make, model_cls, steps: int, seen=lambda model, wrapper: {}) -> dict:
     """{name: (each step's weights a, b, `seen(model, wrapper)` and comm figures; the wrapper's facts)} of
     `make(model_cls(), **knobs)` per config, trained by hand gradients with SGD lr 1 (the running statistic,
-    where the model has one, set per rank and step)."""
+    where the model has one, set per rank and step); a wrapper with `close()` is closed after its config."""
     out = {}
     for name, knobs in configs.items():
         model = model_cls()
@@ -172,6 +172,8 @@ def hand_run(rank, configs: dict, make, model_cls, steps: int, seen=lambda model
             steps_seen.append({"a": model.a.detach().clone(), "b": model.b.detach().clone(), **seen(model, wrapper),
                                **wrapper.comm.pop()})
         out[name] = steps_seen, wrapper.facts()
+        if hasattr(wrapper, "close"):  # torchft's: its manager and Lighthouse stopped before the next scenario's
+            wrapper.close()
     return out
 
 
