@@ -56,17 +56,13 @@ from ddp_lab.check.cases import (
 from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
-from ddp_lab.check.pipeline import ATOL as PP_ATOL
-from ddp_lab.check.pipeline import PP_CASES, locate_function, pp_verdict, run_pp_cases, seen_line, waiting
-from ddp_lab.check.pipeline import RTOL as PP_RTOL
-from ddp_lab.check.pipeline import STEPS as PP_STEPS
+from ddp_lab.check.pipeline import PP_CASES, check_schedule
+from ddp_lab.check.pipeline import header as schedule_header
 from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_claim, judge, unjudged
 from ddp_lab.check.ranks import RanksFailed, run_ranks
-from ddp_lab.check.tensor_parallel import ATOL as TP_ATOL
-from ddp_lab.check.tensor_parallel import RTOL as TP_RTOL
-from ddp_lab.check.tensor_parallel import STEPS as TP_STEPS
-from ddp_lab.check.tensor_parallel import TP_CASES, pair, run_tp_cases, tp_verdict
-from ddp_lab.check.verdict import crash_line, verdict
+from ddp_lab.check.tensor_parallel import TP_CASES, check_pair
+from ddp_lab.check.tensor_parallel import header as pair_header
+from ddp_lab.check.verdict import ended_by, verdict
 from ddp_lab.config import key_values
 
 
@@ -107,21 +103,6 @@ def _header(target: str, cls: type, kwargs: dict, fsdp: bool) -> str:
             f"{read}):")
 
 
-SECONDARY = ("Connection closed by peer", "remote worker crashing")  # gloo's words on a rank whose peer died
-
-
-def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
-    """What ended a set of ranks, in a line, and the failed rank's traceback where one raised: the first rank that
-    raised of its own accord, before one that raised because its peer had died."""
-    if isinstance(exc, RanksFailed) and exc.errors:
-        first = min(range(len(exc.errors)), key=lambda i: any(s in exc.errors[i] for s in SECONDARY))
-        return f"rank {exc.failed_ranks[first]} raised {crash_line(exc.errors[first])}", exc.errors[first]
-    if isinstance(exc, RanksFailed):
-        return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
-                "or for a gradient that never comes"), None
-    return str(exc), None  # a rank killed by a signal or exiting without raising
-
-
 def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str,
          same_init: bool = False, layers: dict | None = None) -> dict:
     """Case -> (each rank's result, None), or (None, (what ended the ranks, a traceback or None)). A set of
@@ -135,7 +116,7 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
                                  timeout_s=timeout_s, log_dir=log_dir)
             return {n: ([r[n] for r in per_rank], None) for n in names}
         except Exception as exc:  # a rank raised, died or hung
-            failure = _failure(exc, timeout_s)
+            failure = ended_by(exc, timeout_s)
             done = finished(progress, names, world_size)
             rank = exc.failed_ranks[0] if isinstance(exc, RanksFailed) and exc.failed_ranks else \
                 getattr(exc, "error_index", 0)  # torch's ProcessExitedException: the rank that died
@@ -234,68 +215,15 @@ def _clear(log_dir: str, ours: bool) -> None:
             path.unlink()
 
 
-def check_tp(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
-    """The tensor-parallel check (check/tensor_parallel.py) of a `COLUMN,ROW` pair: (tp, case, verdict, detail,
-    a crashed rank's traceback or None) per case and degree, each case in a set of ranks of its own (a hang or a
-    crash costs that case only)."""
-    column, row = pair(target)
-    lines = []
-    for tp in degrees:
-        for name in names:
-            try:
-                per_rank = run_ranks(run_tp_cases, tp, column, row, [name], timeout_s=timeout_s, log_dir=log_dir)
-            except Exception as exc:  # a rank raised, died or hung
-                failure, trace = _failure(exc, timeout_s)
-                lines.append((tp, name, "FAIL", f"{TP_CASES[name].proves}: FAILED: {failure}", trace))
-                continue
-            verdict_, detail = tp_verdict([r[name] for r in per_rank], tp)
-            shown = TP_CASES[name].proves if verdict_ == "ok" else \
-                detail if verdict_ == "skip" else f"{TP_CASES[name].proves}: FAILED: {detail}"
-            lines.append((tp, name, verdict_, shown, None))
-    return lines
-
-
-# autograd's words for backward through a graph already freed, or never kept (a detached output)
-FREED = ("backward through the graph a second time", "does not require grad and does not have a grad_fn")
-
-
-def check_pp(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
-    """The pipeline check (check/pipeline.py) of a schedule function: (pp, case, verdict, detail, a crashed rank's
-    traceback or None) per case and degree, and a `seen` line per finished case; each case in a set of ranks of its
-    own, so a hang costs that case only and is told by what each stage was waiting for."""
-    locate_function(target)  # refused here, in one line, before any rank starts
-    lines = []
-    for pp in degrees:
-        for name in names:
-            proves = PP_CASES[name].proves
-            with tempfile.TemporaryDirectory() as progress:
-                try:
-                    per_rank = run_ranks(run_pp_cases, pp, target, [name], progress, timeout_s=timeout_s,
-                                         log_dir=log_dir)
-                except Exception as exc:  # a rank raised, died or hung
-                    failure, trace = _failure(exc, timeout_s)
-                    if trace is None and isinstance(exc, RanksFailed):  # a hang: what every stage waited for
-                        failure = f"still running after {timeout_s:g} s: {waiting(progress, name, pp)}"
-                    if trace is not None and any(words in trace for words in FREED):
-                        failure = ("a micro-batch's activations were freed before its backward (backward ran "
-                                   "through a graph already freed, or never kept: keep each micro-batch's input and "
-                                   f"output until its own backward): {failure}")
-                    lines.append((pp, name, "FAIL", f"{proves}: FAILED: {failure}", trace))
-                    continue
-            results = [r[name] for r in per_rank]
-            cause = pp_verdict(results)
-            lines.append((pp, name, "FAIL" if cause else "ok", f"{proves}: FAILED: {cause}" if cause else proves, None))
-            lines.append((pp, name, "seen", seen_line(results, pp), None))
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP), or a tensor-parallel "
-                                       "pair: the column- and the row-parallel layer, comma-separated")
-    parser.add_argument("--world-size", default="2,3", help="gloo ranks, comma-separated (default: 2,3)")
+    parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP); a tensor-parallel "
+                                       "pair, the column- and the row-parallel layer comma-separated; or, with --pp, a "
+                                       "pipeline schedule function")
+    parser.add_argument("--world-size", default=None, help="gloo ranks, comma-separated (default: 2,3)")
     parser.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (a tensor-parallel "
-                                                      f"pair: of {', '.join(TP_CASES)})")
+                                                      f"pair: of {', '.join(TP_CASES)}; a schedule: of "
+                                                      f"{', '.join(PP_CASES)})")
     parser.add_argument("--tp", default=None, metavar="DEGREES",
                         help="a tensor-parallel pair's TP degrees, comma-separated (default 2,4)")
     parser.add_argument("--pp", default=None, metavar="DEGREES",
@@ -328,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             return _main_other(args, log_dir, ours, "pp")
         if tensor_parallel:
             return _main_other(args, log_dir, ours, "tp")
-        world_sizes = _world_sizes(args.world_size)
+        world_sizes = _world_sizes(args.world_size or "2,3")
         names = _case_names(args.cases, CASES)
         expect = {p for p in args.expect.split(",") if p}
         if expect - set(PROPERTIES):
@@ -364,21 +292,14 @@ def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
         raise ValueError("--tp checks a pair of layers, --pp a schedule: one at a time")
     degrees = _world_sizes(getattr(args, axis) or "2,4", f"--{axis}")
     names = _case_names(args.cases, TP_CASES if axis == "tp" else PP_CASES)
-    for flag, given in (("--set", args.set), ("--same-init", args.same_init), ("--expect", args.expect),
-                        ("--layers", args.layers), ("--fsdp", args.fsdp)):
+    for flag, given in (("--world-size", args.world_size), ("--set", args.set), ("--same-init", args.same_init),
+                        ("--expect", args.expect), ("--layers", args.layers), ("--fsdp", args.fsdp)):
         if given:
-            raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes --cases, --timeout, --logs "
-                             "and --traceback")
-    if axis == "tp":
-        lines = check_tp(args.target, degrees, names, args.timeout, log_dir)
-        print(f"{args.target} (column-parallel, row-parallel) against single-process training (atol {TP_ATOL:g}, "
-              f"rtol {TP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {TP_STEPS} SGD steps, every TP rank on the "
-              "same batch):")
-    else:
-        lines = check_pp(args.target, degrees, names, args.timeout, log_dir)
-        print(f"{args.target} (a pipeline schedule, stage r on rank r) against single-process training (atol "
-              f"{PP_ATOL:g}, rtol {PP_RTOL:g}; torch {torch.__version__}, gloo on CPU; {PP_STEPS} SGD steps on the "
-              "whole batch):")
+            raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes its degrees, --cases, "
+                             "--timeout, --logs and --traceback")
+    check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
+    lines = check_(args.target, degrees, names, args.timeout, log_dir)
+    print(header(args.target))
     return _report(lines, log_dir, ours, args.traceback, unit=axis)
 
 

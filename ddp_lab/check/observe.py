@@ -140,7 +140,8 @@ class Observer:
                 size, names = viewed.get(key, (0, []))
                 viewed[key] = (size + local(p).numel() * local(p).element_size(), [*names, name])
         views = sorted(((names[0], size, storages["params"][key]) for key, (size, names) in viewed.items()
-                        if storages["params"][key] > VIEW_SLACK * size), key=lambda v: v[1] - v[2])
+                        if storages["params"][key] > VIEW_SLACK * size  # more than padding, and more than a trifle
+                        and storages["params"][key] - size >= full / 100), key=lambda v: v[1] - v[2])
         # by what each layer holds now, whatever its parameters are called (an FSDP may hold `weight_shard`)
         now = {name: sum(p.numel() for p in layer.parameters(recurse=False))
                for name, layer in module.named_modules(remove_duplicate=False)}

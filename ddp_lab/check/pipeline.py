@@ -17,7 +17,7 @@ Each case builds the check's model (an embedding, 4 residual blocks and a head; 
 embedding's, on the first and last stage), splits it into `pp` stages (the embedding with the first, the head
 with the last, the blocks evenly), and trains 3 steps against the whole model on the whole batch in one process:
 every stage's gradients after the first step and weights after the last must equal one process's, to float32
-rounding. A FAIL names the cause (`_cause`): the loss divided by the micro-batch count twice or not at all (the
+rounding. A FAIL names the cause (`pp_verdict`): the loss divided by the micro-batch count twice or not at all (the
 gradients 1/m or m times one process's), a micro-batch's activations freed before its backward (backward through
 a graph already freed), a tied weight whose copies were not summed, or, when the ranks hang past the timeout,
 what each stage was waiting for (`Watch`: its point-to-point calls, counted per neighbour, so the micro-batch is
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 import time
 import weakref
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp_lab.check.cases import imported
+from ddp_lab.check.ranks import RanksFailed, run_ranks
+from ddp_lab.check.verdict import ended_by
 from ddp_lab.spec.pipeline import split_blocks
 
 VOCAB, D_MODEL, SEQUENCE, BATCH, BLOCKS = 32, 16, 6, 8, 4
@@ -236,7 +239,10 @@ class HeldActivations:
             base = tensor._base if tensor._base is not None else tensor
             if isinstance(base, nn.Parameter):
                 return tensor
-            key, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
+            try:
+                key, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
+            except RuntimeError:  # no storage of its own to read (a tensor subclass's): its own bytes
+                key, size = id(tensor), tensor.numel() * tensor.element_size()
             holder = _Held(tensor)
             entry = self.refs.setdefault(key, [size, 0])
             if entry[1] == 0:
@@ -433,3 +439,43 @@ def seen_line(per_rank: list[dict], pp: int) -> str:
     return (f"{'; '.join(parts)} (GPipe's and 1F1B's bubble (p - 1) / (m + p - 1) = {100 * formula:.0f}% at p {pp}, "
             f"m {m}; measured: the share of the steps after the first spent blocked in sends, receives and waits, on "
             "shared CPU cores)")
+
+
+# autograd's words for backward through a graph already freed, or never kept (a detached output)
+FREED = ("backward through the graph a second time", "does not require grad and does not have a grad_fn")
+
+
+def check_schedule(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+    """The pipeline check of a schedule function, run from the command line: (pp, case, verdict, detail, a crashed
+    rank's traceback or None) per case and degree, and a `seen` line per finished case; each case in a set of ranks
+    of its own, so a hang costs that case only and is told by what each stage was waiting for."""
+    locate_function(target)  # refused here, in one line, before any rank starts
+    lines = []
+    for pp in degrees:
+        for name in names:
+            proves = PP_CASES[name].proves
+            with tempfile.TemporaryDirectory() as progress:
+                try:
+                    per_rank = run_ranks(run_pp_cases, pp, target, [name], progress, timeout_s=timeout_s,
+                                         log_dir=log_dir)
+                except Exception as exc:  # a rank raised, died or hung
+                    failure, trace = ended_by(exc, timeout_s)
+                    if trace is None and isinstance(exc, RanksFailed):  # a hang: what every stage waited for
+                        failure = f"still running after {timeout_s:g} s: {waiting(progress, name, pp)}"
+                    if trace is not None and any(words in trace for words in FREED):
+                        failure = ("a micro-batch's activations were freed before its backward (backward ran "
+                                   "through a graph already freed, or never kept: keep each micro-batch's input and "
+                                   f"output until its own backward): {failure}")
+                    lines.append((pp, name, "FAIL", f"{proves}: FAILED: {failure}", trace))
+                    continue
+            results = [r[name] for r in per_rank]
+            cause = pp_verdict(results)
+            lines.append((pp, name, "FAIL" if cause else "ok", f"{proves}: FAILED: {cause}" if cause else proves, None))
+            lines.append((pp, name, "seen", seen_line(results, pp), None))
+    return lines
+
+
+def header(target: str) -> str:
+    """What a schedule is checked against, the first line of the check's output."""
+    return (f"{target} (a pipeline schedule, stage r on rank r) against single-process training (atol {ATOL:g}, rtol "
+            f"{RTOL:g}; torch {torch.__version__}, gloo on CPU; {STEPS} SGD steps on the whole batch):")

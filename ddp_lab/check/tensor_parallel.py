@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp_lab.check.cases import locate_class
+from ddp_lab.check.ranks import run_ranks
+from ddp_lab.check.verdict import ended_by
 
 D_MODEL, HEADS, HIDDEN, SEQUENCE, BATCH = 16, 4, 32, 8, 4  # SEQUENCE: split by tp 2 and 4
 STEPS, LR, SEED = 3, 0.1, 1234
@@ -366,3 +368,30 @@ def _bias_gradient_not_summed(per_rank: list[dict], grads: dict) -> str | None:
             return None
     return (f"under sequence parallelism a row-parallel layer's bias gradient is only its own tokens' "
             f"({', '.join(sorted(wrong))}.bias: the ranks' gradients sum to one process's; sum it over the TP ranks)")
+
+
+def check_pair(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+    """The tensor-parallel check of a `COLUMN,ROW` pair, run from the command line: (tp, case, verdict, detail,
+    a crashed rank's traceback or None) per case and degree, each case in a set of ranks of its own (a hang or a
+    crash costs that case only)."""
+    column, row = pair(target)
+    lines = []
+    for tp in degrees:
+        for name in names:
+            try:
+                per_rank = run_ranks(run_tp_cases, tp, column, row, [name], timeout_s=timeout_s, log_dir=log_dir)
+            except Exception as exc:  # a rank raised, died or hung
+                failure, trace = ended_by(exc, timeout_s)
+                lines.append((tp, name, "FAIL", f"{TP_CASES[name].proves}: FAILED: {failure}", trace))
+                continue
+            verdict_, detail = tp_verdict([r[name] for r in per_rank], tp)
+            shown = TP_CASES[name].proves if verdict_ == "ok" else \
+                detail if verdict_ == "skip" else f"{TP_CASES[name].proves}: FAILED: {detail}"
+            lines.append((tp, name, verdict_, shown, None))
+    return lines
+
+
+def header(target: str) -> str:
+    """What a pair is checked against, the first line of the check's output."""
+    return (f"{target} (column-parallel, row-parallel) against single-process training (atol {ATOL:g}, rtol "
+            f"{RTOL:g}; torch {torch.__version__}, gloo on CPU; {STEPS} SGD steps, every TP rank on the same batch):")

@@ -36,6 +36,7 @@ import torch
 
 from ddp_lab.check.models import MODELS
 from ddp_lab.check.parity import ties_of
+from ddp_lab.check.ranks import RanksFailed
 
 SHOWN = 4  # names listed in a FAIL line before "and N more"
 _HARNESS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), sysconfig.get_paths()["stdlib"])
@@ -175,3 +176,18 @@ def crash_line(traceback_text: str) -> str:
     path = Path(frame["file"])
     shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
     return f"{exception} ({shown}:{frame['line']}, in {frame['func']})"
+
+
+SECONDARY = ("Connection closed by peer", "remote worker crashing")  # gloo's words on a rank whose peer died
+
+
+def ended_by(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
+    """What ended a set of ranks, in a line, and the failed rank's traceback where one raised: the first rank that
+    raised of its own accord, before one that raised because its peer had died."""
+    if isinstance(exc, RanksFailed) and exc.errors:
+        first = min(range(len(exc.errors)), key=lambda i: any(s in exc.errors[i] for s in SECONDARY))
+        return f"rank {exc.failed_ranks[first]} raised {crash_line(exc.errors[first])}", exc.errors[first]
+    if isinstance(exc, RanksFailed):
+        return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
+                "or for a gradient that never comes"), None
+    return str(exc), None  # a rank killed by a signal or exiting without raising

@@ -85,6 +85,8 @@ def test_the_tp_group_goes_to_a_constructor_that_takes_one(capsys):
                                                                                           "'plain'; cases: mlp"),
     ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--same-init"], "error: --same-init is a "
                                                                                      "data-parallel check's option"),
+    ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--world-size", "4"],
+     "error: --world-size is a data-parallel check's option; --tp takes its degrees"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     code, _, err = check(*argv, capsys=capsys)
