@@ -19,9 +19,12 @@ bucketing or overlap, so the check watches for them while the ranks train.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import sys
 import sysconfig
+import types
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -124,12 +127,12 @@ class Observer:
         buffers = {storage_key(local(b)) for b in wrapper.buffers()}
         taken = buffers.union(*storages.values())
         whole_sizes = {numel for _, numel, *_ in before.values() if numel > 1}
-        kept: dict = {}  # where (up to its first index: `self.full_params`) -> [percent, tensors, whole weights]
+        kept: dict = {}  # where, but its last indices (`self.full_params`) -> [percent, tensors, whole weights]
         for where, tensor in reachable(wrapper):
             key = storage_key(tensor)
             if key is not None and key not in taken:
                 taken.add(key)
-                totals = kept.setdefault(where.partition("[")[0], [0.0, 0, 0])
+                totals = kept.setdefault(re.sub(r"(\[[^\]]*\])+$", "", where), [0.0, 0, 0])
                 totals[0] += 100 * tensor.untyped_storage().nbytes() / full
                 totals[1] += 1
                 totals[2] += tensor.numel() in whole_sizes
@@ -163,8 +166,9 @@ class Observer:
 
 def reachable(root) -> list[tuple[str, torch.Tensor]]:
     """(where, tensor) for every tensor reachable from `root` (a wrapper), named as its code would name it
-    (`self.gathered['embed.weight']`): through modules (parameters, buffers, submodules, attributes), dicts,
-    lists, tuples and sets, and the objects of classes defined outside torch and Python's own library (a user's
+    (`self.gathered['embed.weight']`): through modules (parameters, buffers, submodules, attributes, the hooks
+    registered on them), dicts, lists, tuples and sets, a function's closure, a bound method's object, a
+    partial's arguments, and the objects of classes defined outside torch and Python's own library (a user's
     bucket), each object once; an optimizer is not entered (its state is counted apart). A DTensor as its
     local shard."""
     out, seen, todo = [], set(), [("self", root, 0)]
@@ -183,7 +187,15 @@ def reachable(root) -> list[tuple[str, torch.Tensor]]:
         elif isinstance(obj, torch.nn.Module):
             registered = {**obj._parameters, **obj._buffers, **obj._modules}
             children = [(f"{where}.{k}", v) for k, v in registered.items()] + \
-                [(f"{where}.{k}", v) for k, v in vars(obj).items() if k not in _MODULE_OWN]
+                [(f"{where}.{k}", v) for k, v in vars(obj).items() if k not in _MODULE_OWN or k in _HOOKS]
+        elif isinstance(obj, types.FunctionType):  # a hook: what its closure holds (a cache of gathered weights)
+            cells = zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False)
+            children = [(f"{where}.{obj.__name__}.{name}", _cell(cell)) for name, cell in cells]
+        elif isinstance(obj, types.MethodType):
+            children = [(f"{where}.__self__", obj.__self__)]
+        elif isinstance(obj, functools.partial):
+            children = [(f"{where}.args[{i}]", v) for i, v in enumerate(obj.args)] + \
+                [(f"{where}.{k}", v) for k, v in obj.keywords.items()]
         elif _users(obj):
             children = [(f"{where}.{k}", v) for k, v in vars(obj).items()]
         else:
@@ -193,6 +205,14 @@ def reachable(root) -> list[tuple[str, torch.Tensor]]:
 
 
 _MODULE_OWN = frozenset(vars(torch.nn.Module()))  # what every module has: its registries, hooks and flags
+_HOOKS = frozenset(k for k in _MODULE_OWN if k.endswith("hooks"))  # entered: a hook's closure may keep tensors
+
+
+def _cell(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet
+        return None
 _NOT_USERS = (str(Path(torch.__file__).parent), sysconfig.get_paths()["stdlib"])
 
 

@@ -522,3 +522,17 @@ class UntiesAndSkipsABias(BreaksTheTie):
 
     def finish_gradient_synchronization(self) -> None:
         self._average(p for name, p in self.module.named_parameters() if name != "hidden.bias")
+
+
+class KeepsGatheredInAHook(CourseFSDP):
+    """Trains right, and a forward pre-hook on its module remembers the weights each forward ran with (the gathered
+    whole ones) in a dict only the hook's closure holds: nothing on the wrapper names them."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__(module, compute_dtype)
+        last_forward = {}
+
+        def remember(layer, args):
+            last_forward.update({name: p.data for name, p in layer.named_parameters()})
+
+        module.register_forward_pre_hook(remember)
