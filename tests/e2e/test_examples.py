@@ -28,11 +28,12 @@ def test_a_bad_knob_of_the_example_is_refused_before_launch(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_example_strategy_passes_the_conformance_check_but_unused(capsys):
+def test_the_example_strategy_passes_the_conformance_check_but_unused(capsys, tmp_path):
     """Every case at both bucket sizes; `unused` fails as it does for the lab's own bucketed strategies: the
     engine they share (strategies/overlap_engine.py) gives a parameter no rank used a zero gradient, which
     AdamW's weight decay moves and one process would not."""
-    code = check(["examples.bucketed_after_backward.strategy.BucketedAfterBackward", "--world-size", "3"])
+    code = check(["examples.bucketed_after_backward.strategy.BucketedAfterBackward", "--world-size", "3",
+                  "--logs", str(tmp_path / "logs")])  # a failing run keeps its logs: here, not in the system's temp
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("  FAIL")]
     assert code == 1 and out.count("  ok ") == 12, out
