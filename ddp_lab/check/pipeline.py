@@ -32,7 +32,6 @@ import copy
 import json
 import tempfile
 import time
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from torch import nn
 from ddp_lab.check.cases import imported
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import ended_by
+from ddp_lab.rank.activations import HeldActivations
 from ddp_lab.spec.pipeline import split_blocks
 
 VOCAB, D_MODEL, SEQUENCE, BATCH, BLOCKS = 32, 16, 6, 8, 4
@@ -223,52 +223,6 @@ def _one_microbatch_bytes(stage: Stage, step: Step) -> int:
         size = held.now
     del out
     return size
-
-
-class HeldActivations:
-    """Bytes autograd holds for backward, alive at once: every saved tensor (not a parameter) counted by its
-    storage, once, from its forward until autograd frees the graph that saved it; `peak` the most."""
-
-    def __init__(self):
-        self.refs: dict[int, list] = {}  # storage address -> [bytes, holders alive]
-        self.now = self.peak = 0
-
-    @contextmanager
-    def counting(self):
-        def pack(tensor):
-            base = tensor._base if tensor._base is not None else tensor
-            if isinstance(base, nn.Parameter):
-                return tensor
-            try:
-                key, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
-            except RuntimeError:  # no storage of its own to read (a tensor subclass's): its own bytes
-                key, size = id(tensor), tensor.numel() * tensor.element_size()
-            holder = _Held(tensor)
-            entry = self.refs.setdefault(key, [size, 0])
-            if entry[1] == 0:
-                self.now += size
-                self.peak = max(self.peak, self.now)
-            entry[1] += 1
-            weakref.finalize(holder, self._release, key)
-            return holder
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor if isinstance(held, _Held)
-                                                      else held):
-            yield self
-
-    def _release(self, key: int) -> None:
-        entry = self.refs[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.refs[key]
-
-
-class _Held:
-    __slots__ = ("tensor", "__weakref__")
-
-    def __init__(self, tensor):
-        self.tensor = tensor
 
 
 class _Work:

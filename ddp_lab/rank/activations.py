@@ -11,6 +11,9 @@ flight; a plain step's micro-batches run one after the other, so its peak is one
 
 from __future__ import annotations
 
+import weakref
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -19,6 +22,18 @@ from ddp_lab.units import tensor_bytes
 
 def _is_parameter(tensor: torch.Tensor) -> bool:
     return isinstance(tensor._base if tensor._base is not None else tensor, nn.Parameter)
+
+
+def _saved(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """(what identifies its storage, the storage's bytes) of a tensor autograd saves, or None where it is model state
+    (a parameter, or a view of one) or holds no memory (meta)."""
+    if tensor.device.type == "meta" or _is_parameter(tensor):
+        return None
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except RuntimeError:  # no storage of its own to read (a DTensor's, a functional tensor's): its bytes
+        return id(tensor), tensor_bytes(tensor)
 
 
 class SavedActivations:
@@ -34,13 +49,9 @@ class SavedActivations:
         saved: dict[int, int] = {}  # storage address -> bytes
 
         def pack(tensor):
-            if tensor.device.type == "meta" or _is_parameter(tensor):
-                return tensor
-            try:
-                storage = tensor.untyped_storage()
-                saved[storage.data_ptr()] = storage.nbytes()
-            except RuntimeError:  # no storage of its own to read (a DTensor's, a functional tensor's): its bytes
-                saved[id(tensor)] = tensor_bytes(tensor)
+            found = _saved(tensor)
+            if found is not None:
+                saved[found[0]] = found[1]
             return tensor
 
         def done():
@@ -52,3 +63,47 @@ class SavedActivations:
 
     def freed(self, key) -> None:
         self.now -= self.alive.pop(key, 0)
+
+
+class HeldActivations:
+    """Bytes autograd holds for backward, alive at once, without knowing when a forward ends or its graph is freed
+    (a user's pipeline schedule: ddp_lab.check): each saved tensor counted by its storage, once, from when it is
+    saved until autograd drops the graph that saved it (a finalizer on what the hook packed); `peak` the most."""
+
+    def __init__(self):
+        self.refs: dict[int, list] = {}  # storage -> [bytes, packed holders alive]
+        self.now = self.peak = 0
+
+    @contextmanager
+    def counting(self):
+        def pack(tensor):
+            found = _saved(tensor)
+            if found is None:
+                return tensor
+            key, size = found
+            holder = _Held(tensor)
+            entry = self.refs.setdefault(key, [size, 0])
+            if entry[1] == 0:
+                self.now += size
+                self.peak = max(self.peak, self.now)
+            entry[1] += 1
+            weakref.finalize(holder, self._release, key)
+            return holder
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor if isinstance(held, _Held)
+                                                      else held):
+            yield self
+
+    def _release(self, key: int) -> None:
+        entry = self.refs[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.refs[key]
+
+
+class _Held:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor

@@ -128,10 +128,7 @@ def model_state_storages(model: torch.nn.Module, optimizer=None) -> dict:
     """{"params", "grads", "optimizer_state"}: {storage key: bytes} of the storages behind each figure, each
     counted once and whole: what they cost in memory, where `model_state_bytes` counts elements (a shard that is a
     view of the whole weight holds all of it alive; ddp_lab.check measures what a rank holds by this)."""
-    out = {}
-    for key, tensors in _model_state_tensors(model, optimizer).items():
-        out[key] = {k: t.untyped_storage().nbytes() for t in _tensors(tensors) if (k := storage_key(t)) is not None}
-    return out
+    return {key: _storages(_tensors(tensors)) for key, tensors in _model_state_tensors(model, optimizer).items()}
 
 
 def strategy_state_bytes(model, optimizer: torch.optim.Optimizer | None = None) -> int:
@@ -143,14 +140,15 @@ def strategy_state_bytes(model, optimizer: torch.optim.Optimizer | None = None) 
     return _storage_bytes(_tensors(kept), skip=held)
 
 
+def _storages(tensors, skip: set = frozenset()) -> dict:
+    """{storage key: bytes} of the distinct storages behind `tensors`, each whole and once, but those in `skip`."""
+    return {key: t.untyped_storage().nbytes() for t in tensors
+            if (key := storage_key(t)) is not None and key not in skip}
+
+
 def _storage_bytes(tensors, skip: set = frozenset()) -> int:
     """Bytes of the distinct storages behind `tensors`, each whole and once, but those in `skip`."""
-    storages = {}
-    for tensor in tensors:
-        key = storage_key(tensor)
-        if key is not None and key not in skip:
-            storages[key] = tensor.untyped_storage().nbytes()
-    return sum(storages.values())
+    return sum(_storages(tensors, skip).values())
 
 
 def live_tensor_bytes() -> int:
