@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import tempfile
 import time
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ from ddp_lab.spec.pipeline import split_blocks
 VOCAB, D_MODEL, SEQUENCE, BATCH, BLOCKS = 32, 16, 6, 8, 4
 STEPS, LR, SEED = 3, 0.1, 4321
 ATOL, RTOL = 1e-5, 1e-4
+RECORD = 512  # bytes of Watch's record of the call a stage is blocked in (its JSON is about 100)
 
 
 @dataclass
@@ -259,21 +261,27 @@ class Watch:
         return json.dumps({"stage": self.rank, "verb": verb, "kind": kind, "peer": peer, "nth": self.counts[key],
                            "tag": tag})
 
+    def _note(self, what: str) -> None:
+        """The call blocked in now, written in place: one pwrite of a fixed-size record, not a file opened and
+        closed per call, which would add its own time to the step the bubble is read from."""
+        os.pwrite(self._fd, what.ljust(RECORD).encode(), 0)
+
     @contextmanager
     def blocked(self, what: str):
-        self.path.write_text(what)
+        self._note(what)
         start = time.perf_counter()
         try:
             yield
         finally:
             self.blocked_s += time.perf_counter() - start
-            self.path.write_text("")
+            self._note("")
 
     @contextmanager
     def watching(self):
         originals = {name: getattr(dist, name) for name in ("send", "recv", "isend", "irecv")}
         self.counts.clear()
         self.blocked_s = 0.0
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT)
 
         def peer_and_tag(args, kwargs, key):
             peer = kwargs.get(key, args[1] if len(args) > 1 else None)
@@ -301,6 +309,7 @@ class Watch:
         finally:
             for name, fn in originals.items():
                 setattr(dist, name, fn)
+            os.close(self._fd)
 
 
 def _ordinal(k: int) -> str:
@@ -313,7 +322,7 @@ def waiting(progress: str, case: str, pp: int) -> str:
     calls = {}
     for rank in range(pp):
         path = Path(progress, f"rank{rank}.{case}.p2p")
-        text = path.read_text() if path.exists() else ""
+        text = path.read_text().strip() if path.exists() else ""
         calls[rank] = json.loads(text) if text else None
     told = []
     for rank, call in calls.items():
