@@ -235,7 +235,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   sequence_parallel: bool = False, tp_inner: bool = True, grad_accum_steps: int = 1,
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
-                  inspect=None, pipeline: dict | None = None):
+                  inspect=None, pipeline: dict | None = None, context: dict | None = None):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -245,7 +245,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     weight_decay) on both sides. Returns (this rank's weights whole: the strategy's
     `full_state_dict()` put back together over the TP ranks and the pipeline's stages, the reference's or None),
     and `inspect(parallelism, wrapper, optimizer)`'s result third when given. `pipeline`: the `parallel` node's
-    pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers)."""
+    pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers); `context`: its context
+    parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence."""
     import copy
 
     from ddp_lab.parallel import Parallelism
@@ -254,8 +255,10 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
 
     pipeline = {"pp": 1, "microbatches": 1, "stages_per_rank": 1, "stage_layers": None, "pp_schedule": "1f1b",
                 "pp_impl": "lab", **(pipeline or {})}
+    context = {"cp": 1, "cp_impl": "ring", "cp_ulysses": 2, **(context or {})}
     cfg = OmegaConf.merge(data_cfg(grad_accum_steps, batch_size), {"world_size": world_size, "parallel": {
-        "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner, **pipeline}})
+        "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner, **pipeline,
+        **context}})
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
@@ -267,7 +270,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
-    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits)
+    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     for step in range(steps):
         with parallel.counting(step):
             parallel.step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed)

@@ -37,20 +37,28 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(context_length, device="cpu").float(), inv_freq)
         self.register_buffer("cos", angles.cos().to(torch.get_default_device()), persistent=False)
         self.register_buffer("sin", angles.sin().to(torch.get_default_device()), persistent=False)
+        self.positions: torch.Tensor | None = None
+        """Under context parallelism, the global positions of this rank's tokens (a plain attribute, not a buffer:
+        ranks differ, and a strategy broadcasts buffers); None: positions 0 .. seq-1."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (batch, heads, seq, head_dim); rotate interleaved pairs.
-        seq = x.shape[-2]
-        cos, sin = self.cos[:seq].to(x.dtype), self.sin[:seq].to(x.dtype)  # rotate in x's dtype (bf16 under fsdp)
+        at = slice(0, x.shape[-2]) if self.positions is None else self.positions
+        cos, sin = self.cos[at].to(x.dtype), self.sin[at].to(x.dtype)  # rotate in x's dtype (bf16 under fsdp)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return out.flatten(-2)
 
 
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class CausalSelfAttention(nn.Module):
     """q, k and v from one fused projection. The heads it computes are read from the projection's width, so
     under tensor parallelism (each rank holding its heads' rows of q, k and v) the same forward runs a
-    rank's share of the heads."""
+    rank's share of the heads. `attend` is the attention over the tokens: the causal SDPA, or under context
+    parallelism one that exchanges the tokens other ranks hold (ddp_lab/context_parallel/)."""
 
     def __init__(self, d_model: int, num_heads: int, rope: RotaryEmbedding):
         super().__init__()
@@ -58,11 +66,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.rope = rope
+        self.attend = causal
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, -1, self.head_dim)).permute(2, 0, 3, 1, 4)
         q, k = self.rope(q), self.rope(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attend(q, k, v)
         return self.proj(y.transpose(1, 2).flatten(2))
 
 
@@ -116,6 +125,13 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_final(x))
+
+    def context_parallel(self, attend, positions: torch.Tensor) -> None:
+        """Context parallelism (ddp_lab/context_parallel/): every attention exchanges through `attend(q, k, v)`, and
+        the rotary embedding reads this rank's tokens at their global `positions`."""
+        for block in self.blocks:
+            block.attn.attend = attend
+            block.attn.rope.positions = positions
 
     def pp_layers(self) -> tuple[list[str], list[list[str]], list[str]]:
         """The forward as a chain for pipeline parallelism (ddp_lab/pipeline_parallel/stages.py): the embedding,

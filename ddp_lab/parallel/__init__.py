@@ -1,13 +1,15 @@
 """Every axis of a run applied from one place, as torchtitan's `parallelize` applies one function per axis.
 
 `Parallelism(cfg, device)` is built once per rank: the mesh (mesh.py), pipeline parallelism's cut of the model
-into stages (ddp_lab/pipeline_parallel/), tensor parallelism on what the rank keeps (ddp_lab/tensor_parallel/)
-and the data-parallel strategy on the mesh's `dp` axis. The train loop asks it for what each axis changes (the
+into stages (ddp_lab/pipeline_parallel/), tensor parallelism on what the rank keeps (ddp_lab/tensor_parallel/),
+context parallelism's attention and token positions (ddp_lab/context_parallel/) and the data-parallel strategy
+on the mesh's data-parallel ranks (dp, times cp where context parallelism runs: those ranks hold the same
+weights). The train loop asks it for what each axis changes (the
 model it trains, the strategy around it, its rows of the batch, the loss, a step: plain, or a pipeline
 schedule's, the step's figures, the weights whole) and never names an axis itself. Without a mesh it changes
 nothing: the strategy is built as it always was, over every rank, and a step is `train_step`.
 
-With a mesh and a data-parallel degree of 1 there is no one to synchronize with: the strategy's spec is replaced
+With a mesh and one data-parallel rank (dp x cp = 1) there is no one to synchronize with: the strategy's spec is replaced
 by the floor's (`strategy=none`) and the summary says so, so the TP or PP row of a sweep shows no data-parallel
 collective at all.
 """
@@ -32,8 +34,9 @@ from ddp_lab.tensor_parallel.loss import CrossEntropy
 class Parallelism:
     def __init__(self, cfg, device: torch.device):
         self.mesh = Mesh(layout_of(cfg), device.type)
-        self.tensor = self.pipeline = None
+        self.tensor = self.pipeline = self.context = None
         parallel = cfg.get("parallel")
+        self.device, self.context_length = device, 0
         if self.mesh.tp > 1:
             from ddp_lab.tensor_parallel import TensorParallel
 
@@ -42,6 +45,12 @@ class Parallelism:
             from ddp_lab.pipeline_parallel import Pipeline
 
             self.pipeline = Pipeline(self.mesh, parallel, device)
+        if self.mesh.cp > 1:
+            from ddp_lab.context_parallel import ContextParallel
+
+            self.context_length = int(cfg.model.context_length)
+            self.context = ContextParallel(self.mesh.layout, self.mesh.cp_rank, self.mesh.cp_group,
+                                           str(parallel.cp_impl), int(parallel.cp_ulysses))
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
         self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
@@ -50,9 +59,12 @@ class Parallelism:
     # --- the model and its strategy -------------------------------------------------------------------
 
     def apply(self, module: nn.Module) -> nn.Module:
-        """Tensor parallelism on `module`, in place (nothing without it); the loss its output takes, and the
-        parameters counted whole and as this rank holds them (before its strategy shards them)."""
+        """Tensor parallelism on `module`, in place (nothing without it), context parallelism's attention and
+        positions; the loss its output takes, and the parameters counted whole and as this rank holds them (before
+        its strategy shards them)."""
         self.whole_params = sum(p.numel() for p in module.parameters())
+        if self.context is not None:
+            self.context.apply(module, self.context_length, self.device)
         if self.pipeline is not None:
             self.pipeline.cut(module)
         if self.tensor is not None:
@@ -62,8 +74,8 @@ class Parallelism:
         return module
 
     def data_parallel(self, spec: StrategySpec) -> StrategySpec:
-        """The spec that runs on the dp axis: `spec`, or the floor's where the dp axis has one rank under TP."""
-        if self.mesh.device_mesh is not None and self.mesh.dp == 1 and spec.synchronizes:
+        """The spec that runs on the dp axis: `spec`, or the floor's where the mesh leaves one data-parallel rank."""
+        if self.mesh.device_mesh is not None and self.mesh.replicas == 1 and spec.synchronizes:
             from ddp_lab.spec.strategies import SPECS
 
             self.replaced = spec.name
@@ -71,8 +83,9 @@ class Parallelism:
         return spec
 
     def shard_ranks(self, spec: StrategySpec) -> int:
-        """How many ranks share what the strategy shards: its spec's count over the dp axis (hsdp: its group)."""
-        return spec.shard_ranks(self.mesh.dp, int(os.environ.get("LOCAL_WORLD_SIZE", self.mesh.dp)))
+        """How many ranks share what the strategy shards: its spec's count over the dp (x cp) ranks (hsdp: its
+        group)."""
+        return spec.shard_ranks(self.mesh.replicas, int(os.environ.get("LOCAL_WORLD_SIZE", self.mesh.replicas)))
 
     def about(self) -> dict:
         """What a checkpoint records of the run's layout: the world size and the mesh (`dp x tp`)."""
@@ -89,6 +102,12 @@ class Parallelism:
         """(this rank's share, the number of shares) of each global batch: TP ranks read the same rows, and so do a
         pipeline's stages."""
         return self.mesh.dp_rank, self.mesh.dp
+
+    def columns(self) -> torch.Tensor | None:
+        """The positions of each sequence this rank reads (context parallelism's share of the tokens); None: all."""
+        if self.context is None:
+            return None
+        return self.context.positions(self.context_length, torch.device("cpu"))
 
     @property
     def splits(self) -> int | None:
@@ -138,7 +157,8 @@ class Parallelism:
     def pop(self) -> dict:
         """This step's figures of the axes beyond data parallelism (the TP axis's collectives, the pipeline's)."""
         return {**(self.tensor.pop() if self.tensor is not None else {}),
-                **(self.pipeline.pop() if self.pipeline is not None else {})}
+                **(self.pipeline.pop() if self.pipeline is not None else {}),
+                **(self.context.pop() if self.context is not None else {})}
 
     def whole(self, state: dict) -> dict:
         """A state dict (whole over the dp axis) in the single-process layout: put back together over the TP group,
@@ -173,6 +193,8 @@ class Parallelism:
             out.update(self.tensor.describe())
         if self.pipeline is not None:
             out["pipeline"] = self.pipeline.describe(warmup_steps)
+        if self.context is not None:
+            out["context"] = self.context.describe()
         if self.replaced is not None:
             out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
                                     "synchronize with (the floor runs in its place)")

@@ -1,10 +1,12 @@
-"""This rank's mesh: one torch DeviceMesh with named axes (`pp`, `dp`, `tp`), built once per rank.
+"""This rank's mesh: one torch DeviceMesh with named axes (`pp`, `dp`, `cp`, `tp`), built once per rank.
 
 The layout (which ranks share each axis) is spec/parallel.py's `MeshLayout`; here it becomes torch's
 DeviceMesh, whose `tp` group the tensor-parallel layers talk over, whose `pp` group a pipeline's stages send
-and receive on, and whose `dp` group every data-parallel strategy synchronizes over. Without tensor or
-pipeline parallelism there is no mesh to build: the data-parallel group is the whole world (None, torch's
-default group), so a 1-D job runs exactly as it always has.
+and receive on, whose `cp` group context parallelism exchanges a sequence's keys and values over, and whose
+data-parallel ranks every strategy synchronizes over: the `dp` axis, or dp x cp flattened into one group where
+context parallelism runs (its ranks hold the same weights, each having seen its own tokens; torchtitan shards
+FSDP over the same flattened group). Without a mesh axis there is no mesh to build: the data-parallel group is
+the whole world (None, torch's default group), so a 1-D job runs exactly as it always has.
 """
 
 from __future__ import annotations
@@ -16,22 +18,26 @@ from ddp_lab.spec.parallel import MeshLayout
 
 
 class Mesh:
-    """This rank's place on the (pp, dp, tp) grid and each axis's process group."""
+    """This rank's place on the (pp, dp, cp, tp) grid and each axis's process group."""
 
     def __init__(self, layout: MeshLayout, device_type: str = "cpu"):
         self.layout = layout
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.dp_rank, self.tp_rank = layout.coordinates(rank)
-        self.pp_rank = layout.pp_index(rank)
+        self.pp_rank, self.cp_rank = layout.pp_index(rank), layout.cp_index(rank)
         self.device_mesh = None
-        self.dp_group = self.tp_group = self.pp_group = None  # None: the whole world (torch's default group)
-        if layout.tp > 1 or layout.pp > 1:
+        self.dp_group = self.tp_group = self.pp_group = self.cp_group = None  # None: the whole world
+        if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
             from torch.distributed.device_mesh import DeviceMesh
 
             self.device_mesh = DeviceMesh(device_type, torch.tensor(layout.grid()),
-                                          mesh_dim_names=("pp", "dp", "tp"))
-            self.dp_group, self.tp_group, self.pp_group = (self.device_mesh.get_group(axis)
-                                                           for axis in ("dp", "tp", "pp"))
+                                          mesh_dim_names=("pp", "dp", "cp", "tp"))
+            self.tp_group, self.pp_group, self.cp_group = (self.device_mesh.get_group(axis)
+                                                           for axis in ("tp", "pp", "cp"))
+            if layout.cp == 1:
+                self.dp_group = self.device_mesh.get_group("dp")
+            else:  # collective: every rank builds every dp x cp group, in the same order
+                self.dp_group, _ = dist.new_subgroups_by_enumeration(layout.dp_groups())
 
     @property
     def dp(self) -> int:
@@ -44,6 +50,15 @@ class Mesh:
     @property
     def pp(self) -> int:
         return self.layout.pp
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
+    def replicas(self) -> int:
+        """The ranks holding the same weights, which the strategy synchronizes: dp x cp."""
+        return self.layout.dp * self.layout.cp
 
     def describe(self) -> dict:
         return self.layout.describe()

@@ -50,9 +50,11 @@ class BatchSource:
     """The run's data, derived from the config once: this rank's rows of every step's global batch and of
     the fixed held-out batches, and the source's facts. The loop and the held-out loss ask it."""
 
-    def __init__(self, cfg, rank: int, world_size: int, device: torch.device, splits: int | None = None):
+    def __init__(self, cfg, rank: int, world_size: int, device: torch.device, splits: int | None = None,
+                 columns: torch.Tensor | None = None):
         """This rank's rows of `world_size` shares; `splits`: the micro-batches each step's rows are cut into
-        (default train.grad_accum_steps; a pipeline's parallel.microbatches)."""
+        (default train.grad_accum_steps; a pipeline's parallel.microbatches); `columns`: the positions of each
+        sequence this rank reads (context parallelism's tokens; None: every one)."""
         t, m = cfg.train, cfg.model
         self.batch_size, self.seed, self.accum = t.batch_size, t.seed, splits or t.grad_accum_steps
         self.eval_batches = int(OmegaConf.select(cfg, "train.eval_batches", default=0))  # a test's config: none
@@ -60,6 +62,7 @@ class BatchSource:
         local = t.batch_size // world_size
         self.mine, self.device = slice(rank * local, (rank + 1) * local), device
         self.tokens = token_data(cfg) if data_name(cfg) != "synthetic" else None  # None: synthetic
+        self.columns = columns
 
     def _rows(self, step: int, held_out: bool) -> torch.Tensor:
         if self.tokens is None:
@@ -72,7 +75,15 @@ class BatchSource:
         """This rank's (inputs, targets) micro-batches for one optimizer step."""
         mine = self._rows(step, held_out=False).to(self.device, non_blocking=True)
         for chunk in mine.chunk(self.accum):
-            yield chunk[:, :-1], chunk[:, 1:]
+            yield self._pair(chunk)
+
+    def _pair(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of token rows: each position's token and the next one, at this rank's columns."""
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        if self.columns is None:
+            return inputs, targets
+        at = self.columns.to(rows.device)
+        return inputs[:, at], targets[:, at]
 
     def facts(self) -> dict:
         """The files and the tokens of each split, for W&B and results.json (nothing for data=synthetic)."""
@@ -86,6 +97,5 @@ class BatchSource:
         """This rank's (inputs, targets) of every held-out batch: the same fixed batches at every evaluation."""
         out = []
         for i in range(self.eval_batches):
-            mine = self._rows(i, held_out=True).to(self.device)
-            out.append((mine[:, :-1], mine[:, 1:]))
+            out.append(self._pair(self._rows(i, held_out=True).to(self.device)))
         return out

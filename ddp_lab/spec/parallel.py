@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from ddp_lab.spec.choices import Choice
+from ddp_lab.spec.context import CPImpl
 from ddp_lab.spec.pipeline import PPImpl, PPSchedule
 
 
@@ -33,8 +34,8 @@ class TPImpl(Choice):
 
 @dataclass
 class ParallelConfig:
-    """The axes beyond data parallelism (ddp_lab/spec/parallel.py, ddp_lab/spec/pipeline.py).
-    `world_size = pp x dp x tp`; dp is derived."""
+    """The axes beyond data parallelism (ddp_lab/spec/parallel.py, ddp_lab/spec/pipeline.py,
+    ddp_lab/spec/context.py). `world_size = pp x dp x cp x tp`; dp is derived."""
 
     tp: int = 1
     """Tensor-parallel degree: each layer's weights split over this many ranks; must divide world_size, the
@@ -67,64 +68,96 @@ class ParallelConfig:
     stage_layers: Optional[list[int]] = None
     """Blocks per stage, in stage order (pp x stages_per_rank entries, each >= 1, summing to the model's blocks);
     unset: as even as they split."""
+    cp: int = 1
+    """Context-parallel degree: every sequence split over this many ranks for every layer, attention included
+    (docs/context.md). Its ranks hold the same weights: the strategy averages gradients over dp x cp. 1: none."""
+    cp_impl: CPImpl = CPImpl.ring
+    """ring (contiguous split), zigzag (balanced causal work), ulysses (all-to-all to heads), hybrid (Ulysses
+    inside groups of cp_ulysses, the ring across), torch (torch's ring template over the zigzag split)."""
+    cp_ulysses: int = 2
+    """parallel.cp_impl=hybrid: the ranks of one Ulysses group (it divides cp; the ring has cp / cp_ulysses)."""
 
 
 @dataclass(frozen=True)
 class MeshLayout:
-    """The (pp, dp, tp) grid of a job: which ranks share each axis. `world_size = pp x dp x tp`; the pipeline axis
-    is outermost (as torchtitan orders it: a stage's ranks consecutive), TP inside DP unless `tp_inner` is False."""
+    """The (pp, dp, cp, tp) grid of a job: which ranks share each axis. `world_size = pp x dp x cp x tp`; the
+    pipeline axis is outermost (as torchtitan orders it: a stage's ranks consecutive), context parallelism between
+    dp and tp (torchtitan's order too), TP inside DP unless `tp_inner` is False (then TP outermost in a stage).
+    A cp index is called a "replica" index together with dp's where both hold the same weights: the strategy
+    averages over the dp x cp ranks of one (pp, tp) place."""
 
     world_size: int
     tp: int = 1
     tp_inner: bool = True
     pp: int = 1
+    cp: int = 1
 
     @property
     def dp(self) -> int:
-        return self.world_size // (self.tp * self.pp)
+        return self.world_size // (self.tp * self.pp * self.cp)
 
     @property
     def stage_ranks(self) -> int:
-        """Ranks per pipeline stage: dp x tp."""
+        """Ranks per pipeline stage: dp x cp x tp."""
         return self.world_size // self.pp
+
+    def _within(self, rank: int) -> tuple[int, int, int]:
+        """(dp index, cp index, tp index) of a global rank, within its pipeline stage."""
+        rank %= self.stage_ranks
+        replicas = self.dp * self.cp
+        replica, tp = (rank // self.tp, rank % self.tp) if self.tp_inner else (rank % replicas, rank // replicas)
+        return replica // self.cp, replica % self.cp, tp
 
     def coordinates(self, rank: int) -> tuple[int, int]:
         """(dp index, tp index) of a global rank, within its pipeline stage."""
-        rank %= self.stage_ranks
-        if self.tp_inner:
-            return rank // self.tp, rank % self.tp
-        return rank % self.dp, rank // self.dp
+        dp, _, tp = self._within(rank)
+        return dp, tp
+
+    def cp_index(self, rank: int) -> int:
+        """The context-parallel rank of a global rank: which tokens of every sequence it holds."""
+        return self._within(rank)[1]
 
     def pp_index(self, rank: int) -> int:
         """The pipeline rank (which stage, or stages) of a global rank."""
         return rank // self.stage_ranks
 
-    def rank_at(self, dp_index: int, tp_index: int, pp_index: int = 0) -> int:
-        within = dp_index * self.tp + tp_index if self.tp_inner else tp_index * self.dp + dp_index
+    def rank_at(self, dp_index: int, tp_index: int, pp_index: int = 0, cp_index: int = 0) -> int:
+        replica = dp_index * self.cp + cp_index
+        within = replica * self.tp + tp_index if self.tp_inner else tp_index * self.dp * self.cp + replica
         return pp_index * self.stage_ranks + within
 
-    def grid(self) -> list[list[list[int]]]:
-        """grid[k][i][j]: the global rank at pp index k, dp index i, tp index j (a DeviceMesh's mesh, dims (pp, dp,
-        tp))."""
-        return [[[self.rank_at(i, j, k) for j in range(self.tp)] for i in range(self.dp)] for k in range(self.pp)]
+    def grid(self) -> list[list[list[list[int]]]]:
+        """grid[k][i][c][j]: the global rank at pp index k, dp index i, cp index c, tp index j (a DeviceMesh's mesh,
+        dims (pp, dp, cp, tp))."""
+        return [[[[self.rank_at(i, j, k, c) for j in range(self.tp)] for c in range(self.cp)] for i in range(self.dp)]
+                for k in range(self.pp)]
 
     def tp_groups(self) -> list[list[int]]:
-        return [row for stage in self.grid() for row in stage]
+        return [[self.rank_at(i, j, k, c) for j in range(self.tp)]
+                for k in range(self.pp) for i in range(self.dp) for c in range(self.cp)]
+
+    def cp_groups(self) -> list[list[int]]:
+        return [[self.rank_at(i, j, k, c) for c in range(self.cp)]
+                for k in range(self.pp) for i in range(self.dp) for j in range(self.tp)]
 
     def dp_groups(self) -> list[list[int]]:
-        return [[row[j] for row in stage] for stage in self.grid() for j in range(self.tp)]
+        """The ranks each data-parallel strategy synchronizes over: dp x cp of one (pp, tp) place (context-parallel
+        ranks hold the same weights, and each saw only its tokens)."""
+        return [[self.rank_at(i, j, k, c) for i in range(self.dp) for c in range(self.cp)]
+                for k in range(self.pp) for j in range(self.tp)]
 
     def pp_groups(self) -> list[list[int]]:
-        return [[self.grid()[k][i][j] for k in range(self.pp)] for i in range(self.dp) for j in range(self.tp)]
+        return [[self.rank_at(i, j, k, c) for k in range(self.pp)]
+                for i in range(self.dp) for c in range(self.cp) for j in range(self.tp)]
 
     def label(self) -> str:
-        """`dp x tp` (`dp x tp x pp` with a pipeline), as tables show a job's mesh."""
-        return f"{self.dp}x{self.tp}" + (f"x{self.pp}" if self.pp > 1 else "")
+        """`dp x tp` (`dp x tp x pp` with a pipeline; `-cpN` with context parallelism), as tables show a mesh."""
+        return f"{self.dp}x{self.tp}" + (f"x{self.pp}" if self.pp > 1 else "") + (f"-cp{self.cp}" if self.cp > 1 else "")
 
     def describe(self) -> dict:
         """The mesh as results.json's summary records it."""
-        return {"dp": self.dp, "tp": self.tp, **({"pp": self.pp} if self.pp > 1 else {}), "label": self.label(),
-                "tp_inner": self.tp_inner}
+        return {"dp": self.dp, "tp": self.tp, **({"pp": self.pp} if self.pp > 1 else {}),
+                **({"cp": self.cp} if self.cp > 1 else {}), "label": self.label(), "tp_inner": self.tp_inner}
 
 
 def layout_of(cfg) -> MeshLayout:
@@ -134,19 +167,26 @@ def layout_of(cfg) -> MeshLayout:
     if parallel is None:
         return MeshLayout(int(cfg["world_size"]))
     return MeshLayout(int(cfg["world_size"]), int(parallel.get("tp", 1)), bool(parallel.get("tp_inner", True)),
-                      int(parallel.get("pp", 1) or 1))
+                      int(parallel.get("pp", 1) or 1), int(parallel.get("cp", 1) or 1))
 
 
-def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1) -> str | None:
+def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1,
+                 cp: int = 1) -> str | None:
     """One line saying why this mesh cannot be laid out, or None."""
     if tp < 1:
         return f"parallel.tp must be >= 1, got {tp}"
     if pp < 1:
         return f"parallel.pp must be >= 1, got {pp}"
-    if world_size % (tp * pp):
-        what = f"parallel.tp={tp}" if pp == 1 else f"parallel.pp x parallel.tp = {pp} x {tp}"
-        return (f"{what} does not divide world_size={world_size}: world_size = "
-                f"{'dp x tp' if pp == 1 else 'pp x dp x tp'}, use a world_size that is a multiple of {tp * pp}")
+    if cp < 1:
+        return f"parallel.cp must be >= 1, got {cp}"
+    if world_size % (tp * pp * cp):
+        axes = [(k, v) for k, v in (("pp", pp), ("cp", cp), ("tp", tp)) if v > 1] or [("tp", tp)]
+        what = " x ".join(f"parallel.{k}" for k, _ in axes) + " = " + " x ".join(str(v) for _, v in axes)
+        if len(axes) == 1:
+            what = f"parallel.{axes[0][0]}={axes[0][1]}"
+        grid = " x ".join(["pp"] * (pp > 1) + ["dp"] + ["cp"] * (cp > 1) + ["tp"])
+        return (f"{what} does not divide world_size={world_size}: world_size = {grid}, use a world_size that is a "
+                f"multiple of {tp * pp * cp}")
     if sequence_parallel and tp == 1:
         return ("parallel.sequence_parallel=true shards the sequence over the tensor-parallel ranks: it needs "
                 "parallel.tp > 1")

@@ -1,0 +1,95 @@
+"""Context parallelism on the mesh's `cp` axis: every sequence split over the cp ranks for every layer.
+
+`ContextParallel(mesh, impl, ulysses)` is built once per rank by `Parallelism` (ddp_lab/parallel/). It says which
+tokens of every sequence this rank holds (spec/context.py's layout: contiguous, or zigzag), hands the model the
+global positions of those tokens (its rotary embedding reads them) and the attention that exchanges what the
+rank does not hold: the ring (ring.py, contiguous or zigzag), Ulysses (ulysses.py), Ulysses inside groups with a
+ring across them (hybrid), or torch's ring template (torch_ring.py). Everything else in a layer is per token and
+needs no exchange. The model asks for it through `context_parallel(attend, positions)`; a model without that
+method does not run under context parallelism (the launcher refuses it).
+
+The loss of a rank is the mean over its tokens; every rank holds as many tokens, so the strategy's average over
+dp x cp is the gradient of the mean over every token of the global batch, and the logged loss (the mean over
+ranks) is that mean, not a cp-th of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.context_parallel.exchange import Ring, Tally
+from ddp_lab.context_parallel.ring import ring_attention
+from ddp_lab.context_parallel.torch_ring import torch_ring_attention
+from ddp_lab.context_parallel.ulysses import ulysses_attention
+from ddp_lab.spec.context import positions_of, ring_of, ulysses_of
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The model's own attention over the tokens it is given: what a Ulysses rank runs over its heads."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class ContextParallel:
+    def __init__(self, layout, cp_rank: int, cp_group, impl: str, ulysses: int):
+        """`layout`: the job's MeshLayout; `cp_group`: this rank's cp process group; `impl`: parallel.cp_impl;
+        `ulysses`: parallel.cp_ulysses (hybrid). Collective: a hybrid's Ulysses groups are built by every rank."""
+        self.cp, self.rank, self.impl = layout.cp, cp_rank, impl
+        self.tally = Tally()
+        me = dist.get_rank()
+        groups = layout.cp_groups()
+        members = next(g for g in groups if me in g)
+        self.u = ulysses_of(self.cp, impl, ulysses)
+        self.ring_size = ring_of(self.cp, impl, ulysses)
+        self.group, self.ulysses_group = cp_group, None
+        if impl == "ulysses":
+            self.ulysses_group = cp_group
+        elif impl == "hybrid":
+            self.ulysses_group, _ = dist.new_subgroups_by_enumeration(
+                [g[i:i + self.u] for g in groups for i in range(0, len(g), self.u)])
+        a = self.rank % self.u
+        self.ring = Ring(members[a::self.u] if impl == "hybrid" else members, self.tally) if self.ring_size > 1 \
+            else None
+
+    # --- what the model and the data read ------------------------------------------------------------------
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """The global positions of this rank's tokens of a sequence of `length`."""
+        layout = "ring" if self.impl in ("ulysses", "hybrid") else self.impl
+        return torch.tensor(positions_of(self.rank, self.cp, layout, length), dtype=torch.long, device=device)
+
+    def apply(self, module: torch.nn.Module, length: int, device) -> None:
+        """Hand the model this rank's positions and the attention that exchanges the rest (its
+        `context_parallel(attend, positions)`)."""
+        module.context_parallel(self.attend, self.positions(length, device))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of this rank's queries over every token of the sequence (q, k, v: batch, heads, local
+        tokens, head_dim, rotary positions already applied)."""
+        if self.impl == "torch":
+            return torch_ring_attention(q, k, v, self.group, self.cp, self.tally)
+        if self.impl in ("ring", "zigzag"):
+            return ring_attention(q, k, v, self.ring, self.impl)
+        inner = causal_attention if self.impl == "ulysses" else (
+            lambda q_, k_, v_: ring_attention(q_, k_, v_, self.ring, "ring"))
+        return ulysses_attention(q, k, v, self.ulysses_group, self.u, self.tally, self._counted(inner))
+
+    def _counted(self, inner):
+        def attend(q, k, v):
+            if self.impl == "ulysses":
+                s = q.shape[2]
+                self.tally.pairs += s * (s + 1) // 2 * q.shape[1]
+                self.tally.calls += 1
+                return self.tally.timed(inner, q, k, v)
+            return inner(q, k, v)
+        return attend
+
+    # --- what the loop reads -----------------------------------------------------------------------------
+
+    def pop(self) -> dict:
+        """This step's figures: bytes sent forward and backward, the time waited on exchanges, the time in attention
+        blocks, the query-key pairs scored (times heads), the attention calls."""
+        return self.tally.pop()
+
+    def describe(self) -> dict:
+        return {"cp": self.cp, "impl": self.impl, **({"cp_ulysses": self.u} if self.impl == "hybrid" else {})}

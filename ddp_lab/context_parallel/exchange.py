@@ -1,0 +1,84 @@
+"""What context parallelism sends, and how long a rank waited for it: one ring's point-to-point exchange, and the
+tally every implementation adds its bytes, waits and attention work to.
+
+A ring posts the next exchange (send to the next member, receive from the previous one, `batch_isend_irecv`)
+before it computes the block it holds, and waits for it after: the wait is the exchange's exposed time, the part
+the block's attention did not hide. Each kind of message has its own tag (keys and values, their gradients), so
+two exchanges in flight on one ring never take each other's message.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Tally:
+    """One rank's context-parallel figures since the last `pop()`: bytes it sent (forward, backward), seconds it
+    waited on exchanges (exposed), seconds it spent in its attention blocks, query-key pairs it scored per head,
+    and seconds the exchanges alone took where measured apart (`exchange_s`)."""
+
+    sent: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
+    exposed_s: float = 0.0
+    attention_s: float = 0.0
+    pairs: int = 0
+    calls: int = 0
+    phase: str = "forward"
+
+    def pop(self) -> dict:
+        out = {"cp_bytes_forward": self.sent["forward"], "cp_bytes_backward": self.sent["backward"],
+               "cp_exposed_ms": self.exposed_s * 1e3, "cp_attention_ms": self.attention_s * 1e3,
+               "cp_pairs": self.pairs, "cp_calls": self.calls}
+        self.sent = {"forward": 0, "backward": 0}
+        self.exposed_s = self.attention_s = 0.0
+        self.pairs = self.calls = 0
+        return out
+
+    def timed(self, fn, *args):
+        """`fn(*args)`, its time counted as attention."""
+        start = time.perf_counter()
+        out = fn(*args)
+        self.attention_s += time.perf_counter() - start
+        return out
+
+
+class Ring:
+    """One ring of ranks (a cp group, or a hybrid's ring across Ulysses groups): `member` of `size`, its
+    neighbours' global ranks."""
+
+    def __init__(self, ranks: list[int], tally: Tally):
+        self.ranks, self.size = ranks, len(ranks)
+        me = dist.get_rank()
+        self.member = ranks.index(me)
+        self.next, self.prev = ranks[(self.member + 1) % self.size], ranks[(self.member - 1) % self.size]
+        self.tally = tally
+
+    def post(self, tensors: list[torch.Tensor], tag: int) -> "Posted":
+        """Send `tensors` (flattened into one buffer) to the next member and receive the same shapes from the
+        previous one; returns what `wait()` gives the received tensors from."""
+        send = torch.cat([t.reshape(-1) for t in tensors])
+        recv = torch.empty_like(send)
+        ops = [dist.P2POp(dist.isend, send, self.next, tag=tag), dist.P2POp(dist.irecv, recv, self.prev, tag=tag)]
+        self.tally.sent[self.tally.phase] += send.numel() * send.element_size()
+        return Posted(dist.batch_isend_irecv(ops), recv, [t.shape for t in tensors], self.tally)
+
+
+class Posted:
+    def __init__(self, works, recv: torch.Tensor, shapes: list, tally: Tally):
+        self.works, self.recv, self.shapes, self.tally = works, recv, shapes, tally
+
+    def wait(self) -> list[torch.Tensor]:
+        start = time.perf_counter()
+        for work in self.works:
+            work.wait()
+        self.tally.exposed_s += time.perf_counter() - start
+        out, at = [], 0
+        for shape in self.shapes:
+            n = shape.numel()
+            out.append(self.recv[at:at + n].view(shape))
+            at += n
+        return out
