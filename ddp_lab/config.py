@@ -350,12 +350,14 @@ class Config:
 
 
 def data_parallel_size(cfg) -> int:
-    """The ranks the global batch is split over: world_size / (parallel.tp x parallel.pp) (tensor-parallel ranks
-    read the same rows, and so do a pipeline's stages); a config without a `parallel` node (older results, the
-    tests' own) is data parallel only."""
+    """The ranks the global batch is split over: world_size / (parallel.tp x parallel.pp x parallel.cp)
+    (tensor-parallel ranks read the same rows, and so do a pipeline's stages and context-parallel ranks, each its
+    own tokens of them); a config without a `parallel` node (older results, the tests' own) is data parallel
+    only."""
     tp = OmegaConf.select(cfg, "parallel.tp", default=1) or 1
     pp = OmegaConf.select(cfg, "parallel.pp", default=1) or 1
-    return max(1, cfg.world_size // (tp * pp))
+    cp = OmegaConf.select(cfg, "parallel.cp", default=1) or 1
+    return max(1, cfg.world_size // (tp * pp * cp))
 
 
 def micro_batch_size(cfg) -> int:

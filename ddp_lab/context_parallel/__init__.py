@@ -22,7 +22,7 @@ from ddp_lab.context_parallel.exchange import Ring, Tally
 from ddp_lab.context_parallel.ring import ring_attention
 from ddp_lab.context_parallel.torch_ring import torch_ring_attention
 from ddp_lab.context_parallel.ulysses import ulysses_attention
-from ddp_lab.spec.context import positions_of, ring_of, ulysses_of
+from ddp_lab.spec.context import imbalance, positions_of, ring_of, ulysses_of
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -36,6 +36,9 @@ class ContextParallel:
         `ulysses`: parallel.cp_ulysses (hybrid). Collective: a hybrid's Ulysses groups are built by every rank."""
         self.cp, self.rank, self.impl = layout.cp, cp_rank, impl
         self.tally = Tally()
+        self.length, self.device = 0, torch.device("cpu")  # the context length and device, once applied
+        self.history: list[dict] = []  # each training step's figures (pop), for the summary
+        self.blocks: list = []  # the K/V blocks of a training step's ring calls, for the exchange alone
         me = dist.get_rank()
         groups = layout.cp_groups()
         members = next(g for g in groups if me in g)
@@ -61,6 +64,7 @@ class ContextParallel:
     def apply(self, module: torch.nn.Module, length: int, device) -> None:
         """Hand the model this rank's positions and the attention that exchanges the rest (its
         `context_parallel(attend, positions)`)."""
+        self.length, self.device = length, device
         module.context_parallel(self.attend, self.positions(length, device))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,51 @@ class ContextParallel:
     def pop(self) -> dict:
         """This step's figures: bytes sent forward and backward, the time waited on exchanges, the time in attention
         blocks, the query-key pairs scored (times heads), the attention calls."""
-        return self.tally.pop()
+        out = self.tally.pop()
+        self.history.append(out)
+        self.blocks = self.tally.take_blocks() or self.blocks
+        return out
 
-    def describe(self) -> dict:
-        return {"cp": self.cp, "impl": self.impl, **({"cp_ulysses": self.u} if self.impl == "hybrid" else {})}
+    def drop(self) -> None:
+        """Forget what ran since the last step (the held-out loss's forwards): no step's figures."""
+        self.tally.pop()
+        self.tally.take_blocks()
+
+    def describe(self, warmup_steps: int = 0) -> dict:
+        """The summary's context parallelism: per cp rank the mean over measured steps of its attention time,
+        exposed wait and bytes, its pairs scored; the counted imbalance (the busiest rank's pairs over the mean,
+        beside spec/context.py's formula), the measured one (attention time), and for a ring the exchange's time
+        alone (measured here, after training) and the share of it the blocks hid: 1 - exposed / alone. Collective
+        over every rank (gathered)."""
+        measured = self.history[warmup_steps:] or self.history
+        mean = {key: sum(f[key] for f in measured) / max(1, len(measured))
+                for key in ("cp_attention_ms", "cp_exposed_ms", "cp_bytes_forward", "cp_bytes_backward", "cp_pairs")}
+        alone_ms = None
+        if self.ring is not None and self.blocks:
+            times = []
+            for _ in range(3):
+                took = sum(self.ring.alone(shape, dtype, acc, self.device) for shape, dtype, acc in self.blocks)
+                times.append(took * 1e3)
+            alone_ms = sorted(times)[1]
+        mine = {"cp_rank": self.rank, "attention_ms": mean["cp_attention_ms"], "exposed_ms": mean["cp_exposed_ms"],
+                "bytes_forward": mean["cp_bytes_forward"], "bytes_backward": mean["cp_bytes_backward"],
+                "pairs": mean["cp_pairs"], "exchange_alone_ms": alone_ms}
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        ranks = {}
+        for entry in everyone:
+            ranks.setdefault(entry["cp_rank"], entry)  # the first of each cp rank: its dp, tp, pp peers alike
+        per_rank = [ranks[r] for r in sorted(ranks)]
+
+        def ratio(key):
+            values = [r[key] for r in per_rank]
+            return max(values) * len(values) / sum(values) if sum(values) else None
+
+        exposed = sum(r["exposed_ms"] for r in per_rank) / len(per_rank)
+        alone = [r["exchange_alone_ms"] for r in per_rank if r["exchange_alone_ms"] is not None]
+        alone_mean = sum(alone) / len(alone) if alone else None
+        return {"cp": self.cp, "impl": self.impl, **({"cp_ulysses": self.u} if self.impl == "hybrid" else {}),
+                "per_rank": per_rank, "imbalance_counted": ratio("pairs"),
+                "imbalance_formula": imbalance(self.cp, self.impl, self.u, self.length) if self.length else None,
+                "imbalance_measured": ratio("attention_ms"), "exposed_ms": exposed, "exchange_alone_ms": alone_mean,
+                "hidden_pct": (None if not alone_mean else 100 * max(0.0, 1 - exposed / alone_mean))}

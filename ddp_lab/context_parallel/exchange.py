@@ -28,6 +28,8 @@ class Tally:
     pairs: int = 0
     calls: int = 0
     phase: str = "forward"
+    blocks: list = field(default_factory=list)
+    """The (shape, dtype) of each ring's K (and V) block of the last step's calls: what `Ring.alone` sends."""
 
     def pop(self) -> dict:
         out = {"cp_bytes_forward": self.sent["forward"], "cp_bytes_backward": self.sent["backward"],
@@ -37,6 +39,10 @@ class Tally:
         self.exposed_s = self.attention_s = 0.0
         self.pairs = self.calls = 0
         return out
+
+    def take_blocks(self) -> list:
+        blocks, self.blocks = self.blocks, []
+        return blocks
 
     def timed(self, fn, *args):
         """`fn(*args)`, its time counted as attention."""
@@ -65,6 +71,23 @@ class Ring:
         ops = [dist.P2POp(dist.isend, send, self.next, tag=tag), dist.P2POp(dist.irecv, recv, self.prev, tag=tag)]
         self.tally.sent[self.tally.phase] += send.numel() * send.element_size()
         return Posted(dist.batch_isend_irecv(ops), recv, [t.shape for t in tensors], self.tally)
+
+
+    def alone(self, shape, dtype, grad_dtype, device) -> float:
+        """Seconds one attention call's exchanges take with nothing to hide them under: forward, K and V W-1 times;
+        backward, K and V W-1 times and the gradients W-1 times, each posted and waited for in turn. Collective
+        over the ring."""
+        k = torch.zeros(shape, dtype=dtype, device=device)
+        g = torch.zeros(shape, dtype=grad_dtype, device=device)
+        exposed, phase = self.tally.exposed_s, self.tally.phase
+        sent = dict(self.tally.sent)
+        start = time.perf_counter()
+        for tensors, hops in (([k, k], 2 * (self.size - 1)), ([g, g], self.size - 1)):
+            for _ in range(hops):
+                self.post(tensors, tag=73).wait()
+        took = time.perf_counter() - start
+        self.tally.exposed_s, self.tally.phase, self.tally.sent = exposed, phase, sent
+        return took
 
 
 class Posted:

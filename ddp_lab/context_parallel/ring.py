@@ -45,6 +45,7 @@ class RingAttention(torch.autograd.Function):
         outs, lses = [None] * len(mine), [None] * len(mine)
         acc = _accumulation_dtype(q.dtype)
         ring.tally.phase = "forward"
+        ring.tally.blocks.append((k.shape, k.dtype, acc))
         k_cur, v_cur, src = k.contiguous(), v.contiguous(), member
         for t in range(w):
             posted = ring.post([k_cur, v_cur], KV_TAG) if t < w - 1 else None

@@ -9,6 +9,8 @@ collective, which writes it as a flat buffer, scrambles the heads and tokens sil
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -21,7 +23,9 @@ def _exchange(x: torch.Tensor, group, tally: Tally) -> torch.Tensor:
     size = x.shape[0]
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(out, x, group=group)
+    start = time.perf_counter()
+    dist.all_to_all_single(out, x, group=group)  # blocking: all of it is exposed
+    tally.exposed_s += time.perf_counter() - start
     tally.sent[tally.phase] += x.numel() * x.element_size() * (size - 1) // size
     return out
 

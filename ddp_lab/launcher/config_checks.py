@@ -28,6 +28,7 @@ from ddp_lab.data.files import DataError
 from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
+from ddp_lab.spec.context import context_problem
 from ddp_lab.spec.parallel import mesh_problem, plan_problem
 from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
@@ -147,17 +148,19 @@ def _validate_mesh(cfg: DictConfig) -> None:
     parallelism); what does not run on a mesh yet is refused, saying why."""
     p = cfg.parallel
     context = OmegaConf.select(cfg, "model.context_length", default=1)
-    problem = mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context, p.pp) or schedule_problem(
-        p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p), str(p.pp_impl))
+    heads = OmegaConf.select(cfg, "model.num_heads", default=None)
+    problem = (mesh_problem(cfg.world_size, p.tp, p.sequence_parallel, context, p.pp, p.cp)
+               or context_problem(p.cp, str(p.cp_impl), p.cp_ulysses, context, heads, p.tp, p.sequence_parallel)
+               or schedule_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p), str(p.pp_impl)))
     _require(problem is None, str(problem))
-    if p.tp == 1 and p.pp == 1:
+    if p.tp == 1 and p.pp == 1 and p.cp == 1:
         return
-    keys = mesh_keys(p.tp, p.pp)
+    keys = mesh_keys(p.tp, p.pp, p.cp)
     _require(cfg.task.name == "train", f"{keys} splits a model's layers: task={cfg.task.name} has no model (use "
              "parallel.tp=1 and parallel.pp=1)")
     t = cfg.train
-    _require(not t.compile, f"{keys} with train.compile=true: compiled tensor-parallel layers and pipeline stages "
-             "are not proven against one process here yet: use train.compile=false")
+    _require(not t.compile, f"{keys} with train.compile=true: compiled tensor-parallel layers, pipeline stages and "
+             "context-parallel attention are not proven against one process here yet: use train.compile=false")
     _require(not cfg.measure.grad_error, f"{keys} with measure.grad_error=true: its probe averages gradients over "
              "every rank, where a mesh averages over its data-parallel axis only")
 
@@ -181,6 +184,14 @@ def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
                                t.batch_size // data_parallel_size(cfg), blocks, layers, t.grad_accum_steps,
                                str(p.pp_impl))
     _require(problem is None, str(problem))
+
+
+def _validate_context(cfg: DictConfig, module: torch.nn.Module) -> None:
+    """The model takes context parallelism's attention and positions (its class has `context_parallel()`)."""
+    cp = cfg.parallel.cp
+    _require(cp == 1 or hasattr(module, "context_parallel"), f"parallel.cp={cp}: model={cfg.model.name} does not say "
+             "how its attention exchanges a split sequence (its class has no context_parallel(attend, positions): "
+             "docs/context.md)")
 
 
 def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
@@ -232,7 +243,7 @@ def _validate_train(cfg: DictConfig) -> None:
              f"train.warmup_steps={t.warmup_steps} must be in [0, train.steps) so some steps are measured")
     _require(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
     dp = data_parallel_size(cfg)
-    over = f"world_size={ws}" if dp == ws else f"the data-parallel ranks (world_size / (tp x pp) = {dp})"
+    over = f"world_size={ws}" if dp == ws else f"the data-parallel ranks (world_size / (tp x pp x cp) = {dp})"
     _require(t.batch_size % dp == 0,
              f"train.batch_size={t.batch_size} (global) does not divide by {over}: use a multiple of {dp}")
     _require(t.grad_accum_steps >= 1, f"train.grad_accum_steps must be >= 1, got {t.grad_accum_steps}")
@@ -257,8 +268,9 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_logits(cfg)
     spec, ranks_per_node = _strategy_spec(cfg.strategy), ws // _nodes(cfg)
     try:
-        spec.check_mesh(int(cfg.parallel.tp), int(cfg.parallel.pp), str(cfg.parallel.pp_schedule))
-        spec.check_world(dp, ranks_per_node)
+        spec.check_mesh(int(cfg.parallel.tp), int(cfg.parallel.pp), str(cfg.parallel.pp_schedule),
+                        int(cfg.parallel.cp))
+        spec.check_world(dp * int(cfg.parallel.cp), ranks_per_node)
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -287,7 +299,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _validate_model_for_strategy(cfg, spec, small)
     _validate_tensor_parallel(cfg, small)
     _validate_pipeline(cfg, small)
-    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(dp, ranks_per_node))  # from shapes, before a full build
+    _validate_context(cfg, small)
+    _validate_memory(cfg, spec.zero_stage, spec.shard_ranks(dp * cfg.parallel.cp, ranks_per_node))  # from shapes
     _validate_checkpoint(cfg, spec)
 
 

@@ -9,7 +9,7 @@ OOM-killed'.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ddp_lab.arithmetic.zero_bytes import model_state_bytes
 from ddp_lab.config import data_parallel_size, micro_batch_size
@@ -24,11 +24,14 @@ def estimate_rank_bytes(cfg: DictConfig, stage: int, shard_ranks: int | None = N
     model state alone, the cheaper half). Both from shapes at a bounded cost (models/facts.py): the model is
     never run, nor built, at the size asked for. Under tensor parallelism a rank holds 1/tp of the parameters
     (a little more: the replicated norms, the vocabulary's padding, left out here) and the strategy shards that
-    over the data-parallel ranks; the activations are counted whole (more than a rank saves)."""
+    over the data-parallel ranks (dp x cp: context-parallel ranks hold the same weights); the activations are
+    counted whole (more than a rank saves), over cp under context parallelism (each rank holds 1/cp of the
+    tokens)."""
     dp = data_parallel_size(cfg)
-    n = parameter_counts(cfg.model)["total"] // (cfg.world_size // dp)
-    shards = shard_ranks or dp  # hsdp: its shard group
+    cp = int(OmegaConf.select(cfg, "parallel.cp", default=1) or 1)
+    n = parameter_counts(cfg.model)["total"] // (cfg.world_size // (dp * cp))
+    shards = shard_ranks or dp * cp  # hsdp: its shard group
     model_state = model_state_bytes(n, "fp32", shards, stage)["total"] + FP32 * n  # + a comm buffer
     if not activations:
         return int(model_state)
-    return int(model_state) + activation_bytes(cfg.model, micro_batch_size(cfg))
+    return int(model_state) + activation_bytes(cfg.model, micro_batch_size(cfg)) // cp

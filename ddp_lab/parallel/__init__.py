@@ -9,8 +9,8 @@ model it trains, the strategy around it, its rows of the batch, the loss, a step
 schedule's, the step's figures, the weights whole) and never names an axis itself. Without a mesh it changes
 nothing: the strategy is built as it always was, over every rank, and a step is `train_step`.
 
-With a mesh and one data-parallel rank (dp x cp = 1) there is no one to synchronize with: the strategy's spec is replaced
-by the floor's (`strategy=none`) and the summary says so, so the TP or PP row of a sweep shows no data-parallel
+With a mesh and one data-parallel rank (dp x cp = 1) there is no one to synchronize with: the strategy's spec is
+replaced by the floor's (`strategy=none`) and the summary says so, so the TP or PP row of a sweep shows no data-parallel
 collective at all.
 """
 
@@ -160,6 +160,15 @@ class Parallelism:
                 **(self.pipeline.pop() if self.pipeline is not None else {}),
                 **(self.context.pop() if self.context is not None else {})}
 
+    def drop(self) -> None:
+        """Forget the figures of what ran since the last step (the held-out loss's forwards): no step's."""
+        if self.tensor is not None:
+            self.tensor.pop()
+        if self.pipeline is not None:
+            self.pipeline.pop()
+        if self.context is not None:
+            self.context.drop()
+
     def whole(self, state: dict) -> dict:
         """A state dict (whole over the dp axis) in the single-process layout: put back together over the TP group,
         and the stages' parameters gathered over the pipeline (every rank gets them). Collective."""
@@ -194,7 +203,7 @@ class Parallelism:
         if self.pipeline is not None:
             out["pipeline"] = self.pipeline.describe(warmup_steps)
         if self.context is not None:
-            out["context"] = self.context.describe()
+            out["context"] = self.context.describe(warmup_steps)
         if self.replaced is not None:
             out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
                                     "synchronize with (the floor runs in its place)")

@@ -178,6 +178,7 @@ def context_problem(cp: int, impl: str, ulysses: int, context_length: int, heads
                 f"parallel.cp) over parallel.tp={tp}: it does not divide")
     u = ulysses_of(cp, impl, ulysses)
     if u > 1 and heads is not None and heads % (u * tp):
-        return (f"parallel.cp_impl={impl} gives each of {u} ranks its heads (and tensor parallelism splits them over "
-                f"parallel.tp={tp}): model.num_heads={heads} does not divide by {u * tp}")
+        split = f"{u} ranks" + (f" of each of parallel.tp={tp} ranks' heads" if tp > 1 else "")
+        return (f"parallel.cp_impl={impl} gives each of {split} a share of the heads: model.num_heads={heads} does "
+                f"not divide by {u * tp}")
     return None

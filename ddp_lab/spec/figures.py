@@ -98,6 +98,22 @@ PP_WAIT = Figure("pp_wait_ms", "ms", "a rank's time blocked in the pipeline's re
                  ranks="mean", wandb="mean", when="parallel.pp > 1 with parallel.pp_impl=lab")
 PP_P2P_BYTES = Figure("pp_p2p_bytes", "bytes", "bytes a rank sent to its neighbouring stages (activations forward, "
                       "their gradients backward)", summarized=False, when="parallel.pp > 1 with parallel.pp_impl=lab")
+CP_BYTES_FORWARD = Figure("cp_bytes_forward", "bytes", "bytes a rank sent over the context-parallel axis in the "
+                          "step's forwards (K/V around the ring, q/k/v/out in Ulysses' all-to-alls; torch's by its "
+                          "source's formula)", summarized=False, when="parallel.cp > 1")
+CP_BYTES_BACKWARD = Figure("cp_bytes_backward", "bytes", "bytes a rank sent over the context-parallel axis in the "
+                           "step's backwards (K/V again and their gradients; the all-to-alls reversed)",
+                           summarized=False, when="parallel.cp > 1")
+CP_EXPOSED = Figure("cp_exposed_ms", "ms", "a rank's time waiting on context-parallel exchanges: a ring's receives "
+                    "after the block it computed meanwhile, Ulysses' whole all-to-alls (torch's: not seen, 0)",
+                    wandb="mean", record=("p50",), stem="cp_exposed", when="parallel.cp > 1")
+CP_ATTENTION = Figure("cp_attention_ms", "ms", "the busiest rank's time in its attention blocks (forward and "
+                      "backward; Ulysses' forward only; torch's: not seen, 0)", wandb="mean", record=("p50",),
+                      stem="cp_attention", when="parallel.cp > 1")
+CP_PAIRS = Figure("cp_pairs", "pairs", "query-key pairs the busiest rank scored in the step's forwards, times the "
+                  "heads it scored them for (torch's: not seen, 0)", summarized=False, when="parallel.cp > 1")
+CP_CALLS = Figure("cp_calls", "calls", "context-parallel attention calls in the step's forwards (layers x "
+                  "micro-batches)", summarized=False, when="parallel.cp > 1")
 GRAD_ERROR = Figure("grad_error", "ratio", "relative error of the delivered gradient against the exact mean",
                     when="measure.grad_error=true")
 LOSS_SCALE = Figure("loss_scale", "scale", "fp16's loss scale after the step's update", summarized=False,
@@ -138,7 +154,8 @@ TRANSFER = Figure("transfer_ms", "ms", "the same rank's time inside collectives 
 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, TP_COMM, TP_COLLECTIVES,
-                               TP_COMM_BYTES, PP_BUBBLE, PP_WAIT, PP_P2P_BYTES, GRAD_ERROR, LOSS_SCALE,
+                               TP_COMM_BYTES, PP_BUBBLE, PP_WAIT, PP_P2P_BYTES, CP_BYTES_FORWARD, CP_BYTES_BACKWARD,
+                               CP_EXPOSED, CP_ATTENTION, CP_PAIRS, CP_CALLS, GRAD_ERROR, LOSS_SCALE,
                                CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_STAGED,
                                INJECTED_DELAY, SKEW, PEER_WAIT, TRANSFER, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""

@@ -70,8 +70,8 @@ def collectives_label(cfg) -> str:
 
 def mesh_label(cfg) -> str:
     """`-tp=2`, `-tp=2-sp-tp_impl=torch-tp_inner=false`, `-pp=2-1f1b-m=4`,
-    `-pp=2-interleaved_1f1b-v=2-m=4-pp_impl=torch`: the axes beyond data parallelism where a run has them
-    (parallel.tp > 1, parallel.pp > 1), else nothing."""
+    `-pp=2-interleaved_1f1b-v=2-m=4-pp_impl=torch`, `-cp=4-zigzag`, `-cp=4-hybrid-u=2`: the axes beyond data
+    parallelism where a run has them (parallel.tp > 1, parallel.pp > 1, parallel.cp > 1), else nothing."""
     from ddp_lab.spec.pipeline import microbatches_of
 
     parallel = (cfg.get("parallel") if hasattr(cfg, "get") else None) or {}
@@ -86,6 +86,10 @@ def mesh_label(cfg) -> str:
         label += (f"-pp={pp}-{parallel.get('pp_schedule', '1f1b')}" + (f"-v={chunks}" if chunks > 1 else "")
                   + f"-m={microbatches_of(parallel)}"
                   + (f"-pp_impl={parallel.get('pp_impl')}" if str(parallel.get("pp_impl", "lab")) != "lab" else ""))
+    cp = int(parallel.get("cp", 1) or 1)
+    if cp > 1:
+        impl = str(parallel.get("cp_impl", "ring"))
+        label += f"-cp={cp}-{impl}" + (f"-u={parallel.get('cp_ulysses')}" if impl == "hybrid" else "")
     return label
 
 

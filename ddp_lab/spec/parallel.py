@@ -152,7 +152,8 @@ class MeshLayout:
 
     def label(self) -> str:
         """`dp x tp` (`dp x tp x pp` with a pipeline; `-cpN` with context parallelism), as tables show a mesh."""
-        return f"{self.dp}x{self.tp}" + (f"x{self.pp}" if self.pp > 1 else "") + (f"-cp{self.cp}" if self.cp > 1 else "")
+        pipeline, context = f"x{self.pp}" if self.pp > 1 else "", f"-cp{self.cp}" if self.cp > 1 else ""
+        return f"{self.dp}x{self.tp}{pipeline}{context}"
 
     def describe(self) -> dict:
         """The mesh as results.json's summary records it."""

@@ -35,7 +35,7 @@ instead of probing the runtime class or matching its name:
   `parallel.pp > 1`), None where it can: its runtime takes `process_group` and issues every collective over it
   (all of the lab's and torch's; a strategy of your own says None once its runtime does);
 - `pipeline_refusal`: why it cannot synchronize under a pipeline schedule, which runs several micro-batches'
-  forwards before their backwards (the lab's fsdp); `check_mesh(tp, pp, pp_schedule)` asks both, and what a knob
+  forwards before their backwards (the lab's fsdp); `check_mesh(tp, pp, pp_schedule, cp)` asks both, and what a knob
   or a schedule rules out on a mesh;
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
@@ -126,11 +126,12 @@ class StrategySpec:
         for hsdp, the shard group."""
         return world_size
 
-    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
         """Raise ValueError, one line, when the strategy cannot run on the data-parallel axis of a mesh with `tp`
-        tensor-parallel ranks and `pp` pipeline stages run by `pp_schedule` (ddp_lab/spec/parallel.py)."""
-        require((tp == 1 and pp == 1) or self.mesh_refusal is None,
-                f"{mesh_keys(tp, pp)}: strategy={self.name} does not run on a mesh's data-parallel axis: "
+        tensor-parallel ranks, `pp` pipeline stages run by `pp_schedule` and `cp` context-parallel ranks (whose
+        gradients it then averages too: ddp_lab/spec/parallel.py)."""
+        require((tp == 1 and pp == 1 and cp == 1) or self.mesh_refusal is None,
+                f"{mesh_keys(tp, pp, cp)}: strategy={self.name} does not run on a mesh's data-parallel axis: "
                 f"{self.mesh_refusal}")
         require(pp == 1 or self.pipeline_refusal is None,
                 f"parallel.pp={pp}: strategy={self.name} does not run under a pipeline schedule: "
@@ -164,9 +165,9 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def mesh_keys(tp: int, pp: int) -> str:
-    """The keys that made a mesh, for a refusal: `parallel.tp=2`, `parallel.pp=2`, or both."""
-    return ", ".join(f"parallel.{k}={v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1) or "parallel.tp=1"
+def mesh_keys(tp: int, pp: int, cp: int = 1) -> str:
+    """The keys that made a mesh, for a refusal: `parallel.tp=2`, `parallel.pp=2`, `parallel.cp=2`, or several."""
+    return ", ".join(f"parallel.{k}={v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1) or "parallel.tp=1"
 
 
 def knob_at_least(spec: StrategySpec, knob: str, least: float, strictly: bool = False) -> None:

@@ -86,7 +86,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     memory = {"after_init": memory_snapshot(model, optimizer, device)}
     timer, steps = StepTimer(device), []
     arrivals = ArrivalWatch(cfg.train.warmup_steps)  # every rank's collective stamps: skew, the straggler
-    held_out = HeldOutLoss(cfg, data, parallel.held_out_loss, also_drop=parallel.pop)
+    held_out = HeldOutLoss(cfg, data, parallel.held_out_loss, also_drop=parallel.drop)
     checkpoints = Checkpoints(cfg, job_dir, {"strategy": spec.name, "model": cfg.model.name, **parallel.about()},
                               parallel.place)
     first = checkpoints.start(model, optimizer, precision)  # 0, or the step after the checkpoint it loaded

@@ -48,9 +48,9 @@ class BucketedSpec(StrategySpec):
             require(world_size % node == 0, f"strategy.all_reduce=two_level: world_size={world_size} does not "
                     f"split into node groups of {node} ranks (strategy.node_size)")
 
-    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
-        super().check_mesh(tp, pp, pp_schedule)
-        require((tp == 1 and pp == 1) or self.all_reduce != AllReduce.two_level, f"{mesh_keys(tp, pp)}: "
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
+        super().check_mesh(tp, pp, pp_schedule, cp)
+        require(tp * pp * cp == 1 or self.all_reduce != AllReduce.two_level, f"{mesh_keys(tp, pp, cp)}: "
                 "strategy.all_reduce=two_level lays its node groups over every rank, not a mesh's data-parallel "
                 "axis: use all_reduce=flat")
 

@@ -41,9 +41,9 @@ class TorchFSDPSpec(StrategySpec):
     def check(self) -> None:
         knob_at_least(self, "shard_size", 1)  # unset passes
 
-    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
-        super().check_mesh(tp, pp, pp_schedule)
-        require((tp == 1 and pp == 1) or self.shard_size is None, f"{mesh_keys(tp, pp)}: strategy.shard_size "
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
+        super().check_mesh(tp, pp, pp_schedule, cp)
+        require(tp * pp * cp == 1 or self.shard_size is None, f"{mesh_keys(tp, pp, cp)}: strategy.shard_size "
                 "(FSDP2's hybrid sharding) lays its own 2-D mesh over every rank: on a mesh fsdp_torch shards over "
                 "the data-parallel axis")
         require(pp == 1 or pp_schedule != "zero_bubble", f"strategy={self.name}: {SPLIT_BACKWARD}")

@@ -20,6 +20,6 @@ class TorchReplicateSpec(StrategySpec):
     runtime = "ddp_lab.strategies.TorchReplicate"
     mesh_refusal = None
 
-    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b") -> None:
-        super().check_mesh(tp, pp, pp_schedule)
+    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
+        super().check_mesh(tp, pp, pp_schedule, cp)
         require(pp == 1 or pp_schedule != "zero_bubble", f"strategy={self.name}: {SPLIT_BACKWARD}")
