@@ -23,6 +23,7 @@ from ddp_lab.context_parallel.ring import ring_attention
 from ddp_lab.context_parallel.torch_ring import torch_ring_attention
 from ddp_lab.context_parallel.ulysses import ulysses_attention
 from ddp_lab.spec.context import imbalance, positions_of, ring_of, ulysses_of
+from ddp_lab.spec.figures import CP_ATTENTION, CP_BYTES_BACKWARD, CP_BYTES_FORWARD, CP_EXPOSED, CP_PAIRS
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -110,8 +111,8 @@ class ContextParallel:
         alone (measured here, after training) and the share of it the blocks hid: 1 - exposed / alone. Collective
         over every rank (gathered)."""
         measured = self.history[warmup_steps:] or self.history
-        mean = {key: sum(f[key] for f in measured) / max(1, len(measured))
-                for key in ("cp_attention_ms", "cp_exposed_ms", "cp_bytes_forward", "cp_bytes_backward", "cp_pairs")}
+        mean = {f.key: sum(step[f.key] for step in measured) / max(1, len(measured))
+                for f in (CP_ATTENTION, CP_EXPOSED, CP_BYTES_FORWARD, CP_BYTES_BACKWARD, CP_PAIRS)}
         alone_ms = None
         if self.ring is not None and self.blocks:
             times = []
@@ -119,9 +120,9 @@ class ContextParallel:
                 took = sum(self.ring.alone(shape, dtype, acc, self.device) for shape, dtype, acc in self.blocks)
                 times.append(took * 1e3)
             alone_ms = sorted(times)[1]
-        mine = {"cp_rank": self.rank, "attention_ms": mean["cp_attention_ms"], "exposed_ms": mean["cp_exposed_ms"],
-                "bytes_forward": mean["cp_bytes_forward"], "bytes_backward": mean["cp_bytes_backward"],
-                "pairs": mean["cp_pairs"], "exchange_alone_ms": alone_ms}
+        mine = {"cp_rank": self.rank, "attention_ms": mean[CP_ATTENTION.key], "exposed_ms": mean[CP_EXPOSED.key],
+                "bytes_forward": mean[CP_BYTES_FORWARD.key], "bytes_backward": mean[CP_BYTES_BACKWARD.key],
+                "pairs": mean[CP_PAIRS.key], "exchange_alone_ms": alone_ms}
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         ranks = {}

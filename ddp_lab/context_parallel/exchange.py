@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ddp_lab.spec.figures import CP_ATTENTION, CP_BYTES_BACKWARD, CP_BYTES_FORWARD, CP_CALLS, CP_EXPOSED, CP_PAIRS
+
 
 @dataclass
 class Tally:
     """One rank's context-parallel figures since the last `pop()`: bytes it sent (forward, backward), seconds it
-    waited on exchanges (exposed), seconds it spent in its attention blocks, query-key pairs it scored per head,
-    and seconds the exchanges alone took where measured apart (`exchange_s`)."""
+    waited on exchanges (exposed), seconds it spent in its attention blocks, query-key pairs it scored (times
+    heads), attention calls; `pop()` names them as spec/figures.py's rows."""
 
     sent: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
     exposed_s: float = 0.0
@@ -32,9 +34,9 @@ class Tally:
     """The (shape, dtype) of each ring's K (and V) block of the last step's calls: what `Ring.alone` sends."""
 
     def pop(self) -> dict:
-        out = {"cp_bytes_forward": self.sent["forward"], "cp_bytes_backward": self.sent["backward"],
-               "cp_exposed_ms": self.exposed_s * 1e3, "cp_attention_ms": self.attention_s * 1e3,
-               "cp_pairs": self.pairs, "cp_calls": self.calls}
+        out = {CP_BYTES_FORWARD.key: self.sent["forward"], CP_BYTES_BACKWARD.key: self.sent["backward"],
+               CP_EXPOSED.key: self.exposed_s * 1e3, CP_ATTENTION.key: self.attention_s * 1e3,
+               CP_PAIRS.key: self.pairs, CP_CALLS.key: self.calls}
         self.sent = {"forward": 0, "backward": 0}
         self.exposed_s = self.attention_s = 0.0
         self.pairs = self.calls = 0

@@ -26,8 +26,9 @@ def markdown(table: str) -> str:
     if table == "figures":
         lines = [figures_markdown()]
     elif table == "strategies":
-        lines = ["| strategy | spec | runtime class | on a mesh | what it does |", "|---|---|---|---|---|"]
-        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['summary']} |"
+        lines = ["| strategy | spec | runtime class | on a mesh | with cp | what it does |",
+                 "|---|---|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['context']} | {r['summary']} |"
                   for r in strategy_rows()]
     else:
         lines = ["| knob | strategies | type (default) | meaning |", "|---|---|---|---|"]
@@ -41,6 +42,7 @@ def text() -> str:
     for row in strategy_rows():
         out.append(f"{row['name']}: {row['summary']}")
         out.append(f"    on a mesh (parallel.tp or pp > 1): {row['mesh']}")
+        out.append(f"    with context parallelism (parallel.cp > 1): {row['context']}")
         out += [f"    {k['knob']}: {k['type']}  {k['doc']}" for k in row["knobs"]] or ["    (no knobs)"]
     return "\n".join(out)
 

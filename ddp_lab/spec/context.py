@@ -35,6 +35,8 @@ class CPImpl(Choice):
 
 
 ZIGZAG_LAYOUTS = ("zigzag", "torch")
+DEFAULT_ULYSSES = 2
+"""parallel.cp_ulysses's default (spec/parallel.py's ParallelConfig)."""
 
 
 def chunks_per_sequence(cp: int, impl: str) -> int:
@@ -159,13 +161,18 @@ def context_problem(cp: int, impl: str, ulysses: int, context_length: int, heads
     """One line saying why this context-parallel layout cannot run, or None."""
     if cp < 1:
         return f"parallel.cp must be >= 1, got {cp}"
+    if ulysses < 2:
+        return f"parallel.cp_ulysses must be >= 2 (a Ulysses group of one is a ring), got {ulysses}"
+    if ulysses != DEFAULT_ULYSSES and (impl != "hybrid" or cp == 1):
+        return (f"parallel.cp_ulysses={ulysses} sizes a hybrid's Ulysses groups: it is read with "
+                f"parallel.cp_impl=hybrid and parallel.cp > 1 only")
     if cp == 1:
         return None
     if impl == "hybrid":
-        if ulysses < 2 or cp % ulysses or ulysses == cp:
+        if cp % ulysses or ulysses == cp:
             return (f"parallel.cp_impl=hybrid runs Ulysses inside groups of parallel.cp_ulysses ranks and a ring "
-                    f"across them: parallel.cp_ulysses={ulysses} must be >= 2, divide parallel.cp={cp} and be "
-                    f"smaller than it (cp_ulysses = cp is cp_impl=ulysses)")
+                    f"across them: parallel.cp_ulysses={ulysses} must divide parallel.cp={cp} and be smaller than it "
+                    "(cp_ulysses = cp is cp_impl=ulysses)")
     chunks = chunks_per_sequence(cp, impl)
     if context_length % chunks:
         why = (f"2 x parallel.cp = {chunks} chunks (rank r holds chunks r and {chunks}-1-r)"

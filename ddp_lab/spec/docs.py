@@ -65,11 +65,20 @@ def mesh_support(cls: type[StrategySpec]) -> str:
     return "dp axis" if cls.pipeline_refusal is None else f"dp axis, no pipeline: {cls.pipeline_refusal}"
 
 
+def context_support(cls: type[StrategySpec]) -> str:
+    """`dp x cp` where the strategy runs under context parallelism (parallel.cp > 1: it then averages over the dp x
+    cp ranks, which hold the same weights), else why not (the mesh's refusal)."""
+    if not cls.synchronizes:
+        return "no: it synchronizes nothing, and context-parallel ranks must sum their tokens' gradients"
+    return "dp x cp" if cls.mesh_refusal is None else "no"
+
+
 def strategy_rows() -> list[dict]:
     """Per registered strategy: its option, spec (file and class), runtime class, one-liner, knobs and whether it
     runs on a mesh's data-parallel axis."""
     return [{"name": name, "spec": f"spec/strategies/{cls.__module__.rsplit('.', 1)[1]}.py {cls.__name__}",
-             "runtime": cls.runtime, "summary": summary(cls), "knobs": knobs(cls), "mesh": mesh_support(cls)}
+             "runtime": cls.runtime, "summary": summary(cls), "knobs": knobs(cls), "mesh": mesh_support(cls),
+             "context": context_support(cls)}
             for name, cls in SPECS.items()]
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from ddp_lab.spec.choices import Choice
-from ddp_lab.spec.context import CPImpl
+from ddp_lab.spec.context import DEFAULT_ULYSSES, CPImpl
 from ddp_lab.spec.pipeline import PPImpl, PPSchedule
 
 
@@ -74,7 +74,7 @@ class ParallelConfig:
     cp_impl: CPImpl = CPImpl.ring
     """ring (contiguous split), zigzag (balanced causal work), ulysses (all-to-all to heads), hybrid (Ulysses
     inside groups of cp_ulysses, the ring across), torch (torch's ring template over the zigzag split)."""
-    cp_ulysses: int = 2
+    cp_ulysses: int = DEFAULT_ULYSSES
     """parallel.cp_impl=hybrid: the ranks of one Ulysses group (it divides cp; the ring has cp / cp_ulysses)."""
 
 

@@ -133,6 +133,9 @@ class StrategySpec:
         require((tp == 1 and pp == 1 and cp == 1) or self.mesh_refusal is None,
                 f"{mesh_keys(tp, pp, cp)}: strategy={self.name} does not run on a mesh's data-parallel axis: "
                 f"{self.mesh_refusal}")
+        require(cp == 1 or self.synchronizes, f"parallel.cp={cp}: strategy={self.name} synchronizes nothing, and "
+                "context-parallel ranks must average their gradients (each saw its own tokens of every sequence): use "
+                "a strategy that does (flat, bucketed, torch_ddp, ...)")
         require(pp == 1 or self.pipeline_refusal is None,
                 f"parallel.pp={pp}: strategy={self.name} does not run under a pipeline schedule: "
                 f"{self.pipeline_refusal}")

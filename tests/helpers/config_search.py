@@ -153,7 +153,9 @@ refusal shows up here); an entry whose value is refused fails it too, so the tab
 
 def sample_pairs(cases: list[tuple[list[str], str, type]], count: int, seed: int) -> list[tuple[list[str], list]]:
     """`count` command lines of two values of two different keys, drawn with `seed`; pairs whose base overrides
-    choose different options of one group (data=text and data=tokens) are not drawn."""
+    choose different options of one group (data=text and data=tokens) are not drawn, nor a model's key beside
+    task=allreduce, which builds no model and reads none of its keys (whatever their value: the single keys' test
+    holds them under task=train)."""
     import random
 
     draw = random.Random(seed)
@@ -163,6 +165,8 @@ def sample_pairs(cases: list[tuple[list[str], str, type]], count: int, seed: int
         (base_a, key_a, value_a), (base_b, key_b, value_b) = draw.sample(singles, 2)
         groups = {}
         clash = key_a == key_b
+        unread = {"task=allreduce"} & set(base_a + base_b) and any(k.startswith("model.") for k in (key_a, key_b))
+        clash |= bool(unread)
         for item in base_a + base_b:
             group, _, option = item.partition("=")
             clash |= groups.setdefault(group, option) != option

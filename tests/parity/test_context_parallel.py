@@ -20,6 +20,7 @@ from ddp_lab.check.models import CONTEXT, VOCAB
 from ddp_lab.check.parity import assert_parity, train_on_mesh
 from ddp_lab.models.transformer import Transformer
 from ddp_lab.spec.context import context_problem, exchange_bytes, imbalance, work_pairs
+from ddp_lab.spec.figures import CP_BYTES_BACKWARD, CP_BYTES_FORWARD, CP_PAIRS
 from tests.helpers.distributed import ranks_fixture
 from tests.parity.test_tensor_parallel import EXACT
 
@@ -145,7 +146,8 @@ def test_bytes_sent_are_the_formula(request, fixture, cp):
         want = exchange_bytes(impl, cp, 2, tokens, H * D, H * D, 8)
         for rank in results:
             tally = rank[impl][1]
-            assert (tally["cp_bytes_forward"], tally["cp_bytes_backward"]) == (want["forward"], want["backward"]), impl
+            counted = (tally[CP_BYTES_FORWARD.key], tally[CP_BYTES_BACKWARD.key])
+            assert counted == (want["forward"], want["backward"]), impl
 
 
 @pytest.mark.parametrize("fixture,cp", [("attention2", 2), ("attention4", 4)])
@@ -154,11 +156,11 @@ def test_attention_work_is_the_formula(request, fixture, cp):
     contiguous ring's last rank does the most, zigzag and Ulysses the same on every rank."""
     results = request.getfixturevalue(fixture)
     for impl in ("ring", "zigzag", "ulysses") + (("hybrid",) if cp == 4 else ()):
-        counted = [rank[impl][1]["cp_pairs"] for rank in results]
+        counted = [rank[impl][1][CP_PAIRS.key] for rank in results]
         assert counted == [work_pairs(r, cp, impl, 2, S, H) for r in range(cp)], impl
         if impl in ("zigzag", "ulysses"):
             assert len(set(counted)) == 1
-    ring = [rank["ring"][1]["cp_pairs"] for rank in results]
+    ring = [rank["ring"][1][CP_PAIRS.key] for rank in results]
     assert ring == sorted(ring) and ring[-1] > ring[0]
 
 
@@ -198,7 +200,7 @@ def test_trap_a_causal_ring_whose_last_block_is_skipped_does_not_hang(attention4
     ring, one autograd Function, ends: rank 0 scored only its diagonal block, and every gradient is right."""
     first = attention4[0]["ring"]
     chunk = S // 4
-    assert first[1]["cp_pairs"] == chunk * (chunk + 1) // 2 * H
+    assert first[1][CP_PAIRS.key] == chunk * (chunk + 1) // 2 * H
     assert max(first[0]) < 1e-12
 
 
