@@ -134,9 +134,9 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
                                                                              "divide by it",
     "parallel.sequence_parallel=true": "it needs parallel.tp > 1",
     "parallel.tp=2 world_size=6 train.batch_size=8": "does not divide by the data-parallel ranks (world_size / "
-                                                     "(tp x pp) = 3)",
+                                                     "(tp x pp x cp) = 3)",
     "parallel.tp=2 parallel.tp_impl=jax": "Invalid value 'jax', expected one of [lab, torch]",
-    "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers and pipeline stages are not proven",
+    "parallel.tp=2 train.compile=true": "compiled tensor-parallel layers, pipeline stages and context-parallel",
     "parallel.tp=2 task=allreduce": "task=allreduce has no model",
     # the pipeline (spec/pipeline.py)
     "parallel.pp=3": "does not divide world_size=2",
@@ -154,9 +154,28 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
                                                                     "parallel.microbatches >= its 2 stages",
     "parallel.pp=2 world_size=4 strategy=fsdp": "strategy=fsdp does not run under a pipeline",
     "parallel.pp=2 world_size=4 strategy=fsdp_torch parallel.pp_schedule=zero_bubble": "zero_bubble",
-    "parallel.pp=2 train.compile=true": "compiled tensor-parallel layers and pipeline stages are not proven",
+    "parallel.pp=2 train.compile=true": "compiled tensor-parallel layers, pipeline stages and context-parallel",
     "parallel.pp=2 task=allreduce": "task=allreduce has no model",
     "parallel.pp=2 measure.grad_error=true": "its probe averages gradients over every rank",
+    # context parallelism (spec/context.py)
+    "parallel.cp=3": "parallel.cp=3 does not divide world_size=2",
+    "parallel.cp=0": "parallel.cp must be >= 1",
+    "parallel.cp=2 model.context_length=63": "model.context_length=63 does not divide by 2",
+    "parallel.cp=2 parallel.cp_impl=zigzag model.context_length=66": "2 x parallel.cp = 4 chunks",
+    "parallel.cp=2 parallel.cp_impl=torch model.context_length=66": "does not divide by 4 (never silently unbalanced",
+    "world_size=4 parallel.cp=4 parallel.cp_impl=ulysses model.num_heads=2 model.d_model=128": "model.num_heads=2 "
+                                                                                               "does not divide by 4",
+    "world_size=4 parallel.cp=2 parallel.tp=2 parallel.cp_impl=ulysses model.num_heads=2 model.d_model=128":
+        "model.num_heads=2 does not divide by 4",
+    "world_size=4 parallel.cp=4 parallel.cp_impl=hybrid parallel.cp_ulysses=4": "must divide parallel.cp=4 and be "
+                                                                                "smaller than it",
+    "parallel.cp_ulysses=4": "it is read with parallel.cp_impl=hybrid and parallel.cp > 1 only",
+    "parallel.cp=2 parallel.cp_impl=ring2": "Invalid value 'ring2'",
+    "parallel.cp=2 strategy=none": "strategy=none synchronizes nothing",
+    "world_size=4 parallel.cp=2 strategy=hsdp": "parallel.cp=2: strategy=hsdp does not run on a mesh",
+    "parallel.cp=2 model=toy": "model=toy does not say how its attention exchanges a split sequence",
+    "parallel.cp=2 train.compile=true": "context-parallel attention are not proven",
+    "parallel.cp=2 task=allreduce": "task=allreduce has no model",
     "model=xxl_ffn": "a model for the calculator",
     f"hydra.searchpath=[file://{ROOT / 'examples' / 'conf'}] model=tied_gpt parallel.tp=2 "
     "parallel.sequence_parallel=true": "does not run on sequence shards",
