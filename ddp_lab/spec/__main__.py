@@ -28,8 +28,8 @@ def markdown(table: str) -> str:
     elif table == "strategies":
         lines = ["| strategy | spec | runtime class | on a mesh | with cp | what it does |",
                  "|---|---|---|---|---|---|"]
-        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['context']} | {r['summary']} |"
-                  for r in strategy_rows()]
+        lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['context']} | "
+                  f"{r['summary']} |" for r in strategy_rows()]
     else:
         lines = ["| knob | strategies | type (default) | meaning |", "|---|---|---|---|"]
         lines += [f"| `strategy.{r['knob']}` | {', '.join(r['strategies'])} | {r['type']} | {r['doc']} |"
