@@ -20,6 +20,8 @@ from ddp_lab.jobdir import CONFIG, RESULTS, read_results
 from ddp_lab.spec.figures import (
     ALGBW,
     BUSBW,
+    CP_BYTES_BACKWARD,
+    CP_BYTES_FORWARD,
     EXPOSED,
     EXPOSED_OPTIMIZER,
     FWD_BWD,
@@ -120,6 +122,7 @@ def train_record(res: dict) -> dict:
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
         "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res), **pipeline,
+        **context_record(res),
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),
@@ -156,6 +159,21 @@ def mesh_record(res: dict) -> dict:
             "tp_comm_mib_per_step": _mib(tp_bytes if tp_bytes is not None else counted.get("bytes")),
             "tp_params_held_pct": (lambda f: None if f is None else 100 * f)(
                 _get(res, "summary", "memory", "tp_param_fraction"))}
+
+
+def context_record(res: dict) -> dict:
+    """Context parallelism's figures of a job (summary.mesh.context, its last step's bytes): what one step sent over
+    the cp axis (MiB, forward and backward), the ring's exchange alone and the share of it the blocks hid, the
+    busiest rank's attention work over the mean (counted in pairs, measured in time)."""
+    context = _get(res, "summary", "mesh", "context") or {}
+    last = (res.get("steps") or [{}])[-1]
+    sent = [last.get(f.key) for f in (CP_BYTES_FORWARD, CP_BYTES_BACKWARD)]
+    return {"cp": context.get("cp"), "cp_impl": context.get("impl"),
+            "cp_mib_per_step": None if None in sent else _mib(sum(sent)),
+            "cp_exposed_busiest_ms": context.get("exposed_ms"), "cp_alone_ms": context.get("exchange_alone_ms"),
+            "cp_hidden_pct": context.get("hidden_pct"),
+            "cp_imbalance_counted": context.get("imbalance_counted"),
+            "cp_imbalance_measured": context.get("imbalance_measured")}
 
 
 def straggler_text(found: dict | None) -> str | None:

@@ -54,6 +54,15 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("pp idle ms", "pp_idle_mean_ms", group="pipeline"),
     Column("pp wait ms", "pp_wait_mean_ms", group="pipeline"),
     Column("p2p MiB/step", "p2p_mib_per_step", "{:.2f}", group="pipeline"),
+    # context parallelism (ddp_lab/context_parallel/): the exchange, how much of it hid, the causal imbalance
+    Column("cp MiB/step", "cp_mib_per_step", "{:.2f}", group="context"),
+    Column("cp wait p50", "cp_exposed_p50_ms", group="context"),  # the most-waiting rank: imbalance included
+    Column("cp exposed ms", "cp_exposed_busiest_ms", group="context"),  # the busiest rank's: the exchange's own
+    Column("cp alone ms", "cp_alone_ms", group="context"),  # the ring's exchange with nothing to hide under
+    Column("cp hidden %", "cp_hidden_pct", "{:.0f}", group="context"),
+    Column("attention p50", "cp_attention_p50_ms", group="context"),  # the busiest rank's blocks
+    Column("work max/mean", "cp_imbalance_counted", "{:.2f}", group="context"),  # pairs scored
+    Column("time max/mean", "cp_imbalance_measured", "{:.2f}", group="context"),  # attention time
 ]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
 COLLECTIVES = [
     Column("job", "job"), Column("op", "op_label"), Column("MiB", "size_mb", "{:g}"),

@@ -108,8 +108,10 @@ class ContextParallel:
         """The summary's context parallelism: per cp rank the mean over measured steps of its attention time,
         exposed wait and bytes, its pairs scored; the counted imbalance (the busiest rank's pairs over the mean,
         beside spec/context.py's formula), the measured one (attention time), and for a ring the exchange's time
-        alone (measured here, after training) and the share of it the blocks hid: 1 - exposed / alone. Collective
-        over every rank (gathered)."""
+        alone (measured here, after training) and the share of it the blocks hid on the busiest rank: 1 - its
+        exposed wait / alone. Only the busiest rank's wait is the exchange's: a less busy rank of a lockstep ring
+        also waits for its slower peers' blocks (the imbalance), which a mean would count as exposed transfer.
+        Collective over every rank (gathered)."""
         measured = self.history[warmup_steps:] or self.history
         mean = {f.key: sum(step[f.key] for step in measured) / max(1, len(measured))
                 for f in (CP_ATTENTION, CP_EXPOSED, CP_BYTES_FORWARD, CP_BYTES_BACKWARD, CP_PAIRS)}
@@ -134,11 +136,11 @@ class ContextParallel:
             values = [r[key] for r in per_rank]
             return max(values) * len(values) / sum(values) if sum(values) else None
 
-        exposed = sum(r["exposed_ms"] for r in per_rank) / len(per_rank)
-        alone = [r["exchange_alone_ms"] for r in per_rank if r["exchange_alone_ms"] is not None]
-        alone_mean = sum(alone) / len(alone) if alone else None
+        busiest = max(per_rank, key=lambda r: (r["pairs"], r["attention_ms"]))
+        alone = busiest["exchange_alone_ms"]
         return {"cp": self.cp, "impl": self.impl, **({"cp_ulysses": self.u} if self.impl == "hybrid" else {}),
                 "per_rank": per_rank, "imbalance_counted": ratio("pairs"),
                 "imbalance_formula": imbalance(self.cp, self.impl, self.u, self.length) if self.length else None,
-                "imbalance_measured": ratio("attention_ms"), "exposed_ms": exposed, "exchange_alone_ms": alone_mean,
-                "hidden_pct": (None if not alone_mean else 100 * max(0.0, 1 - exposed / alone_mean))}
+                "imbalance_measured": ratio("attention_ms"), "busiest_rank": busiest["cp_rank"],
+                "exposed_ms": busiest["exposed_ms"], "exchange_alone_ms": alone,
+                "hidden_pct": None if not alone else 100 * max(0.0, 1 - busiest["exposed_ms"] / alone)}

@@ -104,8 +104,10 @@ CP_BYTES_FORWARD = Figure("cp_bytes_forward", "bytes", "bytes a rank sent over t
 CP_BYTES_BACKWARD = Figure("cp_bytes_backward", "bytes", "bytes a rank sent over the context-parallel axis in the "
                            "step's backwards (K/V again and their gradients; the all-to-alls reversed)",
                            summarized=False, when="parallel.cp > 1")
-CP_EXPOSED = Figure("cp_exposed_ms", "ms", "a rank's time waiting on context-parallel exchanges: a ring's receives "
-                    "after the block it computed meanwhile, Ulysses' whole all-to-alls (torch's: not seen, 0)",
+CP_EXPOSED = Figure("cp_exposed_ms", "ms", "the most-waiting rank's time on context-parallel exchanges: a ring's "
+                    "receives after the block it computed meanwhile (a less busy rank of a causal ring also waits "
+                    "there for its busier peers' blocks; summary.mesh.context has the busiest rank's, the exchange's "
+                    "own), Ulysses' whole all-to-alls (torch's: not seen, 0)",
                     wandb="mean", record=("p50",), stem="cp_exposed", when="parallel.cp > 1")
 CP_ATTENTION = Figure("cp_attention_ms", "ms", "the busiest rank's time in its attention blocks (forward and "
                       "backward; Ulysses' forward only; torch's: not seen, 0)", wandb="mean", record=("p50",),
