@@ -19,16 +19,11 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.context_parallel.exchange import Ring, Tally
-from ddp_lab.context_parallel.ring import ring_attention
+from ddp_lab.context_parallel.ring import LocalAttention, ring_attention
 from ddp_lab.context_parallel.torch_ring import torch_ring_attention
 from ddp_lab.context_parallel.ulysses import ulysses_attention
 from ddp_lab.spec.context import imbalance, positions_of, ring_of, ulysses_of
 from ddp_lab.spec.figures import CP_ATTENTION, CP_BYTES_BACKWARD, CP_BYTES_FORWARD, CP_EXPOSED, CP_PAIRS
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The model's own attention over the tokens it is given: what a Ulysses rank runs over its heads."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class ContextParallel:
@@ -75,19 +70,9 @@ class ContextParallel:
             return torch_ring_attention(q, k, v, self.group, self.cp, self.tally)
         if self.impl in ("ring", "zigzag"):
             return ring_attention(q, k, v, self.ring, self.impl)
-        inner = causal_attention if self.impl == "ulysses" else (
+        inner = (lambda q_, k_, v_: LocalAttention.apply(q_, k_, v_, self.tally)) if self.impl == "ulysses" else (
             lambda q_, k_, v_: ring_attention(q_, k_, v_, self.ring, "ring"))
-        return ulysses_attention(q, k, v, self.ulysses_group, self.u, self.tally, self._counted(inner))
-
-    def _counted(self, inner):
-        def attend(q, k, v):
-            if self.impl == "ulysses":
-                s = q.shape[2]
-                self.tally.pairs += s * (s + 1) // 2 * q.shape[1]
-                self.tally.calls += 1
-                return self.tally.timed(inner, q, k, v)
-            return inner(q, k, v)
-        return attend
+        return ulysses_attention(q, k, v, self.ulysses_group, self.u, self.tally, inner)
 
     # --- what the loop reads -----------------------------------------------------------------------------
 
@@ -95,6 +80,8 @@ class ContextParallel:
         """This step's figures: bytes sent forward and backward, the time waited on exchanges, the time in attention
         blocks, the query-key pairs scored (times heads), the attention calls."""
         out = self.tally.pop()
+        if self.impl == "torch":  # its blocks and waits are inside torch's template: not seen, not said to be 0
+            out = {k: v for k, v in out.items() if k not in (CP_EXPOSED.key, CP_ATTENTION.key, CP_PAIRS.key)}
         self.history.append(out)
         self.blocks = self.tally.take_blocks() or self.blocks
         return out
@@ -113,7 +100,8 @@ class ContextParallel:
         also waits for its slower peers' blocks (the imbalance), which a mean would count as exposed transfer.
         Collective over every rank (gathered)."""
         measured = self.history[warmup_steps:] or self.history
-        mean = {f.key: sum(step[f.key] for step in measured) / max(1, len(measured))
+        mean = {f.key: (sum(step[f.key] for step in measured) / len(measured)
+                        if measured and f.key in measured[-1] else None)
                 for f in (CP_ATTENTION, CP_EXPOSED, CP_BYTES_FORWARD, CP_BYTES_BACKWARD, CP_PAIRS)}
         alone_ms = None
         if self.ring is not None and self.blocks:
@@ -134,13 +122,14 @@ class ContextParallel:
 
         def ratio(key):
             values = [r[key] for r in per_rank]
-            return max(values) * len(values) / sum(values) if sum(values) else None
+            return None if None in values or not sum(values) else max(values) * len(values) / sum(values)
 
-        busiest = max(per_rank, key=lambda r: (r["pairs"], r["attention_ms"]))
+        busiest = max(per_rank, key=lambda r: (r["pairs"] or 0, r["attention_ms"] or 0))
         alone = busiest["exchange_alone_ms"]
         return {"cp": self.cp, "impl": self.impl, **({"cp_ulysses": self.u} if self.impl == "hybrid" else {}),
                 "per_rank": per_rank, "imbalance_counted": ratio("pairs"),
                 "imbalance_formula": imbalance(self.cp, self.impl, self.u, self.length) if self.length else None,
                 "imbalance_measured": ratio("attention_ms"), "busiest_rank": busiest["cp_rank"],
                 "exposed_ms": busiest["exposed_ms"], "exchange_alone_ms": alone,
-                "hidden_pct": None if not alone else 100 * max(0.0, 1 - busiest["exposed_ms"] / alone)}
+                "hidden_pct": None if not alone or busiest["exposed_ms"] is None else
+                100 * max(0.0, 1 - busiest["exposed_ms"] / alone)}

@@ -104,6 +104,27 @@ class RingAttention(torch.autograd.Function):
         return torch.cat(dqs, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
+class LocalAttention(torch.autograd.Function):
+    """The causal attention over the tokens a rank holds whole (a Ulysses rank's heads), with the ring's kernel and
+    its time counted forward and backward alike (autograd's SDPA would hide its backward from the tally)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, tally):
+        out, lse = tally.timed(attend, q, k, v, True)
+        s = q.shape[2]
+        tally.pairs += s * (s + 1) // 2 * q.shape[1]
+        tally.calls += 1
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.tally = tally
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.tally.timed(attend_backward, dout.contiguous(), q, k, v, out, lse, True)
+        return dq, dk, dv, None
+
+
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring, layout: str) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence's keys and values, around `ring`; `layout`:
     "ring" (contiguous chunks) or "zigzag" (chunks r and 2W-1-r). q, k, v: (batch, heads, local tokens, head_dim)."""
