@@ -264,10 +264,10 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
     assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
 
 
-def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer"):
-    """`strategy` on a (pp, dp, tp) mesh (ddp_lab/parallel/; pp > 1: 1F1B over 2 micro-batches): from the
-    checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to `step_to`, then a
-    checkpoint there."""
+def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1):
+    """`strategy` on a (pp, dp, cp, tp) mesh (ddp_lab/parallel/; pp > 1: 1F1B over 2 micro-batches; cp > 1: the
+    zigzag ring): from the checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to
+    `step_to`, then a checkpoint there."""
     from omegaconf import OmegaConf
 
     from ddp_lab.parallel import Parallelism
@@ -278,7 +278,8 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, m
 
     cfg = OmegaConf.merge(data_cfg(1, BATCH), {"world_size": world_size, "parallel": {
         "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True, "pp": pp, "pp_impl": "lab",
-        "pp_schedule": "1f1b", "microbatches": 2 if pp > 1 else 1, "stages_per_rank": 1, "stage_layers": None}})
+        "pp_schedule": "1f1b", "microbatches": 2 if pp > 1 else 1, "stages_per_rank": 1, "stage_layers": None,
+        "cp": cp, "cp_impl": "zigzag", "cp_ulysses": 2}})
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank if start is None else 100 + rank)
     module = parallel.apply(MODELS[model_name]())
@@ -287,7 +288,7 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, m
     place = parallel.place or as_is
     about = {"strategy": strategy["name"], **parallel.about()}
     first = 0 if start is None else load(start, model, optimizer, precision, about, place).step
-    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits)
+    batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     for step in range(first, step_to):
         parallel.step(model, optimizer, list(batches.micro_batches(step)), precision=precision)
     save(root, step_to, model, optimizer, precision, about, place=place)
@@ -312,6 +313,22 @@ def test_a_run_moves_between_meshes(tmp_path, a, b):
     run_ranks(_on_mesh, a[1], a[0], a[2], a[3], None, tmp_path / "a", HALF, *a[4:])
     for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
         run_ranks(_on_mesh, b[1], b[0], b[2], b[3], start, tmp_path / folder, 2 * HALF, *b[4:])
+    _moved_as_straight(tmp_path)
+
+
+@pytest.mark.parametrize("a, b", [
+    (({"name": "fsdp_torch"}, 4, 2), ({"name": "bucketed"}, 4, 1)),
+    (({"name": "zero2"}, 4, 2), ({"name": "flat"}, 1, 1)),
+    (({"name": "bucketed"}, 2, 1), ({"name": "fsdp_torch"}, 4, 4)),
+], ids=lambda v: f"{v[0]['name']}-{v[1] // v[2]}xcp{v[2]}")
+def test_a_run_moves_between_context_parallel_meshes(tmp_path, a, b):
+    """A checkpoint written at dp x cp = 2 x 2 (FSDP2 sharded over the flattened group, zero2) loads at dp 4 and
+    at 1, and one written at dp 2 loads at cp 4: context-parallel ranks hold the whole weights, which a checkpoint
+    holds once; each then trains as a run that never moved."""
+    (strategy_a, world_a, cp_a), (strategy_b, world_b, cp_b) = a, b
+    run_ranks(_on_mesh, world_a, strategy_a, 1, "lab", None, tmp_path / "a", HALF, 1, "transformer", cp_a)
+    for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
+        run_ranks(_on_mesh, world_b, strategy_b, 1, "lab", start, tmp_path / folder, 2 * HALF, 1, "transformer", cp_b)
     _moved_as_straight(tmp_path)
 
 
