@@ -195,17 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: norms on sequence shards")
     parser.add_argument("--pp", type=int, default=None,
                         help="pipeline stages: the pipeline report (world_size = pp x dp), per stage")
+    parser.add_argument("--cp", type=int, default=None,
+                        help="context-parallel degree: the context report (world_size = dp x cp), per implementation")
+    parser.add_argument("--cp-ulysses", type=int, default=2, help="with --cp: the hybrid's Ulysses group")
     parser.add_argument("--schedule", default="1f1b", help="with --pp: gpipe, 1f1b, interleaved_1f1b, zero_bubble")
     parser.add_argument("--microbatches", type=int, default=None, help="with --pp: default one per stage")
     parser.add_argument("--stages-per-rank", type=int, default=1, help="with --pp: interleaved's virtual stages")
-    parser.add_argument("--batch", type=int, default=8, help="with --pp: the global batch in sequences")
+    parser.add_argument("--batch", type=int, default=8, help="with --pp or --cp: the global batch in sequences")
     parser.add_argument("--wire", choices=sorted(DTYPE_BYTES), default=None,
                         help="with --tp: the dtype of gradients, gathered weights and activations on the wire "
                              "(default: --dtype's gradient dtype)")
     parser.add_argument("--phase", choices=("forward", "backward", "step"), default="forward",
                         help="with --tp: the phase whose compute hides its communication (default forward)")
     parser.add_argument("--device-gb", default="80",
-                        help="with --tp: device memory in GB (1e9 bytes), or several: 80,95")
+                        help="with --tp: device memory in GB (1e9 bytes), or several: 80,95; with --cp: one")
     parser.add_argument("--tokens", type=float, default=0.0,
                         help="with --tp: tokens per device whose activations count in the FSDP memory (default 0)")
     parser.add_argument("--strategy", default=",".join(SPECS),
@@ -221,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_model_config(args.model, key_values(args.set, "--set"))
         strategies = [s for s in args.strategy.split(",") if s]
-        if args.pp is not None and args.tp is not None:
-            raise ValueError("--pp and --tp: one axis at a time (each report prices its own)")
+        if sum(axis is not None for axis in (args.pp, args.tp, args.cp)) > 1:
+            raise ValueError("--pp, --tp and --cp: one axis at a time (each report prices its own)")
+        if args.cp is not None:
+            return _context(args, cfg)
         if args.pp is not None:
             return _pipeline(args, cfg)
         if args.tp is not None:
@@ -246,6 +251,18 @@ def _mesh(args, cfg, specs) -> int:
                                parse_bandwidth(args.bandwidth), args.phase, args.sequence_parallel,
                                tuple(float(g) for g in args.device_gb.split(",")), args.tokens) for spec in specs]
     print(json.dumps(reports, indent=2, default=str) if args.json else "\n\n".join(map(format_mesh_report, reports)))
+    return 0
+
+
+def _context(args, cfg) -> int:
+    """The context report (`--cp`)."""
+    from ddp_lab.analysis.context_accounting import context_accounting, format_context_report
+
+    if "num_heads" not in cfg:
+        raise ValueError(f"--cp: model={args.model} has no attention to split a sequence over")
+    report = context_accounting(cfg, args.world_size, args.cp, args.batch, args.dtype, args.flops,
+                                float(args.bandwidth), float(args.device_gb), args.cp_ulysses)
+    print(json.dumps(report, indent=2) if args.json else format_context_report(report))
     return 0
 
 

@@ -110,3 +110,34 @@ def test_cli(capsys):
     assert report["params"]["total"] == 194_176 and report["world_size"] == 2
     with pytest.raises(SystemExit):
         calc.main(["model=nope"])
+
+
+def test_the_context_report_is_the_hand_worked_example():
+    """tiny (d_model 256, 4 layers, 8 heads) at cp 4, one sequence of 1024 tokens, fp32: a rank holds 256 tokens; the
+    ring sends K and V 3 times forward, 2 x 3 x 256 x 256 x 4 bytes = 1.5 MiB a layer (6 MiB for 4), twice that
+    backward (K, V again and their gradients); Ulysses 3/4 of q, k, v and out, 0.75 MiB a layer each way; the
+    contiguous ring's last rank scores 3 full blocks of 256 x 256 and a diagonal of 256 x 257 / 2 against a mean of
+    1.5 and one: 229504 / 131200."""
+    from ddp_lab.analysis.context_accounting import context_accounting
+
+    r = context_accounting(calc.load_model_config("tiny", {"context_length": 1024}), 4, 4, 1, "fp32", 1e11, 1e9, 1.0)
+    rows = {row["impl"]: row for row in r["impls"]}
+    assert r["tokens_per_rank"] == 256
+    assert (rows["ring"]["bytes_forward"], rows["ring"]["bytes_backward"]) == (6 * 2**20, 12 * 2**20)
+    assert (rows["ulysses"]["bytes_forward"], rows["ulysses"]["bytes_backward"]) == (3 * 2**20, 3 * 2**20)
+    assert rows["ring"]["imbalance"] == pytest.approx(229504 / 131200)
+    assert rows["zigzag"]["imbalance"] == 1.0
+    assert rows["ring"]["exposed_s"] == 0.0  # 18.9 ms of exchange under the busiest rank's 28.2 ms of attention
+    for row in rows.values():
+        assert row["longest_context"] % (8 if row["impl"] in ("zigzag", "torch") else 4) == 0
+        assert row["longest_context"] * r["activation_bytes_per_token"] / 4 + r["model_state_bytes"] <= 1e9
+
+
+def test_the_context_report_refuses_what_cannot_run():
+    from ddp_lab.analysis.context_accounting import context_accounting
+
+    r = context_accounting(calc.load_model_config("tiny", {"context_length": 1020}), 4, 4, 1)
+    rows = {row["impl"]: row for row in r["impls"]}
+    assert "does not divide by 8" in rows["zigzag"]["problem"] and "problem" not in rows["ring"]
+    with pytest.raises(ValueError, match="divide --world-size"):
+        context_accounting(calc.load_model_config("tiny"), 4, 3, 1)
