@@ -662,3 +662,26 @@ def test_scale_prices_tensor_parallelism_as_a_split_step_plus_its_blocking_colle
         step_ms(system, work, 6, "bucketed", 8, tp=4)
     with pytest.raises(PredictError, match="model.num_heads must divide"):
         scaling.tp_ms(system, model, 3, 8)
+
+
+def test_scale_prices_context_parallelism_as_a_split_step_plus_what_attention_cannot_hide():
+    """`scale --cp`: a shard's sequences split over cp GPUs by tokens (1/cp of the compute, every parameter, the
+    strategy over dp x cp ranks), the zigzag ring's exchange priced as the collectives that move its bytes, and only
+    what outlasts the blocks' attention added to the step; cp=1 is the plain row. The exchange grows with the
+    context, the attention that hides it faster (quadratic)."""
+    system, model = SYSTEMS["h100-nvlink"], load_model("large", 4096)
+    work = scaling.workload(system, model, 1, table=[])
+    plain = step_ms(system, work, 16, "bucketed", 1)
+    assert step_ms(system, work, 16, "bucketed", 1, cp=1) == plain and plain["cp_ms"] == 0.0
+    split = step_ms(system, work, 16, "bucketed", 1, cp=4)
+    dp_part = step_ms(system, scaling.split_context(work, 4), 16, "bucketed", 1)
+    assert split["compute_ms"] == pytest.approx(plain["compute_ms"] / 4)
+    assert split["cp_ms"] > 0 and 0 <= split["cp_exposed_ms"] <= split["cp_ms"]
+    assert split["step_ms"] == pytest.approx(dp_part["step_ms"] + split["cp_exposed_ms"])
+    long = scaling.workload(system, load_model("large", 32768), 1, table=[])
+    longer = step_ms(system, long, 16, "bucketed", 1, cp=4)
+    assert longer["cp_ms"] > split["cp_ms"] and longer["cp_exposed_ms"] == 0.0
+    with pytest.raises(PredictError, match="does not divide"):
+        step_ms(system, work, 6, "bucketed", 1, cp=4)
+    with pytest.raises(PredictError, match="does not divide by 8"):
+        step_ms(system, scaling.workload(system, load_model("large", 4092), 1, table=[]), 16, "bucketed", 1, cp=4)

@@ -82,7 +82,7 @@ def cmd_scale(args) -> int:
     else:
         table = measuring.load_table(args.compute_table)
     work = scaling.workload(system, model, args.batch, table, args.compile)
-    rows = scaling.scale_rows(system, work, sizes, strategies, args.batch, tp=args.tp)
+    rows = scaling.scale_rows(system, work, sizes, strategies, args.batch, tp=args.tp, cp=args.cp)
     text = scale_markdown(system, model, rows, args, work.compute)
     print(text)
     if args.markdown:
@@ -103,8 +103,13 @@ def _per_gpu(model, args) -> str:
 def scale_markdown(system, model, rows, args, compute=None) -> str:
     """The rows as markdown; `compute`: where a conf model's compute came from (measured.Compute)."""
     mesh = f", tensor parallel over {args.tp} GPUs (its comm ms in 'comm ms', all exposed)" if args.tp > 1 else ""
+    cp = getattr(args, "cp", 1)
+    if cp > 1:
+        exposed = ", ".join(f"{r['cp_exposed_ms']:.1f}" for r in rows[:1])
+        mesh += (f", context parallel over {cp} GPUs (zigzag ring: {rows[0]['cp_ms']:.1f} ms of exchange in "
+                 f"'comm ms', {exposed} ms of it not hidden by the attention, in the step)") if rows else ""
     lines = [f"{Path(args.model).stem} on {system.name} ({system.gpus_per_node} GPUs per node){mesh}, "
-             f"{_per_gpu(model, args)} per {'data-parallel shard' if args.tp > 1 else 'GPU'}, "
+             f"{_per_gpu(model, args)} per {'data-parallel shard' if args.tp * cp > 1 else 'GPU'}, "
              + ("compute as described" if compute is None else
                                                      f"bf16 mixed precision\n\n{compute.line[0].upper()}"
                                                      f"{compute.line[1:]}"), "",
@@ -193,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--compile", action="store_true", help="price compute from compiled measurements (train.compile)")
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: each world size as dp x tp (a conf "
                    "model's plan; TP's collectives priced over tp ranks, added whole)")
+    s.add_argument("--cp", type=int, default=1, help="context-parallel degree: each world size as dp x cp x tp, a "
+                   "shard's sequences split over cp GPUs by tokens (zigzag ring: exchange priced, hidden under "
+                   "attention where it can)")
     s.add_argument("--mfu", type=float, help="price compute at the GPU's peak x this fraction instead, the measured "
                    "table ignored (what-if; the system's assumption is 0.5)")
     s.add_argument("--compute-table", help="a measured compute table (default: the lab's, "

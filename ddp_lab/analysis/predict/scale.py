@@ -22,6 +22,14 @@ runs on the N/T ranks of the dp axis (priced as N/T ranks of the system, however
 TP's collectives (spec/parallel.py's schedule, bf16 activations, priced over T ranks: inside a node when T is at
 most its GPUs) block forward and backward, so they add to the step whole.
 
+Context parallelism (`--cp C`, a conf Transformer; the zigzag ring): the `batch` sequences of a data-parallel shard
+are split over C GPUs by tokens, so each does 1/C of the compute (zigzag: every rank the same attention) while
+holding every parameter; the strategy averages over the N/T ranks of dp x cp. The ring's exchange per layer is
+spec/context.py's (bf16 K/V, fp32 dK/dV accumulators), priced as the collectives that move the same bytes over C
+ranks (an all-gather of K/V forward and again backward, a reduce-scatter of dK/dV); it can hide under the attention
+of the layer's blocks (the attention's share of the FLOPs, models/facts.py's count), so only what outlasts that
+attention is exposed, and the step gains that. Both figures are printed.
+
 Strategies: every one whose spec declares a schedule (spec/schedule.py) that scale can replay, each
 with its default knobs and, where it has buckets, the best of BUCKET_MB. The schedule is interpreted
 by interpret.py, the same interpreter as a job's on this machine, with `NcclCosts` as its prices; fsdp's
@@ -263,23 +271,59 @@ def tp_ms(system: System, cfg, tp: int, batch: int, seconds=nccl_seconds, sequen
     return sum(seconds(system, c.op, c.nbytes, tp) for c in collectives) * 1e3
 
 
+def cp_ms(system: System, cfg, w: "Workload", cp: int, batch: int, seconds=nccl_seconds) -> tuple[float, float]:
+    """(the ring's exchange, the part of it exposed) in ms of one GPU's step under `cp`-way context parallelism
+    (module docstring); `w`: the GPU's workload, already split."""
+    if cp == 1:
+        return 0.0, 0.0
+    if cfg is None or "num_heads" not in cfg:
+        raise PredictError("--cp needs a conf Transformer (attention to split a sequence over), not a described model")
+    from ddp_lab.spec.context import context_problem
+
+    problem = context_problem(cp, "zigzag", 2, cfg.context_length, cfg.num_heads, 1, False)
+    if problem is not None:
+        raise PredictError(f"--cp {cp}: {problem}")
+    tokens = batch * cfg.context_length // cp
+    kv = 2 * tokens * cfg.d_model * cp  # the whole K and V a ring moves: each rank sends (cp-1)/cp of it, forward
+    # (exchange_bytes' 2(cp-1) t d_kv b), the same again backward with the dK/dV accumulators in fp32
+    grads = kv * 4 / WIRE_BYTES
+    per_layer = (2 * seconds(system, "all_gather", kv * WIRE_BYTES, cp) + seconds(system, "reduce_scatter", grads, cp))
+    exchange = cfg.num_layers * per_layer * 1e3
+    # attention's share of the compute: 4 x context x d_model FLOPs per token and layer, as the FLOP counter counts
+    # scaled_dot_product_attention (the whole square; a causal kernel does about half of it)
+    share = cfg.num_layers * 4 * cfg.context_length * cfg.d_model / flops_per_token(cfg)["forward"]
+    attention = (w.forward_ms + w.backward_ms) * share / 2  # the causal half the blocks compute
+    return exchange, max(0.0, exchange - attention)
+
+
+def split_context(w: Workload, cp: int) -> Workload:
+    """One GPU's share of a step under `cp`-way context parallelism: 1/cp of the forward and backward (and of each
+    gradient's readiness), every parameter and the whole optimizer."""
+    if cp == 1:
+        return w
+    params = [{**p, "bwd_ms": p["bwd_ms"] / cp} for p in w.params]
+    return replace(w, params=params, forward_ms=w.forward_ms / cp, backward_ms=w.backward_ms / cp, _units={})
+
+
 def step_ms(system: System, model, n: int, strategy: str, batch: int = 4, bucket_mb: float = DEFAULT_BUCKET_MB,
-            first_bucket_mb: float | None = None, seconds=nccl_seconds, tp: int = 1) -> dict:
+            first_bucket_mb: float | None = None, seconds=nccl_seconds, tp: int = 1, cp: int = 1) -> dict:
     """Predicted step (ms) of one strategy at world size n with `batch` sequences per data-parallel shard; `model` a
     conf model, a description (dict) or a Workload. `first_bucket_mb`: torch DDP's smaller first bucket;
     `seconds(system, op, bytes, n)`: the collective model (torch_estimate.seconds: torch's, the reference); `tp`:
-    tensor parallelism's degree (n = dp x tp; module docstring)."""
+    tensor parallelism's degree, `cp` context parallelism's (n = dp x cp x tp; module docstring)."""
     if n < 1:
         raise PredictError(f"world size must be >= 1, got {n}")
-    if n % tp:
-        raise PredictError(f"--tp {tp} does not divide world size {n}")
+    if n % (tp * cp):
+        raise PredictError(f"--tp {tp} x --cp {cp} does not divide world size {n}")
     plan = schedule(strategy, bucket_mb)
     whole = model if isinstance(model, Workload) else workload(system, model, batch)
-    w = split_workload(whole, tp)
+    w = split_context(split_workload(whole, tp), cp)
     step, r = interpret(plan, work_of(w, first_bucket_mb), NcclCosts(system, n // tp, seconds))
     tensor = tp_ms(system, whole.cfg, tp, batch, seconds)
-    return {"step_ms": r.step_ms + tensor, "exposed_ms": r.exposed_ms + tensor, "comm_ms": r.comm_ms + tensor,
-            "tp_ms": tensor, "compute_ms": w.forward_ms + w.backward_ms, "optimizer_ms": step.optimizer_ms}
+    context, exposed = cp_ms(system, whole.cfg, w, cp, batch, seconds)
+    return {"step_ms": r.step_ms + tensor + exposed, "exposed_ms": r.exposed_ms + tensor + exposed,
+            "comm_ms": r.comm_ms + tensor + context, "tp_ms": tensor, "cp_ms": context, "cp_exposed_ms": exposed,
+            "compute_ms": w.forward_ms + w.backward_ms, "optimizer_ms": step.optimizer_ms}
 
 
 def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: float | None = None) -> float:
@@ -299,11 +343,11 @@ def compute_bound_tokens(system: System, cfg, n: int, strategy: str, flops: floa
 
 
 def scale_rows(system: System, model, world_sizes, strategies, batch: int, table: list[dict] | None = None,
-               compiled: bool = False, tp: int = 1) -> list[dict]:
+               compiled: bool = False, tp: int = 1, cp: int = 1) -> list[dict]:
     """One row per strategy and world size; `model` a conf model or a description (dict), a conf model's
     compute measured where `table` has it (workload), or a Workload already made. Beside the best bucket,
-    torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op. `tp`: each world size as
-    dp x tp (the calculator's `--tp` has the mesh's compute-bound batches: none here)."""
+    torch's FSDP bucket rule (torch_estimate.min_saturation_bytes) for the gradient op. `tp`, `cp`: each world size
+    as dp x cp x tp (the calculator's `--tp` has the mesh's compute-bound batches: none here)."""
     w = model if isinstance(model, Workload) else workload(system, model, batch, table, compiled)
     rate = None if w.cfg is None else \
         flops_per_token(w.cfg)["backward"] * batch * w.cfg.context_length / (w.backward_ms * 1e-3)
@@ -313,25 +357,28 @@ def scale_rows(system: System, model, world_sizes, strategies, batch: int, table
         for n in world_sizes:
             if n < 1:
                 raise PredictError(f"world size must be >= 1, got {n}")
-            base_n = max(tp, min(n, system.gpus_per_node))
+            base_n = max(tp * cp, min(n, system.gpus_per_node))
             best_mb = base_mb = torch_mb = None
             if has_buckets(strategy):
-                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, n, strategy, batch, mb, tp=tp)["step_ms"])
+                best_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, n, strategy, batch, mb, tp=tp,
+                                                                cp=cp)["step_ms"])
                 base_mb = min(BUCKET_MB, key=lambda mb: step_ms(system, w, base_n, strategy, batch, mb,
-                                                                tp=tp)["step_ms"])
+                                                                tp=tp, cp=cp)["step_ms"])
                 op = plan.gradients.op if plan.gradients is not None else "all_reduce"
-                rule = torch_estimate.min_saturation_bytes(system, op if op != "reduce" else "reduce_scatter", n // tp)
+                rule = torch_estimate.min_saturation_bytes(system, op if op != "reduce" else "reduce_scatter",
+                                                           n // tp)
                 torch_mb = None if rule is None else rule / 2**20
-            at = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB, tp=tp)
+            at = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB, tp=tp, cp=cp)
             theirs = step_ms(system, w, n, strategy, batch, best_mb or DEFAULT_BUCKET_MB,
-                             seconds=torch_estimate.seconds, tp=tp)
-            base = step_ms(system, w, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB, tp=tp)
-            rows.append({"strategy": strategy, "world_size": n, "tp": tp, "step_ms": at["step_ms"],
+                             seconds=torch_estimate.seconds, tp=tp, cp=cp)
+            base = step_ms(system, w, base_n, strategy, batch, base_mb or DEFAULT_BUCKET_MB, tp=tp, cp=cp)
+            rows.append({"strategy": strategy, "world_size": n, "tp": tp, "cp": cp, "step_ms": at["step_ms"],
                          "exposed_ms": at["exposed_ms"], "comm_ms": at["comm_ms"], "tp_ms": at["tp_ms"],
+                         "cp_ms": at["cp_ms"], "cp_exposed_ms": at["cp_exposed_ms"],
                          "torch_step_ms": theirs["step_ms"],
                          "efficiency": base["step_ms"] / at["step_ms"],
                          "best_bucket_mb": best_mb, "torch_rule_mb": torch_mb,
-                         "compute_bound_tokens": None if w.cfg is None or tp > 1 else
+                         "compute_bound_tokens": None if w.cfg is None or tp * cp > 1 else
                          compute_bound_tokens(system, w.cfg, n, strategy, rate)})
     return rows
 
