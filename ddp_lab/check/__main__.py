@@ -7,6 +7,7 @@
     python -m ddp_lab.check ddp_lab.strategies.BucketedDDP --expect bucketed,overlap
     python -m ddp_lab.check my_pkg.tp.ColumnParallelLinear,my_pkg.tp.RowParallelLinear --tp 2,4   # tensor_parallel.py
     python -m ddp_lab.check my_pkg.pp.one_f_one_b --pp 2,4        # a pipeline schedule: pipeline.py
+    python -m ddp_lab.check my_pkg.cp.ring_attention --cp 2,4     # a context-parallel attention: context.py
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does: `MyDDP(module,
 **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward. `no_sync()` (for the
@@ -53,6 +54,8 @@ from ddp_lab.check.cases import (
     runs,
     skip_reason,
 )
+from ddp_lab.check.context import CP_CASES, check_attention
+from ddp_lab.check.context import header as attention_header
 from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
@@ -218,8 +221,8 @@ def _clear(log_dir: str, ours: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP); a tensor-parallel "
-                                       "pair, the column- and the row-parallel layer comma-separated; or, with --pp, a "
-                                       "pipeline schedule function")
+                                       "pair, the column- and the row-parallel layer comma-separated; with --pp, a "
+                                       "pipeline schedule function; with --cp, an attention function")
     parser.add_argument("--world-size", default=None, help="gloo ranks, comma-separated (default: 2,3)")
     parser.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (a tensor-parallel "
                                                       f"pair: of {', '.join(TP_CASES)}; a schedule: of "
@@ -228,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a tensor-parallel pair's TP degrees, comma-separated (default 2,4)")
     parser.add_argument("--pp", default=None, metavar="DEGREES",
                         help="check a pipeline schedule function (the target) at these stage counts, comma-separated")
+    parser.add_argument("--cp", default=None, metavar="DEGREES",
+                        help="check a context-parallel attention (q, k, v, group, causal) -> out on these cp degrees, "
+                             "comma-separated (docs/check.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
@@ -252,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tensor_parallel = "," in args.target or args.tp is not None
     try:
+        if args.cp is not None:
+            return _main_other(args, log_dir, ours, "cp")
         if args.pp is not None:
             return _main_other(args, log_dir, ours, "pp")
         if tensor_parallel:
@@ -286,18 +294,19 @@ def _case_names(given: str | None, cases: dict) -> list[str]:
 
 
 def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
-    """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp") or the pipeline check of a schedule ("pp");
-    ValueError for bad input."""
-    if args.tp is not None and args.pp is not None:
-        raise ValueError("--tp checks a pair of layers, --pp a schedule: one at a time")
+    """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp"), the pipeline check of a schedule ("pp") or the
+    context-parallel check of an attention function ("cp"); ValueError for bad input."""
+    if sum(getattr(args, a) is not None for a in ("tp", "pp", "cp")) > 1:
+        raise ValueError("--tp checks a pair of layers, --pp a schedule, --cp an attention: one at a time")
     degrees = _world_sizes(getattr(args, axis) or "2,4", f"--{axis}")
-    names = _case_names(args.cases, TP_CASES if axis == "tp" else PP_CASES)
+    names = _case_names(args.cases, {"tp": TP_CASES, "pp": PP_CASES, "cp": CP_CASES}[axis])
     for flag, given in (("--world-size", args.world_size), ("--set", args.set), ("--same-init", args.same_init),
                         ("--expect", args.expect), ("--layers", args.layers), ("--fsdp", args.fsdp)):
         if given:
             raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes its degrees, --cases, "
                              "--timeout, --logs and --traceback")
-    check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
+    check_, header = {"tp": (check_pair, pair_header), "pp": (check_schedule, schedule_header),
+                      "cp": (check_attention, attention_header)}[axis]
     lines = check_(args.target, degrees, names, args.timeout, log_dir)
     print(header(args.target))
     return _report(lines, log_dir, ours, args.traceback, unit=axis)

@@ -676,11 +676,11 @@ def test_scale_prices_context_parallelism_as_a_split_step_plus_what_attention_ca
     split = step_ms(system, work, 16, "bucketed", 1, cp=4)
     dp_part = step_ms(system, scaling.split_context(work, 4), 16, "bucketed", 1)
     assert split["compute_ms"] == pytest.approx(plain["compute_ms"] / 4)
-    assert split["cp_ms"] > 0 and 0 <= split["cp_exposed_ms"] <= split["cp_ms"]
-    assert split["step_ms"] == pytest.approx(dp_part["step_ms"] + split["cp_exposed_ms"])
+    assert split["cp_ms"] > 0 and 0 <= split["cp_unhidden_ms"] <= split["cp_ms"]
+    assert split["step_ms"] == pytest.approx(dp_part["step_ms"] + split["cp_unhidden_ms"])
     long = scaling.workload(system, load_model("large", 32768), 1, table=[])
     longer = step_ms(system, long, 16, "bucketed", 1, cp=4)
-    assert longer["cp_ms"] > split["cp_ms"] and longer["cp_exposed_ms"] == 0.0
+    assert longer["cp_ms"] > split["cp_ms"] and longer["cp_unhidden_ms"] == 0.0
     with pytest.raises(PredictError, match="does not divide"):
         step_ms(system, work, 6, "bucketed", 1, cp=4)
     with pytest.raises(PredictError, match="does not divide by 8"):

@@ -105,7 +105,7 @@ def scale_markdown(system, model, rows, args, compute=None) -> str:
     mesh = f", tensor parallel over {args.tp} GPUs (its comm ms in 'comm ms', all exposed)" if args.tp > 1 else ""
     cp = getattr(args, "cp", 1)
     if cp > 1:
-        exposed = ", ".join(f"{r['cp_exposed_ms']:.1f}" for r in rows[:1])
+        exposed = ", ".join(f"{r['cp_unhidden_ms']:.1f}" for r in rows[:1])
         mesh += (f", context parallel over {cp} GPUs (zigzag ring: {rows[0]['cp_ms']:.1f} ms of exchange in "
                  f"'comm ms', {exposed} ms of it not hidden by the attention, in the step)") if rows else ""
     lines = [f"{Path(args.model).stem} on {system.name} ({system.gpus_per_node} GPUs per node){mesh}, "
