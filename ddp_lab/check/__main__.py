@@ -28,7 +28,8 @@ and line, and the cases after it run in one more set. The ranks' prints go to a 
 system's temporary directory, or `--logs DIR`), kept and named when a case failed (with each crashed rank's
 traceback; `--traceback` prints it), removed when none did. Exit status: 0 when no case
 failed, 1 when one did, 2 for bad input.
-Every case and option: docs/check.md.
+Every case and option: docs/check.md (tensor parallelism: check_tp.md; pipelines: check_pp.md; context parallelism:
+check_cp.md).
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="check a pipeline schedule function (the target) at these stage counts, comma-separated")
     parser.add_argument("--cp", default=None, metavar="DEGREES",
                         help="check a context-parallel attention (q, k, v, group, causal) -> out on these cp degrees, "
-                             "comma-separated (docs/check.md)")
+                             "comma-separated (docs/check_cp.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")

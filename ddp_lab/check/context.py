@@ -1,6 +1,6 @@
 """`python -m ddp_lab.check my_pkg.ring_attention --cp 2,4`: does a context-parallel attention match one process?
 
-The contract (docs/check.md's context-parallel page): a function the lab calls on every rank of a cp group,
+The contract (docs/check_cp.md): a function the lab calls on every rank of a cp group,
 
     def attention(q, k, v, group, causal) -> out
 

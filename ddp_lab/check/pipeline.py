@@ -1,7 +1,7 @@
 """`python -m ddp_lab.check my_pkg.pipeline.one_f_one_b --pp 2,4`: does a pipeline schedule train like one process?
 
 A schedule is a function the lab calls once per step on every stage (rank r runs stage r of `pp`), in the shape
-of the lecture's homework (docs/check.md, "Tensor and pipeline parallelism"):
+of the lecture's homework (docs/check_pp.md):
 
     def schedule(stage: torch.nn.Module, step: ddp_lab.check.pipeline.Step) -> None
 

@@ -1,8 +1,7 @@
 """`python -m ddp_lab.check my_pkg.ColumnParallelLinear,my_pkg.RowParallelLinear --tp 2,4`: does a pair of
 tensor-parallel layers train like one process?
 
-The layers keep Megatron's contract, as the lecture writes them (docs/check.md, "Tensor and pipeline
-parallelism"):
+The layers keep Megatron's contract, as the lecture writes them (docs/check_tp.md):
 
 - `Column(linear)` and `Row(linear)` are built on every TP rank from the same whole `nn.Linear` (a `group=`,
   `process_group=` or `tp_group=` argument gets the TP group where the constructor takes one; otherwise the

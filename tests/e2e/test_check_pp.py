@@ -87,14 +87,14 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 
 def test_the_gpipe_docs_show_is_the_one_the_suite_checks():
-    """docs/check.md's worked example is tests/helpers/course_pp.gpipe, line for line (its docstring aside)."""
+    """docs/check_pp.md's worked example is tests/helpers/course_pp.gpipe, line for line (its docstring aside)."""
     import inspect
     from pathlib import Path
 
     from tests.helpers import course_pp
     from tests.helpers.launching import ROOT
 
-    docs = (Path(ROOT) / "docs" / "check.md").read_text()
+    docs = (Path(ROOT) / "docs" / "check_pp.md").read_text()
     shown = docs[docs.index("def gpipe(stage, step) -> None:"):]
     shown = shown[:shown.index("```")].rstrip()
     source = inspect.getsource(course_pp.gpipe)

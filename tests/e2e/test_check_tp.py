@@ -94,7 +94,7 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 
 def test_the_layers_docs_show_are_the_ones_the_suite_checks():
-    """docs/check.md's worked example is tests/helpers/course_tp.py's: f's and g's methods and both forwards, line
+    """docs/check_tp.md's worked example is tests/helpers/course_tp.py's: f's and g's methods and both forwards, line
     for line."""
     import inspect
     import textwrap
@@ -103,7 +103,7 @@ def test_the_layers_docs_show_are_the_ones_the_suite_checks():
     from tests.helpers import course_tp
     from tests.helpers.launching import ROOT
 
-    docs = (Path(ROOT) / "docs" / "check.md").read_text()
+    docs = (Path(ROOT) / "docs" / "check_tp.md").read_text()
     block = docs[docs.index("class CopyToRegion(torch.autograd.Function):"):]
     block = block[:block.index("```")]
     methods = [course_tp.CopyToRegion.forward, course_tp.CopyToRegion.backward, course_tp.ReduceFromRegion.forward,

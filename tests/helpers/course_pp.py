@@ -1,7 +1,7 @@
 """Pipeline schedules as a student completes the lecture's homework (its forward over send/recv given, the
 backward left to write), in the shape `python -m ddp_lab.check SCHEDULE --pp 2,4` takes (ddp_lab/check/pipeline.py):
 two right (GPipe with blocking sends, 1F1B with asynchronous ones) and one wrong version for each cause the check
-names (tests/e2e/test_check_pp.py; docs/check.md, "Tensor and pipeline parallelism")."""
+names (tests/e2e/test_check_pp.py; docs/check_pp.md)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _backward(stage, step, i: int, x, y, divide: int | None = None) -> None:
 
 def gpipe(stage, step) -> None:
     """Right: every forward, then every backward, each micro-batch's loss divided by m; tied copies summed (shown
-    in docs/check.md, "Pipeline schedules", as it is here)."""
+    in docs/check_pp.md, as it is here)."""
     first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
     flight = []
     for i in range(m):                                   # every forward

@@ -1,6 +1,6 @@
 """Tensor-parallel layers as a student completes the lecture's homework (its forward passes given, the backward
 left to write): one right pair and one wrong version for each cause `python -m ddp_lab.check COLUMN,ROW --tp 2,4`
-names (tests/e2e/test_check_tp.py; docs/check.md, "Tensor and pipeline parallelism")."""
+names (tests/e2e/test_check_tp.py; docs/check_tp.md)."""
 
 from __future__ import annotations
 
