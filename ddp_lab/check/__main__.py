@@ -179,8 +179,8 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
                           f"{case.proves}: FAILED: {line}" if line else case.proves, trace))
         done = {run: per_rank for run, (per_rank, _) in results.items() if per_rank is not None}
         for prop, why in claims.items():
-            if unjudged(done):
-                lines.append((world_size, prop, "skip", unjudged(done), None))
+            if unjudged(done, prop):
+                lines.append((world_size, prop, "skip", unjudged(done, prop), None))
                 continue
             problem = judge(prop, world_size, done, fsdp)
             detail = describe_claim(prop, why, sizes_chosen=planned != runnable)

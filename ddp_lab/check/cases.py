@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ddp_lab.check.models import use_layers
-from ddp_lab.check.observe import Observer, layers
+from ddp_lab.check.observe import Observer, layers, unmeasured
 from ddp_lab.check.parity import CastSingleProcess, full_state, ties_of, train_distributed
 from ddp_lab.units import MiB
 
@@ -217,7 +217,7 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
         state, reference, held = train_distributed(
             rank, world_size, make, case.model, grad_accum_steps=case.grad_accum_steps,
             batch_size=SEQUENCES_PER_RANK * world_size, same_init=same_init, watch=observer.watching(),
-            inspect=lambda wrapper, opt, before=before: Observer.held(wrapper, opt, before["module"], before["layers"]),
+            inspect=lambda wrapper, opt, before=before: held_or_unmeasured(wrapper, opt, before),
             **optimizer, **low)
         seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "sizes": observer.sizes,
                 "overlapping": observer.overlapping(), "blocking": observer.blocking,
@@ -226,6 +226,15 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))
     return out
+
+
+def held_or_unmeasured(wrapper, optimizer, before: dict) -> dict:
+    """`Observer.held`, or what could not be measured where measuring raised: an error inside the check's own
+    observation (a user's object it could not walk) never becomes the case's verdict."""
+    try:
+        return Observer.held(wrapper, optimizer, before["module"], before["layers"])
+    except Exception as exc:  # noqa: BLE001 - any error of the observer's is the check's, reported as unmeasured
+        return unmeasured(exc)
 
 
 def finished(progress: str, names: list[str], world_size: int) -> dict:

@@ -171,6 +171,8 @@ def reachable(root) -> list[tuple[str, torch.Tensor]]:
     partial's arguments, and the objects of classes defined outside torch and Python's own library (a user's
     bucket), each object once; an optimizer is not entered (its state is counted apart). A DTensor as its
     local shard."""
+    paths = ({id(m): f"self.{name}" if name else "self" for name, m in root.named_modules(remove_duplicate=False)}
+             if isinstance(root, torch.nn.Module) else {})
     out, seen, todo = [], set(), [("self", root, 0)]
     while todo:
         where, obj, depth = todo.pop()
@@ -181,7 +183,7 @@ def reachable(root) -> list[tuple[str, torch.Tensor]]:
             out.append((where, local(obj)))
             continue
         if isinstance(obj, dict):
-            children = [(f"{where}[{k!r}]", v) for k, v in obj.items()]
+            children = [(f"{where}[{key_text(k, paths)}]", v) for k, v in obj.items()]
         elif isinstance(obj, (list, tuple, set, frozenset)):
             children = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
         elif isinstance(obj, torch.nn.Module):
@@ -202,6 +204,28 @@ def reachable(root) -> list[tuple[str, torch.Tensor]]:
             continue
         todo += [(w, v, depth + 1) for w, v in reversed(children)]
     return out
+
+
+_PLAIN_KEYS = (str, bytes, int, float, bool, type(None))
+
+
+def key_text(key, paths: dict) -> str:
+    """A dict key as the where of `reachable` shows it, without calling the user's `__repr__` or `extra_repr`
+    (a module keyed dict: its repr reads weights an FSDP may have deleted): a plain value's repr, a module by its
+    class and its path in the wrapper, any other object by its class and id."""
+    if isinstance(key, _PLAIN_KEYS):
+        return repr(key)
+    if type(key) is tuple and all(isinstance(k, _PLAIN_KEYS) for k in key):
+        return repr(key)
+    cls = type(key).__name__
+    if isinstance(key, torch.nn.Module):
+        return f"<{cls} {paths[id(key)]}>" if id(key) in paths else f"<{cls}>"
+    return f"<{cls} at {id(key):#x}>"
+
+
+def unmeasured(exc: BaseException) -> dict:
+    """What an observation returns when it raised: the check could not measure, which is no verdict on the code."""
+    return {"unmeasured": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")}
 
 
 _MODULE_OWN = frozenset(vars(torch.nn.Module()))  # what every module has: its registries, hooks and flags
@@ -257,7 +281,8 @@ def layers(module: torch.nn.Module) -> dict:
 
 def describe(per_rank: list, steps: int) -> str:
     """One line: rank 0's collectives per step by op and how many during backward; what the rank holding
-    most holds; the layer classes whose parameters were sharded, where some were."""
+    most holds; the layer classes whose parameters were sharded, where some were. What could not be measured (an
+    observation that raised) is said so in its place."""
     seen = per_rank[0][3]
     calls = Counter(seen["calls"])
     total = sum(calls.values())
@@ -274,6 +299,10 @@ def describe(per_rank: list, steps: int) -> str:
     collectives = (f"per step {total / steps:g} collective{plural} ({ops}{messages}), {when}" if total
                    else "no collective seen")
     held = [s["held"] for *_, s in per_rank]
+    lost = next((h["unmeasured"] for h in held if "unmeasured" in h), None)
+    if lost is not None:
+        return (f"{collectives}; what each rank holds could not be measured (the check's own limit, no verdict on "
+                f"the code: {lost})")
     params = max(h["params_pct"] for h in held)
     top = max(held, key=lambda h: h.get("kept_pct", 0))
     kept = (f" (and keeps {top['kept_pct']:.0f}% more beside them, in {', '.join(w for w, *_ in top['kept'][:3])})"

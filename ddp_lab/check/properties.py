@@ -42,10 +42,16 @@ def claimed(expect: set[str], fsdp: bool, optimizer: bool) -> dict[str, str]:
     return out
 
 
-def unjudged(results: dict) -> str | None:
-    """Why no claim can be judged from `results` (run -> each rank's result, the runs that finished), or None."""
+def unjudged(results: dict, prop: str = "") -> str | None:
+    """Why no claim (or `prop`) can be judged from `results` (run -> each rank's result, the runs that finished), or
+    None."""
     if not any(case_of(run)[0].name in WATCHED for run in results):
         return f"no run of {' or '.join(WATCHED)} finished, which a claim is read from"
+    held = [seen["held"] for run, per_rank in results.items() if case_of(run)[0].name in WATCHED
+            for *_, seen in per_rank] if prop == "sharded" else []
+    lost = next((h["unmeasured"] for h in held if "unmeasured" in h), None)
+    if lost is not None:
+        return f"what each rank holds could not be measured (the check's own limit, no verdict on the code: {lost})"
     return None
 
 

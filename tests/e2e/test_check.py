@@ -411,3 +411,18 @@ def test_a_failing_run_leaves_nothing_in_the_working_directory(tmp_path):
     assert sorted(p.name for p in logs.iterdir()) == ["rank0.log", "rank1.log", "spawn.log"]
     passed = run("AveragingDDP", "--logs", str(logs))
     assert passed.returncode == 0 and list(logs.iterdir()) == [] and list(work.iterdir()) == [], passed.stdout
+
+
+def test_a_dict_keyed_by_layers_whose_repr_raises_gets_the_verdict_its_bugs_deserve(capsys):
+    """The check walks what a wrapper keeps to measure it; it used to name a dict's entries by repr() of the key, and
+    a layer whose extra_repr reads a weight the FSDP removes between forwards raised inside the check, failing every
+    case with the user's AttributeError and hiding the real bug. Keys are named without calling the user's code:
+    the frozen layer that trains (every shard made trainable again) is the only cause told."""
+    code, out, _ = check("tests.helpers.own_ddp.KeysByLayerMovesFrozen", "--world-size", "2", "--same-init",
+                         "--layers", "linear=tests.helpers.own_ddp.WholeWeightLinear", "--cases", "sgd,frozen",
+                         capsys=capsys)
+    lines = verdicts(out)
+    assert code == 1 and "AttributeError" not in out and "extra_repr" not in out, out
+    assert lines[(2, "sgd")][0] == "ok", out
+    verdict, detail = lines[(2, "frozen")]
+    assert verdict == "FAIL" and "a frozen parameter moved (frozen." in detail, out

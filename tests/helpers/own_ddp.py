@@ -536,3 +536,35 @@ class KeepsGatheredInAHook(CourseFSDP):
             last_forward.update({name: p.data for name, p in layer.named_parameters()})
 
         module.register_forward_pre_hook(remember)
+
+
+class WholeWeightLinear(nn.Linear):
+    """A layer whose `extra_repr` reads the whole weight an FSDP keeps on it only while it computes (the course's
+    Embedding reads `self.weight`, which a student's FSDP deletes between forwards): at rest, printing it raises
+    AttributeError."""
+
+    def extra_repr(self) -> str:
+        return f"whole weight {tuple(self.whole_weight.shape)}"
+
+
+class KeysByLayerMovesFrozen(CourseFSDP):
+    """As a student's FSDP: it keeps a dict keyed by its layers and a `whole_weight` on each only while it computes
+    (so a layer printed at rest raises: WholeWeightLinear), and a real bug: every shard made trainable again (as
+    wrapping each in a new nn.Parameter does), so a frozen layer trains."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__(module, compute_dtype)
+        for p in module.parameters():
+            p.requires_grad_(True)
+        self.by_layer = {layer: name for name, layer in module.named_modules() if isinstance(layer, nn.Linear)}
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        for layer in self.by_layer:
+            layer.whole_weight = layer.weight.data  # a tensor, not a Parameter: not registered
+        return out
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        for layer in self.by_layer:
+            del layer.whole_weight

@@ -84,3 +84,59 @@ def test_what_was_seen_reads_in_a_line():
     quiet = [(None, None, None, {"calls": {}, "in_backward": 0,
                                  "held": {"params_pct": 100.0, "optimizer_pct": None, "sharded": [], "whole": []}})]
     assert describe(quiet, 4) == "no collective seen; the largest rank holds 100% of the parameters"
+
+
+def test_a_dict_key_is_named_without_calling_the_users_repr():
+    """A module key by its class and its path in the wrapper, another object by its class and id, plain values by
+    their repr; nothing of the user's runs (a repr that raises is never called)."""
+    import torch
+
+    from ddp_lab.check.observe import key_text, reachable
+
+    class Loud(torch.nn.Linear):
+        def extra_repr(self):
+            raise AttributeError("'Loud' object has no attribute 'weight'")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = Loud(2, 2)
+            self.by_layer = {self.layer: torch.zeros(3), "name": torch.zeros(1), (1, "a"): torch.zeros(1)}
+
+    wrapper = Wrapper()
+    where = [w for w, _ in reachable(wrapper)]
+    assert "self.by_layer[<Loud self.layer>]" in where and "self.by_layer['name']" in where
+    assert "self.by_layer[(1, 'a')]" in where
+    assert key_text(object(), {}).startswith("<object at 0x")
+
+
+def test_an_observation_that_raises_is_unmeasured_never_a_verdict():
+    """What the check cannot walk (a user's object whose attributes raise when read) is said as unmeasured, in the
+    seen line and as the sharded claim's skip reason, never as the case's failure."""
+    import torch
+
+    from ddp_lab.check.cases import held_or_unmeasured
+    from ddp_lab.check.observe import describe
+    from ddp_lab.check.properties import unjudged
+
+    class Hostile:
+        @property
+        def __dict__(self):
+            raise RuntimeError("no peeking")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(2, 2)
+            self.secret = Hostile()
+
+    Hostile.__module__ = "my_pkg.fsdp"  # a user's class, which the walk enters
+    wrapper = Wrapper()
+    held = held_or_unmeasured(wrapper, torch.optim.SGD(wrapper.parameters(), lr=0.1),
+                              {"module": wrapper.module, "layers": {}})
+    assert held == {"unmeasured": "RuntimeError: no peeking"}
+    seen = {"calls": {}, "in_backward": 0, "sizes": [], "held": held}
+    assert "what each rank holds could not be measured (the check's own limit, no verdict on the code: " \
+           "RuntimeError: no peeking)" in describe([(None, None, None, seen)], 4)
+    assert "could not be measured" in unjudged({"plain": [(None, None, None, seen)]}, "sharded")
+    assert unjudged({"plain": [(None, None, None, seen)]}, "overlap") is None
