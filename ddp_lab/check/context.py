@@ -132,16 +132,24 @@ class Waits:
                     return kwargs[key]
             return args[1] if name in ("send", "recv", "isend", "irecv") and len(args) > 1 else None
 
+        inside = []  # a blocking send or recv runs c10d's isend or irecv: that inner call is the same one
+
         def wrap(name):
             original = getattr(c10d, name, None) or getattr(dist, name)
 
             def call(*args, **kwargs):
+                if inside:
+                    return original(*args, **kwargs)
                 self._count(name, args, kwargs)
                 what = json.dumps({"op": name, "peer": peer_of(name, args, kwargs)})
                 if name in ("isend", "irecv") or kwargs.get("async_op"):
                     return _Waited(original(*args, **kwargs), self, what)
                 with self.blocked(what):
-                    return original(*args, **kwargs)
+                    inside.append(name)
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        inside.pop()
             return call
 
         wrapped = {name: wrap(name) for name in names}  # one object per name in both homes: P2POp and

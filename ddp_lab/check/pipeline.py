@@ -278,37 +278,56 @@ class Watch:
 
     @contextmanager
     def watching(self):
-        originals = {name: getattr(dist, name) for name in ("send", "recv", "isend", "irecv")}
+        """Every point-to-point call watched: send, recv, isend and irecv on torch.distributed and on
+        torch.distributed.distributed_c10d alike (one wrapper for both: P2POp checks its op against c10d's own by
+        identity, and batch_isend_irecv calls each P2POp's op, one by one on gloo), the peer read from dst/src,
+        group_dst/group_src or group_peer, positional or keyword."""
+        from torch.distributed import distributed_c10d as c10d
+
+        names = ("send", "recv", "isend", "irecv")
+        originals = {(home, n): getattr(home, n) for home in (dist, c10d) for n in names}
         self.counts.clear()
         self.blocked_s = 0.0
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT)
 
         def peer_and_tag(args, kwargs, key):
-            peer = kwargs.get(key, args[1] if len(args) > 1 else None)
+            peer = next((kwargs[k] for k in (key, f"group_{key}", "group_peer") if kwargs.get(k) is not None),
+                        args[1] if len(args) > 1 else None)
             return peer, kwargs.get("tag", args[3] if len(args) > 3 else 0)
 
+        inside = []  # a blocking send or recv runs c10d's isend or irecv: that inner call is the same one
+
         def blocking(name):
+            original = originals[c10d, name]
+
             def call(*args, **kwargs):
                 peer, tag = peer_and_tag(args, kwargs, "dst" if name == "send" else "src")
                 with self.blocked(self._what(name, peer, tag)):
-                    return originals[name](*args, **kwargs)
+                    inside.append(name)
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        inside.pop()
             return call
 
         def asynchronous(name):
+            original = originals[c10d, name]
+
             def call(*args, **kwargs):
+                if inside:
+                    return original(*args, **kwargs)
                 peer, tag = peer_and_tag(args, kwargs, "dst" if name == "isend" else "src")
-                return _Work(originals[name](*args, **kwargs), self, self._what(name, peer, tag))
+                return _Work(original(*args, **kwargs), self, self._what(name, peer, tag))
             return call
 
-        for name in ("send", "recv"):
-            setattr(dist, name, blocking(name))
-        for name in ("isend", "irecv"):
-            setattr(dist, name, asynchronous(name))
+        wrapped = {name: (blocking if name in ("send", "recv") else asynchronous)(name) for name in names}
+        for home, name in originals:
+            setattr(home, name, wrapped[name])
         try:
             yield self
         finally:
-            for name, fn in originals.items():
-                setattr(dist, name, fn)
+            for (home, name), fn in originals.items():
+                setattr(home, name, fn)
             os.close(self._fd)
 
 

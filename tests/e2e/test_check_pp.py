@@ -100,3 +100,17 @@ def test_the_gpipe_docs_show_is_the_one_the_suite_checks():
     source = inspect.getsource(course_pp.gpipe)
     docstring = f'    """{course_pp.gpipe.__doc__}"""\n'
     assert source.replace(docstring, "").rstrip() == shown
+
+
+def test_a_schedule_over_p2pops_and_batch_isend_irecv_is_watched_and_checked(capsys):
+    """Most real pipelines talk through `P2POp`s and `batch_isend_irecv` (torch's own stages do): the watch replaced
+    torch.distributed's isend and irecv, which P2POp compares its op with distributed_c10d's own by identity, so
+    every such schedule failed with 'Invalid op' on its correct line. One wrapper now stands in both places and
+    reads the peer from group_peer too: the right schedule passes, a real bug (the loss never divided by the
+    micro-batch count) gets its cause."""
+    code, out, _ = check(f"{HELPERS}.gpipe_batched", "--pp", "2,4", "--cases", "m2,tied", capsys=capsys)
+    assert code == 0 and out.strip().endswith("every case passed (4)"), out
+    code, out, _ = check(f"{HELPERS}.batched_loss_not_divided", "--pp", "2", "--cases", "m2", capsys=capsys)
+    verdict, detail = lines(out)[(2, "m2")]
+    assert code == 1 and verdict == "FAIL" and "the loss is not divided by the micro-batch count: every gradient is " \
+        "2 times one process's" in detail, out

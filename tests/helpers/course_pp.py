@@ -152,3 +152,64 @@ def forgets_the_tie(stage, step) -> None:
     flight = [_forward(stage, step, i) for i in range(step.microbatches)]
     for i, (x, y) in enumerate(flight):
         _backward(stage, step, i, x, y)
+
+
+def _exchange(ops: list) -> None:
+    """Post the point-to-point operations together (`batch_isend_irecv`, as torch's own pipelining stages do) and
+    wait for them."""
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def gpipe_batched(stage, step) -> None:
+    """Right: gpipe over `P2POp`s and `batch_isend_irecv`, peers as group ranks (`group_peer`)."""
+    first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
+    flight = []
+    for i in range(m):
+        if first:
+            x = step.inputs[i]
+        else:
+            x = torch.empty(step.activation_shape)
+            _exchange([dist.P2POp(dist.irecv, x, group_peer=step.rank - 1, tag=i)])
+            x.requires_grad_(True)
+        y = stage(x)
+        if not last:
+            _exchange([dist.P2POp(dist.isend, y.detach(), step.rank + 1, tag=i)])
+        flight.append((x, y))
+    for i, (x, y) in enumerate(flight):
+        if last:
+            (step.loss_fn(y, step.targets[i]) / m).backward()
+        else:
+            grad = torch.empty(step.activation_shape)
+            _exchange([dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
+            y.backward(grad)
+        if not first:
+            _exchange([dist.P2POp(dist.isend, x.grad, group_peer=step.rank - 1, tag=i)])
+    for weight, group in step.tied:
+        dist.all_reduce(weight.grad, group=group)
+
+
+def batched_loss_not_divided(stage, step) -> None:
+    """Wrong, as a real schedule over batch_isend_irecv was: each micro-batch's loss never divided by their count."""
+    first, last = step.rank == 0, step.rank == step.stages - 1
+    flight = []
+    for i in range(step.microbatches):
+        x = step.inputs[i] if first else torch.empty(step.activation_shape)
+        if not first:
+            _exchange([dist.P2POp(dist.irecv, x, step.rank - 1, tag=i)])
+            x.requires_grad_(True)
+        y = stage(x)
+        if not last:
+            _exchange([dist.P2POp(dist.isend, y.detach(), step.rank + 1, tag=i)])
+        flight.append((x, y))
+    for i, (x, y) in enumerate(flight):
+        if last:
+            step.loss_fn(y, step.targets[i]).backward()  # not divided by the micro-batch count
+        else:
+            grad = torch.empty(step.activation_shape)
+            _exchange([dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
+            y.backward(grad)
+        if not first:
+            _exchange([dist.P2POp(dist.isend, x.grad, step.rank - 1, tag=i)])
+    for weight, group in step.tied:
+        dist.all_reduce(weight.grad, group=group)
