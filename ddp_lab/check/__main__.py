@@ -324,12 +324,14 @@ def _report(lines: list[tuple], log_dir: str, ours: bool, traceback: bool, unit:
             if traceback:
                 print(f"\n{where}, {name}:\n{trace}", file=sys.stderr)
     failed = sum(verdict_ == "FAIL" for _, _, verdict_, _, _ in lines)
-    cases = sum(verdict_ != "seen" for _, _, verdict_, _, _ in lines)
+    passed = sum(verdict_ == "ok" for _, _, verdict_, _, _ in lines)
+    skipped = sum(verdict_ == "skip" for _, _, verdict_, _, _ in lines)
+    skips = f", skipped ({skipped})" if skipped else ""
     if not failed:
         _clear(log_dir, ours)
-        print(f"every case passed ({cases})")
+        print(f"every case passed ({passed}){skips}")
         return 0
-    print(f"{failed} of {cases} failed; the ranks' output and tracebacks: {log_dir}")
+    print(f"{failed} of {failed + passed} failed{skips}; the ranks' output and tracebacks: {log_dir}")
     return 1
 
 

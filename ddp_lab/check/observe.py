@@ -286,17 +286,21 @@ def describe(per_rank: list, steps: int) -> str:
     seen = per_rank[0][3]
     calls = Counter(seen["calls"])
     total = sum(calls.values())
-    ops = ", ".join(f"{op} {n / steps:g}" for op, n in calls.most_common())
+
+    def each(n: int) -> str:  # rank 0's count per step: whole, or a mean that says it is one
+        return f"{n // steps}" if n % steps == 0 else f"{n / steps:g} (rank 0's mean over {steps} steps)"
+
+    ops = ", ".join(f"{op} {each(n)}" for op, n in calls.most_common())
     overlapping, blocking = seen.get("overlapping", seen["in_backward"]), seen.get("blocking", 0)
-    blocked = (f"{'all' if blocking == seen['in_backward'] else f'{blocking / steps:g}'} blocking (backward waits "
+    blocked = (f"{'all' if blocking == seen['in_backward'] else each(blocking)} blocking (backward waits "
                "for each), " if blocking else "")
-    when = (f"{seen['in_backward'] / steps:g} of them issued during backward, {blocked}{overlapping / steps:g} "
+    when = (f"{each(seen['in_backward'])} of them issued during backward, {blocked}{each(overlapping)} "
             "launched asynchronously with gradients still to come (those can overlap it)" if seen["in_backward"]
             else "none during backward (each waits for backward to end)")
     plural = "" if total == steps else "s"
     sizes = seen.get("sizes") or [0]
     messages = f", {_kib(sum(sizes) / steps)} per step, the largest {_kib(max(sizes))}" if total else ""
-    collectives = (f"per step {total / steps:g} collective{plural} ({ops}{messages}), {when}" if total
+    collectives = (f"per step {each(total)} collective{plural} ({ops}{messages}), {when}" if total
                    else "no collective seen")
     held = [s["held"] for *_, s in per_rank]
     lost = next((h["unmeasured"] for h in held if "unmeasured" in h), None)

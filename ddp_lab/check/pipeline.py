@@ -1,5 +1,8 @@
 """`python -m ddp_lab.check my_pkg.pipeline.one_f_one_b --pp 2,4`: does a pipeline schedule train like one process?
 
+A schedule that does not sum a tied weight's copies may say so (`schedule.supports_ties = False`): its `tied` case is
+then reported as not applicable (skip), never as ok; `--cases` may also leave `tied` out.
+
 A schedule is a function the lab calls once per step on every stage (rank r runs stage r of `pp`), in the shape
 of the lecture's homework (docs/check_pp.md):
 
@@ -136,7 +139,7 @@ class PPCase:
 PP_CASES = {case.name: case for case in (
     PPCase("m1", 1, False, "one micro-batch: every stage's gradients and weights as one process's"),
     PPCase("m2", 2, False, "two micro-batches: each loss divided by their number once"),
-    PPCase("m4", 4, False, "four micro-batches: more than a 1F1B over 2 stages holds at once"),
+    PPCase("m4", 4, False, "four micro-batches over {pp} stages: {held}"),
     PPCase("tied", 2, True, "the head's weight tied to the embedding's, a copy on the first and on the last stage: "
            "their gradients summed"),
 )}
@@ -431,11 +434,15 @@ def check_schedule(target: str, degrees: list[int], names: list[str], timeout_s:
     """The pipeline check of a schedule function, run from the command line: (pp, case, verdict, detail, a crashed
     rank's traceback or None) per case and degree, and a `seen` line per finished case; each case in a set of ranks
     of its own, so a hang costs that case only and is told by what each stage was waiting for."""
-    locate_function(target)  # refused here, in one line, before any rank starts
+    fn = locate_function(target)  # refused here, in one line, before any rank starts
     lines = []
     for pp in degrees:
         for name in names:
-            proves = PP_CASES[name].proves
+            proves = proves_at(PP_CASES[name], pp)
+            if name == "tied" and getattr(fn, "supports_ties", True) is False:
+                lines.append((pp, name, "skip", "not applicable: the schedule declares it does not support a weight "
+                              "tied across stages (supports_ties = False)", None))
+                continue
             with tempfile.TemporaryDirectory() as progress:
                 try:
                     per_rank = run_ranks(run_pp_cases, pp, target, [name], progress, timeout_s=timeout_s,
@@ -455,6 +462,13 @@ def check_schedule(target: str, degrees: list[int], names: list[str], timeout_s:
             lines.append((pp, name, "FAIL" if cause else "ok", f"{proves}: FAILED: {cause}" if cause else proves, None))
             lines.append((pp, name, "seen", seen_line(results, pp), None))
     return lines
+
+
+def proves_at(case: PPCase, pp: int) -> str:
+    """A case's description at the stage count it ran at (1F1B's first stage holds min(m, pp) micro-batches)."""
+    held = ("more than a 1F1B's first stage holds at once (2 of them)" if pp == 2 else
+            "as many as a 1F1B's first stage holds at once" if pp == 4 else f"1F1B's first stage holds {min(4, pp)}")
+    return case.proves.format(pp=pp, held=held)
 
 
 def header(target: str) -> str:

@@ -98,6 +98,11 @@ def _spawn_log_to(log_dir: str | None):
         handler.close()
 
 
+RAISE_SETTLE_S = 3.0
+"""After the first rank raised, how long the others may take to end and write their own error: the rank whose peer
+died often raises first, and the cause is the peer's."""
+
+
 def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: float | None = None,
               log_dir: str | None = None) -> list:
     """Call `fn(rank, world_size, *args)` on every rank; return the ranks' results in rank order.
@@ -118,6 +123,9 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
                 if deadline is not None and time.monotonic() > deadline:
                     raise RanksFailed(f"the ranks were still running after {timeout_s:g} s", [])
         except mp.ProcessRaisedException:
+            settle = time.monotonic() + RAISE_SETTLE_S  # a peer's own error may still be on its way to its file
+            for process in context.processes:
+                process.join(timeout=max(0.0, settle - time.monotonic()))
             failed = sorted(int(name[4:-4]) for name in os.listdir(tmp) if name.endswith(".err"))
             errors = [open(os.path.join(tmp, f"rank{r}.err")).read() for r in failed]
             raise RanksFailed("a rank failed:\n" + "\n".join(errors), errors, failed) from None

@@ -178,7 +178,8 @@ def crash_line(traceback_text: str) -> str:
     return f"{exception} ({shown}:{frame['line']}, in {frame['func']})"
 
 
-SECONDARY = ("Connection closed by peer", "remote worker crashing")  # gloo's words on a rank whose peer died
+SECONDARY = ("Connection closed by peer", "remote worker crashing", "Connection reset by peer",
+             "remote worker hanging")  # gloo's words on a rank whose peer died
 
 
 def ended_by(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:

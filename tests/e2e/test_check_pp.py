@@ -114,3 +114,14 @@ def test_a_schedule_over_p2pops_and_batch_isend_irecv_is_watched_and_checked(cap
     verdict, detail = lines(out)[(2, "m2")]
     assert code == 1 and verdict == "FAIL" and "the loss is not divided by the micro-batch count: every gradient is " \
         "2 times one process's" in detail, out
+
+
+def test_a_schedule_that_declares_no_ties_is_not_applicable_to_the_tied_case(capsys):
+    """`supports_ties = False`: the tied case is a skip, said so, never an ok; the summary counts the skip apart;
+    the m4 case says the stage count it ran at."""
+    code, out, _ = check(f"{HELPERS}.gpipe_without_ties", "--pp", "2", "--cases", "m4,tied", capsys=capsys)
+    found = lines(out)
+    assert code == 0 and out.strip().endswith("every case passed (1), skipped (1)"), out
+    assert found[(2, "tied")] == ("skip", "not applicable: the schedule declares it does not support a weight tied "
+                                          "across stages (supports_ties = False)"), out
+    assert found[(2, "m4")][1].startswith("four micro-batches over 2 stages: more than a 1F1B's first stage holds"), out

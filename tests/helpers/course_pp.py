@@ -213,3 +213,30 @@ def batched_loss_not_divided(stage, step) -> None:
             _exchange([dist.P2POp(dist.isend, x.grad, step.rank - 1, tag=i)])
     for weight, group in step.tied:
         dist.all_reduce(weight.grad, group=group)
+
+
+def gpipe_without_ties(stage, step) -> None:
+    """Right where nothing is tied, and says it supports no tie (its `tied` case is not applicable)."""
+    first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
+    flight = []
+    for i in range(m):
+        x = step.inputs[i] if first else torch.empty(step.activation_shape)
+        if not first:
+            dist.recv(x, src=step.rank - 1, tag=i)
+            x.requires_grad_(True)
+        y = stage(x)
+        if not last:
+            dist.send(y.detach(), dst=step.rank + 1, tag=i)
+        flight.append((x, y))
+    for i, (x, y) in enumerate(flight):
+        if last:
+            (step.loss_fn(y, step.targets[i]) / m).backward()
+        else:
+            grad = torch.empty(step.activation_shape)
+            dist.recv(grad, src=step.rank + 1, tag=i)
+            y.backward(grad)
+        if not first:
+            dist.send(x.grad, dst=step.rank - 1, tag=i)
+
+
+gpipe_without_ties.supports_ties = False
