@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.check.cases import imported
+from ddp_lab.check.pipeline import WatchedWork
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import ended_by
 from ddp_lab.spec.context import exchange_bytes, imbalance, positions_of
@@ -143,7 +144,7 @@ class Waits:
                 self._count(name, args, kwargs)
                 what = json.dumps({"op": name, "peer": peer_of(name, args, kwargs)})
                 if name in ("isend", "irecv") or kwargs.get("async_op"):
-                    return _Waited(original(*args, **kwargs), self, what)
+                    return WatchedWork(original(*args, **kwargs), self, what)
                 with self.blocked(what):
                     inside.append(name)
                     try:
@@ -161,20 +162,6 @@ class Waits:
             for (home, name), fn in originals.items():
                 setattr(home, name, fn)
             os.close(self._fd)
-
-
-class _Waited:
-    """A request whose wait is watched."""
-
-    def __init__(self, work, waits: Waits, what: str):
-        self._work, self._waits, self._what = work, waits, what
-
-    def wait(self, *args, **kwargs):
-        with self._waits.blocked(self._what):
-            return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
 
 
 def run_cp_case(rank: int, cp: int, target: str, case: str, progress: str) -> dict:

@@ -230,10 +230,10 @@ def _one_microbatch_bytes(stage: Stage, step: Step) -> int:
     return size
 
 
-class _Work:
-    """A request from isend/irecv whose wait is timed and watched."""
+class WatchedWork:
+    """A request (isend, irecv, an async collective) whose wait is timed and watched by `watch.blocked`."""
 
-    def __init__(self, work, watch: Watch, what: str):
+    def __init__(self, work, watch, what: str):
         self._work, self._watch, self._what = work, watch, what
 
     def wait(self, *args, **kwargs):
@@ -320,7 +320,7 @@ class Watch:
                 if inside:
                     return original(*args, **kwargs)
                 peer, tag = peer_and_tag(args, kwargs, "dst" if name == "isend" else "src")
-                return _Work(original(*args, **kwargs), self, self._what(name, peer, tag))
+                return WatchedWork(original(*args, **kwargs), self, self._what(name, peer, tag))
             return call
 
         wrapped = {name: (blocking if name in ("send", "recv") else asynchronous)(name) for name in names}

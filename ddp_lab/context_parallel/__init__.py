@@ -1,12 +1,12 @@
 """Context parallelism on the mesh's `cp` axis: every sequence split over the cp ranks for every layer.
 
-`ContextParallel(mesh, impl, ulysses)` is built once per rank by `Parallelism` (ddp_lab/parallel/). It says which
-tokens of every sequence this rank holds (spec/context.py's layout: contiguous, or zigzag), hands the model the
-global positions of those tokens (its rotary embedding reads them) and the attention that exchanges what the
-rank does not hold: the ring (ring.py, contiguous or zigzag), Ulysses (ulysses.py), Ulysses inside groups with a
-ring across them (hybrid), or torch's ring template (torch_ring.py). Everything else in a layer is per token and
-needs no exchange. The model asks for it through `context_parallel(attend, positions)`; a model without that
-method does not run under context parallelism (the launcher refuses it).
+`ContextParallel(layout, cp_rank, cp_group, impl, ulysses)` is built once per rank by `Parallelism`
+(ddp_lab/parallel/): it says which tokens of every sequence this rank holds (spec/context.py's layout: contiguous,
+or zigzag), hands the model the global positions of those tokens (its rotary embedding reads them) and the attention
+that exchanges what the rank does not hold: the ring (ring.py, contiguous or zigzag), Ulysses (ulysses.py), Ulysses
+inside groups with a ring across them (hybrid), or torch's ring template (torch_ring.py). Everything else in a layer
+is per token and needs no exchange. The model asks for it through `context_parallel(attend, positions)`; a model
+without that method does not run under context parallelism (the launcher refuses it).
 
 The loss of a rank is the mean over its tokens; every rank holds as many tokens, so the strategy's average over
 dp x cp is the gradient of the mean over every token of the global batch, and the logged loss (the mean over

@@ -47,34 +47,24 @@ def heads_to_sequence(x: torch.Tensor, group, size: int, tally: Tally) -> torch.
     return got.permute(1, 0, 2, 3, 4).reshape(b, h * size, s // size, d)
 
 
-class SequenceToHeads(torch.autograd.Function):
+class AllToAll(torch.autograd.Function):
+    """`sequence_to_heads` (`to_heads`) or `heads_to_sequence`, whose backward is the other one."""
+
     @staticmethod
-    def forward(ctx, x, group, size: int, tally: Tally):
-        ctx.group, ctx.size, ctx.tally = group, size, tally
+    def forward(ctx, x, group, size: int, tally: Tally, to_heads: bool):
+        ctx.group, ctx.size, ctx.tally, ctx.to_heads = group, size, tally, to_heads
         tally.phase = "forward"
-        return sequence_to_heads(x, group, size, tally)
+        return (sequence_to_heads if to_heads else heads_to_sequence)(x, group, size, tally)
 
     @staticmethod
     def backward(ctx, grad):
         ctx.tally.phase = "backward"
-        return heads_to_sequence(grad, ctx.group, ctx.size, ctx.tally), None, None, None
-
-
-class HeadsToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, size: int, tally: Tally):
-        ctx.group, ctx.size, ctx.tally = group, size, tally
-        tally.phase = "forward"
-        return heads_to_sequence(x, group, size, tally)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.tally.phase = "backward"
-        return sequence_to_heads(grad, ctx.group, ctx.size, ctx.tally), None, None, None
+        back = heads_to_sequence if ctx.to_heads else sequence_to_heads
+        return back(grad, ctx.group, ctx.size, ctx.tally), None, None, None, None
 
 
 def ulysses_attention(q, k, v, group, size: int, tally: Tally, attend) -> torch.Tensor:
     """Causal attention of this rank's tokens by way of heads: q, k, v to head shards, `attend(q, k, v)` over the
     group's tokens (the model's attention, or a ring across groups), the output back to this rank's tokens."""
-    q, k, v = (SequenceToHeads.apply(t, group, size, tally) for t in (q, k, v))
-    return HeadsToSequence.apply(attend(q, k, v), group, size, tally)
+    q, k, v = (AllToAll.apply(t, group, size, tally, True) for t in (q, k, v))
+    return AllToAll.apply(attend(q, k, v), group, size, tally, False)

@@ -161,8 +161,8 @@ def _exchange(ops: list) -> None:
         work.wait()
 
 
-def gpipe_batched(stage, step) -> None:
-    """Right: gpipe over `P2POp`s and `batch_isend_irecv`, peers as group ranks (`group_peer`)."""
+def gpipe_batched(stage, step, divided: bool = True) -> None:
+    """Right: gpipe over `P2POp`s and `batch_isend_irecv`, peers given as a rank or as a group rank (`group_peer`)."""
     first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
     flight = []
     for i in range(m):
@@ -178,7 +178,8 @@ def gpipe_batched(stage, step) -> None:
         flight.append((x, y))
     for i, (x, y) in enumerate(flight):
         if last:
-            (step.loss_fn(y, step.targets[i]) / m).backward()
+            loss = step.loss_fn(y, step.targets[i])
+            (loss / m if divided else loss).backward()
         else:
             grad = torch.empty(step.activation_shape)
             _exchange([dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
@@ -191,52 +192,13 @@ def gpipe_batched(stage, step) -> None:
 
 def batched_loss_not_divided(stage, step) -> None:
     """Wrong, as a real schedule over batch_isend_irecv was: each micro-batch's loss never divided by their count."""
-    first, last = step.rank == 0, step.rank == step.stages - 1
-    flight = []
-    for i in range(step.microbatches):
-        x = step.inputs[i] if first else torch.empty(step.activation_shape)
-        if not first:
-            _exchange([dist.P2POp(dist.irecv, x, step.rank - 1, tag=i)])
-            x.requires_grad_(True)
-        y = stage(x)
-        if not last:
-            _exchange([dist.P2POp(dist.isend, y.detach(), step.rank + 1, tag=i)])
-        flight.append((x, y))
-    for i, (x, y) in enumerate(flight):
-        if last:
-            step.loss_fn(y, step.targets[i]).backward()  # not divided by the micro-batch count
-        else:
-            grad = torch.empty(step.activation_shape)
-            _exchange([dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
-            y.backward(grad)
-        if not first:
-            _exchange([dist.P2POp(dist.isend, x.grad, step.rank - 1, tag=i)])
-    for weight, group in step.tied:
-        dist.all_reduce(weight.grad, group=group)
+    gpipe_batched(stage, step, divided=False)
 
 
 def gpipe_without_ties(stage, step) -> None:
-    """Right where nothing is tied, and says it supports no tie (its `tied` case is not applicable)."""
-    first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
-    flight = []
-    for i in range(m):
-        x = step.inputs[i] if first else torch.empty(step.activation_shape)
-        if not first:
-            dist.recv(x, src=step.rank - 1, tag=i)
-            x.requires_grad_(True)
-        y = stage(x)
-        if not last:
-            dist.send(y.detach(), dst=step.rank + 1, tag=i)
-        flight.append((x, y))
-    for i, (x, y) in enumerate(flight):
-        if last:
-            (step.loss_fn(y, step.targets[i]) / m).backward()
-        else:
-            grad = torch.empty(step.activation_shape)
-            dist.recv(grad, src=step.rank + 1, tag=i)
-            y.backward(grad)
-        if not first:
-            dist.send(x.grad, dst=step.rank - 1, tag=i)
+    """gpipe, which sums no tied weight's copies, and says it supports no tie (its `tied` case is not applicable)."""
+    step.tied = []
+    gpipe(stage, step)
 
 
 gpipe_without_ties.supports_ties = False
