@@ -39,9 +39,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.check.cases import imported
-from ddp_lab.check.pipeline import WatchedWork
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import ended_by
+from ddp_lab.check.watch import WatchedWork, peer_of, standing_in
 from ddp_lab.spec.context import exchange_bytes, imbalance, positions_of
 
 BATCH, HEADS, HEAD_DIM, CHUNK, SEED = 2, 4, 8, 4, 2024
@@ -120,47 +120,21 @@ class Waits:
 
     @contextmanager
     def watching(self):
-        from torch.distributed import distributed_c10d as c10d
-
-        names = self.BLOCKING + ("isend", "irecv")
-        homes = (dist, c10d)
-        originals = {(home, n): getattr(home, n) for home in homes for n in names if hasattr(home, n)}
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT)
-
-        def peer_of(name, args, kwargs):
-            for key in ("dst", "src", "group_dst", "group_src", "group_peer"):
-                if kwargs.get(key) is not None:
-                    return kwargs[key]
-            return args[1] if name in ("send", "recv", "isend", "irecv") and len(args) > 1 else None
-
-        inside = []  # a blocking send or recv runs c10d's isend or irecv: that inner call is the same one
-
-        def wrap(name):
-            original = getattr(c10d, name, None) or getattr(dist, name)
-
+        def make(name, original):
             def call(*args, **kwargs):
-                if inside:
-                    return original(*args, **kwargs)
                 self._count(name, args, kwargs)
                 what = json.dumps({"op": name, "peer": peer_of(name, args, kwargs)})
                 if name in ("isend", "irecv") or kwargs.get("async_op"):
                     return WatchedWork(original(*args, **kwargs), self, what)
                 with self.blocked(what):
-                    inside.append(name)
-                    try:
-                        return original(*args, **kwargs)
-                    finally:
-                        inside.pop()
+                    return original(*args, **kwargs)
             return call
 
-        wrapped = {name: wrap(name) for name in names}  # one object per name in both homes: P2POp and
-        for home, name in originals:  # batch_isend_irecv compare an op with distributed_c10d's own by identity
-            setattr(home, name, wrapped[name])
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT)
         try:
-            yield self
+            with standing_in(self.BLOCKING + ("isend", "irecv"), make):
+                yield self
         finally:
-            for (home, name), fn in originals.items():
-                setattr(home, name, fn)
             os.close(self._fd)
 
 

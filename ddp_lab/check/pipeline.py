@@ -48,6 +48,7 @@ from torch import nn
 from ddp_lab.check.cases import imported
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.verdict import ended_by
+from ddp_lab.check.watch import POINT_TO_POINT, WatchedWork, peer_of, standing_in
 from ddp_lab.rank.activations import HeldActivations
 from ddp_lab.spec.pipeline import split_blocks
 
@@ -230,20 +231,6 @@ def _one_microbatch_bytes(stage: Stage, step: Step) -> int:
     return size
 
 
-class WatchedWork:
-    """A request (isend, irecv, an async collective) whose wait is timed and watched by `watch.blocked`."""
-
-    def __init__(self, work, watch, what: str):
-        self._work, self._watch, self._what = work, watch, what
-
-    def wait(self, *args, **kwargs):
-        with self._watch.blocked(self._what):
-            return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
 class Watch:
     """This stage's point-to-point calls while `watching()`: the time blocked in them (a blocking send or receive,
     a request's wait), and, in the file `path`, the call it is blocked in right now (cleared when it returns), so
@@ -281,56 +268,25 @@ class Watch:
 
     @contextmanager
     def watching(self):
-        """Every point-to-point call watched: send, recv, isend and irecv on torch.distributed and on
-        torch.distributed.distributed_c10d alike (one wrapper for both: P2POp checks its op against c10d's own by
-        identity, and batch_isend_irecv calls each P2POp's op, one by one on gloo), the peer read from dst/src,
-        group_dst/group_src or group_peer, positional or keyword."""
-        from torch.distributed import distributed_c10d as c10d
+        """Every point-to-point call watched: send, recv, isend and irecv, and so batch_isend_irecv's P2POps
+        (watch.py's stand-ins), the peer read from dst/src, group_dst/group_src or group_peer."""
+        def make(name, original):
+            def call(*args, **kwargs):
+                what = self._what(name, peer_of(name, args, kwargs), kwargs.get("tag", args[3] if len(args) > 3
+                                                                                else 0))
+                if name in ("isend", "irecv"):
+                    return WatchedWork(original(*args, **kwargs), self, what)
+                with self.blocked(what):
+                    return original(*args, **kwargs)
+            return call
 
-        names = ("send", "recv", "isend", "irecv")
-        originals = {(home, n): getattr(home, n) for home in (dist, c10d) for n in names}
         self.counts.clear()
         self.blocked_s = 0.0
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT)
-
-        def peer_and_tag(args, kwargs, key):
-            peer = next((kwargs[k] for k in (key, f"group_{key}", "group_peer") if kwargs.get(k) is not None),
-                        args[1] if len(args) > 1 else None)
-            return peer, kwargs.get("tag", args[3] if len(args) > 3 else 0)
-
-        inside = []  # a blocking send or recv runs c10d's isend or irecv: that inner call is the same one
-
-        def blocking(name):
-            original = originals[c10d, name]
-
-            def call(*args, **kwargs):
-                peer, tag = peer_and_tag(args, kwargs, "dst" if name == "send" else "src")
-                with self.blocked(self._what(name, peer, tag)):
-                    inside.append(name)
-                    try:
-                        return original(*args, **kwargs)
-                    finally:
-                        inside.pop()
-            return call
-
-        def asynchronous(name):
-            original = originals[c10d, name]
-
-            def call(*args, **kwargs):
-                if inside:
-                    return original(*args, **kwargs)
-                peer, tag = peer_and_tag(args, kwargs, "dst" if name == "isend" else "src")
-                return WatchedWork(original(*args, **kwargs), self, self._what(name, peer, tag))
-            return call
-
-        wrapped = {name: (blocking if name in ("send", "recv") else asynchronous)(name) for name in names}
-        for home, name in originals:
-            setattr(home, name, wrapped[name])
         try:
-            yield self
+            with standing_in(POINT_TO_POINT, make):
+                yield self
         finally:
-            for (home, name), fn in originals.items():
-                setattr(home, name, fn)
             os.close(self._fd)
 
 
