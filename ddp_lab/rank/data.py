@@ -62,7 +62,7 @@ class BatchSource:
         local = t.batch_size // world_size
         self.mine, self.device = slice(rank * local, (rank + 1) * local), device
         self.tokens = token_data(cfg) if data_name(cfg) != "synthetic" else None  # None: synthetic
-        self.columns = columns
+        self.columns = None if columns is None else columns.to(device)  # moved once, not per micro-batch
 
     def _rows(self, step: int, held_out: bool) -> torch.Tensor:
         if self.tokens is None:
@@ -82,8 +82,7 @@ class BatchSource:
         inputs, targets = rows[:, :-1], rows[:, 1:]
         if self.columns is None:
             return inputs, targets
-        at = self.columns.to(rows.device)
-        return inputs[:, at], targets[:, at]
+        return inputs[:, self.columns], targets[:, self.columns]
 
     def facts(self) -> dict:
         """The files and the tokens of each split, for W&B and results.json (nothing for data=synthetic)."""

@@ -182,9 +182,8 @@ def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_leng
         return f"parallel.cp must be >= 1, got {cp}"
     if world_size % (tp * pp * cp):
         axes = [(k, v) for k, v in (("pp", pp), ("cp", cp), ("tp", tp)) if v > 1] or [("tp", tp)]
-        what = " x ".join(f"parallel.{k}" for k, _ in axes) + " = " + " x ".join(str(v) for _, v in axes)
-        if len(axes) == 1:
-            what = f"parallel.{axes[0][0]}={axes[0][1]}"
+        what = (f"parallel.{axes[0][0]}={axes[0][1]}" if len(axes) == 1 else
+                " x ".join(f"parallel.{k}" for k, _ in axes) + " = " + " x ".join(str(v) for _, v in axes))
         grid = " x ".join(["pp"] * (pp > 1) + ["dp"] + ["cp"] * (cp > 1) + ["tp"])
         return (f"{what} does not divide world_size={world_size}: world_size = {grid}, use a world_size that is a "
                 f"multiple of {tp * pp * cp}")
