@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cp", default=None, metavar="DEGREES",
                         help="check a context-parallel attention (q, k, v, group, causal) -> out on these cp degrees, "
                              "comma-separated (docs/check_cp.md)")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default=None,
+                        help="with --cp: the dtype the attention runs in (default float64; float32 for code that "
+                             "runs in no other)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
@@ -306,8 +309,15 @@ def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
         if given:
             raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes its degrees, --cases, "
                              "--timeout, --logs and --traceback")
-    check_, header = {"tp": (check_pair, pair_header), "pp": (check_schedule, schedule_header),
-                      "cp": (check_attention, attention_header)}[axis]
+    if args.dtype is not None and axis != "cp":
+        raise ValueError(f"--dtype is the context-parallel check's option; --{axis} takes its degrees, --cases, "
+                         "--timeout, --logs and --traceback")
+    if axis == "cp":
+        dtype = args.dtype or "float64"
+        lines = check_attention(args.target, degrees, names, args.timeout, log_dir, dtype)
+        print(attention_header(args.target, dtype))
+        return _report(lines, log_dir, ours, args.traceback, unit=axis)
+    check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
     lines = check_(args.target, degrees, names, args.timeout, log_dir)
     print(header(args.target))
     return _report(lines, log_dir, ours, args.traceback, unit=axis)

@@ -4,23 +4,23 @@ The contract (docs/check_cp.md): a function the lab calls on every rank of a cp 
 
     def attention(q, k, v, group, causal) -> out
 
-q, k and v are this rank's tokens of every sequence, (batch, heads, local tokens, head_dim), float64, with
-requires_grad; `group` is the process group of the ranks sharing the sequence (rank r of it holds the r-th share);
-`causal` says whether a query sees only the keys at or before its own position. It returns this rank's queries'
-attention over the whole sequence, differentiably: the lab backpropagates a fixed gradient through it and reads
-q, k and v's gradients. The rank's tokens are contiguous (rank r holds chunk r of cp); a function that takes a
-`layout` keyword is also checked on the zigzag split (`layout="zigzag"`: rank r holds chunks r and 2cp-1-r of
-2cp, in that order).
+q, k and v are this rank's tokens of every sequence, (batch, heads, local tokens, head_dim), float64 (float32 with
+`--dtype float32`, for code that runs in no other), with requires_grad; `group` is the process group of the ranks
+sharing the sequence (rank r of it holds the r-th share); `causal` says whether a query sees only the keys at or
+before its own position. It returns this rank's queries' attention over the whole sequence, differentiably: the lab
+backpropagates a fixed gradient through it and reads q, k and v's gradients. The rank's tokens are contiguous (rank
+r holds chunk r of cp); a function that takes a `layout` keyword is also checked on the zigzag split
+(`layout="zigzag"`: rank r holds chunks r and 2cp-1-r of 2cp, in that order).
 
-Each case runs the function on cp gloo ranks against `scaled_dot_product_attention` over the whole sequence on
-one process, forward and every input's gradient (float64, within 1e-9). A FAIL names the cause where the output
-matches a known wrong version computed on one process: blocks merged without their log-sum-exps (each block's
-softmax averaged, unweighted), the causal mask wrong off the diagonal (keys after a query attended, or a whole
-block's earlier keys masked as if it were the diagonal), no mask on the diagonal block, the right values in the
-wrong places (a scrambled all-to-all); or, with the output right, dK/dV not returned to their owners (each rank
-keeping only what its own queries gave its keys). When the ranks hang, what each was waiting in (`Waits`).
-`seen`: the bytes each rank sent (point-to-point and collectives) beside the ring's formula, and each rank's time
-in the function, max over mean, beside the formula's causal imbalance for the layout.
+Each case runs the function on cp gloo ranks against `scaled_dot_product_attention` over the whole sequence on one
+process, forward and every input's gradient (float64, within 1e-9; float32 inputs within 2e-5: TOLERANCES). A FAIL
+names the cause where the output matches a known wrong version computed on one process: blocks merged without their
+log-sum-exps (each block's softmax averaged, unweighted), the causal mask wrong off the diagonal (keys after a query
+attended, or a whole block's earlier keys masked as if it were the diagonal), no mask on the diagonal block, the
+right values in the wrong places (a scrambled all-to-all); or, with the output right, dK/dV not returned to their
+owners (each rank keeping only what its own queries gave its keys). When the ranks hang, what each was waiting in
+(`Waits`). `seen`: the bytes each rank sent (point-to-point and collectives) beside the ring's formula, and each
+rank's time in the function, max over mean, beside the formula's causal imbalance for the layout.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ from ddp_lab.check.watch import WatchedWork, peer_of, standing_in
 from ddp_lab.spec.context import exchange_bytes, imbalance, positions_of
 
 BATCH, HEADS, HEAD_DIM, CHUNK, SEED = 2, 4, 8, 4, 2024
-TOLERANCE = 1e-9
+TOLERANCES = {"float64": 1e-9, "float32": 2e-5}
+"""Within what the output and gradients must equal one process's, by the dtype the function runs in (`--dtype`):
+float64's rounding of one attention is about 1e-15, float32's about 1e-6 of values of order 1; a wrong version is
+off by 0.1 and more."""
 RECORD = 256
 CP_CASES = {
     "causal": "causal attention, contiguous split: the output and dq, dk, dv equal one process's",
@@ -75,10 +78,11 @@ def length(cp: int) -> int:
     return 2 * cp * CHUNK
 
 
-def inputs(cp: int) -> list[torch.Tensor]:
-    """q, k, v and the output's gradient over the whole sequence: the same on every rank (one seed)."""
+def inputs(cp: int, dtype: str = "float64") -> list[torch.Tensor]:
+    """q, k, v and the output's gradient over the whole sequence, in `dtype`: the same on every rank (one seed)."""
     g = torch.Generator().manual_seed(SEED)
-    return [torch.randn(BATCH, HEADS, length(cp), HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(4)]
+    return [torch.randn(BATCH, HEADS, length(cp), HEAD_DIM, generator=g, dtype=torch.float64).to(getattr(torch, dtype))
+            for _ in range(4)]
 
 
 # --- on every rank -----------------------------------------------------------------------------------------
@@ -138,13 +142,13 @@ class Waits:
             os.close(self._fd)
 
 
-def run_cp_case(rank: int, cp: int, target: str, case: str, progress: str) -> dict:
+def run_cp_case(rank: int, cp: int, target: str, case: str, progress: str, dtype: str = "float64") -> dict:
     """One case on this rank: the function on its tokens, forward and backward; what it returned and the gradients,
     the bytes it sent and its time."""
     fn = locate_attention(target)
     layout = "zigzag" if case == "zigzag" else "ring"
     at = torch.tensor(positions_of(rank, cp, layout, length(cp)))
-    q, k, v, dout = (t[:, :, at].clone() for t in inputs(cp))
+    q, k, v, dout = (t[:, :, at].clone() for t in inputs(cp, dtype))
     for t in (q, k, v):
         t.requires_grad_(True)
     group = dist.group.WORLD
@@ -169,10 +173,11 @@ def _attend(q, k, v, mask: torch.Tensor | None):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def reference(cp: int, case: str) -> dict:
-    """One process's output and gradients over the whole sequence, and the known wrong outputs, each whole."""
+def reference(cp: int, case: str, dtype: str = "float64") -> dict:
+    """One process's output and gradients over the whole sequence, and the known wrong outputs, each whole: in
+    float64, from the inputs as the function got them (rounded to `dtype`)."""
     n = length(cp)
-    q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs(cp)))
+    q, k, v, dout = (t.double().requires_grad_(i < 3) for i, t in enumerate(inputs(cp, dtype)))
     causal = case != "full"
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out.backward(dout)
@@ -225,25 +230,25 @@ CAUSES = {
 }
 
 
-def _close(a, b) -> bool:
-    return a is not None and a.shape == b.shape and torch.allclose(a, b, atol=TOLERANCE, rtol=0)
+def _close(a, b, tolerance: float) -> bool:
+    return a is not None and a.shape == b.shape and torch.allclose(a.double(), b, atol=tolerance, rtol=0)
 
 
-def cp_verdict(per_rank: list[dict], cp: int, case: str) -> str | None:
+def cp_verdict(per_rank: list[dict], cp: int, case: str, dtype: str = "float64") -> str | None:
     """The cause of a wrong case, or None when every rank matched one process."""
-    ref = reference(cp, case)
+    ref, tolerance = reference(cp, case, dtype), TOLERANCES[dtype]
     layout = "zigzag" if case == "zigzag" else "ring"
     ats = [torch.tensor(positions_of(r, cp, layout, length(cp))) for r in range(cp)]
     outs = [r["out"] for r in per_rank]
-    if not all(_close(o, ref["out"][:, :, at]) for o, at in zip(outs, ats)):
+    if not all(_close(o, ref["out"][:, :, at], tolerance) for o, at in zip(outs, ats)):
         if any(o.shape != ref["out"][:, :, at].shape for o, at in zip(outs, ats)):
             return (f"the output has shape {tuple(outs[0].shape)} on rank 0, where its queries' attention is "
                     f"{tuple(ref['out'][:, :, ats[0]].shape)}")
         for name, wrong in ref["wrong"].items():
-            if all(_close(o, wrong[:, :, at]) for o, at in zip(outs, ats)):
+            if all(_close(o, wrong[:, :, at], tolerance) for o, at in zip(outs, ats)):
                 return CAUSES[name]
         got, want = torch.cat(outs, dim=2), torch.cat([ref["out"][:, :, at] for at in ats], dim=2)
-        if torch.allclose(got.flatten().sort().values, want.flatten().sort().values, atol=TOLERANCE, rtol=0):
+        if torch.allclose(got.double().flatten().sort().values, want.flatten().sort().values, atol=tolerance, rtol=0):
             return ("the right values in the wrong places (a scrambled exchange: an all-to-all's output laid out "
                     "unlike its input, e.g. made with empty_like of a permuted tensor)")
         worst = max((o - ref["out"][:, :, at]).abs().max().item() for o, at in zip(outs, ats))
@@ -254,13 +259,13 @@ def cp_verdict(per_rank: list[dict], cp: int, case: str) -> str | None:
         if any(g is None for g in grads):
             return f"{name} is None: the output is not differentiable back to {name[1]}"
     wrong = [n for i, n in enumerate(names)
-             if not all(_close(r["grads"][i], ref["grads"][i][:, :, at]) for r, at in zip(per_rank, ats))]
+             if not all(_close(r["grads"][i], ref["grads"][i][:, :, at], tolerance) for r, at in zip(per_rank, ats))]
     if not wrong:
         return None
     if wrong == ["dk", "dv"] or set(wrong) <= {"dk", "dv"}:
         kept = [own_queries_grads(ref, r, cp, case) for r in range(cp)]
-        if all(_close(per_rank[r]["grads"][1], kept[r][0]) and _close(per_rank[r]["grads"][2], kept[r][1])
-               for r in range(cp)):
+        if all(_close(per_rank[r]["grads"][1], kept[r][0], tolerance)
+               and _close(per_rank[r]["grads"][2], kept[r][1], tolerance) for r in range(cp)):
             return ("dK/dV not returned to their owners: each rank kept only what its own queries gave its keys "
                     "(the other ranks' contributions must travel back, around the ring or by a reduce-scatter)")
     worst = {n: max((r["grads"][i] - ref["grads"][i][:, :, at]).abs().max().item() for r, at in zip(per_rank, ats))
@@ -309,7 +314,8 @@ def waiting(progress: str, case: str, cp: int) -> str:
     return "; ".join(cause + told)
 
 
-def check_attention(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+def check_attention(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str,
+                    dtype: str = "float64") -> list[tuple]:
     """The context-parallel check of an attention function: (cp, case, verdict, detail, a crashed rank's traceback
     or None) per case and degree, and a `seen` line per finished case; each case in a set of ranks of its own."""
     fn = locate_attention(target)
@@ -322,7 +328,7 @@ def check_attention(target: str, degrees: list[int], names: list[str], timeout_s
                 continue
             with tempfile.TemporaryDirectory() as progress:
                 try:
-                    per_rank = run_ranks(run_cp_case, cp, target, name, progress, timeout_s=timeout_s,
+                    per_rank = run_ranks(run_cp_case, cp, target, name, progress, dtype, timeout_s=timeout_s,
                                          log_dir=log_dir)
                 except Exception as exc:  # a rank raised, died or hung
                     failure, trace = ended_by(exc, timeout_s)
@@ -330,15 +336,15 @@ def check_attention(target: str, degrees: list[int], names: list[str], timeout_s
                         failure = f"still running after {timeout_s:g} s: {waiting(progress, name, cp)}"
                     lines.append((cp, name, "FAIL", f"{CP_CASES[name]}: FAILED: {failure}", trace))
                     continue
-            cause = cp_verdict(per_rank, cp, name)
+            cause = cp_verdict(per_rank, cp, name, dtype)
             lines.append((cp, name, "FAIL" if cause else "ok",
                           f"{CP_CASES[name]}: FAILED: {cause}" if cause else CP_CASES[name], None))
             lines.append((cp, name, "seen", seen_line(per_rank, cp, name), None))
     return lines
 
 
-def header(target: str) -> str:
+def header(target: str, dtype: str = "float64") -> str:
     return (f"{target} (a context-parallel attention, each rank its tokens) against one process's "
-            f"scaled_dot_product_attention over the whole sequence (float64, within {TOLERANCE:g}; torch "
+            f"scaled_dot_product_attention over the whole sequence ({dtype}, within {TOLERANCES[dtype]:g}; torch "
             f"{torch.__version__}, gloo on CPU; {BATCH} sequences, {HEADS} heads of {HEAD_DIM}, 2 x cp chunks of "
             f"{CHUNK} tokens):")

@@ -57,10 +57,23 @@ def test_a_hang_names_what_each_rank_waits_for(capsys):
     assert "rank 0 waits to receive from rank 1; rank 1 waits to receive from rank 0" in detail, out
 
 
+def test_float32_code_is_checked_in_float32(capsys):
+    """`--dtype float32`, for code whose buffers take no other dtype (lucidrains' ring-attention-pytorch overflows
+    filling a float32 buffer with float64's max): the right function passes within float32's rounding, a wrong one
+    still gets its cause."""
+    code, out, _ = check(f"{HELPERS}.all_gather_attention", "--cp", "2", "--dtype", "float32", capsys=capsys)
+    assert code == 0 and "(float32, within 2e-05;" in out and out.strip().endswith("every case passed (3)"), out
+    code, out, _ = check(f"{HELPERS}.averages_blocks", "--cp", "2", "--dtype", "float32", "--cases", "causal",
+                         capsys=capsys)
+    detail = lines(out)[(2, "causal")][1]
+    assert code == 1 and "blocks merged without their log-sum-exps" in detail, out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--cp", "1"], "--cp takes ranks >= 2"),
     (["--cp", "2", "--tp", "2"], "one at a time"),
     (["--cp", "2", "--world-size", "2"], "--world-size is a data-parallel check's option"),
+    (["--pp", "2", "--dtype", "float32"], "--dtype is the context-parallel check's option"),
 ])
 def test_bad_input_is_refused_in_one_line(args, message, capsys):
     code, _, err = check(f"{HELPERS}.all_gather_attention", *args, capsys=capsys)
