@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.check.models import tiny_transformer
@@ -108,6 +109,29 @@ class _Costly(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Compared(TorchFunctionMode):
+    """Tensors compared on the host (`==`, `!=`), each a Python call into torch: what a wrapper whose attribute
+    shadows an nn.Module registry pays on every attribute it sets (`name in self._buffers` compares the name with
+    each tensor of a list)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in ("__eq__", "__ne__")
+        return func(*args, **(kwargs or {}))
+
+
+REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def _shadowed(model: torch.nn.Module) -> list[str]:
+    """nn.Module registries that a module of `model` (the wrapper included) replaced with something not a dict."""
+    return [f"{type(m).__name__}.{r}" for m in model.modules() for r in REGISTRIES
+            if not isinstance(getattr(m, r), dict)]
+
+
 def _dispatched(rank: int, world_size: int) -> dict:
     counts = {}
     for name in [*BUCKET_FAMILY, "torch_ddp"]:
@@ -117,9 +141,10 @@ def _dispatched(rank: int, world_size: int) -> dict:
         for step in range(STEPS):  # the last step counted: buckets built, DDP's rebuilt
             mode = _Costly() if step == STEPS - 1 else None
             if mode is not None:
-                with mode:
+                with mode, _Compared() as compared:
                     train_step(model, optimizer, [_batch(step, rank, world_size)])
-                counts[name] = {**mode.counts, "buckets": len(model.facts().get("buckets", {}).get("sizes_mb", []))}
+                counts[name] = {**mode.counts, "buckets": len(model.facts().get("buckets", {}).get("sizes_mb", [])),
+                                "compared": compared.count, "shadowed": _shadowed(model)}
             else:
                 train_step(model, optimizer, [_batch(step, rank, world_size)])
     return counts
@@ -140,3 +165,15 @@ def test_the_bucket_path_costs_no_more_than_torchs_ddp(dispatched, name):
             # gradient memory it saves), one allocation per bucket, none per parameter
             allowed += ours["buckets"]
         assert ours.get(kind, 0) <= allowed, (name, kind, ours, torch_ddp)
+
+
+@pytest.mark.parametrize("name", BUCKET_FAMILY)
+def test_the_bucket_path_compares_no_tensor_on_the_host(dispatched, name):
+    """The cause of the bucket path's 3x torch's DDP on the H200 (docs/measured/gpu.md, "The bucket path, found"):
+    BucketedDDP kept its buckets in `self._buffers`, nn.Module's buffer registry, so every attribute set on the
+    wrapper (one per bucket launched, in the hook on autograd's thread) looked its name up in the list of buckets,
+    one host-side tensor comparison each (~12 us on this CPU; 75 buckets x 75 comparisons a step on medium). A step
+    compares no tensor on the host, and every module keeps nn.Module's registries."""
+    ours = dispatched[0][name]
+    assert ours["compared"] == 0, ours
+    assert ours["shadowed"] == [], ours
