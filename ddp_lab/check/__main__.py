@@ -66,7 +66,7 @@ from ddp_lab.check.properties import PROPERTIES, WATCHED, claimed, describe_clai
 from ddp_lab.check.ranks import RanksFailed, run_ranks
 from ddp_lab.check.tensor_parallel import TP_CASES, check_pair
 from ddp_lab.check.tensor_parallel import header as pair_header
-from ddp_lab.check.verdict import ended_by, verdict
+from ddp_lab.check.verdict import Tolerance, ended_by, verdict
 from ddp_lab.config import key_values
 
 
@@ -103,8 +103,10 @@ def _header(target: str, cls: type, kwargs: dict, fsdp: bool) -> str:
     if runs(cls, kwargs, ["plain"]) != ["plain"]:
         how.append("every case at " + " and at ".join(f"{v} (@{k})" for k, v in BUCKET_SIZES.items()))
     read = f"; read {'; '.join(how)}" if how else ""
-    return (f"{target} against {reference} (atol {atol:g}, rtol {rtol:g}; torch {torch.__version__}, gloo on CPU"
-            f"{read}):")
+    tolerance = (f"atol per parameter: twice how far one rounding of each step's gradients in "
+                 f"{str(dtype).removeprefix('torch.')} moves it, at least {atol:g}, rtol {rtol:g}" if dtype
+                 else f"atol {atol:g}, rtol {rtol:g}")
+    return f"{target} against {reference} ({tolerance}; torch {torch.__version__}, gloo on CPU{read}):"
 
 
 def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s: float, log_dir: str,
@@ -135,11 +137,13 @@ def _run(target: str, world_size: int, kwargs: dict, names: list[str], timeout_s
     return {**results, **_run(target, world_size, kwargs, rest, timeout_s, log_dir, same_init, layers)}
 
 
-# A compute dtype's tolerance (rtol 0), against a reference that rounds the same way: bit for bit at 2 ranks
+# A compute dtype's tolerance floor (rtol 0), against a reference that rounds the same way: bit for bit at 2 ranks
 # (the project's FSDP in fp16 and bf16), but at 3 the order of the fp32 sums moves AdamW's steps on tiny
-# low-precision gradients by up to 5e-4 (fsdp, fp16, accumulation: measured). A sum in place of a mean still
-# shows, in the sgd case (by 0.05).
+# low-precision gradients by up to 5e-4 (fsdp, fp16, accumulation: measured). Above the floor, each parameter's
+# tolerance is derived from the dtype's rounding (verdict.Tolerance). A sum in place of a mean still shows, in the
+# sgd case (by 0.05).
 LOW_ATOL = 1e-3
+AVERAGE_BLAMED = "every rank agrees, and all differ from one process: the average is wrong"
 
 
 def is_fsdp(cls: type) -> bool:
@@ -149,6 +153,20 @@ def is_fsdp(cls: type) -> bool:
 
 def tolerances(kwargs: dict) -> tuple[float, float]:
     return (LOW_ATOL, 0.0) if compute_dtype(kwargs) is not None else (ATOL, RTOL)
+
+
+def tolerance_of(kwargs: dict, per_rank: list):
+    """A run's absolute tolerance: fp32's, or under a compute dtype one per parameter from the rounding reference's
+    spread (rank 0's `seen["rounding"]`, cases.run_cases)."""
+    dtype = compute_dtype(kwargs)
+    if dtype is None:
+        return ATOL
+    return Tolerance(per_rank[0][3].get("rounding", {}), LOW_ATOL, str(dtype).removeprefix("torch."))
+
+
+def without_dtype(kwargs: dict) -> dict:
+    """The constructor arguments of a run's float32 twin: the same, with no compute dtype."""
+    return {k: v for k, v in kwargs.items() if k != "compute_dtype"}
 
 
 def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
@@ -171,8 +189,16 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
         for run in planned:
             per_rank, failure = results[run]
             case = case_of(run)[0]
-            line, trace = failure or (verdict(case, per_rank, atol, rtol, getattr(cls, "checks_optimizer", None)
-                                              is not None, plain_passed), None)
+            optimizer = getattr(cls, "checks_optimizer", None) is not None
+            line, trace = failure or (verdict(case, per_rank, tolerance_of(kwargs, per_rank), rtol, optimizer,
+                                              plain_passed), None)
+            if line and failure is None and AVERAGE_BLAMED in line and compute_dtype(kwargs) is not None:
+                # the average blamed under a compute dtype: its float32 twin tells an average from a rounding
+                twin, twin_failure = _run(target, world_size, without_dtype(kwargs), [run], timeout_s, log_dir,
+                                          same_init, layers)[run]
+                if twin_failure is None and verdict(case, twin, ATOL, RTOL, optimizer, plain_passed) is None:
+                    line = verdict(case, per_rank, tolerance_of(kwargs, per_rank), rtol, optimizer, plain_passed,
+                                   twin_passed=True)
             if case.name == "plain":
                 plain_passed = (plain_passed is not False) and not line
             lines.append((world_size, run, "FAIL" if line else "ok",

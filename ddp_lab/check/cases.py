@@ -143,6 +143,10 @@ def case_of(run: str) -> tuple[Case, str | None]:
     return CASES[name], size or None
 
 
+ROUNDING_SEED = 7
+"""The seed of the signs with which the rounding reference moves each gradient (parity.CastSingleProcess's jitter)."""
+
+
 def compute_dtype(kwargs: dict) -> torch.dtype | None:
     """The wrapper's `compute_dtype` (`--set compute_dtype=float16`) where it computes in lower precision."""
     dtype = kwargs.get("compute_dtype")
@@ -195,8 +199,10 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
     for name in names:
         (case, size), started, before, observer = case_of(name), {}, {}, Observer()
         # the reference casts what the wrapper ran in the compute dtype (every parameter where none was seen)
-        low = ({"exact_reference": True, "reference_wrapper": partial(CastSingleProcess, dtype=dtype, ranks=world_size,
-                                                                       cast=observer.cast_in(dtype))} if dtype else {})
+        spread: dict[str, float] = {}  # rank 0: how far one rounding per step moves each parameter (ROUNDING_SEED)
+        cast = partial(CastSingleProcess, dtype=dtype, ranks=world_size, cast=observer.cast_in(dtype))
+        low = ({"exact_reference": True, "reference_wrapper": cast, "spread_into": spread,
+                "rounding_wrapper": partial(cast, jitter=ROUNDING_SEED)} if dtype else {})
         if progress is not None:
             Path(progress, f"rank{rank}.case").write_text(name)
 
@@ -221,7 +227,7 @@ def run_cases(rank: int, world_size: int, target: str, kwargs: dict, names: list
             **optimizer, **low)
         seen = {"calls": dict(observer.calls), "in_backward": observer.in_backward, "sizes": observer.sizes,
                 "overlapping": observer.overlapping(), "blocking": observer.blocking,
-                "held": held}
+                "held": held, "rounding": spread}
         out[name] = (started, state, reference, seen)
         if progress is not None:
             torch.save(out[name], Path(progress, f"{name}.rank{rank}.pt"))

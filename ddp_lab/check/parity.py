@@ -13,6 +13,7 @@ At the end every rank's weights must equal the reference's to float32 rounding.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from copy import deepcopy
 from functools import partial
 
 import torch
@@ -93,11 +94,15 @@ class CastSingleProcess(SingleProcess):
     `finish_gradient_synchronization` widens each copy's gradient, times 1/`ranks`, and adds it to the fp32
     one (the master weights), micro-batch by micro-batch as ranks sum."""
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype, ranks: int = 1, cast=None):
+    def __init__(self, module: nn.Module, dtype: torch.dtype, ranks: int = 1, cast=None, jitter: int | None = None):
         """`cast`: a function giving the names of the parameters to cast (the ones the wrapper ran in `dtype`: the
-        course's FSDP casts its Linear and Embedding weights and leaves a norm's in fp32), or None: every one."""
+        course's FSDP casts its Linear and Embedding weights and leaves a norm's in fp32), or None: every one.
+        `jitter` (a seed): every gradient, as it leaves `dtype`, moved by one rounding of it (the dtype's unit
+        roundoff times its magnitude, a random sign per element): a reference that rounds otherwise by as much as
+        one rounding per step, against which the check measures how far rounding alone moves the trained weights."""
         super().__init__(module)
         self.dtype, self.ranks, self.copies, self.cast = dtype, ranks, [], cast
+        self.jitter = torch.Generator().manual_seed(jitter) if jitter is not None else None
 
     def forward(self, *args, **kwargs):
         names = self.cast() if self.cast is not None else None
@@ -112,7 +117,11 @@ class CastSingleProcess(SingleProcess):
             for name, copy in low.items():
                 if copy.grad is not None:
                     p = params[name]
-                    grad = copy.grad.float() * (1.0 / self.ranks)
+                    grad = copy.grad.float()
+                    if self.jitter is not None and copy.grad.dtype == self.dtype:
+                        sign = torch.randint(0, 2, grad.shape, generator=self.jitter).mul_(2).sub_(1)
+                        grad = grad + sign * grad.abs() * (torch.finfo(self.dtype).eps / 2)
+                    grad = grad * (1.0 / self.ranks)
                     p.grad = grad if p.grad is None else p.grad + grad
         self.copies = []
 
@@ -189,7 +198,8 @@ def optimizer_of(ddp, optimizer_cls, groups: bool = False, **kwargs):
 def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_steps=1,
                       steps=STEPS, optimizer_cls=torch.optim.AdamW, opt_kwargs=None, set_to_none=True,
                       batch_size=GLOBAL_BATCH, exact_reference=False, inspect=None, reference_wrapper=SingleProcess,
-                      precision="fp32", data=None, after_step=None, same_init=False, groups=False, watch=None):
+                      precision="fp32", data=None, after_step=None, same_init=False, groups=False, watch=None,
+                      rounding_wrapper=None, spread_into: dict | None = None):
     """Returns (this rank's final state_dict, the reference's final state_dict or None), and with
     `inspect` a third item: `inspect(wrapper, optimizer)` after the last step.
 
@@ -203,7 +213,9 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
     `after_step(wrapper)`: called on every rank after each step (the held-out loss between steps).
     `same_init`: every rank builds the model from one seed (a wrapper that does not broadcast at start).
     `groups`: the optimizer on both sides over `two_groups` of the parameters. `watch`: a context manager
-    around the training steps (the check's observer).
+    around the training steps (the check's observer). `rounding_wrapper` (with `spread_into`, a dict): rank 0 trains
+    the reference a second time, from the same weights, in it (a CastSingleProcess with `jitter`), and puts each
+    parameter's largest difference between the two into `spread_into`: how far one rounding per step moves it.
     """
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     torch.manual_seed(0 if same_init else rank)  # different init on every rank, on purpose, unless asked
@@ -224,8 +236,15 @@ def train_distributed(rank, world_size, make_wrapper, model_name, *, grad_accum_
                 after_step(ddp)
     if reference is not None:
         micro_batches = world_size * grad_accum_steps if exact_reference else 1
+        twin = deepcopy(reference) if rounding_wrapper is not None else None
         train_reference(reference, optimizer_cls, steps, opt_kwargs, micro_batches, batch_size,
                         precision=precision, reference_wrapper=reference_wrapper, data=data, groups=groups)
+        if twin is not None:
+            train_reference(twin, optimizer_cls, steps, opt_kwargs, micro_batches, batch_size,
+                            precision=precision, reference_wrapper=rounding_wrapper, data=data, groups=groups)
+            rounded = twin.state_dict()
+            spread_into.update({n: (t - rounded[n]).abs().max().item() if t.is_floating_point() and t.numel() else 0.0
+                                for n, t in reference.state_dict().items()})
     state = full_state(ddp, ties)
     out = (state, reference.state_dict() if reference is not None else None)
     return out if inspect is None else (*out, inspect(ddp, optimizer))
@@ -247,7 +266,6 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     and `inspect(parallelism, wrapper, optimizer)`'s result third when given. `pipeline`: the `parallel` node's
     pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers); `context`: its context
     parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence."""
-    import copy
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.spec.strategies import SPECS
@@ -264,7 +282,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
     model = MODELS[model_name]() if isinstance(model_name, str) else model_name()
     ties = ties_of(model)
-    reference = copy.deepcopy(model) if rank == 0 else None
+    reference = deepcopy(model) if rank == 0 else None
     module = parallel.apply(model)
     spec = parallel.data_parallel(SPECS[strategy](**(knobs or {})))
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two

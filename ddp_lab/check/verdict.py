@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,6 +41,29 @@ from ddp_lab.check.ranks import RanksFailed
 
 SHOWN = 4  # names listed in a FAIL line before "and N more"
 _HARNESS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), sysconfig.get_paths()["stdlib"])
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A compute dtype's absolute tolerance, one per parameter: twice how far one rounding of every step's gradients
+    moves it (the rounding reference's spread, cases.py), at least `floor`. Twice: the wrapper's rounding and the
+    reference's each count once."""
+
+    spread: dict
+    floor: float
+    dtype: str
+
+    def of(self, name: str) -> float:
+        return max(self.floor, 2 * self.spread.get(name, 0.0))
+
+    def describe(self, name: str) -> str:
+        return (f"tolerance {self.of(name):.3g}: twice how far one rounding of each step's gradients in {self.dtype} "
+                f"moves it, at least {self.floor:g}")
+
+
+def atol_of(atol, name: str) -> float:
+    """The absolute tolerance of parameter `name`: one number for every parameter, or a compute dtype's `Tolerance`."""
+    return atol.of(name) if isinstance(atol, Tolerance) else atol
 
 
 def _differs(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
@@ -65,13 +89,15 @@ def _listed(names: list[str], facts: dict) -> str:
     return ", ".join(ordered[:SHOWN]) + more
 
 
-def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = False,
-            plain_passed: bool | None = None) -> str | None:
+def verdict(case, per_rank: list, atol, rtol: float, optimizer: bool = False,
+            plain_passed: bool | None = None, twin_passed: bool = False) -> str | None:
     """None when every rank matches; else the causes, every parameter that differs and the largest
     difference, in a line (module docstring). `per_rank`: run_cases' (started, trained, reference) per rank.
     `optimizer`: the target is a sharded optimizer under the project's own DDP (which averages every gradient),
     so what differs points at its updates, not at a gradient. `plain_passed`: whether the plain case passed in the
-    same check (None: not run), which tells a group's dropped options from an update that is wrong everywhere."""
+    same check (None: not run), which tells a group's dropped options from an update that is wrong everywhere.
+    `atol`: a number, or a compute dtype's `Tolerance`; `twin_passed`: under a compute dtype, the same case passed in
+    float32, so a difference every rank agrees on is the wrapper's rounding, not its average."""
     facts = model_facts(case.model)
     start0, _, reference = per_rank[0][:3]
     moved = {r: [n for n in start0 if n not in start or _differs(start[n], start0[n], 0.0, 0.0)]
@@ -81,22 +107,24 @@ def verdict(case, per_rank: list, atol: float, rtol: float, optimizer: bool = Fa
         return (f"the start-up broadcast: rank {rank} began from its own weights ({_listed(moved[rank], facts)} "
                 "differ from rank 0's right after wrapping; a wrapper that expects every rank to start from one "
                 "seed: --same-init)")
-    wrong, worst = {}, None  # name -> ranks where it differs from what it must equal; the first difference
+    wrong, worst, first = {}, None, None  # name -> ranks where it differs from what it must equal; the first one
     for rank, (_, state, *_) in enumerate(per_rank):
         for name, expected in reference.items():
-            how = _differs(state[name], expected, atol, rtol) if name in state else "missing"
+            how = _differs(state[name], expected, atol_of(atol, name), rtol) if name in state else "missing"
             if how:
                 wrong.setdefault(name, []).append(rank)
+                first = first or name
                 worst = worst or f"rank {rank}, {name}: {how} from the single-process reference"
     if not wrong:
         return None
-    detail = f"{_listed(list(wrong), facts)} differ ({worst}; tolerance {atol:g} + {rtol:g} x |expected|)"
-    causes = _causes(per_rank, wrong, facts, atol, rtol, optimizer, case.groups, plain_passed)
+    tolerance = atol.describe(first) if isinstance(atol, Tolerance) else f"tolerance {atol:g} + {rtol:g} x |expected|"
+    detail = f"{_listed(list(wrong), facts)} differ ({worst}; {tolerance})"
+    causes = _causes(per_rank, wrong, facts, atol, rtol, optimizer, case.groups, plain_passed, twin_passed)
     return f"{'; and '.join(causes)}: {detail}"
 
 
-def _causes(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool = False,
-            groups: bool = False, plain_passed: bool | None = None) -> list[str]:
+def _causes(per_rank: list, wrong: dict, facts: dict, atol, rtol: float, optimizer: bool = False,
+            groups: bool = False, plain_passed: bool | None = None, twin_passed: bool = False) -> list[str]:
     """Every cause the differences show, each once: a frozen parameter that moved and a broken tie each explain
     their own names; what is left is read as one more cause (ranks apart, an unused parameter, or all agreeing)."""
     causes, explained = [], set()
@@ -113,18 +141,20 @@ def _causes(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, 
             explained |= set(names)
     rest = {n: ranks for n, ranks in wrong.items() if n not in explained}
     trained0 = per_rank[0][1]
-    apart = any(_differs(s[n], trained0[n], atol, rtol) for n in rest for _, s, *_ in per_rank[1:] if n in s)
+    apart = any(_differs(s[n], trained0[n], atol_of(atol, n), rtol) for n in rest for _, s, *_ in per_rank[1:]
+                if n in s)
     # what differs beyond a moved frozen layer or a broken tie, alike on every rank, may be its victim (the model
     # trained on different weights); ranks that disagree, or an unused parameter that moved, are a fault of their own
     if rest and (not causes or apart or facts["unused"] & set(rest)):
-        causes.append(_cause_of_rest(per_rank, rest, facts, atol, rtol, optimizer, groups, plain_passed))
+        causes.append(_cause_of_rest(per_rank, rest, facts, atol, rtol, optimizer, groups, plain_passed, twin_passed))
     return causes
 
 
-def _cause_of_rest(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: float, optimizer: bool,
-                   groups: bool, plain_passed: bool | None) -> str:
+def _cause_of_rest(per_rank: list, wrong: dict, facts: dict, atol, rtol: float, optimizer: bool,
+                   groups: bool, plain_passed: bool | None, twin_passed: bool = False) -> str:
     trained0 = per_rank[0][1]
-    apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol, rtol) for _, s, *_ in per_rank[1:] if n in s)]
+    apart = [n for n in wrong if any(_differs(s[n], trained0[n], atol_of(atol, n), rtol) for _, s, *_ in per_rank[1:]
+                                     if n in s)]
     unused = sorted(facts["unused"] & set(wrong))
     if unused and not apart:
         return (f"the unused parameter moved ({unused[0]}): no forward uses it, so one process gives it no gradient "
@@ -151,6 +181,11 @@ def _cause_of_rest(per_rank: list, wrong: dict, facts: dict, atol: float, rtol: 
     if optimizer and groups and plain_passed is None:
         return (f"every rank agrees, and all differ from one process: {options}, or {owner} (the plain case tells them "
                 "apart: it passes where only the options are lost)")
+    if twin_passed:
+        dtype = atol.dtype if isinstance(atol, Tolerance) else "the compute dtype"
+        return (f"every rank agrees, and all differ from one process computing in {dtype} by more than its rounding "
+                "moves them; the same case passes in float32, so the average is right: the wrapper rounds otherwise "
+                f"than the reference does (where it casts, divides or sums in {dtype}?)")
     if optimizer:
         return f"every rank agrees, and all differ from one process: {owner}"
     return ("every rank agrees, and all differ from one process: the average is wrong (a sum for a mean, a "

@@ -274,6 +274,22 @@ class ForgetsToAverageFSDP(CourseFSDP):
         return grad
 
 
+class AveragesInItsDtype(CourseFSDP):
+    """Right, and rounds where the reference does not: each gradient is divided by the world size and summed in the
+    compute dtype (as torch's fp16_compress_hook does), then widened to fp32. A rounding of its own, not a wrong
+    average: its fp32 twin (no compute_dtype) is CourseFSDP itself."""
+
+    def finish_gradient_synchronization(self) -> None:
+        for p in self.module.parameters():
+            grad = p.grad
+            p.grad, p.data = None, self.master.pop(p)
+            if grad is not None:
+                grad = grad / self.n
+                dist.all_reduce(grad)
+                grad = grad.float()
+                p.grad = self._rows_of(grad) if p in self.rows else grad
+
+
 class IgnoresItsBucketSize(AveragingDDP):
     """Right, and one flat all-reduce of every gradient whatever `bucket_size_mb` says: not the buckets it
     claims."""

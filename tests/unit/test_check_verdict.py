@@ -140,3 +140,33 @@ def test_an_observation_that_raises_is_unmeasured_never_a_verdict():
            "RuntimeError: no peeking)" in describe([(None, None, None, seen)], 4)
     assert "could not be measured" in unjudged({"plain": [(None, None, None, seen)]}, "sharded")
     assert unjudged({"plain": [(None, None, None, seen)]}, "overlap") is None
+
+
+def test_a_compute_dtypes_tolerance_is_twice_its_rounding_spread_with_a_floor():
+    from ddp_lab.check.verdict import Tolerance, atol_of
+
+    tolerance = Tolerance({"w": 0.004, "b": 1e-6}, 1e-3, "float16")
+    assert atol_of(tolerance, "w") == 0.008 and atol_of(tolerance, "b") == 1e-3 and atol_of(tolerance, "new") == 1e-3
+    assert atol_of(1e-5, "w") == 1e-5
+    assert tolerance.describe("w").startswith("tolerance 0.008: twice how far one rounding")
+
+
+def test_the_rounding_reference_moves_each_gradient_by_one_rounding_at_most():
+    """parity.CastSingleProcess(jitter=seed): each low-precision gradient, widened, moved by the dtype's unit roundoff
+    times its magnitude, with a random sign per element (both signs drawn)."""
+    import torch
+    from torch import nn
+
+    from ddp_lab.check.parity import CastSingleProcess
+
+    grads = {}
+    for jitter in (None, 3):
+        torch.manual_seed(0)
+        model = nn.Linear(64, 64)
+        wrapper = CastSingleProcess(model, torch.float16, jitter=jitter)
+        wrapper(torch.randn(8, 64).half()).square().sum().backward()
+        wrapper.finish_gradient_synchronization()
+        grads[jitter] = model.weight.grad.clone()
+    moved = (grads[3] - grads[None]) / grads[None].abs().clamp_min(1e-30)
+    unit = torch.finfo(torch.float16).eps / 2
+    assert moved.abs().max() <= unit * 1.0001 and (moved > 0).any() and (moved < 0).any()
