@@ -3,9 +3,11 @@ tensor-parallel layers train like one process?
 
 The layers keep Megatron's contract, as the lecture writes them (docs/check_tp.md):
 
-- `Column(linear)` and `Row(linear)` are built on every TP rank from the same whole `nn.Linear` (a `group=`,
-  `process_group=` or `tp_group=` argument gets the TP group where the constructor takes one; otherwise the
-  default group is the TP group) and keep this rank's piece as parameters named `weight` and `bias`, in
+- `Column(linear)` and `Row(linear)` are built on every TP rank from the same whole `nn.Linear`, or, as frameworks
+  build them, from its sizes (`Column(in_features, out_features, bias=..., group=...)`, IN_SIZES and OUT_SIZES
+  naming the keywords taken), drawing their own weights, from which the reference is put together (`assemble`); a
+  `group=`, `process_group=` or `tp_group=` argument gets the TP group where the constructor takes one (otherwise
+  the default group is the TP group); each keeps this rank's piece as parameters named `weight` and `bias`, in
   `nn.Linear`'s layout: a column-parallel layer its rows of the weight (the output features) and of the bias,
   a row-parallel layer its columns of the weight (the input features) and the whole bias;
 - forward: a column-parallel layer takes the whole input and returns its slice of the output features; a
@@ -17,10 +19,11 @@ Each case builds one of the check's models with the user's layers where Megatron
 block's first linear column-wise and its second row-wise; attention's q, k and v column-wise, heads split, and
 its output row-wise), from the same seed on every rank, and trains 3 SGD steps on the same batch on every TP
 rank (under sequence parallelism, a case of its own for layers that take `sequence_parallel`, each rank its
-tokens of it) against the single-process model on it: the pieces must put back together into the whole layer (in the
-order of the ranks), and the output, the input's gradient, every piece's gradient and the weights after the
-steps must equal one process's, to float32 rounding. A FAIL names the first thing that differs and the cause
-it points to (`_cause`).
+tokens of it; inputs of 2 dimensions in one; in the mesh case, 2 x tp ranks, each TP group of consecutive ranks
+given as the layers' group) against the single-process model on it: the pieces must put back together into the
+whole layer (in the order of the ranks), and the output, the input's gradient, every piece's gradient and the
+weights after the steps must equal one process's, to float32 rounding. A FAIL names the first thing that differs
+and the cause it points to (`_cause`; on the mesh, a cause in a later TP group only is the global rank's).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ D_MODEL, HEADS, HIDDEN, SEQUENCE, BATCH = 16, 4, 32, 8, 4  # SEQUENCE: split by 
 STEPS, LR, SEED = 3, 0.1, 1234
 ATOL, RTOL = 1e-5, 1e-4
 GROUP_ARGUMENTS = ("group", "process_group", "tp_group")
+IN_SIZES = ("in_features", "input_size", "in_dim", "input_dim", "in_size", "d_in")
+OUT_SIZES = ("out_features", "output_size", "out_dim", "output_dim", "out_size", "d_out")
+MESH_DP = 2  # the mesh case: dp x tp ranks, run at tp 2 (4 ranks as 2 x 2)
 
 
 class FeedForward(nn.Module):
@@ -87,6 +93,8 @@ class TPCase:
     build: object
     proves: str
     sequence_parallel: bool = False  # built with sequence_parallel=True, each rank given its tokens
+    flat: bool = False  # inputs of 2 dimensions (tokens, features) instead of 3 (batch, sequence, features)
+    dp: int = 1  # data-parallel replicas of the TP group: dp x tp ranks, each TP group its own consecutive ranks
 
 
 TP_CASES = {case.name: case for case in (
@@ -99,7 +107,14 @@ TP_CASES = {case.name: case for case in (
     TPCase("sequence_parallel", FeedForward, "sequence parallelism, where both layers take sequence_parallel: each "
            "rank given its tokens, the column layer gathers them and the row layer scatters its sum over them, the "
            "row's bias gradient summed over the ranks", sequence_parallel=True),
+    TPCase("inputs_2d", FeedForward, "the feed-forward block on inputs of 2 dimensions (tokens, features), as a "
+           "flattened batch reaches it", flat=True),
+    TPCase("mesh", FeedForward, f"the feed-forward block on a {MESH_DP} x tp mesh of data and tensor parallelism: "
+           "each TP group of consecutive ranks, given to the layers as their group, trains as one process (a layer "
+           "that reads the global rank where its group's belongs takes pieces that are not its own)", dp=MESH_DP),
 )}
+MESH_TP = 2
+"""The TP degree the mesh case runs at (4 ranks as 2 x 2); at other degrees it is a skip that says so."""
 
 
 def claims_sequence_parallel(cls: type) -> bool:
@@ -119,25 +134,76 @@ def pair(target: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def _build(cls: type, linear: nn.Linear, sequence_parallel: bool) -> nn.Module:
+def group_argument(cls: type) -> str | None:
+    """The keyword a layer takes its TP group by (GROUP_ARGUMENTS), or None: it uses every rank."""
     parameters = inspect.signature(cls).parameters
-    group = next((name for name in GROUP_ARGUMENTS if name in parameters), None)
-    return cls(linear, **({group: dist.group.WORLD} if group else {}),
-               **({"sequence_parallel": True} if sequence_parallel else {}))
+    return next((name for name in GROUP_ARGUMENTS if name in parameters), None)
 
 
-def parallelize(model: nn.Module, column: type, row: type, sequence_parallel: bool = False) -> dict[str, nn.Module]:
+def size_arguments(cls: type) -> tuple[str, str] | None:
+    """(input size keyword, output size keyword) of a layer built from sizes (IN_SIZES, OUT_SIZES: the names of the
+    common frameworks), or None: it is built from a whole nn.Linear."""
+    parameters = inspect.signature(cls).parameters
+    given_in = next((name for name in IN_SIZES if name in parameters), None)
+    given_out = next((name for name in OUT_SIZES if name in parameters), None)
+    return (given_in, given_out) if given_in and given_out else None
+
+
+def _build(cls: type, linear: nn.Linear, sequence_parallel: bool, group) -> nn.Module:
+    """The user's layer in place of `linear`: built from it, or from its sizes (drawing its own weights, their
+    trainability copied from `linear`'s); the TP group given where the constructor takes one."""
+    given = group_argument(cls)
+    extra = {**({given: group} if given else {}), **({"sequence_parallel": True} if sequence_parallel else {})}
+    sizes = size_arguments(cls)
+    if sizes is None:
+        return cls(linear, **extra)
+    layer = cls(**{sizes[0]: linear.in_features, sizes[1]: linear.out_features}, bias=linear.bias is not None, **extra)
+    for name, piece in _pieces(layer).items():
+        piece.requires_grad_(getattr(linear, name).requires_grad)
+    return layer
+
+
+def parallelize(model: nn.Module, column: type, row: type, sequence_parallel: bool = False,
+                group=None) -> dict[str, nn.Module]:
     """Replace each linear `model.parallel` names by the user's layer built from it; the new layers by name."""
     out = {}
     for name, kind in model.parallel.items():
-        out[name] = _build(column if kind == "column" else row, getattr(model, name), sequence_parallel)
+        out[name] = _build(column if kind == "column" else row, getattr(model, name), sequence_parallel,
+                           dist.group.WORLD if group is None else group)
         setattr(model, name, out[name])
     return out
 
 
+def assemble(reference: nn.Module, layers: dict, kinds: dict, group) -> None:
+    """The reference's whole linears put together from the pieces layers built from sizes drew (column: rows in group
+    rank order; row: columns, and the first rank's bias); a piece that does not fit is left for `_offsets` to name."""
+    for name, layer in layers.items():
+        whole = getattr(reference, name)
+        for key, piece in _pieces(layer).items():
+            parts = _gathered(piece, group)
+            dim = _split_of(kinds[name], key)
+            try:
+                value = parts[0] if dim is None else torch.cat(parts, dim=dim)
+            except RuntimeError:
+                continue
+            if value.shape == getattr(whole, key).shape:
+                with torch.no_grad():
+                    getattr(whole, key).copy_(value)
+
+
+def tp_groups(world_size: int, dp: int):
+    """This rank's TP group: every rank (dp 1), or on a dp x tp mesh the group of its `world_size // dp` consecutive
+    ranks (every rank makes every group, in one order, as torch asks)."""
+    if dp == 1:
+        return dist.group.WORLD
+    tp = world_size // dp
+    groups = [dist.new_group(list(range(d * tp, (d + 1) * tp))) for d in range(dp)]
+    return groups[dist.get_rank() // tp]
+
+
 def run_tp_cases(rank: int, world_size: int, column_path: str, row_path: str, names: list[str]) -> dict:
-    """On every TP rank, per case: what differs from one process, read on this rank (`_compare`), or the
-    exception the user's layers raised when built (the uneven case may refuse)."""
+    """On every rank, per case: what differs from one process, read on this rank (`_compare`), or the exception the
+    user's layers raised when built (the uneven case may refuse; on the mesh, what one rank raised is its finding)."""
     column, row = locate_class(column_path), locate_class(row_path)
     out = {}
     for name in names:
@@ -145,17 +211,26 @@ def run_tp_cases(rank: int, world_size: int, column_path: str, row_path: str, na
         if case.sequence_parallel and not (claims_sequence_parallel(column) and claims_sequence_parallel(row)):
             out[name] = {"unclaimed": "the layers take no sequence_parallel argument: none claimed"}
             continue
+        if case.dp > 1 and not (group_argument(column) and group_argument(row)):
+            out[name] = {"unclaimed": "the layers take no group (group, process_group or tp_group): on a mesh they "
+                                      "cannot be told which ranks are their TP group"}
+            continue
+        group = tp_groups(world_size, case.dp)
         torch.manual_seed(SEED)  # the same whole model on every rank: the layers are built from it
         reference = case.build()
         model = copy.deepcopy(reference)
         try:
-            layers = parallelize(model, column, row, case.sequence_parallel)
+            layers = parallelize(model, column, row, case.sequence_parallel, group)
         except Exception as exc:  # noqa: BLE001 - a refusal of the user's, reported as the case's
-            if name != "uneven":
+            if name != "uneven" and case.dp == 1:
                 raise
-            out[name] = {"refused": f"{type(exc).__name__}: {exc}"}
+            out[name] = {"refused" if name == "uneven" else "raised": f"{type(exc).__name__}: {exc}",
+                         "global_rank": rank}
             continue
-        out[name] = _compare(reference, model, layers, rank, world_size, case.sequence_parallel)
+        if any(size_arguments(type(layer)) for layer in layers.values()):
+            assemble(reference, layers, model.parallel, group)
+        out[name] = {**_compare(reference, model, layers, dist.get_rank(group), dist.get_world_size(group),
+                                case.sequence_parallel, group, case.flat), "global_rank": rank}
     return out
 
 
@@ -163,9 +238,10 @@ def _pieces(layer: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in layer.named_parameters(recurse=False) if n in ("weight", "bias")}
 
 
-def _gathered(tensor: torch.Tensor | None, world_size: int) -> list:
-    parts = [None] * world_size
-    dist.all_gather_object(parts, None if tensor is None else tensor.detach().clone())
+def _gathered(tensor: torch.Tensor | None, group) -> list:
+    """Every rank of `group`'s `tensor`, in its group-rank order."""
+    parts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, None if tensor is None else tensor.detach().clone(), group=group)
     return parts
 
 
@@ -176,8 +252,7 @@ def _split_of(kind: str, name: str) -> int | None:
     return 1 if name == "weight" else None
 
 
-def _offsets(layers: dict, model: nn.Module, reference: nn.Module, world_size: int, rank: int
-             ) -> tuple[dict, str | None]:
+def _offsets(layers: dict, model: nn.Module, reference: nn.Module, rank: int, group) -> tuple[dict, str | None]:
     """Each piece's slice of its whole parameter on this rank, learned from every rank's piece: {(layer,
     parameter): (dim, start, length)}; and a cause where the pieces do not put back together into the whole."""
     out = {}
@@ -186,7 +261,7 @@ def _offsets(layers: dict, model: nn.Module, reference: nn.Module, world_size: i
         for name, piece in _pieces(layer).items():
             whole = getattr(getattr(reference, layer_name), name).detach()
             dim = _split_of(kind, name)
-            parts = _gathered(piece, world_size)
+            parts = _gathered(piece, group)
             if dim is None:
                 if not all(torch.equal(p, whole) for p in parts):
                     return out, (f"the {kind}-parallel {layer_name}.{name} is not the whole {name} on every rank (a "
@@ -242,17 +317,18 @@ def _differs(got: torch.Tensor | None, expected: torch.Tensor | None) -> float |
 
 
 def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, world_size: int,
-             sequence_parallel: bool = False) -> dict:
+             sequence_parallel: bool = False, group=None, flat: bool = False) -> dict:
     """Train both on the same batch; what differs on this rank, first step's forward and backward, then weights.
     Under sequence parallelism the layers see this rank's tokens (and give its tokens' output), and its share of the
     loss is its tokens' part of the whole batch's mean: the ranks' losses sum to one process's."""
-    where, cause = _offsets(layers, model, reference, world_size, rank)
+    where, cause = _offsets(layers, model, reference, rank, dist.group.WORLD if group is None else group)
     if cause is not None:
-        return {"pieces": cause}
+        return {"pieces": cause, "rank": rank}
     found: dict = {"pieces": None, "rank": rank}
     generator = torch.Generator().manual_seed(SEED + 1)
-    x = torch.randn(BATCH, SEQUENCE, D_MODEL, generator=generator)
-    target = torch.randn(BATCH, SEQUENCE, D_MODEL, generator=generator)
+    shape = (BATCH * SEQUENCE, D_MODEL) if flat else (BATCH, SEQUENCE, D_MODEL)
+    x = torch.randn(*shape, generator=generator)
+    target = torch.randn(*shape, generator=generator)
     mine = (lambda t: t.tensor_split(world_size, dim=1)[rank]) if sequence_parallel else (lambda t: t)
     optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=LR) for m in (reference, model)]
     for step in range(STEPS):
@@ -289,15 +365,32 @@ def _compare(reference: nn.Module, model: nn.Module, layers: dict, rank: int, wo
     return found
 
 
-def tp_verdict(per_rank: list[dict], world_size: int) -> tuple[str, str | None]:
-    """("ok" / "skip" / "FAIL", the line's detail or None) from every rank's findings of one case."""
+def tp_verdict(per_rank: list[dict], tp: int) -> tuple[str, str | None]:
+    """("ok" / "skip" / "FAIL", the line's detail or None) from every rank's findings of one case (on a mesh, every
+    TP group's: `per_rank` in global rank order, each group `tp` consecutive ranks)."""
     first = per_rank[0]
     if "refused" in first:
-        return "skip", f"refused when built at tp {world_size}: {first['refused']}"
+        return "skip", f"refused when built at tp {tp}: {first['refused']}"
     if "unclaimed" in first:
         return "skip", first["unclaimed"]
-    cause = _cause(per_rank, world_size)
+    groups = [per_rank[g:g + tp] for g in range(0, len(per_rank), tp)]
+    causes = [_group_cause(group, tp) for group in groups]
+    if len(groups) > 1 and causes[0] is None and any(causes[1:]):
+        late = next(g for g, c in enumerate(causes) if c)
+        ranks = f"{late * tp}-{late * tp + tp - 1}"
+        return "FAIL", (f"the layers read the global rank (dist.get_rank()) where their TP group's rank belongs "
+                        f"(dist.get_rank(group)): the first TP group (ranks 0-{tp - 1}) trains as one process, the "
+                        f"group of ranks {ranks} does not: {causes[late]}")
+    cause = next((c for c in causes if c), None)
     return ("FAIL", cause) if cause else ("ok", None)
+
+
+def _group_cause(per_rank: list[dict], tp: int) -> str | None:
+    """One TP group's cause: what one of its ranks raised when built, or `_cause` of its findings."""
+    raised = next((r for r in per_rank if "raised" in r), None)
+    if raised is not None:
+        return f"rank {raised['global_rank']} raised when its layers were built: {raised['raised']}"
+    return _cause(per_rank, tp)
 
 
 def _worst(per_rank: list[dict], key: str) -> tuple[int, float] | None:
@@ -377,8 +470,14 @@ def check_pair(target: str, degrees: list[int], names: list[str], timeout_s: flo
     lines = []
     for tp in degrees:
         for name in names:
+            dp = TP_CASES[name].dp
+            if dp > 1 and tp != MESH_TP:
+                lines.append((tp, name, "skip", f"the mesh case runs at tp {MESH_TP} ({dp} x {MESH_TP} on "
+                                                f"{dp * MESH_TP} ranks)", None))
+                continue
             try:
-                per_rank = run_ranks(run_tp_cases, tp, column, row, [name], timeout_s=timeout_s, log_dir=log_dir)
+                per_rank = run_ranks(run_tp_cases, dp * tp, column, row, [name], timeout_s=timeout_s,
+                                     log_dir=log_dir)
             except Exception as exc:  # a rank raised, died or hung
                 failure, trace = ended_by(exc, timeout_s)
                 lines.append((tp, name, "FAIL", f"{TP_CASES[name].proves}: FAILED: {failure}", trace))

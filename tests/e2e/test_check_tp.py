@@ -19,8 +19,11 @@ def lines(out: str) -> dict:
 
 def test_the_lectures_layers_completed_pass_at_tp_2_and_4(capsys):
     code, out, _ = check(f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--tp", "2,4", capsys=capsys)
-    assert code == 0 and out.strip().endswith("every case passed (10)"), out
-    assert {case for _, case in lines(out)} == {"mlp", "attention", "frozen", "uneven", "sequence_parallel"}
+    assert code == 0 and out.strip().endswith("every case passed (12), skipped (2)"), out
+    assert {case for _, case in lines(out)} == {"mlp", "attention", "frozen", "uneven", "sequence_parallel",
+                                                "inputs_2d", "mesh"}
+    # the lecture's layers take no group: every rank is their TP group, so the mesh case cannot tell them theirs
+    assert lines(out)[(2, "mesh")][1].startswith("the layers take no group"), out
     assert "3 SGD steps, every TP rank on the same batch" in out.splitlines()[0]
 
 
@@ -74,6 +77,32 @@ def test_the_tp_group_goes_to_a_constructor_that_takes_one(capsys):
     code, out, _ = check(f"{HELPERS}.TakesAGroup,{HELPERS}.RowParallelLinear", "--tp", "2", "--cases", "mlp",
                          capsys=capsys)
     assert code == 0, out
+
+
+SIZED = "tests.helpers.sized_tp"
+
+
+def test_layers_built_from_sizes_with_a_group_pass_on_a_mesh(capsys):
+    """Built as frameworks build them (`(in_features, out_features, bias, group)` and Megatron's `(input_size,
+    output_size, bias, tp_group)`), drawing their own weights: the reference is put together from the pieces they
+    drew, and on a 2 x 2 mesh each TP group trains as one process (the check before this one called `Column(linear)`
+    and could not build them)."""
+    code, out, _ = check(f"{SIZED}.SizedColumn,{SIZED}.SizedRow", "--tp", "2", "--cases",
+                         "mlp,attention,frozen,inputs_2d,mesh", capsys=capsys)
+    assert code == 0 and out.strip().endswith("every case passed (5)"), out
+
+
+def test_a_layer_reading_the_global_rank_fails_on_the_mesh_naming_it(capsys):
+    """Right wherever the TP group is every rank (its mlp case passes, as the whole check did before the mesh
+    case); on the 2 x 2 mesh the second group's pieces are not theirs, and the line says why."""
+    code, out, _ = check(f"{SIZED}.GlobalRankColumn,{SIZED}.SizedRow", "--tp", "2", "--cases", "mlp,mesh",
+                         capsys=capsys)
+    found = lines(out)
+    assert code == 1 and found[(2, "mlp")][0] == "ok", out
+    verdict, detail = found[(2, "mesh")]
+    assert verdict == "FAIL" and "FAILED: the layers read the global rank (dist.get_rank()) where their TP group's " \
+        "rank belongs (dist.get_rank(group)): the first TP group (ranks 0-1) trains as one process, the group of " \
+        "ranks 2-3 does not: the column-parallel w1.weight's pieces ((0, 16), (0, 16)) do not put back" in detail, out
 
 
 @pytest.mark.parametrize("argv, message", [
