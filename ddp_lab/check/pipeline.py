@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import tempfile
 import time
 from contextlib import contextmanager
@@ -55,6 +56,7 @@ from ddp_lab.spec.pipeline import split_blocks
 VOCAB, D_MODEL, SEQUENCE, BATCH, BLOCKS = 32, 16, 6, 8, 4
 STEPS, LR, SEED = 3, 0.1, 4321
 ATOL, RTOL = 1e-5, 1e-4
+BUBBLE_STEPS = 7  # synchronized steps the bubble is measured over (its median, and the spread beside it)
 RECORD = 512  # bytes of Watch's record of the call a stage is blocked in (its JSON is about 100)
 
 
@@ -181,15 +183,10 @@ def run_pp_cases(rank: int, pp: int, target: str, names: list[str], progress: st
         found = {"rank": rank, "microbatches": m, "one_bytes": one}
         whole = dict(reference.named_parameters(remove_duplicate=False))
         names_of = stage.whole_names()
-        blocked = elapsed = 0.0  # over the steps after the first (which opens the connections between stages)
         for i in range(STEPS):
             loss_fn(reference(tokens[:, :-1]), tokens[:, 1:]).backward()
-            start = time.perf_counter()
             with watch.watching(), activations.counting():
                 schedule(stage, step)
-            if i > 0:
-                elapsed += time.perf_counter() - start
-                blocked += watch.blocked_s
             if i == 0:
                 found["grads"] = {names_of[n]: (_none_or(p.grad), whole[names_of[n]].grad.clone())
                                   for n, p in stage.named_parameters()}
@@ -197,12 +194,28 @@ def run_pp_cases(rank: int, pp: int, target: str, names: list[str], progress: st
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
-        found["bubble"] = blocked / elapsed if elapsed else None
         found["weights"] = {names_of[n]: (p.detach().clone(), whole[names_of[n]].detach().clone())
                             for n, p in stage.named_parameters()}
         found["tied"] = [names_of[n] for n, p in stage.named_parameters() if any(p is t for t, _ in tied)]
+        found["bubbles"] = _bubbles(schedule, stage, step, watch)
         out[name] = found
     return out
+
+
+def _bubbles(schedule, stage: Stage, step: Step, watch: "Watch") -> list[float]:
+    """This stage's bubble in each of BUBBLE_STEPS more steps (gradients only, nothing stepped), each started on every
+    stage at once after a barrier: the share of the step it spent blocked in a send, a receive or a wait. A window
+    that starts when this stage happens to start would count another stage's lateness as this one's bubble."""
+    bubbles = []
+    for _ in range(BUBBLE_STEPS):
+        dist.barrier()
+        start = time.perf_counter()
+        with watch.watching():
+            schedule(stage, step)
+        spent = time.perf_counter() - start
+        bubbles.append(watch.blocked_s / spent)
+        stage.zero_grad(set_to_none=True)
+    return bubbles
 
 
 def _none_or(t):
@@ -375,11 +388,12 @@ def seen_line(per_rank: list[dict], pp: int) -> str:
     parts = []
     for r in per_rank:
         worth = f" ({r['peak_bytes'] / r['one_bytes']:.1f} micro-batches' worth)" if r["one_bytes"] else ""
-        bubble = f"bubble {100 * r['bubble']:.0f}%" if r.get("bubble") is not None else "bubble not measured"
+        b = r["bubbles"]
+        bubble = f"bubble {100 * statistics.median(b):.0f}% ({100 * min(b):.0f}-{100 * max(b):.0f}%)"
         parts.append(f"stage {r['rank']} {bubble}, activations held at most {r['peak_bytes'] / 2**10:.1f} KiB{worth}")
     return (f"{'; '.join(parts)} (GPipe's and 1F1B's bubble (p - 1) / (m + p - 1) = {100 * formula:.0f}% at p {pp}, "
-            f"m {m}; measured: the share of the steps after the first spent blocked in sends, receives and waits, on "
-            "shared CPU cores)")
+            f"m {m}; measured: the median and the range over {BUBBLE_STEPS} steps, each started on every stage at "
+            "once after a barrier, of the share spent blocked in sends, receives and waits, on shared CPU cores)")
 
 
 # autograd's words for backward through a graph already freed, or never kept (a detached output)
@@ -407,6 +421,11 @@ def check_schedule(target: str, degrees: list[int], names: list[str], timeout_s:
                     failure, trace = ended_by(exc, timeout_s)
                     if trace is None and isinstance(exc, RanksFailed):  # a hang: what every stage waited for
                         failure = f"still running after {timeout_s:g} s: {waiting(progress, name, pp)}"
+                    m = PP_CASES[name].microbatches
+                    if trace is not None and "IndexError" in trace and m < pp - 1:
+                        failure = (f"a stage asked for a micro-batch that does not exist (m {m} < p - 1 = {pp - 1}: a "
+                                   "1F1B's warm-up is min(p - 1 - rank, m) forwards, not p - 1 - rank): "
+                                   f"{failure}")
                     if trace is not None and any(words in trace for words in FREED):
                         failure = ("a micro-batch's activations were freed before its backward (backward ran "
                                    "through a graph already freed, or never kept: keep each micro-batch's input and "

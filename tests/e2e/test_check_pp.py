@@ -31,7 +31,9 @@ def test_gpipe_and_1f1b_pass_at_2_and_4_stages(schedule, capsys):
     found = lines(out)
     assert code == 0 and out.strip().endswith("every case passed (8)"), out
     seen = found[(4, "seen m4")][1]
-    assert len(re.findall(r"stage \d bubble \d+%", seen)) == 4 and "(p - 1) / (m + p - 1) = 43% at p 4, m 4" in seen
+    bubbles = re.findall(r"stage \d bubble (\d+)% \((\d+)-(\d+)%\)", seen)  # the median, within its range
+    assert len(bubbles) == 4 and all(int(lo) <= int(mid) <= int(hi) for mid, lo, hi in bubbles), seen
+    assert "(p - 1) / (m + p - 1) = 43% at p 4, m 4" in seen and "over 7 steps, each started on every stage" in seen
     if schedule == "one_f_one_b":  # in flight: min(m, p - stage) micro-batches, the last stage's loss one more
         assert worth(seen)[:3] == [4.0, 3.0, 2.0] and worth(seen)[3] == 1.0, seen
     else:  # every micro-batch held until the backward phase
@@ -52,6 +54,19 @@ def test_each_wrong_schedule_fails_with_its_cause(schedule, cause, capsys):
         verdict, detail = found[(2, f"m{m}")]
         assert verdict == "FAIL" and detail.split("FAILED: ")[1].startswith(cause.format(m=m)), out
     assert found[(2, "m1")][0] == ("FAIL" if schedule == "frees_its_outputs" else "ok"), out  # m = 1 hides a scale
+
+
+def test_a_1f1b_whose_warmup_is_not_capped_fails_where_m_is_below_p_minus_1(capsys):
+    """Right at 2 stages and at m >= p - 1; at 4 stages with 1 or 2 micro-batches its first stage asks for one that
+    does not exist, and the line says why (the check before this one gave the IndexError alone)."""
+    code, out, _ = check(f"{HELPERS}.warmup_not_capped", "--pp", "2,4", "--cases", "m1,m2,m4", capsys=capsys)
+    found = lines(out)
+    assert code == 1 and [found[(p, f"m{m}")][0] for p in (2, 4) for m in (1, 2, 4)] == \
+        ["ok", "ok", "ok", "FAIL", "FAIL", "ok"], out
+    for m in (1, 2):
+        assert found[(4, f"m{m}")][1].split("FAILED: ")[1].startswith(
+            f"a stage asked for a micro-batch that does not exist (m {m} < p - 1 = 3: a 1F1B's warm-up is "
+            "min(p - 1 - rank, m) forwards, not p - 1 - rank): rank 0 raised IndexError"), out
 
 
 def test_a_tie_not_summed_across_stages(capsys):
