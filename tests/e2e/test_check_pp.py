@@ -125,6 +125,9 @@ def test_a_schedule_over_p2pops_and_batch_isend_irecv_is_watched_and_checked(cap
     micro-batch count) gets its cause."""
     code, out, _ = check(f"{HELPERS}.gpipe_batched", "--pp", "2,4", "--cases", "m2,tied", capsys=capsys)
     assert code == 0 and out.strip().endswith("every case passed (4)"), out
+    # 1F1B as Megatron posts it: a forward's send and an earlier micro-batch's gradient receive in one batch
+    code, out, _ = check(f"{HELPERS}.one_f_one_b_batched", "--pp", "2,4", "--cases", "m1,m4,tied", capsys=capsys)
+    assert code == 0 and out.strip().endswith("every case passed (6)"), out
     code, out, _ = check(f"{HELPERS}.batched_loss_not_divided", "--pp", "2", "--cases", "m2", capsys=capsys)
     verdict, detail = lines(out)[(2, "m2")]
     assert code == 1 and verdict == "FAIL" and "the loss is not divided by the micro-batch count: every gradient is " \

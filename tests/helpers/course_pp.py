@@ -227,6 +227,52 @@ def gpipe_batched(stage, step, divided: bool = True) -> None:
         dist.all_reduce(weight.grad, group=group)
 
 
+def one_f_one_b_batched(stage, step) -> None:
+    """Right: 1F1B over `P2POp`s, as Megatron posts them: in the steady phase a stage's send of its forward output
+    and its receive of the gradient of an earlier micro-batch go out together in one `batch_isend_irecv`."""
+    first, last, m = step.rank == 0, step.rank == step.stages - 1, step.microbatches
+    warmup, flight = min(m, step.stages - step.rank - 1), {}
+
+    def forward(i):
+        if first:
+            x = step.inputs[i]
+        else:
+            x = torch.empty(step.activation_shape)
+            _exchange([dist.P2POp(dist.irecv, x, step.rank - 1, tag=i)])
+            x.requires_grad_(True)
+        flight[i] = (x, stage(x))
+        return flight[i][1]
+
+    def backward(i, grad=None):
+        x, y = flight.pop(i)
+        if last:
+            (step.loss_fn(y, step.targets[i]) / m).backward()
+        else:
+            if grad is None:
+                grad = torch.empty(step.activation_shape)
+                _exchange([dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
+            y.backward(grad)
+        if not first:
+            _exchange([dist.P2POp(dist.isend, x.grad, group_peer=step.rank - 1, tag=i)])
+
+    for i in range(warmup):
+        y = forward(i)
+        if not last:
+            _exchange([dist.P2POp(dist.isend, y.detach(), step.rank + 1, tag=i)])
+    for i in range(m - warmup):
+        y = forward(warmup + i)
+        grad = None
+        if not last:  # send forward, receive backward: one batch
+            grad = torch.empty(step.activation_shape)
+            _exchange([dist.P2POp(dist.isend, y.detach(), step.rank + 1, tag=warmup + i),
+                       dist.P2POp(dist.irecv, grad, step.rank + 1, tag=i)])
+        backward(i, grad)
+    for i in range(m - warmup, m):
+        backward(i)
+    for weight, group in step.tied:
+        dist.all_reduce(weight.grad, group=group)
+
+
 def batched_loss_not_divided(stage, step) -> None:
     """Wrong, as a real schedule over batch_isend_irecv was: each micro-batch's loss never divided by their count."""
     gpipe_batched(stage, step, divided=False)
