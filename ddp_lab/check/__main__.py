@@ -175,6 +175,14 @@ def check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, t
     """(world size, run or property, "ok" / "FAIL" / "skip" / "seen", detail, a crashed rank's traceback or
     None) per run (a case, at each bucket size where the check chose them), claimed property and world size.
     `layers`: the user's own layer classes by kind, as dotted paths (`--layers`)."""
+    try:
+        return _check(target, world_sizes, names, kwargs, timeout_s, log_dir, same_init, expect, fsdp, layers)
+    finally:
+        use_layers({})  # the models of this process back to torch's layers (a test calls check() in-process)
+
+
+def _check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, timeout_s: float,
+           log_dir: str, same_init: bool, expect: set[str], fsdp: bool, layers: dict[str, str] | None) -> list[tuple]:
     use_layers(layer_classes(layers))  # here too: the verdicts read the models' parameter names
     cls = locate(target)
     atol, rtol = tolerances(kwargs)

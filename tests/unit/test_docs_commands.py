@@ -1,7 +1,8 @@
 """Every `python launch.py ...` line of the README and the docs passes launch.py's own pre-launch checks (Hydra's
 composition of every job, every check) without starting a job, as `python launch.py ... --dry-run` does; a line
 whose comment says it is refused must be refused. A renamed or removed key fails here, naming the page and line.
-`python -m ddp_lab.calculator` and `python -m ddp_lab.spec` lines of fenced blocks run whole (arithmetic).
+`python -m ddp_lab.calculator`, `python -m ddp_lab.spec` and `python -m ddp_lab.plan` lines of fenced blocks run whole
+(arithmetic).
 
 Placeholders a reader replaces are substituted (a text or token file of the test's own for `data.path`), or left
 out where they name what an earlier command writes (`checkpoint.load=JOB`, `resume=SWEEP`, an output folder:
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 register_configs()  # as launch.py does on import: the schema Hydra composes on
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LAUNCH = "python launch.py"
-MODULES = ("python -m ddp_lab.calculator", "python -m ddp_lab.spec")
+MODULES = ("python -m ddp_lab.calculator", "python -m ddp_lab.spec", "python -m ddp_lab.plan")
 REFUSED = re.compile(r"#.*\brefused\b")
 ELSEWHERE = ("nccl", "GPU", "root", "iproute2", "pip install", "not installed", "DeepSpeed", "torchft")
 """What a refusal may name when the line needs another machine or an extra (the docs say which)."""

@@ -29,6 +29,7 @@ class System:
     generation: str = "hopper"  # the row of NCCL's tuner tables (nccl.GENERATIONS)
     channels: int = 16          # NCCL channels (torch's comm_analysis heuristic per generation)
     nvls: bool = False          # NVSwitch with NVLink SHARP: NCCL's NVLS all-reduce inside a node
+    memory_bytes: float = 80e9  # each GPU's memory (the planner's fit; the datasheets in `sources`)
 
 
 NCCL_SOURCES = (
@@ -37,7 +38,7 @@ NCCL_SOURCES = (
     "src/tuning/nvls.cc (nvlsEfficiency); channels per generation: torch/_inductor/comm_analysis.py",
 )
 H100_SOURCES = (
-    "989.4 TFLOP/s dense BF16, 3.35 TB/s HBM3, NVLink 900 GB/s bidirectional (450 GB/s each way): "
+    "989.4 TFLOP/s dense BF16, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s bidirectional (450 GB/s each way): "
     "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5); NCCL's bus bandwidth 18 links x 20.6 GB/s = "
     "370.8 GB/s (NVIDIA/nccl src/graph/topo.h SM90_NVLINK_BW)",
     "8 x ConnectX-7 400 Gb/s (50 GB/s) InfiniBand NDR per node: NVIDIA DGX H100 datasheet",
@@ -70,7 +71,7 @@ SYSTEMS = {
     "h200": System(
         name="h200", gpu="H200", gpus_per_node=8, peak_flops=989.4e12, hbm_Bps=4.8e12,
         intra_busbw_Bps=370.8e9, inter_busbw_Bps=min(8 * 50e9, 370.8e9), link_Bps=450e9, mfu=0.5,
-        sources=H200_SOURCES, generation="hopper", channels=16, nvls=True),
+        sources=H200_SOURCES, generation="hopper", channels=16, nvls=True, memory_bytes=141e9),
     "a100-nvlink": System(
         name="a100-nvlink", gpu="A100", gpus_per_node=8, peak_flops=312e12, hbm_Bps=2.039e12,
         intra_busbw_Bps=235e9, inter_busbw_Bps=min(8 * 25e9, 235e9), link_Bps=300e9, mfu=0.5,
@@ -84,13 +85,13 @@ SYSTEMS = {
     "v100-dgx1": System(
         name="v100-dgx1", gpu="V100", gpus_per_node=8, peak_flops=125e12, hbm_Bps=0.9e12,
         intra_busbw_Bps=120e9, inter_busbw_Bps=4 * 12.5e9, link_Bps=150e9, mfu=0.5,
-        sources=("125 TFLOP/s fp16 tensor, 900 GB/s HBM2, 6 NVLinks of 25 GB/s each way: NVIDIA Tesla V100 "
+        sources=("125 TFLOP/s fp16 tensor, 900 GB/s HBM2 (32 GB: the DGX-1's later V100s; the first had 16), 6 NVLinks of 25 GB/s each way: NVIDIA Tesla V100 "
                  "datasheet (SXM2); NCCL's bus bandwidth 6 x 20 GB/s (NVIDIA/nccl src/graph/topo.h "
                  "SM70_NVLINK_BW)",
                  "4 x 100 Gb/s InfiniBand per machine: pytorch/pytorch benchmarks/distributed/ddp/README.md "
                  "(the DGX-1 machines it ran on)",
                  *NCCL_SOURCES),
-        generation="volta", channels=2),
+        generation="volta", channels=2, memory_bytes=32e9),
 }
 
 

@@ -1,0 +1,228 @@
+"""`python -m ddp_lab.plan`: which layout for this model, these GPUs and this batch? (docs/plan.md)
+
+    python -m ddp_lab.plan --model llama3-70b --system h100-nvlink --gpus 64 --global-batch 4M --context 8192
+    python -m ddp_lab.plan --model medium --system h200 --gpus 8 --global-batch 262144 --top 10 --json plan.json
+    python -m ddp_lab.plan --model llama3-8b --system h100-nvlink --gpus 8 --global-batch 1M \\
+        --layout dp=2,tp=4,pp=1,cp=1,strategy=fsdp_torch,microbatches=4,checkpointing=full
+
+Models: the lab's (conf/model/), the published Llama 3 shapes (llama3-8b, -70b, -405b: shapes only, nothing
+allocated) or a JSON file with a Shape's fields. Systems: the predictor's (`python -m ddp_lab.predict systems`), or
+one described by `--flops`, `--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from ddp_lab.analysis.plan.price import CHECKPOINTING, HEADROOM, SCHEDULES, STRATEGIES, Layout, Priced, price
+from ddp_lab.analysis.plan.search import PlanError, layout_problem, plan, why_runner_up_lost
+from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape, from_conf, with_context
+from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.systems import SYSTEMS, System, get_system
+
+GB = 1e9
+WIDTH = 120  # the terminal's columns the output keeps within
+SUFFIX = {"k": 2**10, "m": 2**20, "g": 2**30}  # binary, as batch sizes are: 4M is 512 sequences of 8192
+LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "strategy", "schedule", "microbatches", "checkpointing", "stages_per_rank"}
+
+
+def tokens(text: str) -> int:
+    """`4M`, `262144`, `1.5k`: a token count (k, M, G binary: 4M = 4 x 2^20)."""
+    text = text.strip().lower()
+    scale = SUFFIX.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if scale != 1 else text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 4M, 262144)") from None
+
+
+def load_shape(name: str) -> Shape:
+    if name in PUBLISHED:
+        return PUBLISHED[name]
+    if name.endswith(".json"):
+        try:
+            fields = json.loads(Path(name).read_text())
+            return Shape(**{k: fields[k] for k in ("name", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab",
+                                                   "context")}, source=name)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PlanError(f"cannot read model shape {name}: {exc}") from None
+    from ddp_lab.config import compose_model
+
+    try:
+        return from_conf(compose_model(name))
+    except ValueError as exc:
+        raise PlanError(f"{exc}; or one of {', '.join(PUBLISHED)}, or a shape's JSON file") from None
+
+
+def custom_system(args) -> System:
+    """A system described on the command line: each chip its own node of `--bandwidth` bytes/s links."""
+    base = SYSTEMS["h100-nvlink"]
+    return replace(base, name="custom", gpu="custom", gpus_per_node=args.chips_per_node,
+                   peak_flops=args.flops, hbm_Bps=args.hbm_bandwidth or base.hbm_Bps,
+                   intra_busbw_Bps=args.bandwidth, inter_busbw_Bps=args.bandwidth * args.chips_per_node,
+                   link_Bps=args.bandwidth, memory_bytes=(args.memory or 80) * GB, nvls=False,
+                   sources=("described on the command line",))
+
+
+def parse_layout(text: str, gpus: int) -> Layout:
+    fields = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in LAYOUT_KEYS:
+            raise PlanError(f"--layout: unknown key {key!r}; keys: {', '.join(sorted(LAYOUT_KEYS))}")
+        fields[key] = value if key in ("strategy", "schedule", "checkpointing") else int(value)
+    tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
+    fields.setdefault("dp", gpus // (tp * pp * cp))
+    layout = Layout(**fields)
+    if layout.gpus != gpus:
+        raise PlanError(f"--layout: dp {layout.dp} x tp {tp} x pp {pp} x cp {cp} = {layout.gpus}, not --gpus {gpus}")
+    if layout.strategy not in STRATEGIES or layout.schedule not in SCHEDULES or \
+            layout.checkpointing not in CHECKPOINTING:
+        raise PlanError(f"--layout: strategy one of {', '.join(STRATEGIES)}, schedule one of {', '.join(SCHEDULES)}, "
+                        f"checkpointing one of {', '.join(CHECKPOINTING)}")
+    return layout
+
+
+HEADER = (f"{'#':>2} {'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'strategy':<11} {'schedule':<13} {'m':>4} {'ac':<4} "
+          f"{'tok/s/GPU':>9} {'MFU':>4} {'step ms':>7} {'GB':>5} {'bubble':>6} {'tp':>6} {'dp':>6} {'other':>6} "
+          "binding")
+SCHEDULE_SHOWN = {"interleaved_1f1b": "interleave", "zero_bubble": "zero_bubble", "gpipe": "gpipe", "1f1b": "1f1b"}
+AC_SHOWN = {"none": "none", "selective": "sel", "full": "full"}
+
+
+def row(i: int, p: Priced) -> str:
+    lay, t = p.layout, p.terms
+    other = t["recompute"] + t["p2p"] + t["cp"] + t["optimizer"]
+    schedule = (SCHEDULE_SHOWN[lay.schedule] + (f" v{lay.stages_per_rank}" if lay.stages_per_rank > 1 else "")) \
+        if lay.pp > 1 else "-"
+    return (f"{i:>2} {lay.dp:>3} {lay.tp:>3} {lay.pp:>3} {lay.cp:>3} {lay.strategy:<11} {schedule:<13} "
+            f"{lay.microbatches:>4} {AC_SHOWN[lay.checkpointing]:<4} {p.tokens_per_s_per_gpu:>9.0f} {p.mfu:>4.2f} "
+            f"{_ms(p.step_ms):>7} {p.memory['total'] / GB:>5.1f} {_ms(t['bubble']):>6} {_ms(t['tp']):>6} "
+            f"{_ms(t['dp']):>6} {_ms(other):>6} {p.binding}")
+
+
+def _ms(value: float) -> str:
+    """A term in a table cell: one decimal below 1000 ms, whole milliseconds above."""
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def launch_line(model: str, shape: Shape, lay: Layout, sequences: int) -> str | None:
+    """The lab's command line for a layout of a lab model (None for a published shape)."""
+    if model in PUBLISHED or model.endswith(".json"):
+        return None
+    parts = [f"python launch.py model={model} world_size={lay.gpus} strategy={lay.strategy}",
+             f"train.batch_size={sequences}"]
+    if lay.tp > 1:
+        parts.append(f"parallel.tp={lay.tp}")
+    if lay.cp > 1:
+        parts.append(f"parallel.cp={lay.cp} parallel.cp_impl=zigzag")
+    if lay.pp > 1:
+        parts.append(f"parallel.pp={lay.pp} parallel.pp_schedule={lay.schedule} "
+                     f"parallel.microbatches={lay.microbatches}")
+        if lay.stages_per_rank > 1:
+            parts.append(f"parallel.stages_per_rank={lay.stages_per_rank}")
+    elif lay.microbatches > 1:
+        parts.append(f"train.grad_accum_steps={lay.microbatches}")
+    return " ".join(parts)
+
+
+def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, what: str = "it") -> None:
+    line = launch_line(model, shape, layout, sequences)
+    if line:
+        print(f"run {what} in the lab (one line, to copy):\n{line}")
+        if layout.checkpointing != "none":
+            print("(activation checkpointing is not a lab knob yet: that line runs without it)")
+
+
+def as_json(p: Priced) -> dict:
+    return {**asdict(p.layout), "terms_ms": p.terms, "step_ms": p.step_ms,
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu, "memory_bytes": p.memory, "fits": p.fits,
+            "binding": p.binding}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ddp_lab.plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a lab model, llama3-8b/70b/405b, or a shape's JSON file")
+    ap.add_argument("--system", default=None, help=f"one of {', '.join(SYSTEMS)}; or describe one with --flops")
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--global-batch", type=tokens, required=True, metavar="TOKENS", help="tokens per step (4M, 262144)")
+    ap.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's)")
+    ap.add_argument("--memory", type=float, default=None, metavar="GB",
+                    help="each GPU's memory (default: the system's)")
+    ap.add_argument("--mfu", type=float, default=None, help="the fraction of peak compute reaches (default: the "
+                    "system's assumption)")
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--layout", default=None, help="price one layout: dp=..,tp=..,pp=..,cp=..,strategy=..,"
+                    "schedule=..,microbatches=..,checkpointing=..")
+    ap.add_argument("--json", default=None, metavar="FILE", help="every ranked layout with its terms")
+    ap.add_argument("--flops", type=float, default=None, help="a described system: each chip's dense bf16 FLOP/s")
+    ap.add_argument("--bandwidth", type=float, default=None, help="a described system: each chip's link bytes/s")
+    ap.add_argument("--hbm-bandwidth", type=float, default=None, help="a described system: memory bytes/s")
+    ap.add_argument("--chips-per-node", type=int, default=4, help="a described system: chips sharing fast links")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except (PlanError, PredictError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    if args.flops is not None:
+        if args.bandwidth is None:
+            raise PlanError("a described system needs --flops and --bandwidth (and --memory, default 80 GB)")
+        system = custom_system(args)
+    else:
+        system = get_system(args.system or "")
+    shape = with_context(load_shape(args.model), args.context)
+    if args.global_batch % shape.context:
+        raise PlanError(f"--global-batch {args.global_batch} is not a whole number of {shape.context}-token sequences")
+    sequences = args.global_batch // shape.context
+    capacity = args.memory * GB if args.memory else None
+    head = (f"{shape.name} ({shape.params / 1e9:.2f}B parameters, context {shape.context}) on {args.gpus} x "
+            f"{system.name}, {sequences} sequences a step ({args.global_batch} tokens)\npredicted from formulas at MFU "
+            f"{system.mfu if args.mfu is None else args.mfu:g} (docs/plan.md); ms per step: the bubble, tp's and dp's "
+            "exposed collectives, other = recompute + pipeline sends + cp + optimizer")
+    head = "\n".join(textwrap.fill(line, WIDTH) for line in head.splitlines())
+    if args.layout:
+        layout = parse_layout(args.layout, args.gpus)
+        problem = layout_problem(shape, layout, sequences)
+        if problem:
+            raise PlanError(f"--layout: {problem}")
+        p = price(shape, system, layout, sequences, args.mfu, capacity)
+        print(head)
+        print(HEADER)
+        print(row(1, p))
+        print("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()))
+        print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
+              f"({'fits' if p.fits else 'does not fit'} within {HEADROOM:.0%})")
+        _print_launch(args.model, shape, layout, sequences)
+        return 0
+    result = plan(shape, system, args.gpus, sequences, capacity, args.mfu)
+    if not result.ranked:
+        miss = result.nearest_miss
+        raise PlanError(f"no layout of {args.gpus} GPUs fits {shape.name}: the nearest ({miss.layout.describe()}) "
+                        f"needs {miss.memory['total'] / GB:.1f} GB per GPU of {miss.memory['capacity'] / GB:.0f} "
+                        f"({HEADROOM:.0%} usable)")
+    print(head)
+    print(f"{result.priced} layouts priced, {len(result.ranked)} fit; the top {min(args.top, len(result.ranked))} "
+          "by tokens per second per GPU:")
+    print(HEADER)
+    for i, p in enumerate(result.ranked[:args.top], 1):
+        print(row(i, p))
+    if len(result.ranked) > 1:
+        print(textwrap.fill(why_runner_up_lost(result.ranked[0], result.ranked[1]), WIDTH))
+    _print_launch(args.model, shape, result.ranked[0].layout, sequences, "the top pick")
+    if args.json:
+        Path(args.json).write_text(json.dumps([as_json(p) for p in result.ranked], indent=1))
+    return 0

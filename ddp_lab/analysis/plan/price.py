@@ -1,0 +1,245 @@
+"""One layout's step, priced in closed form, every term apart: what `python -m ddp_lab.plan` ranks.
+
+A layout is dp x tp x pp x cp GPUs (torchtitan's and Megatron's order: tp innermost, then cp, dp, pp outermost, so a
+TP group is consecutive ranks, inside a node when tp is at most its GPUs), the data-parallel strategy, the pipeline's
+schedule and micro-batch count, and activation checkpointing. The global batch is `sequences` of the shape's context;
+each data-parallel replica takes sequences / dp of them in `microbatches` micro-batches (gradient accumulation where
+there is no pipeline), each sequence split over cp GPUs by tokens, each layer's weights over tp, the blocks over pp.
+
+The terms, each in ms of one step (docs/plan.md works one of each by hand; tests/unit/test_plan.py holds them):
+
+- compute: the busiest stage's FLOPs (its blocks, and the head on the last; 3 x forward for forward and backward)
+  at the system's peak x MFU, split by tp and cp; `recompute`: activation checkpointing's second forward (full: the
+  blocks' whole forward; selective: attention's scores and weighted sum only);
+- bubble: the pipeline's idle share, compute x slots / m, with slots p - 1 for GPipe and 1F1B, (p - 1) / v for
+  interleaved 1F1B with v virtual stages per rank (Narayanan et al., SC'21), (p - 1) / 3 for ZB-H1 (Qi et al.,
+  ICLR'24: its bubble is about a third of 1F1B's);
+- p2p: each micro-batch's activation sent forward and its gradient back at every stage boundary (bf16), priced on
+  the link between neighbouring stages (NVLink inside a node, a GPU's NIC across), not hidden (an upper bound);
+- tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
+  all-gather move the same bytes), 6 under full recomputation, of the micro-batch's activation (bf16) over the tp
+  group, blocking: added whole;
+- cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
+  prices it, hidden under the block's attention: only what outlasts it is added;
+- dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes
+  a node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16), overlapping the last
+  micro-batch's backward; FSDP (ZeRO-3): parameters gathered for every micro-batch's forward and backward and
+  gradients reduce-scattered, each micro-batch's hidden under its own compute. Only what is not hidden is added;
+- optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
+
+Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
+AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
+34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept:
+a flash kernel), 2 x s x b x h under full recomputation plus one block's whole set while it recomputes; 1F1B and
+ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all
+m; the last stage's fp32 logits and their gradient. A layout fits when its total is within the device's memory less
+10% (the allocator's fragments, NCCL's buffers, the CUDA context).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from ddp_lab.analysis.plan.shapes import Shape
+from ddp_lab.analysis.predict.nccl import collective_s
+from ddp_lab.analysis.predict.systems import System
+
+BF16, FP32 = 2, 4
+STATE_BYTES = {"weights": 2, "grads": 2, "optimizer": 12}  # per parameter: ZeRO's 2 + 2 + 12 (fp32 master, m, v)
+OPTIMIZER_BYTES = 28  # per updated parameter (read master, m, v, gradient; write master, m, v, weight)
+HEADROOM = 0.9  # of the device's memory a layout may use
+P2P_LATENCY_S = 10e-6
+
+STRATEGIES = {"torch_ddp": 0, "zero1_torch": 1, "zero2": 2, "fsdp_torch": 3}
+"""The data-parallel strategies the planner prices, as the lab names them, with their ZeRO stage."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    strategy: str = "torch_ddp"
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    checkpointing: str = "none"
+    stages_per_rank: int = 1  # interleaved 1F1B's v
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def describe(self) -> str:
+        pipe = f" {self.schedule}{f' v{self.stages_per_rank}' if self.stages_per_rank > 1 else ''}" if self.pp > 1 \
+            else ""
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp} cp{self.cp} {self.strategy}{pipe} m{self.microbatches} "
+                f"ac:{self.checkpointing}")
+
+
+@dataclass(frozen=True)
+class Priced:
+    layout: Layout
+    terms: dict          # ms per step: compute, recompute, bubble, p2p, tp, cp, dp, optimizer
+    step_ms: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    memory: dict         # bytes: state, activations, logits, total; capacity
+    fits: bool
+
+    @property
+    def binding(self) -> str:
+        """What limits this layout most: memory where it is within 5% of fitting, else its largest term that is not
+        the model's own compute."""
+        if self.memory["total"] > 0.95 * self.memory["capacity"]:
+            return "memory"
+        overheads = {k: v for k, v in self.terms.items() if k not in ("compute",)}
+        name, value = max(overheads.items(), key=lambda kv: kv[1])
+        return BINDING_WORDS[name] if value > 0.05 * self.step_ms else "compute"
+
+
+BINDING_WORDS = {"recompute": "recompute", "bubble": "bubble", "p2p": "pp sends", "tp": "tp comm", "cp": "cp comm",
+                 "dp": "dp exposed", "optimizer": "optimizer"}
+
+
+def group_system(system: System, n: int, stride: int) -> System:
+    """The system as a group of `n` ranks `stride` apart sees it (nccl.py prices a group of consecutive ranks):
+    as many of them share a node as fit in it at that stride, and across nodes each has its share of the NICs."""
+    per_node = max(1, min(n, system.gpus_per_node // max(1, stride)))
+    if per_node == system.gpus_per_node:
+        return system
+    return replace(system, gpus_per_node=per_node,
+                   inter_busbw_Bps=system.inter_busbw_Bps * per_node / system.gpus_per_node)
+
+
+@lru_cache(maxsize=1 << 16)
+def collective_ms(system: System, op: str, nbytes: float, n: int, stride: int = 1) -> float:
+    """One collective over `n` ranks `stride` apart, ms (ddp-lab's NCCL model)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return collective_s(group_system(system, n, stride), op, nbytes, n)[0] * 1e3
+
+
+def p2p_ms(system: System, nbytes: float, apart: int) -> float:
+    """One send between ranks `apart` ranks apart: NVLink inside a node, one GPU's share of the NICs across."""
+    inside = apart < system.gpus_per_node and system.gpus_per_node > 1
+    bandwidth = system.link_Bps if inside else system.inter_busbw_Bps / system.gpus_per_node
+    return (P2P_LATENCY_S + nbytes / bandwidth) * 1e3
+
+
+def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1) -> float:
+    if pp == 1:
+        return 0.0
+    if schedule == "interleaved_1f1b":
+        return (pp - 1) / stages_per_rank
+    if schedule == "zero_bubble":
+        return (pp - 1) / 3
+    return float(pp - 1)
+
+
+def in_flight(schedule: str, pp: int, m: int, stages_per_rank: int = 1) -> float:
+    """Micro-batches whose activations the first stage holds at once."""
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    held = float(min(m, pp))
+    return held + (pp - 1) / stages_per_rank if schedule == "interleaved_1f1b" else held
+
+
+def stage_blocks(shape: Shape, pp: int) -> int:
+    """Blocks on the busiest stage: as even as they split."""
+    return math.ceil(shape.layers / pp)
+
+
+def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: float | None = None,
+          capacity: float | None = None) -> Priced:
+    """`layout`'s step for a global batch of `sequences` sequences of `shape.context` tokens (module docstring)."""
+    lay, d = layout, shape.d_model
+    mfu = system.mfu if mfu is None else mfu
+    capacity = system.memory_bytes if capacity is None else capacity
+    flops_per_ms = system.peak_flops * mfu / 1e3
+    per_replica = sequences / lay.dp
+    micro = per_replica / lay.microbatches               # sequences per micro-batch
+    tokens = per_replica * shape.context / lay.cp        # tokens this GPU's stage processes per step
+    micro_tokens = tokens / lay.microbatches
+    blocks = stage_blocks(shape, lay.pp)
+    last_stage = blocks * shape.block_flops(shape.context) + shape.head_flops()
+    forward = tokens * last_stage / lay.tp / flops_per_ms
+    compute = 3 * forward
+    recompute = 0.0
+    if lay.checkpointing == "full":
+        recompute = tokens * blocks * shape.block_flops(shape.context) / lay.tp / flops_per_ms
+    elif lay.checkpointing == "selective":
+        recompute = tokens * blocks * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+    busy = compute + recompute
+    bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
+    activation = micro_tokens * d * BF16  # one micro-batch's activation between stages / in a TP all-reduce
+    p2p = 0.0
+    if lay.pp > 1:
+        hops = 2 * lay.microbatches * lay.stages_per_rank
+        p2p = hops * p2p_ms(system, activation, lay.gpus // lay.pp)
+    tp = 0.0
+    if lay.tp > 1:
+        per_block = 6 if lay.checkpointing == "full" else 4
+        tp = per_block * blocks * lay.microbatches * collective_ms(system, "all_reduce", activation, lay.tp)
+    cp = 0.0
+    if lay.cp > 1:
+        kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
+        stride = lay.tp
+        per_block = (2 * collective_ms(system, "all_gather", kv * BF16, lay.cp, stride)
+                     + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride))
+        attention = 3 * micro_tokens * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+        cp = blocks * lay.microbatches * max(0.0, per_block - attention)
+    stage_params = (blocks * shape.block_params + shape.vocab * d) / lay.tp
+    shards = lay.dp * lay.cp
+    stage = STRATEGIES[lay.strategy]
+    dp = 0.0
+    if shards > 1:
+        stride = lay.tp  # the dp x cp group: one rank of each TP group
+        grads = stage_params * BF16
+        micro_busy = busy / lay.microbatches
+        if stage < 3:
+            dp = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+        else:
+            gather = collective_ms(system, "all_gather", grads, shards, stride)
+            scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
+            per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
+            dp = lay.microbatches * per_micro
+    updated = stage_params / (shards if stage >= 1 else 1)
+    optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3
+    terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,
+             "optimizer": optimizer}
+    step = sum(terms.values())
+    memory = memory_bytes(shape, lay, micro, stage_params, shards)
+    memory["capacity"] = capacity
+    per_gpu = sequences * shape.context / (step / 1e3) / lay.gpus
+    model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
+    return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
+                  memory["total"] <= HEADROOM * capacity)
+
+
+def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int) -> dict:
+    """The first stage's memory (module docstring): model state, activations in flight, the last stage's logits
+    (counted on every stage: a bound)."""
+    stage = STRATEGIES[lay.strategy]
+    weights = STATE_BYTES["weights"] * stage_params / (shards if stage >= 3 else 1)
+    grads = STATE_BYTES["grads"] * stage_params / (shards if stage >= 2 else 1)
+    optimizer = STATE_BYTES["optimizer"] * stage_params / (shards if stage >= 1 else 1)
+    s, h = shape.context / lay.cp, shape.d_model
+    blocks = stage_blocks(shape, lay.pp)
+    whole_block = 34 * s * micro * h / lay.tp
+    if lay.checkpointing == "full":
+        per_micro = blocks * 2 * s * micro * h
+        extra = whole_block
+    else:
+        per_micro = blocks * whole_block
+        extra = 0.0
+    activations = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
+    logits = 2 * FP32 * s * micro * shape.vocab / lay.tp
+    total = weights + grads + optimizer + activations + logits
+    return {"state": weights + grads + optimizer, "activations": activations, "logits": logits, "total": total}

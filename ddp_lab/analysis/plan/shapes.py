@@ -1,0 +1,74 @@
+"""The model shapes the planner prices: a Transformer by its sizes, from a conf model (counted as the lab builds it:
+ddp_lab/models/transformer.py, SwiGLU, untied head) or a published Llama shape (nothing allocated, ever)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder-only Transformer by its sizes. Parameters per block: attention's q and o (d x d each) and k and v
+    (d x d_kv each, d_kv = d x kv_heads / heads: grouped-query attention), SwiGLU's three (d x d_ff), two norms; the
+    embedding and the output head each vocab x d (untied), and the final norm."""
+
+    name: str
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    d_ff: int
+    vocab: int
+    context: int
+    source: str = ""
+
+    @property
+    def d_kv(self) -> int:
+        return self.d_model * self.kv_heads // self.heads
+
+    @property
+    def block_params(self) -> int:
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.d_kv + 3 * d * self.d_ff + 2 * d
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + 2 * self.vocab * self.d_model + self.d_model
+
+    def block_flops(self, context: int) -> float:
+        """Forward FLOPs per token of one block: 2 per weight of its matmuls, and causal attention's scores and
+        weighted sum (2 x context x d each over the whole square; the causal half: 2 x context x d together)."""
+        d = self.d_model
+        return 2 * (2 * d * d + 2 * d * self.d_kv + 3 * d * self.d_ff) + 2 * context * d
+
+    def attention_flops(self, context: int) -> float:
+        """The part of `block_flops` that selective recomputation runs again: the scores and their weighted sum."""
+        return 2 * context * self.d_model
+
+    def head_flops(self) -> float:
+        """Forward FLOPs per token of the output head (the embedding is a lookup)."""
+        return 2 * self.vocab * self.d_model
+
+
+LLAMA_SOURCE = ("Llama 3 herd paper (Dubey et al., 2024, arXiv:2407.21783), Table 3: layers, model dimension, FFN "
+                "dimension, attention and key/value heads; vocabulary 128,256 (meta-llama/Llama-3.1-*'s config.json)")
+
+PUBLISHED = {
+    "llama3-8b": Shape("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, LLAMA_SOURCE),
+    "llama3-70b": Shape("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, LLAMA_SOURCE),
+    "llama3-405b": Shape("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, LLAMA_SOURCE),
+}
+
+
+def from_conf(cfg) -> Shape:
+    """A conf model's shape (conf/model/NAME.yaml, composed as launch.py composes it): multi-head attention."""
+    return Shape(str(cfg.get("name", "model")), int(cfg.num_layers), int(cfg.d_model), int(cfg.num_heads),
+                 int(cfg.num_heads), int(cfg.d_ff), int(cfg.vocab_size), int(cfg.context_length),
+                 f"conf/model/{cfg.get('name', 'model')}.yaml")
+
+
+def with_context(shape: Shape, context: int | None) -> Shape:
+    if context is None:
+        return shape
+    return Shape(shape.name, shape.layers, shape.d_model, shape.heads, shape.kv_heads, shape.d_ff, shape.vocab,
+                 int(context), shape.source)

@@ -1,0 +1,8 @@
+"""`python -m ddp_lab.plan`: the command; its code is ddp_lab/analysis/plan/cli.py."""
+
+import sys
+
+from ddp_lab.analysis.plan.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

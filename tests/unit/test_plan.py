@@ -1,0 +1,144 @@
+"""The planner (`python -m ddp_lab.plan`, ddp_lab/analysis/plan/): each pricing term against a hand-worked example on a
+shape small enough to count by hand, the search's pruning, and the command line's answers and refusals."""
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.analysis.plan.cli import main
+from ddp_lab.analysis.plan.price import Layout, collective_ms, price
+from ddp_lab.analysis.plan.search import layout_problem, layouts, plan
+from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape
+from ddp_lab.analysis.predict.nccl import collective_s
+from ddp_lab.analysis.predict.systems import SYSTEMS
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = Shape("t", layers=4, d_model=64, heads=4, kv_heads=4, d_ff=256, vocab=1000, context=128)
+# per block: 2 x (2 x 64^2 + 2 x 64 x 64 + 3 x 64 x 256) + 2 x 128 x 64 = 147456 forward FLOPs per token; head 128000
+SYSTEM = replace(SYSTEMS["h100-nvlink"], peak_flops=1e12, mfu=1.0)  # 1e9 FLOPs per ms
+
+
+def test_the_shapes_count_as_published_and_as_the_lab_builds():
+    assert SHAPE.block_flops(128) == 147456 and SHAPE.head_flops() == 128000
+    assert round(PUBLISHED["llama3-8b"].params / 1e9, 2) == 8.03
+    assert round(PUBLISHED["llama3-70b"].params / 1e9, 2) == 70.55
+    assert round(PUBLISHED["llama3-405b"].params / 1e9, 1) == 405.9
+
+
+@pytest.mark.parametrize("schedule, v, slots", [("gpipe", 1, 1), ("1f1b", 1, 1), ("interleaved_1f1b", 2, 0.5),
+                                                ("zero_bubble", 1, 1 / 3)])
+def test_a_bubble_by_hand(schedule, v, slots):
+    """pp 2, m 4, 8 sequences of 128: the last stage does 2 blocks and the head, 1024 tokens: 3 x 1024 x (2 x 147456 +
+    128000) / 1e9 = 1.299 ms; the bubble is that x slots / m (slots p - 1, (p - 1) / v, (p - 1) / 3)."""
+    p = price(SHAPE, SYSTEM, Layout(dp=1, pp=2, schedule=schedule, microbatches=4, stages_per_rank=v), 8)
+    compute = 3 * 1024 * (2 * 147456 + 128000) / 1e9
+    assert p.terms["compute"] == pytest.approx(compute)
+    assert p.terms["bubble"] == pytest.approx(compute * slots / 4)
+
+
+def test_a_tp_all_reduce_by_hand():
+    """tp 2, 8 sequences of 128 in one micro-batch: each all-reduce moves 1024 tokens x 64 x 2 bytes = 131072 bytes;
+    4 per block (6 with full recomputation) x 4 blocks, each priced by the NCCL model over 2 GPUs of a node."""
+    one = collective_s(SYSTEM, "all_reduce", 131072, 2)[0] * 1e3
+    for checkpointing, per_block in (("none", 4), ("full", 6)):
+        p = price(SHAPE, SYSTEM, Layout(dp=1, tp=2, checkpointing=checkpointing), 8)
+        assert p.terms["tp"] == pytest.approx(per_block * 4 * one)
+
+
+def test_recompute_by_hand():
+    """Full: the blocks' forward again, 1024 x 4 x 147456 / 1e9 ms; selective: attention's scores and sum only,
+    1024 x 4 x (2 x 128 x 64) / 1e9."""
+    full = price(SHAPE, SYSTEM, Layout(dp=1, checkpointing="full"), 8).terms["recompute"]
+    selective = price(SHAPE, SYSTEM, Layout(dp=1, checkpointing="selective"), 8).terms["recompute"]
+    assert full == pytest.approx(1024 * 4 * 147456 / 1e9) and selective == pytest.approx(1024 * 4 * 16384 / 1e9)
+
+
+def test_a_pipelines_activation_memory_by_hand():
+    """34 x s x b x h bytes per block and micro-batch: one micro-batch of 8 sequences, 4 blocks: 34 x 128 x 8 x 64 x 4;
+    full recomputation keeps each block's input (2 x s x b x h) and one block's whole set; pp 2, m 4 (2 sequences
+    each): 1F1B holds 2 micro-batches of the stage's 2 blocks, GPipe all 4."""
+    def activations(**kw):
+        return price(SHAPE, SYSTEM, Layout(dp=1, **kw), 8).memory["activations"]
+
+    assert activations() == 34 * 128 * 8 * 64 * 4
+    assert activations(checkpointing="full") == 2 * 128 * 8 * 64 * 4 + 34 * 128 * 8 * 64
+    assert activations(pp=2, microbatches=4, schedule="1f1b") == 34 * 128 * 2 * 64 * 2 * 2
+    assert activations(pp=2, microbatches=4, schedule="gpipe") == 34 * 128 * 2 * 64 * 2 * 4
+
+
+def test_model_state_by_zero_stage():
+    """16 bytes per parameter of the stage (its blocks and the larger of embedding and head), sharded as ZeRO shards
+    it over dp x cp: ZeRO-1 the optimizer's 12, ZeRO-2 also the gradients' 2, FSDP all 16."""
+    stage = 4 * SHAPE.block_params + 1000 * 64
+
+    def state(strategy):
+        return price(SHAPE, SYSTEM, Layout(dp=4, strategy=strategy), 8).memory["state"]
+
+    assert state("torch_ddp") == pytest.approx(16 * stage)
+    assert state("zero1_torch") == pytest.approx((4 + 12 / 4) * stage)
+    assert state("zero2") == pytest.approx((2 + 14 / 4) * stage)
+    assert state("fsdp_torch") == pytest.approx(16 / 4 * stage)
+
+
+def test_a_strided_group_crosses_nodes():
+    """A dp group one rank of each 8-GPU TP group: every member on a node of its own, each with one NIC's share."""
+    inside = collective_ms(SYSTEMS["h100-nvlink"], "all_reduce", 2**30, 8, 1)
+    across = collective_ms(SYSTEMS["h100-nvlink"], "all_reduce", 2**30, 8, 8)
+    assert across > 5 * inside
+
+
+def test_the_search_prunes_what_cannot_divide_and_ranks_what_fits():
+    found = list(layouts(SHAPE, SYSTEM, 8, 16))
+    assert found and all(layout_problem(SHAPE, lay, 16) is None and lay.gpus == 8 for lay in found)
+    assert {lay.tp for lay in found} <= {1, 2, 4} and {lay.pp for lay in found} <= {1, 2, 4}
+    assert all(lay.schedule == "1f1b" for lay in found if lay.pp == 1)
+    result = plan(SHAPE, SYSTEM, 8, 16)
+    speeds = [p.tokens_per_s_per_gpu for p in result.ranked]
+    assert all(a >= b * 0.999 for a, b in zip(speeds, speeds[1:]))  # best first (ties to 0.1%: the simpler first)
+    big = PUBLISHED["llama3-405b"]
+    assert sum(1 for _ in layouts(big, SYSTEMS["h100-nvlink"], 512, 2048)) < 50_000  # seconds, not hours
+
+
+def test_the_command_ranks_within_120_columns_and_writes_json(tmp_path, capsys):
+    out_file = tmp_path / "plan.json"
+    assert main(["--model", "llama3-70b", "--system", "h100-nvlink", "--gpus", "64", "--global-batch", "4M",
+                 "--top", "5", "--json", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    assert re.search(r"\d+ layouts priced, \d+ fit; the top 5", out) and "the runner-up" in out
+    ranked = json.loads(out_file.read_text())
+    assert ranked[0]["dp"] * ranked[0]["tp"] * ranked[0]["pp"] * ranked[0]["cp"] == 64
+    assert set(ranked[0]["terms_ms"]) == {"compute", "recompute", "bubble", "p2p", "tp", "cp", "dp", "optimizer"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "nope", "--system", "h100-nvlink", "--gpus", "8", "--global-batch", "1M"], "unknown model 'nope'"),
+    (["--model", "tiny", "--system", "nope", "--gpus", "8", "--global-batch", "4k"], "unknown system 'nope'"),
+    (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "7", "--global-batch", "4k"],
+     "no layout of 7 GPUs divides tiny"),
+    (["--model", "llama3-405b", "--system", "h100-nvlink", "--gpus", "8", "--global-batch", "1M"],
+     "no layout of 8 GPUs fits llama3-405b: the nearest"),
+    (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "4", "--global-batch", "100"],
+     "--global-batch 100 is not a whole number of 64-token sequences"),
+    (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "4", "--global-batch", "4k", "--layout", "tp=3"],
+     "--layout: dp"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_top_picks_command_line_composes_in_the_lab(capsys):
+    """For a lab model the planner prints the launch.py line of its pick; `--dry-run` proves it composes."""
+    assert main(["--model", "tiny", "--system", "h100-nvlink", "--gpus", "8", "--global-batch", "4k", "--layout",
+                 "dp=2,tp=2,pp=2,microbatches=4,strategy=fsdp_torch,schedule=gpipe"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("python launch.py"))
+    argv = [sys.executable, str(ROOT / "launch.py"), *line.split()[2:], "logger=none", "--dry-run"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and "passes the checks" in done.stdout, done.stdout + done.stderr
