@@ -63,10 +63,27 @@ def test_torchtitan_growth_is_calibrated_at_eight_and_predicted_at_128():
         assert r["predicted_growth"] == pytest.approx(r["step_ms"] / r["base_step_ms"] - 1)
 
 
+def test_torchtitans_multi_axis_rows_are_priced_from_one_calibrated_mfu():
+    """The MFU makes the planner's price of the calibration row (Table 1, 1D, the same software) the published one;
+    every scored row is priced at it, its error and the published layout's place among the planner's reported as
+    they are (docs/plan.md reads them)."""
+    data = published.load("torchtitan_multi_axis")
+    mfu = published.calibrated_mfu(data)
+    assert published._priced(data, data["calibration"], mfu).tokens_per_s_per_gpu == pytest.approx(8532, rel=1e-6)
+    rows = published.multi_axis_rows(data)
+    assert len(rows) == 11 and {r["table"] for r in rows} == {"2", "4", "5", "6"}
+    for r in rows:
+        assert r["error"] == pytest.approx(r["ours_tps"] / r["tps_per_gpu"] - 1)
+        assert r["place"] is None or 1 <= r["place"] <= r["of"]
+    gpus = {r["row"]: r for r in rows}
+    assert gpus["1F1B (FSDP 8, TP 8, PP 8)"]["of"] > 100  # the 405B search on 512 GPUs: every layout that divides
+
+
 def test_published_prints_every_table_with_torch_beside(capsys):
     assert main(["published"]) == 0
     out = capsys.readouterr().out
-    for heading in ("NVIDIA DGX H100", "torch DDP benchmark", "torchtitan Llama 3.1 8B"):
+    for heading in ("NVIDIA DGX H100", "torch DDP benchmark", "torchtitan Llama 3.1 8B",
+                    "torchtitan Llama 3.1, FSDP + TP + PP + CP"):
         assert heading in out
     assert out.count("torch's estimator") >= 3 and "46e4201" in out and "bf69c14" in out and "31a17bf" in out
 

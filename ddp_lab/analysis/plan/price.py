@@ -24,13 +24,16 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes
   a node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16), overlapping the last
   micro-batch's backward; FSDP (ZeRO-3): parameters gathered for every micro-batch's forward and backward and
-  gradients reduce-scattered, each micro-batch's hidden under its own compute. Only what is not hidden is added;
+  gradients reduce-scattered, each micro-batch's hidden under its own compute; under a pipeline, as torchtitan runs
+  it, gathered once a step and reduced once (the stage's weights and gradients held whole across the micro-batches,
+  in memory too). Only what is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
 AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
 34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept:
-a flash kernel), 2 x s x b x h under full recomputation plus one block's whole set while it recomputes; 1F1B and
+a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them), 2 x s x b x h / tp under full
+recomputation plus one block's whole set while it recomputes; 1F1B and
 ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all
 m; the last stage's fp32 logits and their gradient. A layout fits when its total is within the device's memory less
 10% (the allocator's fragments, NCCL's buffers, the CUDA context).
@@ -205,6 +208,10 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         micro_busy = busy / lay.microbatches
         if stage < 3:
             dp = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+        elif lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
+            gather = collective_ms(system, "all_gather", grads, shards, stride)
+            scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
+            dp = max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
         else:
             gather = collective_ms(system, "all_gather", grads, shards, stride)
             scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
@@ -227,14 +234,17 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     """The first stage's memory (module docstring): model state, activations in flight, the last stage's logits
     (counted on every stage: a bound)."""
     stage = STRATEGIES[lay.strategy]
-    weights = STATE_BYTES["weights"] * stage_params / (shards if stage >= 3 else 1)
-    grads = STATE_BYTES["grads"] * stage_params / (shards if stage >= 2 else 1)
+    whole_across_microbatches = stage >= 3 and lay.pp > 1  # FSDP under a pipeline: gathered once, reduced once
+    weights = STATE_BYTES["weights"] * stage_params / (shards if stage >= 3 and not whole_across_microbatches else 1)
+    grads = STATE_BYTES["grads"] * stage_params / (shards if stage >= 2 and not whole_across_microbatches else 1)
+    if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
+        weights += FP32 * stage_params / shards
     optimizer = STATE_BYTES["optimizer"] * stage_params / (shards if stage >= 1 else 1)
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
     whole_block = 34 * s * micro * h / lay.tp
     if lay.checkpointing == "full":
-        per_micro = blocks * 2 * s * micro * h
+        per_micro = blocks * 2 * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block
     else:
         per_micro = blocks * whole_block

@@ -14,6 +14,10 @@ printed beside torch's own estimator (torch_estimate.py) in the same replay.
   and the 1 MiB-bucket slowdown its diff table reports.
 - torchtitan: Llama 3.1 8B with FSDP2 from 8 to 128 H100s: compute set so the 8-GPU step is the
   measured one, the 128-GPU step predicted; scored on the step's growth.
+- torchtitan_multi_axis: Llama 3.1 8B, 70B and 405B with FSDP, TP, PP and CP together on up to 512 H100s, priced by
+  the planner (ddp_lab/analysis/plan/price.py) at the MFU that makes its price of the published 1D row (Table 1,
+  the same software: torch.compile and Float8) the measured one; each row's tokens per second per GPU and memory
+  beside the published, and where the planner, given the row's model, GPUs and batch, ranks the published layout.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from ddp_lab.analysis.predict.systems import SYSTEMS
 
 HERE = Path(__file__).parent / "published"
 SOURCES = {"nccl": "nccl_dgx_h100_all_reduce.json", "ddp": "ddp_v100_resnet.json",
-           "torchtitan": "torchtitan_llama3_8b_h100.json"}
+           "torchtitan": "torchtitan_llama3_8b_h100.json",
+           "torchtitan_multi_axis": "torchtitan_llama3_multi_axis_h100.json"}
 
 
 def load(source: str) -> dict:
@@ -198,6 +203,60 @@ def torchtitan_rows(data: dict | None = None) -> list[dict]:
     return rows
 
 
+# --- torchtitan's multi-axis runs, priced by the planner -----------------------------------------------
+
+def _multi_axis_system(data: dict):
+    from dataclasses import replace
+
+    return replace(SYSTEMS[data["system"]], memory_bytes=data["memory_gb"] * 2**30, hbm_Bps=data["hbm_Bps"])
+
+
+def _priced(data: dict, row: dict, mfu: float):
+    from ddp_lab.analysis.plan.price import Layout, price
+    from ddp_lab.analysis.plan.shapes import PUBLISHED, with_context
+
+    shape = with_context(PUBLISHED[row["model"]], row["context"])
+    return price(shape, _multi_axis_system(data), Layout(**row["layout"]), row["sequences"], mfu)
+
+
+def calibrated_mfu(data: dict | None = None) -> float:
+    """The MFU at which the planner's price of the calibration row is its published tokens per second per GPU."""
+    data = data or load("torchtitan_multi_axis")
+    row = data["calibration"]
+    low, high = 0.01, 2.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _priced(data, row, mid).tokens_per_s_per_gpu < row["tps_per_gpu"] else (low, mid)
+    return (low + high) / 2
+
+
+def multi_axis_rows(data: dict | None = None) -> list[dict]:
+    """Every scored row: the planner's tokens per second per GPU and memory beside the published, and the published
+    layout's place among the layouts the planner ranks for the same model, GPUs and batch (memory as theirs)."""
+    from ddp_lab.analysis.plan.search import plan, why_runner_up_lost
+    from ddp_lab.analysis.plan.shapes import PUBLISHED, with_context
+
+    data = data or load("torchtitan_multi_axis")
+    mfu = calibrated_mfu(data)
+    system = _multi_axis_system(data)
+    rows = []
+    for row in data["rows"]:
+        ours = _priced(data, row, mfu)
+        shape = with_context(PUBLISHED[row["model"]], row["context"])
+        ranked = plan(shape, system, ours.layout.gpus, row["sequences"], mfu=mfu).ranked
+        place = next((i for i, p in enumerate(ranked, 1) if p.layout == ours.layout), None)
+        best = ranked[0] if ranked else None
+        rows.append({**{k: row[k] for k in ("table", "row", "model", "context", "tps_per_gpu", "memory_gib")},
+                     "ours_tps": ours.tokens_per_s_per_gpu,
+                     "error": _err(ours.tokens_per_s_per_gpu, row["tps_per_gpu"]),
+                     "ours_memory_gib": ours.memory["total"] / 2**30, "fits": ours.fits, "binding": ours.binding,
+                     "place": place, "of": len(ranked),
+                     "best": best.layout.describe() if best else None,
+                     "best_over_published": best.tokens_per_s_per_gpu / ours.tokens_per_s_per_gpu if best else None,
+                     "why": why_runner_up_lost(best, ours) if best and best.layout != ours.layout else None})
+    return rows
+
+
 # --- the report -------------------------------------------------------------------------------------
 
 def _size(nbytes: int) -> str:
@@ -205,6 +264,13 @@ def _size(nbytes: int) -> str:
         if nbytes >= k:
             return f"{nbytes / k:g} {unit}"
     return f"{nbytes} B"
+
+
+def _pick(row: dict) -> str:
+    """The planner's first choice for a published row: the same layout, or its own and how much faster it predicts."""
+    if row["place"] == 1:
+        return "the same"
+    return f"{row['best']}, {row['best_over_published'] - 1:+.0%}" if row["best"] else "nothing fits"
 
 
 def report() -> str:
@@ -251,4 +317,22 @@ def report() -> str:
               f"{r['step_ms']:.0f} | {r['exposed_ms']:.1f} | {r['predicted_growth']:+.2%} | "
               f"{r['measured_growth']:+.2%} "
               f"| {100 * (r['predicted_growth'] - r['measured_growth']):+.2f} points |" for r in rows]
+    data = load("torchtitan_multi_axis")
+    rows, mfu = multi_axis_rows(data), calibrated_mfu(data)
+    lines += ["", f"### torchtitan Llama 3.1, FSDP + TP + PP + CP, up to 512 H100s ({cite(data)})", "",
+              f"Priced by the planner (`python -m ddp_lab.plan`) at MFU {mfu:.3f}: the MFU that makes its price of "
+              f"Table 1's FSDP + torch.compile + Float8 row ({data['calibration']['tps_per_gpu']} tokens/s per GPU, 8 "
+              "GPUs) the published one (the calibration, not scored). Memory: the planner's bf16 accounting against "
+              "theirs (Float8). Place: where the published layout ranks among the layouts that fit, for the row's "
+              "model, GPUs and batch.", "",
+              "| table | row | context | published tok/s/GPU | planner | error | published GiB | planner GiB | place "
+              "| the planner's pick, and by how much |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['table']} | {r['row']} | {r['context']} | {r['tps_per_gpu']} | {r['ours_tps']:.0f} | "
+              f"{r['error']:+.0%} | {r['memory_gib']} | {r['ours_memory_gib']:.1f}{'' if r['fits'] else ' (no fit)'} | "
+              f"{r['place'] or 'does not fit'} of {r['of']} | "
+              f"{_pick(r)} |"
+              for r in rows]
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    lines += ["", f"mean |error| over {len(rows)} rows: {mean_abs(rows, 'error'):.0%} (worst {worst['error']:+.0%}, "
+              f"table {worst['table']}, {worst['row']})", ""]
     return "\n".join(lines)

@@ -85,7 +85,8 @@ SYSTEMS = {
     "v100-dgx1": System(
         name="v100-dgx1", gpu="V100", gpus_per_node=8, peak_flops=125e12, hbm_Bps=0.9e12,
         intra_busbw_Bps=120e9, inter_busbw_Bps=4 * 12.5e9, link_Bps=150e9, mfu=0.5,
-        sources=("125 TFLOP/s fp16 tensor, 900 GB/s HBM2 (32 GB: the DGX-1's later V100s; the first had 16), 6 NVLinks of 25 GB/s each way: NVIDIA Tesla V100 "
+        sources=("125 TFLOP/s fp16 tensor, 900 GB/s HBM2 (32 GB: the DGX-1's later V100s; the first had 16), "
+                 "6 NVLinks of 25 GB/s each way: NVIDIA Tesla V100 "
                  "datasheet (SXM2); NCCL's bus bandwidth 6 x 20 GB/s (NVIDIA/nccl src/graph/topo.h "
                  "SM70_NVLINK_BW)",
                  "4 x 100 Gb/s InfiniBand per machine: pytorch/pytorch benchmarks/distributed/ddp/README.md "
