@@ -142,3 +142,11 @@ def test_the_top_picks_command_line_composes_in_the_lab(capsys):
     argv = [sys.executable, str(ROOT / "launch.py"), *line.split()[2:], "logger=none", "--dry-run"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0 and "passes the checks" in done.stdout, done.stdout + done.stderr
+
+
+def test_attention_at_its_own_mfu_by_hand():
+    """Attention's scores and weighted sum (2 x 128 x 64 FLOPs per token and block) at half the matmuls' MFU cost twice
+    their time: one layer-stack of 1024 tokens, 4 blocks, forward and backward: 3 x 1024 x 4 x 16384 / 1e9 ms more."""
+    plain = price(SHAPE, SYSTEM, Layout(dp=1), 8).terms["compute"]
+    halved = price(SHAPE, SYSTEM, Layout(dp=1), 8, attention_mfu=0.5).terms["compute"]
+    assert halved - plain == pytest.approx(3 * 1024 * 4 * 16384 / 1e9)

@@ -70,10 +70,16 @@ def test_torchtitans_multi_axis_rows_are_priced_from_one_calibrated_mfu():
     data = published.load("torchtitan_multi_axis")
     mfu = published.calibrated_mfu(data)
     assert published._priced(data, data["calibration"], mfu).tokens_per_s_per_gpu == pytest.approx(8532, rel=1e-6)
+    attention = published.calibrated_attention_mfu(data)
+    first = data["rows"][data["attention_calibration_row"]]
+    assert published._priced(data, first, mfu, attention).tokens_per_s_per_gpu == pytest.approx(first["tps_per_gpu"],
+                                                                                              rel=1e-6)
+    assert attention < mfu  # attention does not get Float8's speed
     rows = published.multi_axis_rows(data)
     assert len(rows) == 11 and {r["table"] for r in rows} == {"2", "4", "5", "6"}
     for r in rows:
         assert r["error"] == pytest.approx(r["ours_tps"] / r["tps_per_gpu"] - 1)
+        assert r["attention_error"] == pytest.approx(r["attention_tps"] / r["tps_per_gpu"] - 1)
         assert r["place"] is None or 1 <= r["place"] <= r["of"]
     gpus = {r["row"]: r for r in rows}
     assert gpus["1F1B (FSDP 8, TP 8, PP 8)"]["of"] > 100  # the 405B search on 512 GPUs: every layout that divides

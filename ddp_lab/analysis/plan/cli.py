@@ -157,6 +157,8 @@ def parser() -> argparse.ArgumentParser:
                     help="each GPU's memory (default: the system's)")
     ap.add_argument("--mfu", type=float, default=None, help="the fraction of peak compute reaches (default: the "
                     "system's assumption)")
+    ap.add_argument("--attention-mfu", type=float, default=None, help="the fraction of peak attention's scores "
+                    "and weighted sum reach (default: --mfu's; 0.27 against torchtitan's runs: docs/plan.md)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--layout", default=None, help="price one layout: dp=..,tp=..,pp=..,cp=..,strategy=..,"
                     "schedule=..,microbatches=..,checkpointing=..")
@@ -199,7 +201,7 @@ def run(args) -> int:
         problem = layout_problem(shape, layout, sequences)
         if problem:
             raise PlanError(f"--layout: {problem}")
-        p = price(shape, system, layout, sequences, args.mfu, capacity)
+        p = price(shape, system, layout, sequences, args.mfu, capacity, args.attention_mfu)
         print(head)
         print(HEADER)
         print(row(1, p))
@@ -208,7 +210,7 @@ def run(args) -> int:
               f"({'fits' if p.fits else 'does not fit'} within {HEADROOM:.0%})")
         _print_launch(args.model, shape, layout, sequences)
         return 0
-    result = plan(shape, system, args.gpus, sequences, capacity, args.mfu)
+    result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu)
     if not result.ranked:
         miss = result.nearest_miss
         raise PlanError(f"no layout of {args.gpus} GPUs fits {shape.name}: the nearest ({miss.layout.describe()}) "

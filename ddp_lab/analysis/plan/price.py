@@ -160,25 +160,30 @@ def stage_blocks(shape: Shape, pp: int) -> int:
 
 
 def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: float | None = None,
-          capacity: float | None = None) -> Priced:
-    """`layout`'s step for a global batch of `sequences` sequences of `shape.context` tokens (module docstring)."""
+          capacity: float | None = None, attention_mfu: float | None = None) -> Priced:
+    """`layout`'s step for a global batch of `sequences` sequences of `shape.context` tokens (module docstring).
+    `attention_mfu`: the fraction of peak attention's scores and weighted sum reach, where it is not the matmuls'
+    `mfu` (a kernel of its own, which Float8 does not speed up); None: the same."""
     lay, d = layout, shape.d_model
     mfu = system.mfu if mfu is None else mfu
     capacity = system.memory_bytes if capacity is None else capacity
     flops_per_ms = system.peak_flops * mfu / 1e3
+    # attention's FLOPs weighed as matmul FLOPs at `mfu`: attention_flops x `attend` costs what they take
+    attend = 1.0 if attention_mfu is None else mfu / attention_mfu
     per_replica = sequences / lay.dp
     micro = per_replica / lay.microbatches               # sequences per micro-batch
     tokens = per_replica * shape.context / lay.cp        # tokens this GPU's stage processes per step
     micro_tokens = tokens / lay.microbatches
     blocks = stage_blocks(shape, lay.pp)
-    last_stage = blocks * shape.block_flops(shape.context) + shape.head_flops()
+    block = shape.block_flops(shape.context) + (attend - 1) * shape.attention_flops(shape.context)
+    last_stage = blocks * block + shape.head_flops()
     forward = tokens * last_stage / lay.tp / flops_per_ms
     compute = 3 * forward
     recompute = 0.0
     if lay.checkpointing == "full":
-        recompute = tokens * blocks * shape.block_flops(shape.context) / lay.tp / flops_per_ms
+        recompute = tokens * blocks * block / lay.tp / flops_per_ms
     elif lay.checkpointing == "selective":
-        recompute = tokens * blocks * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+        recompute = tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
     busy = compute + recompute
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
     activation = micro_tokens * d * BF16  # one micro-batch's activation between stages / in a TP all-reduce
@@ -196,7 +201,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         stride = lay.tp
         per_block = (2 * collective_ms(system, "all_gather", kv * BF16, lay.cp, stride)
                      + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride))
-        attention = 3 * micro_tokens * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+        attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
         cp = blocks * lay.microbatches * max(0.0, per_block - attention)
     stage_params = (blocks * shape.block_params + shape.vocab * d) / lay.tp
     shards = lay.dp * lay.cp

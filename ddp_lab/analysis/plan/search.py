@@ -92,7 +92,7 @@ class Plan:
 
 
 def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: float | None = None,
-         mfu: float | None = None, **choices) -> Plan:
+         mfu: float | None = None, attention_mfu: float | None = None, **choices) -> Plan:
     """Every layout priced; those that fit ranked by predicted tokens per second per GPU, best first."""
     if gpus < 1:
         raise PlanError(f"--gpus must be >= 1, got {gpus}")
@@ -101,7 +101,7 @@ def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: floa
     fitting, miss, count = [], None, 0
     for layout in layouts(shape, system, gpus, sequences, **choices):
         count += 1
-        priced = price(shape, system, layout, sequences, mfu, capacity)
+        priced = price(shape, system, layout, sequences, mfu, capacity, attention_mfu)
         if priced.fits:
             fitting.append(priced)
         elif miss is None or priced.memory["total"] < miss.memory["total"]:
