@@ -25,9 +25,9 @@ SYSTEM = replace(SYSTEMS["h100-nvlink"], peak_flops=1e12, mfu=1.0)  # 1e9 FLOPs 
 
 def test_the_shapes_count_as_published_and_as_the_lab_builds():
     assert SHAPE.block_flops(128) == 147456 and SHAPE.head_flops() == 128000
-    assert round(PUBLISHED["llama3-8b"].params / 1e9, 2) == 8.03
-    assert round(PUBLISHED["llama3-70b"].params / 1e9, 2) == 70.55
-    assert round(PUBLISHED["llama3-405b"].params / 1e9, 1) == 405.9
+    assert round(PUBLISHED["llama3_8b"].params / 1e9, 2) == 8.03
+    assert round(PUBLISHED["llama3_70b"].params / 1e9, 2) == 70.55
+    assert round(PUBLISHED["llama3_405b"].params / 1e9, 1) == 405.9
 
 
 @pytest.mark.parametrize("schedule, v, slots", [("gpipe", 1, 1), ("1f1b", 1, 1), ("interleaved_1f1b", 2, 0.5),
@@ -100,13 +100,13 @@ def test_the_search_prunes_what_cannot_divide_and_ranks_what_fits():
     result = plan(SHAPE, SYSTEM, 8, 16)
     speeds = [p.tokens_per_s_per_gpu for p in result.ranked]
     assert all(a >= b * 0.999 for a, b in zip(speeds, speeds[1:]))  # best first (ties to 0.1%: the simpler first)
-    big = PUBLISHED["llama3-405b"]
+    big = PUBLISHED["llama3_405b"]
     assert sum(1 for _ in layouts(big, SYSTEMS["h100-nvlink"], 512, 2048)) < 50_000  # seconds, not hours
 
 
 def test_the_command_ranks_within_120_columns_and_writes_json(tmp_path, capsys):
     out_file = tmp_path / "plan.json"
-    assert main(["--model", "llama3-70b", "--system", "h100-nvlink", "--gpus", "64", "--global-batch", "4M",
+    assert main(["--model", "llama3_70b", "--system", "h100-nvlink", "--gpus", "64", "--global-batch", "4M",
                  "--top", "5", "--json", str(out_file)]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120, out
@@ -121,8 +121,8 @@ def test_the_command_ranks_within_120_columns_and_writes_json(tmp_path, capsys):
     (["--model", "tiny", "--system", "nope", "--gpus", "8", "--global-batch", "4k"], "unknown system 'nope'"),
     (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "7", "--global-batch", "4k"],
      "no layout of 7 GPUs divides tiny"),
-    (["--model", "llama3-405b", "--system", "h100-nvlink", "--gpus", "8", "--global-batch", "1M"],
-     "no layout of 8 GPUs fits llama3-405b: the nearest"),
+    (["--model", "llama3_405b", "--system", "h100-nvlink", "--gpus", "8", "--global-batch", "1M"],
+     "no layout of 8 GPUs fits llama3_405b: the nearest"),
     (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "4", "--global-batch", "100"],
      "--global-batch 100 is not a whole number of 64-token sequences"),
     (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "4", "--global-batch", "4k", "--layout", "tp=3"],
@@ -150,3 +150,16 @@ def test_attention_at_its_own_mfu_by_hand():
     plain = price(SHAPE, SYSTEM, Layout(dp=1), 8).terms["compute"]
     halved = price(SHAPE, SYSTEM, Layout(dp=1), 8, attention_mfu=0.5).terms["compute"]
     assert halved - plain == pytest.approx(3 * 1024 * 4 * 16384 / 1e9)
+
+
+def test_the_design_notes_command_lines(capsys):
+    """The contract's two lines: the first runs; the second's system, this machine calibrated, is refused in one line
+    until its calibration is built (docs/plan.md, "What is left"); the same layout on a GPU system is priced, its
+    micro-batches one per stage and its batch the lab's default where none is given."""
+    assert main(["--model", "llama3_70b", "--system", "h100-ib", "--gpus", "256", "--global-batch", "2097152",
+                 "--context", "8192"]) == 0
+    assert main(["--model", "small", "--system", "this-machine", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 2
+    assert "this-machine" in capsys.readouterr().err
+    assert main(["--model", "small", "--system", "h100-nvlink", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "8 sequences a step" in out and "parallel.microbatches=2" in out

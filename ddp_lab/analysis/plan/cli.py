@@ -1,11 +1,11 @@
 """`python -m ddp_lab.plan`: which layout for this model, these GPUs and this batch? (docs/plan.md)
 
-    python -m ddp_lab.plan --model llama3-70b --system h100-nvlink --gpus 64 --global-batch 4M --context 8192
+    python -m ddp_lab.plan --model llama3_70b --system h100-nvlink --gpus 64 --global-batch 4M --context 8192
     python -m ddp_lab.plan --model medium --system h200 --gpus 8 --global-batch 262144 --top 10 --json plan.json
-    python -m ddp_lab.plan --model llama3-8b --system h100-nvlink --gpus 8 --global-batch 1M \\
+    python -m ddp_lab.plan --model llama3_8b --system h100-nvlink --gpus 8 --global-batch 1M \\
         --layout dp=2,tp=4,pp=1,cp=1,strategy=fsdp_torch,microbatches=4,checkpointing=full
 
-Models: the lab's (conf/model/), the published Llama 3 shapes (llama3-8b, -70b, -405b: shapes only, nothing
+Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, -70b, -405b: shapes only, nothing
 allocated) or a JSON file with a Shape's fields. Systems: the predictor's (`python -m ddp_lab.predict systems`), or
 one described by `--flops`, `--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
 """
@@ -26,6 +26,7 @@ from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import SYSTEMS, System, get_system
 
 GB = 1e9
+DEFAULT_SEQUENCES = 8  # the lab's train.batch_size default (ddp_lab/config.py)
 WIDTH = 120  # the terminal's columns the output keeps within
 SUFFIX = {"k": 2**10, "m": 2**20, "g": 2**30}  # binary, as batch sizes are: 4M is 512 sequences of 8192
 LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "strategy", "schedule", "microbatches", "checkpointing", "stages_per_rank"}
@@ -78,6 +79,8 @@ def parse_layout(text: str, gpus: int) -> Layout:
         fields[key] = value if key in ("strategy", "schedule", "checkpointing") else int(value)
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     fields.setdefault("dp", gpus // (tp * pp * cp))
+    # unset micro-batches: one per stage (pp x stages_per_rank), as parallel.microbatches' default is
+    fields.setdefault("microbatches", pp * fields.get("stages_per_rank", 1))
     layout = Layout(**fields)
     if layout.gpus != gpus:
         raise PlanError(f"--layout: dp {layout.dp} x tp {tp} x pp {pp} x cp {cp} = {layout.gpus}, not --gpus {gpus}")
@@ -148,10 +151,12 @@ def as_json(p: Priced) -> dict:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ddp_lab.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a lab model, llama3-8b/70b/405b, or a shape's JSON file")
+    ap.add_argument("--model", required=True, help="a lab model, llama3_8b/70b/405b, or a shape's JSON file")
     ap.add_argument("--system", default=None, help=f"one of {', '.join(SYSTEMS)}; or describe one with --flops")
     ap.add_argument("--gpus", type=int, required=True)
-    ap.add_argument("--global-batch", type=tokens, required=True, metavar="TOKENS", help="tokens per step (4M, 262144)")
+    ap.add_argument("--global-batch", type=tokens, default=None, metavar="TOKENS",
+                    help=f"tokens per step (4M, 262144; default: the lab's train.batch_size, {DEFAULT_SEQUENCES} "
+                    "sequences of the context)")
     ap.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's)")
     ap.add_argument("--memory", type=float, default=None, metavar="GB",
                     help="each GPU's memory (default: the system's)")
@@ -180,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
+    if args.system == "this-machine":
+        raise PlanError("--system this-machine (this CPU host and gloo, calibrated) is not built yet: its calibration "
+                        "is issue 66's measured check; the GPU systems and a described one (--flops) are")
     if args.flops is not None:
         if args.bandwidth is None:
             raise PlanError("a described system needs --flops and --bandwidth (and --memory, default 80 GB)")
@@ -187,6 +195,8 @@ def run(args) -> int:
     else:
         system = get_system(args.system or "")
     shape = with_context(load_shape(args.model), args.context)
+    if args.global_batch is None:
+        args.global_batch = DEFAULT_SEQUENCES * shape.context
     if args.global_batch % shape.context:
         raise PlanError(f"--global-batch {args.global_batch} is not a whole number of {shape.context}-token sequences")
     sequences = args.global_batch // shape.context

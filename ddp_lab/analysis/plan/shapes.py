@@ -54,9 +54,9 @@ LLAMA_SOURCE = ("Llama 3 herd paper (Dubey et al., 2024, arXiv:2407.21783), Tabl
                 "dimension, attention and key/value heads; vocabulary 128,256 (meta-llama/Llama-3.1-*'s config.json)")
 
 PUBLISHED = {
-    "llama3-8b": Shape("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, LLAMA_SOURCE),
-    "llama3-70b": Shape("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, LLAMA_SOURCE),
-    "llama3-405b": Shape("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, LLAMA_SOURCE),
+    "llama3_8b": Shape("llama3_8b", 32, 4096, 32, 8, 14336, 128256, 8192, LLAMA_SOURCE),
+    "llama3_70b": Shape("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, LLAMA_SOURCE),
+    "llama3_405b": Shape("llama3_405b", 126, 16384, 128, 8, 53248, 128256, 8192, LLAMA_SOURCE),
 }
 
 
