@@ -76,6 +76,12 @@ class OptimizerName(Choice):
     muon = "muon"
 
 
+class Checkpointing(Choice):
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
 class FaultKind(Choice):
     none = "none"
     crash = "crash"
@@ -235,6 +241,11 @@ class TrainConfig:
     documents it, the DDP-wrapped model whole).
     The first step compiles: it is a warm-up step, and the summary's `compile` says how long it took beyond a
     measured step. A strategy that cannot run compiled is refused before launch, saying why."""
+    activation_checkpointing: Checkpointing = Checkpointing.none
+    """Recompute instead of keeping activations, block by block (rank/recompute.py): full (each block keeps its
+    input, its forward runs again in backward) or selective (each block keeps its matmuls' outputs and recomputes
+    the rest, attention's kernel included); the trained weights are bit for bit those without it. The planner's
+    memory lever (docs/plan.md). Data parallelism only for now: refused with tp, pp, cp or train.compile."""
     compile_backend: str = "inductor"
     """torch.compile's backend: inductor (the default, generated kernels), aot_eager (graphs traced, forward and
     backward, run by eager kernels: what the CPU parity tests use, no C++ compiler needed), eager."""

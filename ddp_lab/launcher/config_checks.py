@@ -286,6 +286,10 @@ def _validate_train(cfg: DictConfig) -> None:
     problem = precision_problem(t.precision, "cuda" if _on_gpu(cfg) else "cpu")
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
+    p = cfg.parallel
+    _require(str(t.activation_checkpointing) == "none" or (p.tp == 1 and p.pp == 1 and p.cp == 1 and not t.compile),
+             f"train.activation_checkpointing={t.activation_checkpointing} is proven against the same training without "
+             "it for data parallelism only: use it without parallel.tp, parallel.pp, parallel.cp and train.compile")
     _require(not t.compile or spec.compile_refusal is None,
              f"train.compile=true: strategy={spec.name} cannot run compiled here: {spec.compile_refusal}")
     _require(not t.compile or t.warmup_steps >= 1, "train.compile=true compiles in the first step: give it "

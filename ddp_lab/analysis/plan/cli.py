@@ -131,6 +131,8 @@ def launch_line(model: str, shape: Shape, lay: Layout, sequences: int) -> str | 
             parts.append(f"parallel.stages_per_rank={lay.stages_per_rank}")
     elif lay.microbatches > 1:
         parts.append(f"train.grad_accum_steps={lay.microbatches}")
+    if lay.checkpointing != "none" and lay.tp == lay.pp == lay.cp == 1:
+        parts.append(f"train.activation_checkpointing={lay.checkpointing}")
     return " ".join(parts)
 
 
@@ -138,8 +140,8 @@ def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, what
     line = launch_line(model, shape, layout, sequences)
     if line:
         print(f"run {what} in the lab (one line, to copy):\n{line}")
-        if layout.checkpointing != "none":
-            print("(activation checkpointing is not a lab knob yet: that line runs without it)")
+        if layout.checkpointing != "none" and (layout.tp > 1 or layout.pp > 1 or layout.cp > 1):
+            print("(the lab checkpoints activations with data parallelism only yet: that line runs without it)")
 
 
 def as_json(p: Priced) -> dict:
