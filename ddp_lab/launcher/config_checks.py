@@ -179,7 +179,7 @@ def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
              "runs as a chain of layers (its class has no pp_layers(): docs/pipelines.md)")
     module = small if bounded_size(cfg.model) == cfg.model else _meta_model(cfg)
     blocks = len(module.pp_layers()[1])
-    layers = None if p.stage_layers is None else list(p.stage_layers)
+    layers = p.stage_layers if p.stage_layers is None or isinstance(p.stage_layers, str) else list(p.stage_layers)
     problem = pipeline_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p),
                                t.batch_size // data_parallel_size(cfg), blocks, layers, t.grad_accum_steps,
                                str(p.pp_impl))

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.models.facts import ties_of
-from ddp_lab.pipeline_parallel.stages import TiedAcrossStages, keep_stages
+from ddp_lab.pipeline_parallel.stages import TiedAcrossStages, flops_balanced, keep_stages
 from ddp_lab.spec.figures import PP_BUBBLE, PP_P2P_BYTES, PP_WAIT
-from ddp_lab.spec.pipeline import PPImpl, bubble_formula, microbatches_of, simulate
+from ddp_lab.spec.pipeline import AUTO, PPImpl, bubble_formula, microbatches_of, simulate
 from ddp_lab.strategies.collectives import broadcast_module_state
 
 
@@ -25,7 +25,8 @@ class Pipeline:
         self.mesh, self.device = mesh, device
         self.schedule, self.impl = str(parallel.pp_schedule), PPImpl(str(parallel.pp_impl))
         self.m, self.chunks = microbatches_of(parallel), int(parallel.stages_per_rank)
-        self.counts = list(parallel.stage_layers) if parallel.stage_layers is not None else None
+        layers = parallel.stage_layers
+        self.counts = layers if layers is None or isinstance(layers, str) else list(layers)  # "auto": at cut()
         if self.impl == PPImpl.lab:
             from ddp_lab.pipeline_parallel.lab import LabPipeline
 
@@ -42,6 +43,8 @@ class Pipeline:
         weights (each rank built its own, from its own seed), so the stages are of one model and a weight tied
         across two stages starts as one."""
         broadcast_module_state(module, group=self.mesh.pp_group)
+        if self.counts == AUTO:
+            self.counts = flops_balanced(module, self.mesh.pp * self.chunks)
         ties = ties_of(module)
         layers = keep_stages(module, self.mesh.pp, self.mesh.pp_rank, self.chunks, self.counts)
         self.runner.ties = TiedAcrossStages(module, ties, layers, self.mesh.layout, self.mesh.pp_rank)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_lab.spec.pipeline import split_blocks, stage_index
+from ddp_lab.spec.pipeline import balanced_counts, split_blocks, stage_index
 
 
 def chain_of(module: nn.Module) -> tuple[list[str], list[list[str]], list[str]]:
@@ -29,6 +29,32 @@ def chain_of(module: nn.Module) -> tuple[list[str], list[list[str]], list[str]]:
     if not hasattr(module, "pp_layers"):
         raise ValueError(f"{type(module).__name__} declares no pipeline layers (pp_layers(): docs/pipelines.md)")
     return module.pp_layers()
+
+
+def flops_per_token(module: nn.Module, names: list[str]) -> float:
+    """Forward FLOPs per token of the named layers: 2 per weight of their matmuls (every 2-D weight but an
+    embedding's, which is a lookup), and attention's scores and weighted sum over the model's context (2 x context x
+    d_model together, causal) for each layer holding one."""
+    context, total = getattr(module, "context_length", 0), 0.0
+    for name in names:
+        layer = module.get_submodule(name)
+        for sub in layer.modules():
+            if isinstance(sub, nn.Embedding):
+                continue
+            total += sum(2 * p.numel() for p in sub.parameters(recurse=False) if p.dim() == 2)
+            if type(sub).__name__.endswith("Attention") and hasattr(sub, "qkv"):
+                total += 2 * context * sub.qkv.in_features
+    return total
+
+
+def flops_balanced(module: nn.Module, stages: int) -> list[int]:
+    """`parallel.stage_layers=auto`: blocks per stage by their FLOPs, the first stage's embedding and the last
+    stage's norm and head (and the loss over the vocabulary, 2 x vocab per token beside the head) counted."""
+    first, blocks, last = chain_of(module)
+    head = flops_per_token(module, last)
+    vocab = next((p.shape[0] for name in last for p in module.get_submodule(name).parameters() if p.dim() == 2), 0)
+    return balanced_counts([flops_per_token(module, b) for b in blocks], stages, flops_per_token(module, first),
+                           head + 2 * vocab)
 
 
 def stage_layers(module: nn.Module, stages: int, counts: list[int] | None = None) -> list[list[str]]:

@@ -18,7 +18,7 @@ same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ddp_lab.spec.choices import Choice
 from ddp_lab.spec.context import DEFAULT_ULYSSES, CPImpl
@@ -65,9 +65,11 @@ class ParallelConfig:
     fewest torch's Schedule1F1B takes."""
     stages_per_rank: int = 1
     """Virtual stages per rank (interleaved_1f1b): the bubble divided by them, more sends and receives."""
-    stage_layers: Optional[list[int]] = None
+    stage_layers: Optional[Any] = None
     """Blocks per stage, in stage order (pp x stages_per_rank entries, each >= 1, summing to the model's blocks);
-    unset: as even as they split."""
+    `auto`: split by FLOPs, the first stage's embedding and the last stage's norm, head and loss counted, so the most
+    expensive stage is as cheap as it can be (spec/pipeline.py's balanced_counts); unset: as even as the blocks
+    split."""
     cp: int = 1
     """Context-parallel degree: every sequence split over this many ranks for every layer, attention included
     (docs/context.md). Its ranks hold the same weights: the strategy averages gradients over dp x cp. 1: none."""

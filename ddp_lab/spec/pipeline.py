@@ -240,6 +240,38 @@ def split_blocks(blocks: int, stages: int, stage_layers: list[int] | None = None
     return out
 
 
+AUTO = "auto"
+"""`parallel.stage_layers=auto`: the blocks split so the stages' FLOPs are as even as they go (`balanced_counts`)."""
+
+
+def balanced_counts(costs: list[float], stages: int, first: float = 0.0, last: float = 0.0) -> list[int]:
+    """Blocks per stage, at least one each and in order, that make the most expensive stage as cheap as it can be:
+    `costs` each block's (its FLOPs per token), `first` and `last` what the first and the last stage run beside their
+    blocks (the embedding; the norm, head and loss). An exact search over where each stage ends."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[s][i]: the least possible most-expensive stage when stages 0..s-1 hold blocks 0..i-1
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        extra = (first if s == 1 else 0.0) + (last if s == stages else 0.0)
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):
+                cost = max(best[s - 1][j], prefix[i] - prefix[j] + extra)
+                if cost < best[s][i]:
+                    best[s][i], cut[s][i] = cost, j
+    counts, i = [], n
+    for s in range(stages, 0, -1):
+        j = cut[s][i]
+        counts.append(i - j)
+        i = j
+    return counts[::-1]
+
+
 def microbatches_of(parallel) -> int:
     """The `parallel` node's (a DictConfig or a dict) micro-batches: as set, or one per stage (1 without a
     pipeline)."""
@@ -275,14 +307,20 @@ def schedule_problem(pp: int, chunks: int, schedule: str, microbatches: int, imp
 
 
 def pipeline_problem(pp: int, chunks: int, schedule: str, microbatches: int, per_rank_batch: int, blocks: int,
-                     stage_layers: list[int] | None, grad_accum_steps: int, impl: str = "lab") -> str | None:
+                     stage_layers: list[int] | str | None, grad_accum_steps: int, impl: str = "lab") -> str | None:
     """One line saying why this pipeline cannot run on this model and batch, or None. `blocks`: the model's
     (pp_layers())."""
     problem = schedule_problem(pp, chunks, schedule, microbatches, impl)
     if problem is not None or pp == 1:
         return problem
     stages = pp * chunks
-    if stage_layers is not None:
+    if isinstance(stage_layers, str):
+        if stage_layers != AUTO:
+            return f"parallel.stage_layers must be a count of blocks per stage, or {AUTO}, got {stage_layers}"
+        if stages > blocks:
+            return (f"parallel.pp={pp} x parallel.stages_per_rank={chunks} = {stages} stages, more than the model's "
+                    f"{blocks} blocks: use fewer stages or a deeper model")
+    elif stage_layers is not None:
         if len(stage_layers) != stages:
             return (f"parallel.stage_layers lists {len(stage_layers)} stages, the pipeline has {stages} "
                     "(pp x stages_per_rank)")

@@ -152,6 +152,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "model.num_layers=3": "4 stages, more than the model's 3 blocks",
     "parallel.pp=2 parallel.stage_layers=[1,1]": "must give every stage at least one of the model's 4 blocks",
     "parallel.stage_layers=[2,2]": "parallel.stage_layers splits a pipeline's blocks, and parallel.pp=1 is none",
+    "parallel.pp=2 parallel.stage_layers=even": "parallel.stage_layers must be a count of blocks per stage, or auto",
     "parallel.pp=2 train.grad_accum_steps=2": "a pipeline's micro-batches are its accumulation",
     "parallel.pp=2 parallel.pp_impl=torch parallel.microbatches=1": "torch's Schedule1F1B needs "
                                                                     "parallel.microbatches >= its 2 stages",

@@ -57,6 +57,9 @@ def _pp2_cases() -> dict:
                                                                                    v=2))
     cases["1f1b uneven stages"] = ("deep_transformer", "none", _pp(2, "1f1b", "lab", 4, layers=[1, 3]))
     cases["gpipe uneven stages torch"] = ("deep_transformer", "none", _pp(2, "gpipe", "torch", 4, layers=[3, 1]))
+    cases["1f1b stages by flops"] = ("deep_transformer", "none", _pp(2, "1f1b", "lab", 4, layers="auto"))
+    cases["zero bubble stages by flops torch"] = ("deep_transformer", "none", _pp(2, "zero_bubble", "torch", 4,
+                                                                                  layers="auto"))
     cases["frozen"] = ("frozen_toy", "none", _pp(2, "1f1b", "lab", 4))
     cases["frozen torch"] = ("frozen_toy", "none", _pp(2, "zero_bubble", "torch", 4))
     cases["tied across stages"] = ("tied_toy", "none", _pp(2, "gpipe", "lab", 2))

@@ -163,3 +163,23 @@ def test_the_design_notes_command_lines(capsys):
     assert main(["--model", "small", "--system", "h100-nvlink", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 0
     out = capsys.readouterr().out
     assert "8 sequences a step" in out and "parallel.microbatches=2" in out
+
+
+def test_stages_balanced_by_flops_by_hand():
+    """parallel.stage_layers=auto: 4 equal blocks and a head worth 2.4 of them on 2 stages: 3 and 1 (the most expensive
+    stage 3, where the even split's last is 4.4); no extra: 2 and 2; the lab's tiny model counts so (a block 2.13
+    MFLOP per token, its head and loss 5.14)."""
+    import torch as t
+
+    from ddp_lab.config import compose_model
+    from ddp_lab.models import build_model
+    from ddp_lab.pipeline_parallel.stages import flops_balanced
+    from ddp_lab.spec.pipeline import balanced_counts
+
+    assert balanced_counts([1.0] * 4, 2, last=2.4) == [3, 1]
+    assert balanced_counts([1.0] * 4, 2) == [2, 2]
+    counts = balanced_counts([1.0] * 24, 4, last=2.0)
+    assert sum(counts) == 24 and max(c + (2 if i == 3 else 0) for i, c in enumerate(counts)) == 7
+    with t.device("meta"):
+        tiny = build_model(compose_model("tiny"))
+    assert flops_balanced(tiny, 2) == [3, 1] and flops_balanced(tiny, 4) == [1, 1, 1, 1]
