@@ -73,11 +73,12 @@ def gpipe(stage, step) -> None:
         dist.all_reduce(weight.grad, group=group)
 
 
-def one_f_one_b(stage, step) -> None:
-    """Right: 1F1B, at most (stages - rank) micro-batches in flight; sends asynchronous, waited at the end."""
+def one_f_one_b(stage, step, capped: bool = True) -> None:
+    """Right: 1F1B, at most (stages - rank) micro-batches in flight; sends asynchronous, waited at the end.
+    `capped=False`: the warm-up not capped at the micro-batch count (`warmup_not_capped`)."""
     first, last = step.rank == 0, step.rank == step.stages - 1
     m, sends, flight = step.microbatches, [], {}
-    warmup = min(m, step.stages - step.rank - 1)
+    warmup = min(m, step.stages - step.rank - 1) if capped else step.stages - step.rank - 1
 
     def forward(i):
         x = step.inputs[i] if first else _receive(step, step.rank - 1, i)
@@ -112,38 +113,7 @@ def one_f_one_b(stage, step) -> None:
 def warmup_not_capped(stage, step) -> None:
     """1F1B whose warm-up is p - 1 - rank forwards whatever the micro-batch count: with fewer micro-batches than
     that (m < p - 1) the first stage asks for micro-batches that do not exist. Right when m >= p - 1."""
-    first, last = step.rank == 0, step.rank == step.stages - 1
-    m, sends, flight = step.microbatches, [], {}
-    warmup = step.stages - step.rank - 1  # the bug: not min(m, ...)
-
-    def forward(i):
-        x = step.inputs[i] if first else _receive(step, step.rank - 1, i)
-        y = stage(x)
-        if not last:
-            sends.append(dist.isend(y.detach(), dst=step.rank + 1, tag=i))
-        flight[i] = (x, y)
-
-    def backward(i):
-        x, y = flight.pop(i)
-        if last:
-            (step.loss_fn(y, step.targets[i]) / m).backward()
-        else:
-            grad = torch.empty(step.activation_shape)
-            dist.recv(grad, src=step.rank + 1, tag=i)
-            y.backward(grad)
-        if not first:
-            sends.append(dist.isend(x.grad, dst=step.rank - 1, tag=i))
-
-    for i in range(warmup):
-        forward(i)
-    for i in range(m - warmup):
-        forward(warmup + i)
-        backward(i)
-    for i in range(max(0, m - warmup), m):
-        backward(i)
-    for work in sends:
-        work.wait()
-    _sum_tied(step)
+    one_f_one_b(stage, step, capped=False)
 
 
 def loss_not_divided(stage, step) -> None:

@@ -17,3 +17,13 @@ def ranks_fixture(fn, world_size: int, *args):
         return run_ranks(fn, world_size, *args)
 
     return results
+
+
+def rank_batch(step: int, rank: int, world_size: int):
+    """(inputs, targets) of this rank's rows of step `step`'s global batch (check/parity.py's `global_batch`)."""
+    from ddp_lab.check.parity import global_batch
+
+    tokens = global_batch(step)
+    rows = tokens.shape[0] // world_size
+    mine = tokens[rank * rows:(rank + 1) * rows]
+    return mine[:, :-1], mine[:, 1:]

@@ -9,23 +9,15 @@ import pytest
 import torch
 
 from ddp_lab.check.models import tiny_transformer
-from ddp_lab.check.parity import global_batch
 from ddp_lab.rank.activations import HeldActivations
 from ddp_lab.rank.recompute import apply_activation_checkpointing
 from ddp_lab.rank.step import train_step
 from ddp_lab.spec.strategies import spec_of
-from tests.helpers.distributed import ranks_fixture
+from tests.helpers.distributed import rank_batch, ranks_fixture
 
 STRATEGIES = ["none", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "zero1_torch", "zero2", "fsdp",
               "fsdp_torch", "powersgd", "local_sgd"]
 STEPS = 3
-
-
-def _batch(step: int, rank: int, world_size: int):
-    tokens = global_batch(step)
-    rows = tokens.shape[0] // world_size
-    mine = tokens[rank * rows:(rank + 1) * rows]
-    return mine[:, :-1], mine[:, 1:]
 
 
 def _train(name: str, mode: str, rank: int, world_size: int) -> dict:
@@ -37,7 +29,7 @@ def _train(name: str, mode: str, rank: int, world_size: int) -> dict:
     held = HeldActivations()
     for step in range(STEPS):
         with held.counting() if step == 0 else nullcontext():
-            train_step(model, optimizer, [_batch(step, rank, world_size)])
+            train_step(model, optimizer, [rank_batch(step, rank, world_size)])
     return {"weights": {k: v.clone() for k, v in model.full_state_dict().items()}, "held": held.peak}
 
 

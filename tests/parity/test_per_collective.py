@@ -18,21 +18,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddp_lab.check.models import tiny_transformer
-from ddp_lab.check.parity import global_batch
 from ddp_lab.rank.step import train_step
 from ddp_lab.spec.strategies import spec_of
 from ddp_lab.strategies.comm_stats import set_per_collective
-from tests.helpers.distributed import ranks_fixture
+from tests.helpers.distributed import rank_batch, ranks_fixture
 
 STAMPED = ["naive", "overlap", "bucketed", "zero1", "zero2", "fsdp", "powersgd", "torch_ddp"]
 STEPS = 3
-
-
-def _batch(step: int, rank: int, world_size: int):
-    tokens = global_batch(step)
-    rows = tokens.shape[0] // world_size
-    mine = tokens[rank * rows:(rank + 1) * rows]
-    return mine[:, :-1], mine[:, 1:]
 
 
 def _train(name: str, on: bool, rank: int, world_size: int) -> dict:
@@ -43,7 +35,7 @@ def _train(name: str, on: bool, rank: int, world_size: int) -> dict:
         optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-2)
         figures = []
         for step in range(STEPS):
-            train_step(model, optimizer, [_batch(step, rank, world_size)])
+            train_step(model, optimizer, [rank_batch(step, rank, world_size)])
             figures.append(model.comm.pop())
         hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.module.parameters())
         return {"weights": {k: v.clone() for k, v in model.full_state_dict().items()}, "figures": figures,
@@ -142,11 +134,11 @@ def _dispatched(rank: int, world_size: int) -> dict:
             mode = _Costly() if step == STEPS - 1 else None
             if mode is not None:
                 with mode, _Compared() as compared:
-                    train_step(model, optimizer, [_batch(step, rank, world_size)])
+                    train_step(model, optimizer, [rank_batch(step, rank, world_size)])
                 counts[name] = {**mode.counts, "buckets": len(model.facts().get("buckets", {}).get("sizes_mb", [])),
                                 "compared": compared.count, "shadowed": _shadowed(model)}
             else:
-                train_step(model, optimizer, [_batch(step, rank, world_size)])
+                train_step(model, optimizer, [rank_batch(step, rank, world_size)])
     return counts
 
 
