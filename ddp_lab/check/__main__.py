@@ -198,15 +198,14 @@ def _check(target: str, world_sizes: list[int], names: list[str], kwargs: dict, 
             per_rank, failure = results[run]
             case = case_of(run)[0]
             optimizer = getattr(cls, "checks_optimizer", None) is not None
-            line, trace = failure or (verdict(case, per_rank, tolerance_of(kwargs, per_rank), rtol, optimizer,
-                                              plain_passed), None)
+            tolerance = None if failure else tolerance_of(kwargs, per_rank)
+            line, trace = failure or (verdict(case, per_rank, tolerance, rtol, optimizer, plain_passed), None)
             if line and failure is None and AVERAGE_BLAMED in line and compute_dtype(kwargs) is not None:
                 # the average blamed under a compute dtype: its float32 twin tells an average from a rounding
                 twin, twin_failure = _run(target, world_size, without_dtype(kwargs), [run], timeout_s, log_dir,
                                           same_init, layers)[run]
                 if twin_failure is None and verdict(case, twin, ATOL, RTOL, optimizer, plain_passed) is None:
-                    line = verdict(case, per_rank, tolerance_of(kwargs, per_rank), rtol, optimizer, plain_passed,
-                                   twin_passed=True)
+                    line = verdict(case, per_rank, tolerance, rtol, optimizer, plain_passed, twin_passed=True)
             if case.name == "plain":
                 plain_passed = (plain_passed is not False) and not line
             lines.append((world_size, run, "FAIL" if line else "ok",

@@ -5,8 +5,8 @@
     python -m ddp_lab.plan --model llama3_8b --system h100-nvlink --gpus 8 --global-batch 1M \\
         --layout dp=2,tp=4,pp=1,cp=1,strategy=fsdp_torch,microbatches=4,checkpointing=full
 
-Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, -70b, -405b: shapes only, nothing
-allocated) or a JSON file with a Shape's fields. Systems: the predictor's (`python -m ddp_lab.predict systems`), or
+Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, llama3_70b, llama3_405b: shapes only, nothing
+allocated) or a JSON file with a Shape's fields. Systems: the predictor's (ddp_lab/analysis/predict/systems.py), or
 one described by `--flops`, `--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
 """
 
@@ -114,7 +114,7 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
-def launch_line(model: str, shape: Shape, lay: Layout, sequences: int) -> str | None:
+def launch_line(model: str, lay: Layout, sequences: int) -> str | None:
     """The lab's command line for a layout of a lab model (None for a published shape)."""
     if model in PUBLISHED or model.endswith(".json"):
         return None
@@ -136,8 +136,8 @@ def launch_line(model: str, shape: Shape, lay: Layout, sequences: int) -> str | 
     return " ".join(parts)
 
 
-def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, what: str = "it") -> None:
-    line = launch_line(model, shape, layout, sequences)
+def _print_launch(model: str, layout: Layout, sequences: int, what: str = "it") -> None:
+    line = launch_line(model, layout, sequences)
     if line:
         print(f"run {what} in the lab (one line, to copy):\n{line}")
         if layout.checkpointing != "none" and (layout.tp > 1 or layout.pp > 1 or layout.cp > 1):
@@ -220,7 +220,7 @@ def run(args) -> int:
         print("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()))
         print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
               f"({'fits' if p.fits else 'does not fit'} within {HEADROOM:.0%})")
-        _print_launch(args.model, shape, layout, sequences)
+        _print_launch(args.model, layout, sequences)
         return 0
     result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu)
     if not result.ranked:
@@ -236,7 +236,7 @@ def run(args) -> int:
         print(row(i, p))
     if len(result.ranked) > 1:
         print(textwrap.fill(why_runner_up_lost(result.ranked[0], result.ranked[1]), WIDTH))
-    _print_launch(args.model, shape, result.ranked[0].layout, sequences, "the top pick")
+    _print_launch(args.model, result.ranked[0].layout, sequences, "the top pick")
     if args.json:
         Path(args.json).write_text(json.dumps([as_json(p) for p in result.ranked], indent=1))
     return 0

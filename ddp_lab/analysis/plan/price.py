@@ -213,15 +213,14 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         micro_busy = busy / lay.microbatches
         if stage < 3:
             dp = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
-        elif lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
-            gather = collective_ms(system, "all_gather", grads, shards, stride)
-            scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
-            dp = max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
         else:
             gather = collective_ms(system, "all_gather", grads, shards, stride)
             scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
-            per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
-            dp = lay.microbatches * per_micro
+            if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
+                dp = max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
+            else:
+                per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
+                dp = lay.microbatches * per_micro
     updated = stage_params / (shards if stage >= 1 else 1)
     optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3
     terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,

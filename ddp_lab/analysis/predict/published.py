@@ -254,12 +254,10 @@ def multi_axis_rows(data: dict | None = None) -> list[dict]:
     system = _multi_axis_system(data)
     rows = []
     for row in data["rows"]:
-        single = _priced(data, row, mfu)
-        ours = single
-        two = _priced(data, row, mfu, attention).tokens_per_s_per_gpu
+        single, ours = _priced(data, row, mfu), _priced(data, row, mfu, attention)  # ours: placed with both MFUs
+        two = ours.tokens_per_s_per_gpu
         shape = with_context(PUBLISHED[row["model"]], row["context"])
         ranked = plan(shape, system, ours.layout.gpus, row["sequences"], mfu=mfu, attention_mfu=attention).ranked
-        ours = _priced(data, row, mfu, attention) if ranked else ours  # placed as the planner with both MFUs sees it
         place = next((i for i, p in enumerate(ranked, 1) if p.layout == ours.layout), None)
         best = ranked[0] if ranked else None
         rows.append({**{k: row[k] for k in ("table", "row", "model", "context", "tps_per_gpu", "memory_gib")},
