@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddp_lab.analysis.plan.cli import main
+from ddp_lab.analysis.plan.host import this_machine
 from ddp_lab.analysis.plan.price import Layout, collective_ms, price
 from ddp_lab.analysis.plan.search import layout_problem, layouts, plan
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape
@@ -153,16 +154,65 @@ def test_attention_at_its_own_mfu_by_hand():
 
 
 def test_the_design_notes_command_lines(capsys):
-    """The contract's two lines: the first runs; the second's system, this machine calibrated, is refused in one line
-    until its calibration is built (docs/plan.md, "What is left"); the same layout on a GPU system is priced, its
-    micro-batches one per stage and its batch the lab's default where none is given."""
+    """The contract's two lines run: the second on this machine calibrated (its micro-batches one per stage, its batch
+    the lab's default where none is given), with the launch line over the emulated nodes it was calibrated on,
+    which composes."""
     assert main(["--model", "llama3_70b", "--system", "h100-ib", "--gpus", "256", "--global-batch", "2097152",
                  "--context", "8192"]) == 0
-    assert main(["--model", "small", "--system", "this-machine", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 2
-    assert "this-machine" in capsys.readouterr().err
-    assert main(["--model", "small", "--system", "h100-nvlink", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 0
+    capsys.readouterr()
+    assert main(["--model", "small", "--system", "this-machine", "--gpus", "8", "--layout", "dp=2,tp=2,pp=2"]) == 0
     out = capsys.readouterr().out
     assert "8 sequences a step" in out and "parallel.microbatches=2" in out
+    line = next(x for x in out.splitlines() if x.startswith("python launch.py"))
+    assert "network=emulated network.nodes=2 network.gbps=1 " in line
+    argv = [sys.executable, str(ROOT / "launch.py"), *line.split()[2:], "logger=none", "--dry-run"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and "passes the checks" in done.stdout, done.stdout + done.stderr
+
+
+CALIBRATED = {"machine": "a test host", "date": "2026-11-28", "command": "by hand", "cores": 2, "nodes": 2,
+              "gbps": 1.0, "core_flops": 1e9, "optimizer_Bps": 1e9, "loopback_busbw_Bps": 1e9,
+              "link_busbw_Bps": 1e8, "latency_s": 1e-4, "memory_bytes": 16e9}
+
+
+def test_this_machines_gloo_ring_by_hand():
+    """4 ranks on 2 emulated nodes and 2 cores. A 2-rank group inside a node: 2 ring steps of 0.1 ms and the buffer
+    at loopback's 1e9 B/s halved (4 ranks on 2 cores). A 4-rank all-reduce crosses the link: 6 steps and 1.5 x the
+    buffer at the link's 1e8. Two 2-rank groups strided by 2 cross it at once: each at half the link."""
+    host = this_machine(4, CALIBRATED)
+    mb = 1e6
+    assert collective_ms(host, "all_reduce", mb, 2) == pytest.approx((2 * 1e-4 + mb / 5e8) * 1e3)
+    assert collective_ms(host, "all_reduce", mb, 4) == pytest.approx((6 * 1e-4 + 1.5 * mb / 1e8) * 1e3)
+    assert collective_ms(host, "all_gather", mb, 2, stride=2) == pytest.approx((1e-4 + 0.5 * mb / 5e7) * 1e3)
+
+
+def test_this_machines_ranks_share_its_cores_and_send_fp32():
+    """Compute at one core's 1e9 FLOP/s (1e6 per ms), twice as long with 4 ranks on 2 cores; a tp 2 all-reduce moves
+    fp32: 1024 tokens x 64 x 4 bytes."""
+    two, four = this_machine(2, CALIBRATED), this_machine(4, CALIBRATED)
+    tokens = 1024  # 8 sequences of 128 on one replica
+    one_rank = 3 * tokens * (4 * 147456 + 128000) / 1e6
+    assert price(SHAPE, two, Layout(dp=1, tp=2), 8).terms["compute"] == pytest.approx(one_rank / 2)
+    assert price(SHAPE, four, Layout(dp=1, tp=4), 8).terms["compute"] == pytest.approx(one_rank / 4 * 2)
+    tp = price(SHAPE, two, Layout(dp=1, tp=2), 8).terms["tp"]
+    assert tp == pytest.approx(4 * 4 * collective_ms(two, "all_reduce", tokens * 64 * 4, 2))
+
+
+def test_the_measured_check_scores_by_hand():
+    """Three layouts measured 100, 200 and 300 ms: the planner's order is scored by Spearman's rho, its pick (its
+    fastest predicted) by the pick's measured step over the best's, the errors as predicted / measured - 1."""
+    from ddp_lab.analysis.plan.against_runs import score
+
+    host = this_machine(4, CALIBRATED)
+    layouts_4 = [Layout(dp=4), Layout(dp=2, tp=2), Layout(dp=1, tp=4)]
+    predicted = [price(SHAPE, host, lay, 8).step_ms for lay in layouts_4]
+    rows = [{**lay.__dict__, "gpus": 4, "measured_ms": ms} for lay, ms in zip(layouts_4, (100.0, 200.0, 300.0))]
+    (scored,) = score(SHAPE, lambda g: this_machine(g, CALIBRATED), 8, rows)
+    assert [r["error"] for r in scored.rows] == pytest.approx([p / m - 1 for p, m in zip(predicted, (100, 200, 300))])
+    pick = min(range(3), key=predicted.__getitem__)
+    assert scored.pick_over_best == pytest.approx((100.0, 200.0, 300.0)[pick] / 100.0)
+    order_agrees = sorted(range(3), key=predicted.__getitem__) == [0, 1, 2]
+    assert (scored.rho == pytest.approx(1.0)) == order_agrees
 
 
 def test_stages_balanced_by_flops_by_hand():
@@ -183,3 +233,36 @@ def test_stages_balanced_by_flops_by_hand():
     with t.device("meta"):
         tiny = build_model(compose_model("tiny"))
     assert flops_balanced(tiny, 2) == [3, 1] and flops_balanced(tiny, 4) == [1, 1, 1, 1]
+
+
+def test_the_planner_agrees_with_the_calculator_on_the_course_problem():
+    """CS336's XXL feed-forward stack on a TPU-v5p-like chip described on the command line (docs/plan.md, "The
+    course's problem"): the planner's parameters, state, activations, fewest devices for 95 GB, and the batch where
+    FSDP's gathers hide under compute, each equal to the calculator's (a)-(c) for the same numbers."""
+    from ddp_lab.analysis.mesh_accounting import mesh_accounting
+    from ddp_lab.analysis.mesh_accounting import parse_bandwidth as calculator_bandwidth
+    from ddp_lab.analysis.plan.cli import load_shape
+    from ddp_lab.analysis.plan.described import described
+    from ddp_lab.analysis.plan.shapes import with_context
+    from ddp_lab.config import compose_model
+    from ddp_lab.spec.strategies import SPECS
+
+    report = mesh_accounting(compose_model("xxl_ffn"), 64, 4, SPECS["fsdp"](), "fp32", "bf16", 4.6e14,
+                             calculator_bandwidth("dp=3.6e11,tp=1.8e11"), device_gb=(95.0,))
+    tpu = described(4.6e14, "dp=3.6e11,tp=1.8e11", 95, None, 4)
+    shape = with_context(load_shape("xxl_ffn"), 1)  # one token a sequence: any batch divides, no attention to count
+    memory = report["memory"]
+    assert shape.params == report["params"]["total"]                                          # (a)
+    assert price(shape, tpu, Layout(dp=1), 1).memory["state"] == memory["state_whole_model"]
+    assert shape.layers * shape.saved_bytes_per_token == memory["activations_per_token"]
+
+    def fits(n):
+        return price(shape, tpu, Layout(dp=n, strategy="fsdp_torch"), n, headroom=1.0).fits
+    assert not fits(memory["fsdp_devices_to_fit"][95.0] - 1) and fits(memory["fsdp_devices_to_fit"][95.0])  # (b)
+
+    def fsdp_exposed(tokens_per_device):
+        return price(shape, tpu, Layout(dp=16, tp=4, strategy="fsdp_torch"), int(64 * tokens_per_device)).terms["dp"]
+    threshold = report["dp_axis"]["tokens_per_device"]                                        # (c): 299.5
+    assert fsdp_exposed(threshold - 0.25) > 0 and fsdp_exposed(threshold + 0.25) == 0
+    p = price(shape, tpu, Layout(dp=16, tp=4, strategy="fsdp_torch"), 64 * 300)
+    assert (p.terms["compute"] / 3) / (p.terms["tp"] / 2) == pytest.approx(report["tp_axis"]["ratio"])

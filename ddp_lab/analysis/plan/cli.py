@@ -6,8 +6,9 @@
         --layout dp=2,tp=4,pp=1,cp=1,strategy=fsdp_torch,microbatches=4,checkpointing=full
 
 Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, llama3_70b, llama3_405b: shapes only, nothing
-allocated) or a JSON file with a Shape's fields. Systems: the predictor's (ddp_lab/analysis/predict/systems.py), or
-one described by `--flops`, `--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
+allocated) or a JSON file with a Shape's fields. Systems: the predictor's (ddp_lab/analysis/predict/systems.py),
+this-machine (this host's ranks on two emulated nodes, calibrated: host.py), or one described by `--flops`,
+`--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import argparse
 import json
 import sys
 import textwrap
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
+from ddp_lab.analysis.plan.described import described
+from ddp_lab.analysis.plan.host import HostSystem, this_machine
 from ddp_lab.analysis.plan.price import CHECKPOINTING, HEADROOM, SCHEDULES, STRATEGIES, Layout, Priced, price
 from ddp_lab.analysis.plan.search import PlanError, layout_problem, plan, why_runner_up_lost
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape, from_conf, with_context
@@ -29,6 +32,7 @@ GB = 1e9
 DEFAULT_SEQUENCES = 8  # the lab's train.batch_size default (ddp_lab/config.py)
 WIDTH = 120  # the terminal's columns the output keeps within
 SUFFIX = {"k": 2**10, "m": 2**20, "g": 2**30}  # binary, as batch sizes are: 4M is 512 sequences of 8192
+THIS_MACHINE = "this-machine"
 LAYOUT_KEYS = {"dp", "tp", "pp", "cp", "strategy", "schedule", "microbatches", "checkpointing", "stages_per_rank"}
 
 
@@ -58,16 +62,6 @@ def load_shape(name: str) -> Shape:
         return from_conf(compose_model(name))
     except ValueError as exc:
         raise PlanError(f"{exc}; or one of {', '.join(PUBLISHED)}, or a shape's JSON file") from None
-
-
-def custom_system(args) -> System:
-    """A system described on the command line: each chip its own node of `--bandwidth` bytes/s links."""
-    base = SYSTEMS["h100-nvlink"]
-    return replace(base, name="custom", gpu="custom", gpus_per_node=args.chips_per_node,
-                   peak_flops=args.flops, hbm_Bps=args.hbm_bandwidth or base.hbm_Bps,
-                   intra_busbw_Bps=args.bandwidth, inter_busbw_Bps=args.bandwidth * args.chips_per_node,
-                   link_Bps=args.bandwidth, memory_bytes=(args.memory or 80) * GB, nvls=False,
-                   sources=("described on the command line",))
 
 
 def parse_layout(text: str, gpus: int) -> Layout:
@@ -114,12 +108,15 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
-def launch_line(model: str, lay: Layout, sequences: int) -> str | None:
-    """The lab's command line for a layout of a lab model (None for a published shape)."""
+def launch_line(model: str, lay: Layout, sequences: int, system: System | None = None) -> str | None:
+    """The lab's command line for a layout of a lab model (None for a published shape); on `this-machine`, over
+    its emulated nodes and link."""
     if model in PUBLISHED or model.endswith(".json"):
         return None
     parts = [f"python launch.py model={model} world_size={lay.gpus} strategy={lay.strategy}",
              f"train.batch_size={sequences}"]
+    if isinstance(system, HostSystem) and system.nodes > 1:
+        parts.append(f"network=emulated network.nodes={system.nodes} network.gbps={system.gbps:g}")
     if lay.tp > 1:
         parts.append(f"parallel.tp={lay.tp}")
     if lay.cp > 1:
@@ -136,8 +133,8 @@ def launch_line(model: str, lay: Layout, sequences: int) -> str | None:
     return " ".join(parts)
 
 
-def _print_launch(model: str, layout: Layout, sequences: int, what: str = "it") -> None:
-    line = launch_line(model, layout, sequences)
+def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, system: System, what: str = "it") -> None:
+    line = None if shape.ffn else launch_line(model, layout, sequences, system)  # the stack takes no tokens
     if line:
         print(f"run {what} in the lab (one line, to copy):\n{line}")
         if layout.checkpointing != "none" and (layout.tp > 1 or layout.pp > 1 or layout.cp > 1):
@@ -154,7 +151,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ddp_lab.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a lab model, llama3_8b/70b/405b, or a shape's JSON file")
-    ap.add_argument("--system", default=None, help=f"one of {', '.join(SYSTEMS)}; or describe one with --flops")
+    ap.add_argument("--system", default=None,
+                    help=f"one of {', '.join(SYSTEMS)}, {THIS_MACHINE}; or describe one with --flops")
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--global-batch", type=tokens, default=None, metavar="TOKENS",
                     help=f"tokens per step (4M, 262144; default: the lab's train.batch_size, {DEFAULT_SEQUENCES} "
@@ -162,6 +160,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's)")
     ap.add_argument("--memory", type=float, default=None, metavar="GB",
                     help="each GPU's memory (default: the system's)")
+    ap.add_argument("--headroom", type=float, default=HEADROOM, help=f"the share of each GPU's memory a layout may "
+                    f"fill (default {HEADROOM}: the rest for the allocator's fragments, NCCL's buffers, the context)")
     ap.add_argument("--mfu", type=float, default=None, help="the fraction of peak compute reaches (default: the "
                     "system's assumption)")
     ap.add_argument("--attention-mfu", type=float, default=None, help="the fraction of peak attention's scores "
@@ -171,7 +171,9 @@ def parser() -> argparse.ArgumentParser:
                     "schedule=..,microbatches=..,checkpointing=..")
     ap.add_argument("--json", default=None, metavar="FILE", help="every ranked layout with its terms")
     ap.add_argument("--flops", type=float, default=None, help="a described system: each chip's dense bf16 FLOP/s")
-    ap.add_argument("--bandwidth", type=float, default=None, help="a described system: each chip's link bytes/s")
+    ap.add_argument("--bandwidth", default=None, help="a described system: each chip's link bytes/s, one value or "
+                    "per mesh axis (dp=3.6e11,tp=1.8e11; an axis not named takes the slowest): priced as the "
+                    "calculator counts a ring")
     ap.add_argument("--hbm-bandwidth", type=float, default=None, help="a described system: memory bytes/s")
     ap.add_argument("--chips-per-node", type=int, default=4, help="a described system: chips sharing fast links")
     return ap
@@ -187,13 +189,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    if args.system == "this-machine":
-        raise PlanError("--system this-machine (this CPU host and gloo, calibrated) is not built yet: its calibration "
-                        "is issue 66's measured check; the GPU systems and a described one (--flops) are")
-    if args.flops is not None:
+    if args.system == THIS_MACHINE:
+        system = this_machine(args.gpus)
+    elif args.flops is not None:
         if args.bandwidth is None:
             raise PlanError("a described system needs --flops and --bandwidth (and --memory, default 80 GB)")
-        system = custom_system(args)
+        system = described(args.flops, args.bandwidth, args.memory, args.hbm_bandwidth, args.chips_per_node)
     else:
         system = get_system(args.system or "")
     shape = with_context(load_shape(args.model), args.context)
@@ -213,21 +214,22 @@ def run(args) -> int:
         problem = layout_problem(shape, layout, sequences)
         if problem:
             raise PlanError(f"--layout: {problem}")
-        p = price(shape, system, layout, sequences, args.mfu, capacity, args.attention_mfu)
+        p = price(shape, system, layout, sequences, args.mfu, capacity, args.attention_mfu, args.headroom)
         print(head)
         print(HEADER)
         print(row(1, p))
         print("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()))
         print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
-              f"({'fits' if p.fits else 'does not fit'} within {HEADROOM:.0%})")
-        _print_launch(args.model, layout, sequences)
+              f"({'fits' if p.fits else 'does not fit'} within {args.headroom:.0%})")
+        _print_launch(args.model, shape, layout, sequences, system)
         return 0
-    result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu)
+    result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu,
+                  headroom=args.headroom)
     if not result.ranked:
         miss = result.nearest_miss
         raise PlanError(f"no layout of {args.gpus} GPUs fits {shape.name}: the nearest ({miss.layout.describe()}) "
                         f"needs {miss.memory['total'] / GB:.1f} GB per GPU of {miss.memory['capacity'] / GB:.0f} "
-                        f"({HEADROOM:.0%} usable)")
+                        f"({args.headroom:.0%} usable)")
     print(head)
     print(f"{result.priced} layouts priced, {len(result.ranked)} fit; the top {min(args.top, len(result.ranked))} "
           "by tokens per second per GPU:")
@@ -236,7 +238,7 @@ def run(args) -> int:
         print(row(i, p))
     if len(result.ranked) > 1:
         print(textwrap.fill(why_runner_up_lost(result.ranked[0], result.ranked[1]), WIDTH))
-    _print_launch(args.model, result.ranked[0].layout, sequences, "the top pick")
+    _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick")
     if args.json:
         Path(args.json).write_text(json.dumps([as_json(p) for p in result.ranked], indent=1))
     return 0

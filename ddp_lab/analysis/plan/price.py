@@ -29,6 +29,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   in memory too). Only what is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
+On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and compute
+that takes ranks / cores as long where the ranks outnumber the host's cores.
+
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
 AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
 34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept:
@@ -45,6 +48,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ddp_lab.analysis.plan.described import DescribedSystem
+from ddp_lab.analysis.plan.host import HostSystem, gloo_collective_ms
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.systems import System
@@ -120,10 +125,15 @@ def group_system(system: System, n: int, stride: int) -> System:
 
 
 @lru_cache(maxsize=1 << 16)
-def collective_ms(system: System, op: str, nbytes: float, n: int, stride: int = 1) -> float:
-    """One collective over `n` ranks `stride` apart, ms (ddp-lab's NCCL model)."""
+def collective_ms(system: System, op: str, nbytes: float, n: int, stride: int = 1, axis: str = "dp") -> float:
+    """One collective over `n` ranks `stride` apart on the mesh's `axis`, ms: ddp-lab's NCCL model, gloo's ring on
+    this machine (host.py), the calculator's ring on a described system (described.py)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if isinstance(system, HostSystem):
+        return gloo_collective_ms(system, op, nbytes, n, stride)
+    if isinstance(system, DescribedSystem):
+        return system.ring_ms(op, nbytes, n, axis)
     return collective_s(group_system(system, n, stride), op, nbytes, n)[0] * 1e3
 
 
@@ -131,7 +141,8 @@ def p2p_ms(system: System, nbytes: float, apart: int) -> float:
     """One send between ranks `apart` ranks apart: NVLink inside a node, one GPU's share of the NICs across."""
     inside = apart < system.gpus_per_node and system.gpus_per_node > 1
     bandwidth = system.link_Bps if inside else system.inter_busbw_Bps / system.gpus_per_node
-    return (P2P_LATENCY_S + nbytes / bandwidth) * 1e3
+    latency = system.latency_s if isinstance(system, HostSystem) else P2P_LATENCY_S
+    return (latency + nbytes / bandwidth) * 1e3
 
 
 def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1) -> float:
@@ -160,14 +171,16 @@ def stage_blocks(shape: Shape, pp: int) -> int:
 
 
 def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: float | None = None,
-          capacity: float | None = None, attention_mfu: float | None = None) -> Priced:
+          capacity: float | None = None, attention_mfu: float | None = None, headroom: float = HEADROOM) -> Priced:
     """`layout`'s step for a global batch of `sequences` sequences of `shape.context` tokens (module docstring).
     `attention_mfu`: the fraction of peak attention's scores and weighted sum reach, where it is not the matmuls'
     `mfu` (a kernel of its own, which Float8 does not speed up); None: the same."""
     lay, d = layout, shape.d_model
     mfu = system.mfu if mfu is None else mfu
     capacity = system.memory_bytes if capacity is None else capacity
-    flops_per_ms = system.peak_flops * mfu / 1e3
+    share = system.compute_share(lay.gpus) if isinstance(system, HostSystem) else 1.0  # ranks sharing cores
+    wire = system.element_bytes if isinstance(system, HostSystem) else BF16  # an activation's, a gradient's
+    flops_per_ms = system.peak_flops * mfu / 1e3 / share
     # attention's FLOPs weighed as matmul FLOPs at `mfu`: attention_flops x `attend` costs what they take
     attend = 1.0 if attention_mfu is None else mfu / attention_mfu
     per_replica = sequences / lay.dp
@@ -186,21 +199,21 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         recompute = tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
     busy = compute + recompute
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
-    activation = micro_tokens * d * BF16  # one micro-batch's activation between stages / in a TP all-reduce
+    activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
     p2p = 0.0
     if lay.pp > 1:
         hops = 2 * lay.microbatches * lay.stages_per_rank
         p2p = hops * p2p_ms(system, activation, lay.gpus // lay.pp)
     tp = 0.0
     if lay.tp > 1:
-        per_block = 6 if lay.checkpointing == "full" else 4
-        tp = per_block * blocks * lay.microbatches * collective_ms(system, "all_reduce", activation, lay.tp)
+        per_block = shape.tp_regions * (3 if lay.checkpointing == "full" else 2)
+        tp = per_block * blocks * lay.microbatches * collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
     cp = 0.0
     if lay.cp > 1:
         kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
         stride = lay.tp
-        per_block = (2 * collective_ms(system, "all_gather", kv * BF16, lay.cp, stride)
-                     + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride))
+        per_block = (2 * collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
+                     + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride, "cp"))
         attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
         cp = blocks * lay.microbatches * max(0.0, per_block - attention)
     stage_params = (blocks * shape.block_params + shape.vocab * d) / lay.tp
@@ -209,7 +222,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     dp = 0.0
     if shards > 1:
         stride = lay.tp  # the dp x cp group: one rank of each TP group
-        grads = stage_params * BF16
+        grads = stage_params * wire
         micro_busy = busy / lay.microbatches
         if stage < 3:
             dp = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
@@ -222,7 +235,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
                 per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
                 dp = lay.microbatches * per_micro
     updated = stage_params / (shards if stage >= 1 else 1)
-    optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3
+    optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3 * share
     terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,
              "optimizer": optimizer}
     step = sum(terms.values())
@@ -231,7 +244,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     per_gpu = sequences * shape.context / (step / 1e3) / lay.gpus
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
-                  memory["total"] <= HEADROOM * capacity)
+                  memory["total"] <= headroom * capacity)
 
 
 def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int) -> dict:
@@ -246,7 +259,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     optimizer = STATE_BYTES["optimizer"] * stage_params / (shards if stage >= 1 else 1)
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
-    whole_block = 34 * s * micro * h / lay.tp
+    whole_block = shape.saved_bytes_per_token * s * micro / lay.tp
     if lay.checkpointing == "full":
         per_micro = blocks * 2 * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block

@@ -13,7 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ddp_lab.analysis.plan.price import CHECKPOINTING, SCHEDULES, STRATEGIES, Layout, Priced, price, stage_blocks
+from ddp_lab.analysis.plan.price import (
+    CHECKPOINTING,
+    HEADROOM,
+    SCHEDULES,
+    STRATEGIES,
+    Layout,
+    Priced,
+    price,
+    stage_blocks,
+)
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.systems import System
 
@@ -44,8 +53,8 @@ def microbatch_counts(per_replica: int, pp: int) -> list[int]:
 def layout_problem(shape: Shape, layout: Layout, sequences: int) -> str | None:
     """Why `layout` cannot run `shape` on a batch of `sequences`, in one line, or None."""
     lay = layout
-    if shape.heads % lay.tp or shape.kv_heads % lay.tp or shape.d_ff % lay.tp:
-        return f"tp {lay.tp} does not divide the heads ({shape.heads}), kv heads ({shape.kv_heads}) and d_ff"
+    if shape.tp_problem(lay.tp):
+        return shape.tp_problem(lay.tp)
     if lay.pp > shape.layers:
         return f"pp {lay.pp} is more stages than the {shape.layers} blocks"
     if shape.context % (2 * lay.cp):
@@ -62,7 +71,7 @@ def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=
             checkpointing=CHECKPOINTING, schedules=SCHEDULES):
     """Every layout the planner prices for `gpus` GPUs and a batch of `sequences` (module docstring)."""
     for tp in divisors(gpus):
-        if tp > 2 * system.gpus_per_node or shape.heads % tp or shape.kv_heads % tp or shape.d_ff % tp:
+        if tp > 2 * system.gpus_per_node or shape.tp_problem(tp):
             continue
         for pp in divisors(gpus // tp):
             if pp > shape.layers:
@@ -92,7 +101,7 @@ class Plan:
 
 
 def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: float | None = None,
-         mfu: float | None = None, attention_mfu: float | None = None, **choices) -> Plan:
+         mfu: float | None = None, attention_mfu: float | None = None, headroom: float = HEADROOM, **choices) -> Plan:
     """Every layout priced; those that fit ranked by predicted tokens per second per GPU, best first."""
     if gpus < 1:
         raise PlanError(f"--gpus must be >= 1, got {gpus}")
@@ -101,7 +110,7 @@ def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: floa
     fitting, miss, count = [], None, 0
     for layout in layouts(shape, system, gpus, sequences, **choices):
         count += 1
-        priced = price(shape, system, layout, sequences, mfu, capacity, attention_mfu)
+        priced = price(shape, system, layout, sequences, mfu, capacity, attention_mfu, headroom)
         if priced.fits:
             fitting.append(priced)
         elif miss is None or priced.memory["total"] < miss.memory["total"]:

@@ -1,16 +1,20 @@
 """The model shapes the planner prices: a Transformer by its sizes, from a conf model (counted as the lab builds it:
-ddp_lab/models/transformer.py, SwiGLU, untied head) or a published Llama shape (nothing allocated, ever)."""
+ddp_lab/models/transformer.py, SwiGLU, untied head) or a published Llama shape, or the course's feed-forward stack
+(model=xxl_ffn: ddp_lab/models/ffn.py). Nothing allocated, ever."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
 class Shape:
     """A decoder-only Transformer by its sizes. Parameters per block: attention's q and o (d x d each) and k and v
     (d x d_kv each, d_kv = d x kv_heads / heads: grouped-query attention), SwiGLU's three (d x d_ff), two norms; the
-    embedding and the output head each vocab x d (untied), and the final norm."""
+    embedding and the output head each vocab x d (untied), and the final norm.
+
+    `kind="ffn"`: the course's feed-forward stack instead (model=xxl_ffn): each block two bias-free linears
+    d -> d_ff -> d and nothing else, no attention, embedding, head or norm."""
 
     name: str
     layers: int
@@ -21,29 +25,61 @@ class Shape:
     vocab: int
     context: int
     source: str = ""
+    kind: str = "transformer"
+
+    @property
+    def ffn(self) -> bool:
+        return self.kind == "ffn"
 
     @property
     def d_kv(self) -> int:
-        return self.d_model * self.kv_heads // self.heads
+        return 0 if self.ffn else self.d_model * self.kv_heads // self.heads
 
     @property
     def block_params(self) -> int:
         d = self.d_model
+        if self.ffn:
+            return 2 * d * self.d_ff
         return 2 * d * d + 2 * d * self.d_kv + 3 * d * self.d_ff + 2 * d
 
     @property
     def params(self) -> int:
+        if self.ffn:
+            return self.layers * self.block_params
         return self.layers * self.block_params + 2 * self.vocab * self.d_model + self.d_model
 
     def block_flops(self, context: int) -> float:
         """Forward FLOPs per token of one block: 2 per weight of its matmuls, and causal attention's scores and
         weighted sum (2 x context x d each over the whole square; the causal half: 2 x context x d together)."""
+        if self.ffn:
+            return 2 * self.block_params
         d = self.d_model
         return 2 * (2 * d * d + 2 * d * self.d_kv + 3 * d * self.d_ff) + 2 * context * d
 
     def attention_flops(self, context: int) -> float:
         """The part of `block_flops` that selective recomputation runs again: the scores and their weighted sum."""
-        return 2 * context * self.d_model
+        return 0.0 if self.ffn else 2 * context * self.d_model
+
+    @property
+    def saved_bytes_per_token(self) -> int:
+        """Activation bytes one block keeps for backward per token (bf16), before TP splits them: 34 x d for a
+        Transformer block (Korthikanti et al., MLSys'23, with a flash kernel: no scores kept), the two linears'
+        inputs (d + d_ff) x 2 for a feed-forward one."""
+        return 2 * (self.d_model + self.d_ff) if self.ffn else 34 * self.d_model
+
+    @property
+    def tp_regions(self) -> int:
+        """Row-parallel layers per block, each one all-reduce forward and one backward under TP: attention's output
+        and the MLP's second linear; the feed-forward block's second linear alone."""
+        return 1 if self.ffn else 2
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why `tp` cannot split this shape's layers, or None."""
+        if self.ffn:
+            return None if self.d_ff % tp == 0 else f"tp {tp} does not divide d_ff ({self.d_ff})"
+        if self.heads % tp or self.kv_heads % tp or self.d_ff % tp:
+            return f"tp {tp} does not divide the heads ({self.heads}), kv heads ({self.kv_heads}) and d_ff"
+        return None
 
     def head_flops(self) -> float:
         """Forward FLOPs per token of the output head (the embedding is a lookup)."""
@@ -61,7 +97,11 @@ PUBLISHED = {
 
 
 def from_conf(cfg) -> Shape:
-    """A conf model's shape (conf/model/NAME.yaml, composed as launch.py composes it): multi-head attention."""
+    """A conf model's shape (conf/model/NAME.yaml, composed as launch.py composes it): multi-head attention, or the
+    feed-forward stack (a model without heads)."""
+    if "num_heads" not in cfg:
+        return Shape(str(cfg.get("name", "model")), int(cfg.num_layers), int(cfg.d_model), 1, 1, int(cfg.d_ff), 0,
+                     int(cfg.context_length), f"conf/model/{cfg.get('name', 'model')}.yaml", kind="ffn")
     return Shape(str(cfg.get("name", "model")), int(cfg.num_layers), int(cfg.d_model), int(cfg.num_heads),
                  int(cfg.num_heads), int(cfg.d_ff), int(cfg.vocab_size), int(cfg.context_length),
                  f"conf/model/{cfg.get('name', 'model')}.yaml")
@@ -70,5 +110,4 @@ def from_conf(cfg) -> Shape:
 def with_context(shape: Shape, context: int | None) -> Shape:
     if context is None:
         return shape
-    return Shape(shape.name, shape.layers, shape.d_model, shape.heads, shape.kv_heads, shape.d_ff, shape.vocab,
-                 int(context), shape.source)
+    return replace(shape, context=int(context))

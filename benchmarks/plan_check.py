@@ -1,0 +1,172 @@
+"""The planner against layouts measured on this machine (issue 66; docs/measured/plan.md).
+
+    python benchmarks/plan_check.py calibrate               # ddp_lab/analysis/plan/this_machine.json (about 1 min)
+    python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
+    python benchmarks/plan_check.py table outputs/bench/plan --markdown docs/measured/plan_tables.md
+
+`calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
+and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), gloo's all-reduce on loopback
+(16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined by the link.
+`sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
+activation checkpointing and the 1F1B schedule (the other strategies, checkpointing and schedules multiply the jobs,
+about 25 s each here, by 16), and the fewest and the most micro-batches the planner tries; each job on two emulated
+nodes joined by the calibrated link. A job already measured under OUT is kept. `table` prices each measured layout
+with the planner and scores it (ddp_lab/analysis/plan/against_runs.py); it writes OUT/measured.json, the rows the
+docs keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
+from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
+from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_machine  # noqa: E402
+from ddp_lab.analysis.plan.search import layouts, microbatch_counts  # noqa: E402
+
+MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
+SIZE_MB, LATENCY_MB = 16, 1 / 1024
+
+
+def launch(out: Path, *overrides: str) -> dict:
+    """One launch.py job into `out`; its results.json (a failed job's status kept)."""
+    if not (out / "results.json").exists():
+        subprocess.run(["timeout", "600", sys.executable, str(ROOT / "launch.py"), *overrides,
+                        f"hydra.run.dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
+    try:
+        return json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return {"status": "no results.json"}
+
+
+def p50(res: dict, key: str) -> float:
+    return res["summary"][key]["p50"]
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()}-core {cpu}, torch {__import__('torch').__version__}, gloo"
+
+
+def calibrate(out: Path) -> None:
+    shape = load_shape(MODEL)
+    floor = launch(out / "floor", f"model={MODEL}", "strategy=none", "world_size=2", f"train.batch_size={SEQUENCES}",
+                   f"train.steps={STEPS}")
+    loop = launch(out / "loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
+    tick = launch(out / "latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
+    link = launch(out / "link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
+                  f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
+    for name, res in (("floor", floor), ("loopback", loop), ("latency", tick), ("link", link)):
+        if res.get("status") != "ok":
+            sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
+    tokens = SEQUENCES // 2 * shape.context  # one rank's
+    flops = 3 * tokens * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
+    cal = {
+        "machine": machine(), "date": datetime.date.today().isoformat(),
+        "command": "python benchmarks/plan_check.py calibrate",
+        "cores": os.cpu_count(), "nodes": NODES, "gbps": GBPS,
+        "core_flops": flops / (p50(floor, "fwd_bwd_ms") / 1e3),
+        "optimizer_Bps": 28 * shape.params / (p50(floor, "optimizer_ms") / 1e3),
+        "loopback_busbw_Bps": loop["summary"]["busbw_GBps"] * 1e9,
+        "link_busbw_Bps": link["summary"]["busbw_GBps"] * 1e9,
+        "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "from": {"model": MODEL, "sequences": SEQUENCES, "floor_fwd_bwd_ms": p50(floor, "fwd_bwd_ms"),
+                 "floor_optimizer_ms": p50(floor, "optimizer_ms"), "all_reduce_MiB": SIZE_MB,
+                 "latency_all_reduce_ms": p50(tick, "latency_ms")},
+    }
+    CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
+    print(json.dumps(cal, indent=1))
+
+
+def checked_layouts(gpus: int):
+    """The planner's layouts for the check (module docstring): torch_ddp, no checkpointing, 1F1B, the fewest and
+    the most micro-batches it tries."""
+    shape, system = load_shape(MODEL), this_machine(gpus)
+    for lay in layouts(shape, system, gpus, SEQUENCES, strategies=("torch_ddp",), checkpointing=("none",),
+                       schedules=("1f1b",)):
+        counts = microbatch_counts(SEQUENCES // lay.dp, lay.pp)
+        if lay.microbatches in (counts[0], counts[-1]):
+            yield lay
+
+
+def sweep(out: Path, gpus_list: list[int]) -> None:
+    for gpus in gpus_list:
+        system = this_machine(gpus)
+        todo = list(checked_layouts(gpus))
+        for i, lay in enumerate(todo, 1):
+            line = launch_line(MODEL, lay, SEQUENCES, system)
+            overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
+            name = lay.describe().replace(" ", "_").replace(":", "-")
+            res = launch(out / str(gpus) / name, *overrides)
+            said = f"{p50(res, 'step_time_ms'):.0f} ms" if res.get("status") == "ok" else res.get("status")
+            print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
+
+
+def measured_rows(out: Path) -> list[dict]:
+    """Every job under OUT with its layout and p50 step; failed ones with their status."""
+    rows = []
+    for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
+        gpus = int(gpus_dir.name)
+        by_name = {lay.describe().replace(" ", "_").replace(":", "-"): lay for lay in checked_layouts(gpus)}
+        for job in sorted(gpus_dir.iterdir()):
+            lay = by_name.get(job.name)
+            if lay is None:
+                continue
+            res = launch(job)  # read only: it exists
+            row = {**lay.__dict__, "gpus": gpus, "status": res.get("status")}
+            if res.get("status") == "ok":
+                row["measured_ms"] = p50(res, "step_time_ms")
+            rows.append(row)
+    return rows
+
+
+def table(out: Path, markdown_file: Path | None) -> None:
+    path = out / "measured.json" if out.is_dir() else out
+    rows = measured_rows(out) if out.is_dir() else json.loads(out.read_text())
+    if out.is_dir():
+        path.write_text(json.dumps(rows, indent=0) + "\n")
+    failed = [r for r in rows if r["status"] != "ok"]
+    scored = score(load_shape(MODEL), this_machine, SEQUENCES, [r for r in rows if r["status"] == "ok"])
+    lines = markdown(scored)
+    if failed:
+        lines += ["", "Not measured (the job did not end ok): " + "; ".join(
+            f"{r['gpus']} ranks {r['dp']}x{r['tp']}x{r['pp']}x{r['cp']} m{r['microbatches']}: {r['status']}"
+            for r in failed)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if markdown_file:
+        markdown_file.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("calibrate", "sweep", "table"))
+    ap.add_argument("out", nargs="?", type=Path, default=ROOT / "outputs" / "bench" / "plan",
+                    help="the jobs' folder (table: or a measured.json)")
+    ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args()
+    if args.what == "calibrate":
+        calibrate(args.out / "calibrate")
+    elif args.what == "sweep":
+        sweep(args.out, args.gpus)
+    else:
+        table(args.out, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

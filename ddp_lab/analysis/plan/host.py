@@ -1,0 +1,85 @@
+"""`--system this-machine`: this CPU host and gloo as the planner sees it, from its calibration (this_machine.json).
+
+The lab's emulated cluster: `nodes` network namespaces on this machine joined by a shaped link (docs/network.md),
+the ranks split evenly over them, every rank sharing the host's cores. Four things differ from a GPU system, each
+priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
+
+- compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core). Ranks share
+  the cores, so with more ranks than cores every rank's compute, recompute and optimizer take ranks / cores as long
+  (the cores are busy all the time: an idle pipeline stage's core is lent to another rank, which these formulas
+  do not count);
+- gloo's collectives: a ring of alpha-beta steps, all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
+  all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (shared by
+  the ranks beyond the cores) or, when the group crosses nodes, at the link's measured bandwidth shared by the
+  groups crossing it at once;
+- fp32 everywhere: 4 bytes per activation and gradient element on the wire;
+- memory: each rank's share of the host's memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_lab.analysis.predict.costs import PredictError
+from ddp_lab.analysis.predict.systems import System
+
+CALIBRATION = Path(__file__).with_name("this_machine.json")
+NODES = 2
+
+
+@dataclass(frozen=True)
+class HostSystem(System):
+    """A System whose "GPUs" are ranks sharing this host's `cores` (module docstring)."""
+
+    cores: int = 2
+    nodes: int = NODES
+    gbps: float = 1.0            # the emulated link's rate (network.gbps)
+    latency_s: float = 1e-4      # one gloo ring step's fixed cost
+    element_bytes: int = 4       # fp32 on the wire
+
+    def compute_share(self, ranks: int) -> float:
+        """How many times longer a rank's compute takes with `ranks` ranks on the host's cores."""
+        return max(1.0, ranks / self.cores)
+
+
+def load_calibration(path: Path | str = CALIBRATION) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PredictError(f"--system this-machine: cannot read its calibration {path} ({exc}); "
+                        "run: python benchmarks/plan_check.py calibrate") from None
+
+
+def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
+    """This host as `gpus` ranks over the calibration's emulated nodes (a node each where gpus < nodes)."""
+    cal = load_calibration() if calibration is None else calibration
+    nodes = min(int(cal["nodes"]), gpus)
+    if gpus % nodes:
+        raise PredictError(f"--system this-machine: {gpus} ranks do not split evenly over its {nodes} emulated nodes")
+    per_node = gpus // nodes
+    return HostSystem(
+        name="this-machine", gpu="cpu", gpus_per_node=per_node, peak_flops=cal["core_flops"],
+        hbm_Bps=cal["optimizer_Bps"], intra_busbw_Bps=cal["loopback_busbw_Bps"],
+        inter_busbw_Bps=cal["link_busbw_Bps"], link_Bps=cal["loopback_busbw_Bps"], mfu=1.0,
+        sources=(f"calibrated on {cal['machine']}, {cal['date']}: {cal['command']}",),
+        generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
+        nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"])
+
+
+RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}
+"""Per op: (ring steps per n - 1, buffer fractions moved per (n - 1) / n)."""
+
+
+def gloo_collective_ms(system: HostSystem, op: str, nbytes: float, n: int, stride: int = 1) -> float:
+    """One gloo ring collective over `n` ranks `stride` apart, ms (module docstring). Every group of the same axis
+    runs at once: inside a node they share the cores, across they share the link."""
+    steps, moved = RING[op]
+    ranks = system.gpus_per_node * system.nodes
+    per_node = max(1, min(n, system.gpus_per_node // max(1, stride)))
+    bandwidth = system.intra_busbw_Bps / system.compute_share(ranks)
+    if per_node < n:  # the ring crosses the link: the groups crossing it at once share it
+        bandwidth = min(bandwidth, system.inter_busbw_Bps * per_node / system.gpus_per_node)
+    seconds = steps * (n - 1) * system.latency_s + moved * (n - 1) / n * nbytes / bandwidth
+    return seconds * 1e3
