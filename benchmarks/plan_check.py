@@ -2,7 +2,8 @@
 
     python benchmarks/plan_check.py calibrate               # ddp_lab/analysis/plan/this_machine.json (about 1 min)
     python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
-    python benchmarks/plan_check.py table outputs/bench/plan --markdown docs/measured/plan_tables.md
+    python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
+    python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), gloo's all-reduce on loopback
@@ -138,7 +139,7 @@ def table(out: Path, markdown_file: Path | None) -> None:
     path = out / "measured.json" if out.is_dir() else out
     rows = measured_rows(out) if out.is_dir() else json.loads(out.read_text())
     if out.is_dir():
-        path.write_text(json.dumps(rows, indent=0) + "\n")
+        path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
     failed = [r for r in rows if r["status"] != "ok"]
     scored = score(load_shape(MODEL), this_machine, SEQUENCES, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)

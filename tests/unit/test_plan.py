@@ -44,11 +44,17 @@ def test_a_bubble_by_hand(schedule, v, slots):
 
 def test_a_tp_all_reduce_by_hand():
     """tp 2, 8 sequences of 128 in one micro-batch: each all-reduce moves 1024 tokens x 64 x 2 bytes = 131072 bytes;
-    4 per block (6 with full recomputation) x 4 blocks, each priced by the NCCL model over 2 GPUs of a node."""
+    4 per block (6 with full recomputation) x 4 blocks, each priced by the NCCL model over 2 GPUs of a node; and the
+    vocabulary's: the embedding's output and the head's input gradient (one more each) and the loss's three of 1024
+    fp32 values. On a pipeline's last stage, the head's and the loss's only."""
     one = collective_s(SYSTEM, "all_reduce", 131072, 2)[0] * 1e3
+    loss = collective_s(SYSTEM, "all_reduce", 1024 * 4, 2)[0] * 1e3
     for checkpointing, per_block in (("none", 4), ("full", 6)):
         p = price(SHAPE, SYSTEM, Layout(dp=1, tp=2, checkpointing=checkpointing), 8)
-        assert p.terms["tp"] == pytest.approx(per_block * 4 * one)
+        assert p.terms["tp"] == pytest.approx(per_block * 4 * one + 2 * one + 3 * loss)
+    piped = price(SHAPE, SYSTEM, Layout(dp=1, tp=2, pp=2, microbatches=2), 8)  # 2 blocks, micro-batches of 512 tokens
+    half, half_loss = (collective_s(SYSTEM, "all_reduce", n, 2)[0] * 1e3 for n in (65536, 512 * 4))
+    assert piped.terms["tp"] == pytest.approx(2 * (4 * 2 * half + half + 3 * half_loss))
 
 
 def test_recompute_by_hand():
@@ -73,9 +79,9 @@ def test_a_pipelines_activation_memory_by_hand():
 
 
 def test_model_state_by_zero_stage():
-    """16 bytes per parameter of the stage (its blocks and the larger of embedding and head), sharded as ZeRO shards
-    it over dp x cp: ZeRO-1 the optimizer's 12, ZeRO-2 also the gradients' 2, FSDP all 16."""
-    stage = 4 * SHAPE.block_params + 1000 * 64
+    """16 bytes per parameter of the stage (its blocks, and without a pipeline both embedding and head), sharded as
+    ZeRO shards it over dp x cp: ZeRO-1 the optimizer's 12, ZeRO-2 also the gradients' 2, FSDP all 16."""
+    stage = 4 * SHAPE.block_params + 2 * 1000 * 64
 
     def state(strategy):
         return price(SHAPE, SYSTEM, Layout(dp=4, strategy=strategy), 8).memory["state"]
@@ -128,6 +134,10 @@ def test_the_command_ranks_within_120_columns_and_writes_json(tmp_path, capsys):
      "--global-batch 100 is not a whole number of 64-token sequences"),
     (["--model", "tiny", "--system", "h100-nvlink", "--gpus", "4", "--global-batch", "4k", "--layout", "tp=3"],
      "--layout: dp"),
+    (["--model", "tiny", "--flops", "1e14", "--bandwidth", "dp=1e9,xy=2e9", "--gpus", "4"],
+     "--bandwidth takes bytes/s, one value or per axis"),
+    (["--model", "tiny", "--system", "this-machine", "--gpus", "3"],
+     "--system this-machine: 3 ranks do not split evenly over its 2 emulated nodes"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     assert main(argv) == 2
@@ -176,26 +186,43 @@ CALIBRATED = {"machine": "a test host", "date": "2026-11-28", "command": "by han
 
 
 def test_this_machines_gloo_ring_by_hand():
-    """4 ranks on 2 emulated nodes and 2 cores. A 2-rank group inside a node: 2 ring steps of 0.1 ms and the buffer
-    at loopback's 1e9 B/s halved (4 ranks on 2 cores). A 4-rank all-reduce crosses the link: 6 steps and 1.5 x the
-    buffer at the link's 1e8. Two 2-rank groups strided by 2 cross it at once: each at half the link."""
+    """4 ranks on 2 emulated nodes and 2 cores. A 2-rank group inside a node: 2 ring steps of 0.1 ms, each twice as
+    long (4 ranks on 2 cores), and the buffer at loopback's 1e9 B/s halved. A 4-rank all-reduce crosses the link: 6
+    steps and 1.5 x the buffer at the link's 1e8. Two 2-rank groups strided by 2 cross it at once: each at half the
+    link."""
     host = this_machine(4, CALIBRATED)
     mb = 1e6
-    assert collective_ms(host, "all_reduce", mb, 2) == pytest.approx((2 * 1e-4 + mb / 5e8) * 1e3)
-    assert collective_ms(host, "all_reduce", mb, 4) == pytest.approx((6 * 1e-4 + 1.5 * mb / 1e8) * 1e3)
-    assert collective_ms(host, "all_gather", mb, 2, stride=2) == pytest.approx((1e-4 + 0.5 * mb / 5e7) * 1e3)
+    assert collective_ms(host, "all_reduce", mb, 2) == pytest.approx((2 * 2e-4 + mb / 5e8) * 1e3)
+    assert collective_ms(host, "all_reduce", mb, 4) == pytest.approx((6 * 2e-4 + 1.5 * mb / 1e8) * 1e3)
+    assert collective_ms(host, "all_gather", mb, 2, stride=2) == pytest.approx((2e-4 + 0.5 * mb / 5e7) * 1e3)
 
 
 def test_this_machines_ranks_share_its_cores_and_send_fp32():
     """Compute at one core's 1e9 FLOP/s (1e6 per ms), twice as long with 4 ranks on 2 cores; a tp 2 all-reduce moves
-    fp32: 1024 tokens x 64 x 4 bytes."""
+    fp32: 1024 tokens x 64 x 4 bytes (16 of the blocks', 2 of the vocabulary's, and the loss's 3 of 1024 x 4)."""
     two, four = this_machine(2, CALIBRATED), this_machine(4, CALIBRATED)
     tokens = 1024  # 8 sequences of 128 on one replica
     one_rank = 3 * tokens * (4 * 147456 + 128000) / 1e6
     assert price(SHAPE, two, Layout(dp=1, tp=2), 8).terms["compute"] == pytest.approx(one_rank / 2)
     assert price(SHAPE, four, Layout(dp=1, tp=4), 8).terms["compute"] == pytest.approx(one_rank / 4 * 2)
     tp = price(SHAPE, two, Layout(dp=1, tp=2), 8).terms["tp"]
-    assert tp == pytest.approx(4 * 4 * collective_ms(two, "all_reduce", tokens * 64 * 4, 2))
+    one, loss = (collective_ms(two, "all_reduce", n, 2) for n in (tokens * 64 * 4, tokens * 4))
+    assert tp == pytest.approx(18 * one + 3 * loss)
+
+
+def test_a_pipeline_on_shared_cores_by_hand():
+    """4 ranks on 2 cores, pp 4, 1F1B, m 4: the last stage's block and head (147456 + 128000 FLOPs a token) at a core
+    of its own take 3 x 1024 x 275456 / 1e6 = 846 ms and idle 3/4 of that in the bubble; all four stages' work (4
+    blocks and the head, 717824 a token) over 2 cores takes 1103 ms: longer than the stage's work, shorter than its
+    work and bubble, so the bubble is what outlasts it. Data parallel on the same 4 ranks: twice a core's time, no
+    bubble."""
+    host = this_machine(4, CALIBRATED)
+    p = price(SHAPE, host, Layout(dp=1, pp=4, schedule="1f1b", microbatches=4), 8)
+    own, everything = 3 * 1024 * 275456 / 1e6, 3 * 1024 * 717824 / 1e6 / 2
+    assert p.terms["compute"] == pytest.approx(everything)
+    assert p.terms["bubble"] == pytest.approx(own * 7 / 4 - everything)
+    dp = price(SHAPE, host, Layout(dp=4), 8)
+    assert dp.terms["compute"] == pytest.approx(3 * 256 * (4 * 147456 + 128000) / 1e6 * 2) and dp.terms["bubble"] == 0
 
 
 def test_the_measured_check_scores_by_hand():
@@ -266,3 +293,17 @@ def test_the_planner_agrees_with_the_calculator_on_the_course_problem():
     assert fsdp_exposed(threshold - 0.25) > 0 and fsdp_exposed(threshold + 0.25) == 0
     p = price(shape, tpu, Layout(dp=16, tp=4, strategy="fsdp_torch"), 64 * 300)
     assert (p.terms["compute"] / 3) / (p.terms["tp"] / 2) == pytest.approx(report["tp_axis"]["ratio"])
+
+
+def test_the_measured_rows_keep_the_order_the_docs_report():
+    """docs/measured/plan.md's rows (58 layouts of tiny measured on this machine, 2026-11-28), scored again: a change
+    to the planner's pricing that loses their order (Spearman's rho, +0.90 at 4 ranks and +0.95 at 8 when measured)
+    or its 8-rank pick (the measured best) fails here; the docs' tables are then to be made again."""
+    from ddp_lab.analysis.plan.against_runs import score
+    from ddp_lab.analysis.plan.cli import load_shape
+
+    rows = json.loads((ROOT / "docs" / "measured" / "plan_2026-11-28.json").read_text())
+    scored = {s.gpus: s for s in score(load_shape("tiny"), this_machine, 16, [r for r in rows if r["status"] == "ok"])}
+    assert len(scored[4].rows) == 20 and len(scored[8].rows) == 38
+    assert round(scored[4].rho, 2) == 0.90 and round(scored[8].rho, 2) == 0.95
+    assert scored[8].pick_over_best == 1.0

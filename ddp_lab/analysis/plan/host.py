@@ -5,13 +5,15 @@ the ranks split evenly over them, every rank sharing the host's cores. Four thin
 priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
 
 - compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core). Ranks share
-  the cores, so with more ranks than cores every rank's compute, recompute and optimizer take ranks / cores as long
-  (the cores are busy all the time: an idle pipeline stage's core is lent to another rank, which these formulas
-  do not count);
+  the cores: with more ranks than cores a step's compute takes all the ranks' work over the cores, unless the
+  busiest rank's own schedule (its work and its pipeline's bubble, at a core of its own) is longer
+  (`shared_cores`); the optimizer, every rank's at once, ranks / cores as long;
 - gloo's collectives: a ring of alpha-beta steps, all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
   all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (shared by
   the ranks beyond the cores) or, when the group crosses nodes, at the link's measured bandwidth shared by the
-  groups crossing it at once;
+  groups crossing it at once; each step's latency, measured with a core per rank, ranks / cores as long beyond
+  the cores (a step waits for its peer to be scheduled: the predictor's held-out check found collectives slow so,
+  docs/notebook/predict_measured.md);
 - fp32 everywhere: 4 bytes per activation and gradient element on the wire;
 - memory: each rank's share of the host's memory.
 """
@@ -40,8 +42,18 @@ class HostSystem(System):
     element_bytes: int = 4       # fp32 on the wire
 
     def compute_share(self, ranks: int) -> float:
-        """How many times longer a rank's compute takes with `ranks` ranks on the host's cores."""
+        """How many times longer a rank's work takes with `ranks` ranks busy at once on the host's cores."""
         return max(1.0, ranks / self.cores)
+
+    def shared_cores(self, busy: float, bubble: float, work_fraction: float, ranks: int) -> tuple[float, float]:
+        """(stretch, bubble) of the busiest rank's compute `busy` and its pipeline's `bubble`, both priced at a core
+        of its own. The cores are never idle while any rank has work: the step's compute takes at least every
+        rank's work over the cores (`work_fraction`: the mean rank's work over the busiest's), and the bubble is
+        what of the busiest rank's own schedule outlasts that. Data parallel: `ranks / cores` times as long and no
+        bubble; a pipeline: its idle stages lend their cores to the others."""
+        all_work = busy * work_fraction * ranks / self.cores
+        done = max(busy, all_work)
+        return (done / busy if busy else 1.0), max(0.0, busy + bubble - done)
 
 
 def load_calibration(path: Path | str = CALIBRATION) -> dict:
@@ -81,5 +93,6 @@ def gloo_collective_ms(system: HostSystem, op: str, nbytes: float, n: int, strid
     bandwidth = system.intra_busbw_Bps / system.compute_share(ranks)
     if per_node < n:  # the ring crosses the link: the groups crossing it at once share it
         bandwidth = min(bandwidth, system.inter_busbw_Bps * per_node / system.gpus_per_node)
-    seconds = steps * (n - 1) * system.latency_s + moved * (n - 1) / n * nbytes / bandwidth
+    latency = system.latency_s * system.compute_share(ranks)  # a step waits for its peer to get a core
+    seconds = steps * (n - 1) * latency + moved * (n - 1) / n * nbytes / bandwidth
     return seconds * 1e3

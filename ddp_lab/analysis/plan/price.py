@@ -18,7 +18,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   the link between neighbouring stages (NVLink inside a node, a GPU's NIC across), not hidden (an upper bound);
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
   all-gather move the same bytes), 6 under full recomputation, of the micro-batch's activation (bf16) over the tp
-  group, blocking: added whole;
+  group, blocking: added whole; per micro-batch also the vocabulary's (the head's input gradient, the embedding's
+  output on a pipeline's only stage, and the vocabulary-parallel loss's three of one fp32 value a token);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, hidden under the block's attention: only what outlasts it is added;
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes
@@ -29,8 +30,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   in memory too). Only what is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
-On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and compute
-that takes ranks / cores as long where the ranks outnumber the host's cores.
+On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and, where
+the ranks outnumber the host's cores, compute that takes all the ranks' work over the cores unless the busiest
+rank's own schedule (its work and its pipeline's bubble) is longer: the cores idle only then.
 
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
 AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
@@ -178,9 +180,10 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     lay, d = layout, shape.d_model
     mfu = system.mfu if mfu is None else mfu
     capacity = system.memory_bytes if capacity is None else capacity
-    share = system.compute_share(lay.gpus) if isinstance(system, HostSystem) else 1.0  # ranks sharing cores
-    wire = system.element_bytes if isinstance(system, HostSystem) else BF16  # an activation's, a gradient's
-    flops_per_ms = system.peak_flops * mfu / 1e3 / share
+    host = isinstance(system, HostSystem)
+    share = system.compute_share(lay.gpus) if host else 1.0  # ranks sharing the host's cores
+    wire = system.element_bytes if host else BF16  # an activation's, a gradient's
+    flops_per_ms = system.peak_flops * mfu / 1e3  # one GPU's, or one core's
     # attention's FLOPs weighed as matmul FLOPs at `mfu`: attention_flops x `attend` costs what they take
     attend = 1.0 if attention_mfu is None else mfu / attention_mfu
     per_replica = sequences / lay.dp
@@ -199,6 +202,11 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         recompute = tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
     busy = compute + recompute
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
+    stretch = 1.0
+    if host:  # the ranks share the cores: all their work over the cores, or the busiest's schedule if longer
+        mean_stage = (shape.layers * block + shape.head_flops()) / lay.pp
+        stretch, bubble = system.shared_cores(busy, bubble, mean_stage / last_stage, lay.gpus)
+        compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
     p2p = 0.0
     if lay.pp > 1:
@@ -207,16 +215,24 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     tp = 0.0
     if lay.tp > 1:
         per_block = shape.tp_regions * (3 if lay.checkpointing == "full" else 2)
-        tp = per_block * blocks * lay.microbatches * collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
+        one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
+        # the vocabulary's: the head's input gradient, and the embedding's output without a pipeline (both rows
+        # of the vocabulary split), and the loss's max, sum of exponentials and target logit over the split rows
+        vocab = 0.0
+        if shape.vocab:
+            loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
+            vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
+        tp = lay.microbatches * (per_block * blocks * one + vocab)
     cp = 0.0
     if lay.cp > 1:
         kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
         stride = lay.tp
         per_block = (2 * collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
                      + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride, "cp"))
-        attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+        attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms * stretch
         cp = blocks * lay.microbatches * max(0.0, per_block - attention)
-    stage_params = (blocks * shape.block_params + shape.vocab * d) / lay.tp
+    # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
+    stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
     dp = 0.0
