@@ -212,17 +212,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     if lay.pp > 1:
         hops = 2 * lay.microbatches * lay.stages_per_rank
         p2p = hops * p2p_ms(system, activation, lay.gpus // lay.pp)
-    tp = 0.0
-    if lay.tp > 1:
-        per_block = shape.tp_regions * (3 if lay.checkpointing == "full" else 2)
-        one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
-        # the vocabulary's: the head's input gradient, and the embedding's output without a pipeline (both rows
-        # of the vocabulary split), and the loss's max, sum of exponentials and target logit over the split rows
-        vocab = 0.0
-        if shape.vocab:
-            loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
-            vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
-        tp = lay.microbatches * (per_block * blocks * one + vocab)
+    tp = tp_ms(shape, system, lay, blocks, activation, micro_tokens) if lay.tp > 1 else 0.0
     cp = 0.0
     if lay.cp > 1:
         kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
@@ -235,21 +225,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
-    dp = 0.0
-    if shards > 1:
-        stride = lay.tp  # the dp x cp group: one rank of each TP group
-        grads = stage_params * wire
-        micro_busy = busy / lay.microbatches
-        if stage < 3:
-            dp = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
-        else:
-            gather = collective_ms(system, "all_gather", grads, shards, stride)
-            scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
-            if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
-                dp = max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
-            else:
-                per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
-                dp = lay.microbatches * per_micro
+    dp = dp_ms(system, lay, stage_params * wire, busy / lay.microbatches) if shards > 1 else 0.0
     updated = stage_params / (shards if stage >= 1 else 1)
     optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3 * share
     terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,
@@ -261,6 +237,33 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
                   memory["total"] <= headroom * capacity)
+
+
+def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float) -> float:
+    """TP's all-reduces of a step (module docstring): the blocks', and per micro-batch the vocabulary's (the head's
+    input gradient, and the embedding's output without a pipeline: both split by rows of the vocabulary; the loss's
+    max, sum of exponentials and target logit over the split rows)."""
+    per_block = shape.tp_regions * (3 if lay.checkpointing == "full" else 2)
+    one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
+    vocab = 0.0
+    if shape.vocab:
+        loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
+        vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
+    return lay.microbatches * (per_block * blocks * one + vocab)
+
+
+def dp_ms(system: System, lay: Layout, grads: float, micro_busy: float) -> float:
+    """The data-parallel strategy's exposed collectives over the dp x cp ranks, one rank of each TP group (module
+    docstring): `grads` bytes of the stage's gradients, `micro_busy` one micro-batch's compute to hide under."""
+    shards, stride = lay.dp * lay.cp, lay.tp
+    if STRATEGIES[lay.strategy] < 3:
+        return max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+    gather = collective_ms(system, "all_gather", grads, shards, stride)
+    scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
+    if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
+        return max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
+    per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
+    return lay.microbatches * per_micro
 
 
 def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int) -> dict:

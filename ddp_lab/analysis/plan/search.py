@@ -57,7 +57,7 @@ def layout_problem(shape: Shape, layout: Layout, sequences: int) -> str | None:
         return shape.tp_problem(lay.tp)
     if lay.pp > shape.layers:
         return f"pp {lay.pp} is more stages than the {shape.layers} blocks"
-    if shape.context % (2 * lay.cp):
+    if lay.cp > 1 and shape.context % (2 * lay.cp):
         return f"cp {lay.cp}: the context {shape.context} does not split into 2 x cp zigzag chunks"
     if sequences % lay.dp or (sequences // lay.dp) % lay.microbatches:
         return (f"{sequences} sequences do not split into dp {lay.dp} replicas of {lay.microbatches} equal "
@@ -77,7 +77,7 @@ def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=
             if pp > shape.layers:
                 continue
             for cp in divisors(gpus // (tp * pp)):
-                if cp > MAX_CP or shape.context % (2 * cp):
+                if cp > MAX_CP or (cp > 1 and shape.context % (2 * cp)):
                     continue
                 dp = gpus // (tp * pp * cp)
                 if sequences % dp:
@@ -89,6 +89,8 @@ def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=
                             continue
                         for strategy in (strategies if dp * cp > 1 else ("torch_ddp",)):
                             for ac in checkpointing:
+                                if ac == "selective" and shape.ffn:  # no attention to recompute
+                                    continue
                                 yield Layout(dp, tp, pp, cp, strategy, schedule, m, ac, v)
 
 
@@ -116,8 +118,9 @@ def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: floa
         elif miss is None or priced.memory["total"] < miss.memory["total"]:
             miss = priced
     if count == 0:
-        raise PlanError(f"no layout of {gpus} GPUs divides {shape.name} (heads {shape.heads}, kv heads "
-                        f"{shape.kv_heads}, {shape.layers} blocks, context {shape.context}) and a batch of "
+        heads = "" if shape.ffn else f"heads {shape.heads}, kv heads {shape.kv_heads}, "
+        raise PlanError(f"no layout of {gpus} GPUs divides {shape.name} ({heads}{shape.layers} blocks, context "
+                        f"{shape.context}) and a batch of "
                         f"{sequences} sequences")
     fitting.sort(key=simplest_first)
     return Plan(fitting, count, miss)
