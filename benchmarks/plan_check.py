@@ -4,6 +4,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
     python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
     python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
+    python benchmarks/plan_check.py sweep outputs/bench/plan_held_out --gpus 4 --held-out   # one choice apart
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), gloo's all-reduce on loopback
@@ -93,21 +94,29 @@ def calibrate(out: Path) -> None:
     print(json.dumps(cal, indent=1))
 
 
-def checked_layouts(gpus: int):
+def checked_layouts(gpus: int, held_out: bool = False):
     """The planner's layouts for the check (module docstring): torch_ddp, no checkpointing, 1F1B, the fewest and
-    the most micro-batches it tries."""
+    the most micro-batches it tries. `held_out`: the rest at the fewest micro-batches, each differing from a checked
+    layout in one choice: another strategy (zero1_torch, zero2, fsdp_torch), another schedule (GPipe, interleaved,
+    zero bubble), or checkpointing (data parallel only, where the lab runs it)."""
     shape, system = load_shape(MODEL), this_machine(gpus)
-    for lay in layouts(shape, system, gpus, SEQUENCES, strategies=("torch_ddp",), checkpointing=("none",),
-                       schedules=("1f1b",)):
+    for lay in layouts(shape, system, gpus, SEQUENCES):
         counts = microbatch_counts(SEQUENCES // lay.dp, lay.pp)
-        if lay.microbatches in (counts[0], counts[-1]):
+        plain = lay.strategy == "torch_ddp" and lay.schedule == "1f1b" and lay.checkpointing == "none"
+        if not held_out:
+            if plain and lay.microbatches in (counts[0], counts[-1]):
+                yield lay
+            continue
+        one_apart = ((lay.strategy != "torch_ddp") + (lay.schedule != "1f1b") + (lay.checkpointing != "none")) == 1
+        data_parallel = lay.tp == lay.pp == lay.cp == 1
+        if lay.microbatches == counts[0] and one_apart and (lay.checkpointing == "none" or data_parallel):
             yield lay
 
 
-def sweep(out: Path, gpus_list: list[int]) -> None:
+def sweep(out: Path, gpus_list: list[int], held_out: bool = False) -> None:
     for gpus in gpus_list:
         system = this_machine(gpus)
-        todo = list(checked_layouts(gpus))
+        todo = list(checked_layouts(gpus, held_out))
         for i, lay in enumerate(todo, 1):
             line = launch_line(MODEL, lay, SEQUENCES, system)
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
@@ -117,12 +126,12 @@ def sweep(out: Path, gpus_list: list[int]) -> None:
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
 
-def measured_rows(out: Path) -> list[dict]:
+def measured_rows(out: Path, held_out: bool = False) -> list[dict]:
     """Every job under OUT with its layout and p50 step; failed ones with their status."""
     rows = []
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {lay.describe().replace(" ", "_").replace(":", "-"): lay for lay in checked_layouts(gpus)}
+        by_name = {lay.describe().replace(" ", "_").replace(":", "-"): lay for lay in checked_layouts(gpus, held_out)}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
@@ -135,9 +144,9 @@ def measured_rows(out: Path) -> list[dict]:
     return rows
 
 
-def table(out: Path, markdown_file: Path | None) -> None:
+def table(out: Path, markdown_file: Path | None, held_out: bool = False) -> None:
     path = out / "measured.json" if out.is_dir() else out
-    rows = measured_rows(out) if out.is_dir() else json.loads(out.read_text())
+    rows = measured_rows(out, held_out) if out.is_dir() else json.loads(out.read_text())
     if out.is_dir():
         path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
     failed = [r for r in rows if r["status"] != "ok"]
@@ -160,13 +169,14 @@ def main() -> None:
                     help="the jobs' folder (table: or a measured.json)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--held-out", action="store_true", help="the layouts one choice apart from the checked ones")
     args = ap.parse_args()
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")
     elif args.what == "sweep":
-        sweep(args.out, args.gpus)
+        sweep(args.out, args.gpus, args.held_out)
     else:
-        table(args.out, args.markdown)
+        table(args.out, args.markdown, args.held_out)
 
 
 if __name__ == "__main__":
