@@ -8,7 +8,7 @@
 Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, llama3_70b, llama3_405b: shapes only, nothing
 allocated) or a JSON file with a Shape's fields. Systems: the predictor's (ddp_lab/analysis/predict/systems.py),
 this-machine (this host's ranks on two emulated nodes, calibrated: host.py), or one described by `--flops`,
-`--bandwidth` and `--memory` (a TPU-like chip: every chip one node's worth of links).
+`--bandwidth` and `--memory` (a TPU-like chip, its collectives counted as the calculator counts them: described.py).
 """
 
 from __future__ import annotations
