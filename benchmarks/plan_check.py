@@ -42,15 +42,25 @@ SIZE_MB, LATENCY_MB = 16, 1 / 1024
 
 
 def launch(out: Path, *overrides: str) -> dict:
-    """One launch.py job into `out`; its results.json (a failed job's status kept)."""
+    """One launch.py job into `out`, unless it ran there already; its results (a failed job's status kept)."""
     if not (out / "results.json").exists():
         subprocess.run(["timeout", "600", sys.executable, str(ROOT / "launch.py"), *overrides,
                         f"hydra.run.dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=False)
+    return results_of(out)
+
+
+def results_of(out: Path) -> dict:
+    """A job folder's results.json; a job that wrote none, as a status saying so."""
     try:
         return json.loads((out / "results.json").read_text())
     except (OSError, ValueError):
         return {"status": "no results.json"}
+
+
+def job_name(lay) -> str:
+    """A layout's job folder: its description, as a name."""
+    return lay.describe().replace(" ", "_").replace(":", "-")
 
 
 def p50(res: dict, key: str) -> float:
@@ -120,8 +130,7 @@ def sweep(out: Path, gpus_list: list[int], held_out: bool = False) -> None:
         for i, lay in enumerate(todo, 1):
             line = launch_line(MODEL, lay, SEQUENCES, system)
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
-            name = lay.describe().replace(" ", "_").replace(":", "-")
-            res = launch(out / str(gpus) / name, *overrides)
+            res = launch(out / str(gpus) / job_name(lay), *overrides)
             said = f"{p50(res, 'step_time_ms'):.0f} ms" if res.get("status") == "ok" else res.get("status")
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
@@ -131,12 +140,12 @@ def measured_rows(out: Path, held_out: bool = False) -> list[dict]:
     rows = []
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {lay.describe().replace(" ", "_").replace(":", "-"): lay for lay in checked_layouts(gpus, held_out)}
+        by_name = {job_name(lay): lay for lay in checked_layouts(gpus, held_out)}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
                 continue
-            res = launch(job)  # read only: it exists
+            res = results_of(job)
             row = {**lay.__dict__, "gpus": gpus, "status": res.get("status")}
             if res.get("status") == "ok":
                 row["measured_ms"] = p50(res, "step_time_ms")
@@ -145,10 +154,11 @@ def measured_rows(out: Path, held_out: bool = False) -> list[dict]:
 
 
 def table(out: Path, markdown_file: Path | None, held_out: bool = False) -> None:
-    path = out / "measured.json" if out.is_dir() else out
-    rows = measured_rows(out, held_out) if out.is_dir() else json.loads(out.read_text())
     if out.is_dir():
-        path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
+        rows = measured_rows(out, held_out)
+        (out / "measured.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
+    else:
+        rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
     scored = score(load_shape(MODEL), this_machine, SEQUENCES, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)

@@ -44,7 +44,7 @@ def parse_bandwidth(text: str) -> dict[str, float]:
             named[axis] = float(value)
     except ValueError:
         raise PredictError(f"--bandwidth takes bytes/s, one value or per axis ({'=..,'.join(AXES)}=..), got "
-                        f"{text!r}") from None
+                           f"{text!r}") from None
     slowest = min(named.values())
     return {axis: named.get(axis, slowest) for axis in AXES}
 

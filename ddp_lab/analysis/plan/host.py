@@ -61,7 +61,7 @@ def load_calibration(path: Path | str = CALIBRATION) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise PredictError(f"--system this-machine: cannot read its calibration {path} ({exc}); "
-                        "run: python benchmarks/plan_check.py calibrate") from None
+                           "run: python benchmarks/plan_check.py calibrate") from None
 
 
 def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
@@ -90,9 +90,10 @@ def gloo_collective_ms(system: HostSystem, op: str, nbytes: float, n: int, strid
     steps, moved = RING[op]
     ranks = system.gpus_per_node * system.nodes
     per_node = max(1, min(n, system.gpus_per_node // max(1, stride)))
-    bandwidth = system.intra_busbw_Bps / system.compute_share(ranks)
+    share = system.compute_share(ranks)  # ranks beyond the cores: a step waits for its peer to get one
+    bandwidth = system.intra_busbw_Bps / share
     if per_node < n:  # the ring crosses the link: the groups crossing it at once share it
         bandwidth = min(bandwidth, system.inter_busbw_Bps * per_node / system.gpus_per_node)
-    latency = system.latency_s * system.compute_share(ranks)  # a step waits for its peer to get a core
+    latency = system.latency_s * share
     seconds = steps * (n - 1) * latency + moved * (n - 1) / n * nbytes / bandwidth
     return seconds * 1e3

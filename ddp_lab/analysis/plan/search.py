@@ -53,8 +53,8 @@ def microbatch_counts(per_replica: int, pp: int) -> list[int]:
 def layout_problem(shape: Shape, layout: Layout, sequences: int) -> str | None:
     """Why `layout` cannot run `shape` on a batch of `sequences`, in one line, or None."""
     lay = layout
-    if shape.tp_problem(lay.tp):
-        return shape.tp_problem(lay.tp)
+    if problem := shape.tp_problem(lay.tp):
+        return problem
     if lay.pp > shape.layers:
         return f"pp {lay.pp} is more stages than the {shape.layers} blocks"
     if lay.cp > 1 and shape.context % (2 * lay.cp):
