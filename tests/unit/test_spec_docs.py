@@ -24,11 +24,13 @@ def test_the_docs_tables_are_the_specs(table, page):
     assert shown == markdown(table), f"docs/{page} is stale: paste `python -m ddp_lab.spec --markdown` over it"
 
 
-def test_strategies_md_has_a_heading_per_strategy():
-    """So that each can be linked to (docs/strategies.md#zero2)."""
-    lines = (DOCS / "strategies.md").read_text().splitlines()
+def test_the_strategy_pages_have_a_heading_per_strategy():
+    """So that each can be linked to (docs/strategies/sharded.md#zero2), and strategies.md links each."""
+    lines = [line for page in (DOCS / "strategies").glob("*.md") for line in page.read_text().splitlines()]
     headings = {line[4:].strip() for line in lines if line.startswith("### ")}
     assert set(SPECS) <= headings, sorted(set(SPECS) - headings)
+    index = (DOCS / "strategies.md").read_text()
+    assert all(f".md#{name})" in index for name in SPECS), "docs/strategies.md lost a strategy's link"
 
 
 def test_every_knob_has_its_meaning_written_under_it():
