@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ddp_lab.spec.choices import Choice, CollectiveOp, Dtype
 from ddp_lab.spec.models import MODEL_SCHEMAS
-from ddp_lab.spec.parallel import ParallelConfig
+from ddp_lab.spec.parallel import ParallelConfig, layout_of
 from ddp_lab.spec.strategies import register as register_strategy_specs
 
 
@@ -365,10 +365,7 @@ def data_parallel_size(cfg) -> int:
     (tensor-parallel ranks read the same rows, and so do a pipeline's stages and context-parallel ranks, each its
     own tokens of them); a config without a `parallel` node (older results, the tests' own) is data parallel
     only."""
-    tp = OmegaConf.select(cfg, "parallel.tp", default=1) or 1
-    pp = OmegaConf.select(cfg, "parallel.pp", default=1) or 1
-    cp = OmegaConf.select(cfg, "parallel.cp", default=1) or 1
-    return max(1, cfg.world_size // (tp * pp * cp))
+    return max(1, layout_of(cfg).dp)
 
 
 def micro_batch_size(cfg) -> int:

@@ -109,7 +109,8 @@ class TiedAcrossStages:
             if len(ranks) < 2:
                 continue  # every copy on one rank: one parameter there, as in the whole model
             group, _ = dist.new_subgroups_by_enumeration(
-                [[layout.rank_at(i, j, k) for k in ranks] for i in range(layout.dp) for j in range(layout.tp)])
+                [[layout.rank_at(dp=i, tp=j, pp=k, cp=c) for k in ranks]
+                 for i in range(layout.dp) for c in range(layout.cp) for j in range(layout.tp)])
             if pp_rank in ranks:
                 name = next(n for n in names if stage_of(n, layers) % layout.pp == pp_rank)
                 self.pairs.append((name, group))

@@ -86,17 +86,34 @@ class MeshLayout:
     pipeline axis is outermost (as torchtitan orders it: a stage's ranks consecutive), context parallelism between
     dp and tp (torchtitan's order too), TP inside DP unless `tp_inner` is False (then TP outermost in a stage).
     A cp index is called a "replica" index together with dp's where both hold the same weights: the strategy
-    averages over the dp x cp ranks of one (pp, tp) place."""
+    averages over the dp x cp ranks of one (pp, tp) place.
+
+    Expert parallelism is not a fifth grid dimension but a view over those replicas, as torchtitan borrows it from
+    dp_shard x cp: the `dp x cp` replica indices of one (pp, tp) place, in order, cut into consecutive runs of `ep`
+    (an expert-parallel group: each holds its share of the experts) and, across the runs, the ranks at the same
+    place of each run (an expert-data-parallel group: each holds the same experts, which its strategy averages).
+    This class is the one home of the arithmetic: the data-parallel size is derived here and nowhere else."""
 
     world_size: int
     tp: int = 1
     tp_inner: bool = True
     pp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @property
     def dp(self) -> int:
         return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def replicas(self) -> int:
+        """The ranks holding the same dense weights, which the strategy averages over: dp x cp."""
+        return self.dp * self.cp
+
+    @property
+    def edp(self) -> int:
+        """The ranks holding the same experts (an expert-data-parallel group): dp x cp / ep."""
+        return self.replicas // self.ep
 
     @property
     def stage_ranks(self) -> int:
@@ -106,8 +123,8 @@ class MeshLayout:
     def _within(self, rank: int) -> tuple[int, int, int]:
         """(dp index, cp index, tp index) of a global rank, within its pipeline stage."""
         rank %= self.stage_ranks
-        replicas = self.dp * self.cp
-        replica, tp = (rank // self.tp, rank % self.tp) if self.tp_inner else (rank % replicas, rank // replicas)
+        replica, tp = (rank // self.tp, rank % self.tp) if self.tp_inner else (rank % self.replicas,
+                                                                              rank // self.replicas)
         return replica // self.cp, replica % self.cp, tp
 
     def coordinates(self, rank: int) -> tuple[int, int]:
@@ -123,44 +140,71 @@ class MeshLayout:
         """The pipeline rank (which stage, or stages) of a global rank."""
         return rank // self.stage_ranks
 
-    def rank_at(self, dp_index: int, tp_index: int, pp_index: int = 0, cp_index: int = 0) -> int:
-        replica = dp_index * self.cp + cp_index
-        within = replica * self.tp + tp_index if self.tp_inner else tp_index * self.dp * self.cp + replica
-        return pp_index * self.stage_ranks + within
+    def replica_index(self, rank: int) -> int:
+        """The place of a global rank among the dp x cp ranks holding its dense weights (dp major, cp minor)."""
+        dp, cp, _ = self._within(rank)
+        return dp * self.cp + cp
+
+    def ep_index(self, rank: int) -> int:
+        """Which share of the experts a global rank holds (its place in its expert-parallel group)."""
+        return self.replica_index(rank) % self.ep
+
+    def rank_at(self, *, dp: int, tp: int, pp: int, cp: int) -> int:
+        """The global rank at these coordinates. Keyword-only and every axis named: a caller written before an axis
+        existed fails here instead of silently taking its index 0."""
+        replica = dp * self.cp + cp
+        within = replica * self.tp + tp if self.tp_inner else tp * self.replicas + replica
+        return pp * self.stage_ranks + within
+
+    def _at_replica(self, replica: int, tp: int, pp: int) -> int:
+        return self.rank_at(dp=replica // self.cp, cp=replica % self.cp, tp=tp, pp=pp)
 
     def grid(self) -> list[list[list[list[int]]]]:
         """grid[k][i][c][j]: the global rank at pp index k, dp index i, cp index c, tp index j (a DeviceMesh's mesh,
         dims (pp, dp, cp, tp))."""
-        return [[[[self.rank_at(i, j, k, c) for j in range(self.tp)] for c in range(self.cp)] for i in range(self.dp)]
-                for k in range(self.pp)]
+        return [[[[self.rank_at(dp=i, tp=j, pp=k, cp=c) for j in range(self.tp)] for c in range(self.cp)]
+                 for i in range(self.dp)] for k in range(self.pp)]
 
     def tp_groups(self) -> list[list[int]]:
-        return [[self.rank_at(i, j, k, c) for j in range(self.tp)]
+        return [[self.rank_at(dp=i, tp=j, pp=k, cp=c) for j in range(self.tp)]
                 for k in range(self.pp) for i in range(self.dp) for c in range(self.cp)]
 
     def cp_groups(self) -> list[list[int]]:
-        return [[self.rank_at(i, j, k, c) for c in range(self.cp)]
+        return [[self.rank_at(dp=i, tp=j, pp=k, cp=c) for c in range(self.cp)]
                 for k in range(self.pp) for i in range(self.dp) for j in range(self.tp)]
 
     def dp_groups(self) -> list[list[int]]:
         """The ranks each data-parallel strategy synchronizes over: dp x cp of one (pp, tp) place (context-parallel
         ranks hold the same weights, and each saw only its tokens)."""
-        return [[self.rank_at(i, j, k, c) for i in range(self.dp) for c in range(self.cp)]
-                for k in range(self.pp) for j in range(self.tp)]
+        return [[self._at_replica(r, j, k) for r in range(self.replicas)] for k in range(self.pp) for j in range(self.tp)]
 
     def pp_groups(self) -> list[list[int]]:
-        return [[self.rank_at(i, j, k, c) for k in range(self.pp)]
+        return [[self.rank_at(dp=i, tp=j, pp=k, cp=c) for k in range(self.pp)]
                 for i in range(self.dp) for c in range(self.cp) for j in range(self.tp)]
 
+    def ep_groups(self) -> list[list[int]]:
+        """The expert-parallel groups: `ep` consecutive replicas of one (pp, tp) place, which split the experts and
+        send each other their tokens."""
+        return [[self._at_replica(run * self.ep + e, j, k) for e in range(self.ep)]
+                for k in range(self.pp) for j in range(self.tp) for run in range(self.edp)]
+
+    def edp_groups(self) -> list[list[int]]:
+        """The expert-data-parallel groups: the ranks of one (pp, tp) place holding the same experts (the same place
+        in every expert-parallel group), over which a strategy averages the experts' gradients."""
+        return [[self._at_replica(run * self.ep + e, j, k) for run in range(self.edp)]
+                for k in range(self.pp) for j in range(self.tp) for e in range(self.ep)]
+
     def label(self) -> str:
-        """`dp x tp` (`dp x tp x pp` with a pipeline; `-cpN` with context parallelism), as tables show a mesh."""
+        """`dp x tp` (`dp x tp x pp` with a pipeline; `-cpN` with context parallelism, `-epN` with expert
+        parallelism), as tables show a mesh."""
         pipeline, context = f"x{self.pp}" if self.pp > 1 else "", f"-cp{self.cp}" if self.cp > 1 else ""
-        return f"{self.dp}x{self.tp}{pipeline}{context}"
+        return f"{self.dp}x{self.tp}{pipeline}{context}" + (f"-ep{self.ep}" if self.ep > 1 else "")
 
     def describe(self) -> dict:
         """The mesh as results.json's summary records it."""
         return {"dp": self.dp, "tp": self.tp, **({"pp": self.pp} if self.pp > 1 else {}),
-                **({"cp": self.cp} if self.cp > 1 else {}), "label": self.label(), "tp_inner": self.tp_inner}
+                **({"cp": self.cp} if self.cp > 1 else {}), **({"ep": self.ep} if self.ep > 1 else {}),
+                "label": self.label(), "tp_inner": self.tp_inner}
 
 
 def layout_of(cfg) -> MeshLayout:
@@ -170,7 +214,8 @@ def layout_of(cfg) -> MeshLayout:
     if parallel is None:
         return MeshLayout(int(cfg["world_size"]))
     return MeshLayout(int(cfg["world_size"]), int(parallel.get("tp", 1)), bool(parallel.get("tp_inner", True)),
-                      int(parallel.get("pp", 1) or 1), int(parallel.get("cp", 1) or 1))
+                      int(parallel.get("pp", 1) or 1), int(parallel.get("cp", 1) or 1),
+                      int(parallel.get("ep", 1) or 1))
 
 
 def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1,

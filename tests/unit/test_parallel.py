@@ -20,8 +20,33 @@ def test_tp_ranks_are_consecutive_unless_tp_goes_across():
     assert inside.tp_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]] and inside.dp_groups()[0] == [0, 2, 4, 6]
     assert across.tp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]] and across.dp_groups()[0] == [0, 1, 2, 3]
     for layout in (inside, across):
-        assert all(layout.rank_at(*layout.coordinates(r)) == r for r in range(8))
+        assert all(layout.rank_at(dp=layout.coordinates(r)[0], tp=layout.coordinates(r)[1], pp=0, cp=0) == r
+                   for r in range(8))
     assert inside.label() == "4x2" and MeshLayout(4).describe() == {"dp": 4, "tp": 1, "label": "4x1", "tp_inner": True}
+
+
+def test_rank_at_names_every_axis():
+    """A caller written before an axis existed fails instead of taking its index 0."""
+    with pytest.raises(TypeError):
+        MeshLayout(8, 2, cp=2).rank_at(0, 0)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        MeshLayout(8, 2, cp=2).rank_at(dp=0, tp=0, pp=0)  # type: ignore[call-arg]
+
+
+def test_expert_groups_are_views_over_the_replicas():
+    """ep borrows consecutive dp x cp replicas of one (pp, tp) place; the expert-data-parallel groups hold the same
+    place of every expert-parallel group. Every rank is in exactly one group of each."""
+    layout = MeshLayout(8, tp=2, ep=2)  # dp 4, tp 2: replicas of tp 0 are 0, 2, 4, 6
+    assert layout.ep_groups() == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert layout.edp_groups() == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    mixed = MeshLayout(8, cp=2, ep=4)  # dp 4 x cp 2: replicas 0..7 are the ranks
+    assert mixed.ep_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]] and mixed.edp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [mixed.ep_index(r) for r in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    staged = MeshLayout(8, pp=2, ep=2)
+    for groups in (staged.ep_groups(), staged.edp_groups(), layout.ep_groups(), layout.edp_groups()):
+        assert sorted(r for g in groups for r in g) == list(range(8))
+    assert staged.ep_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]] and staged.edp == 2
+    assert MeshLayout(4, ep=2).label() == "4x1-ep2" and MeshLayout(4, ep=2).describe()["ep"] == 2
 
 
 @pytest.mark.parametrize(("args", "problem"), [
