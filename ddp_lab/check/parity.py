@@ -288,6 +288,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
+    parallel.attach(optimizer)
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     for step in range(steps):
         with parallel.counting(step):

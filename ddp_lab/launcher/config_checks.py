@@ -29,6 +29,7 @@ from ddp_lab.data.split import open_data
 from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.context import context_problem
+from ddp_lab.spec.experts import moe_problem
 from ddp_lab.spec.parallel import mesh_problem, plan_problem
 from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
@@ -153,6 +154,7 @@ def _validate_mesh(cfg: DictConfig) -> None:
                or context_problem(p.cp, str(p.cp_impl), p.cp_ulysses, context, heads, p.tp, p.sequence_parallel)
                or schedule_problem(p.pp, p.stages_per_rank, str(p.pp_schedule), microbatches_of(p), str(p.pp_impl)))
     _require(problem is None, str(problem))
+    _validate_experts(cfg)
     if p.tp == 1 and p.pp == 1 and p.cp == 1:
         return
     keys = mesh_keys(p.tp, p.pp, p.cp)
@@ -163,6 +165,39 @@ def _validate_mesh(cfg: DictConfig) -> None:
              "context-parallel attention are not proven against one process here yet: use train.compile=false")
     _require(not cfg.measure.grad_error, f"{keys} with measure.grad_error=true: its probe averages gradients over "
              "every rank, where a mesh averages over its data-parallel axis only")
+
+
+def _validate_experts(cfg: DictConfig) -> None:
+    """A mixture's keys and `parallel.ep` (spec/experts.py), and what it is not proven with yet, refused saying so."""
+    p, m, t = cfg.parallel, cfg.model, cfg.train
+    ep = int(p.get("ep", 1))
+    problem = moe_problem(m, ep, data_parallel_size(cfg) * int(p.cp))
+    _require(problem is None, str(problem))
+    if m.get("experts") is None:
+        return
+    name = m.get("name")
+    _require(p.tp == 1, f"model={name} with parallel.tp={p.tp}: the experts are not split by tensor parallelism here "
+             "(torchtitan keeps them whole too), and attention's split beside them is not proven: use parallel.tp=1")
+    _require(p.pp == 1 or str(m.balance) != "aux_loss", f"model.balance=aux_loss with parallel.pp={p.pp}: the "
+             "balancing loss of a stage's layers reaches only the last stage's loss: use model.balance=bias or none")
+    _require(str(t.activation_checkpointing) == "none", f"train.activation_checkpointing={t.activation_checkpointing} "
+             f"with model={name}: recomputing a mixture runs its all-to-alls and its balancing term again, not proven "
+             "here yet: use train.activation_checkpointing=none")
+    _require(not t.compile, f"model={name} with train.compile=true: its routing (data-dependent shapes) is not "
+             "proven compiled here yet: use train.compile=false")
+    if ep == 1:
+        return
+    _require(not cfg.measure.grad_error, f"parallel.ep={ep} with measure.grad_error=true: its probe averages every "
+             "gradient over the data-parallel ranks, where an expert's copies live on its expert-data-parallel group")
+    _require(cfg.checkpoint.every is None and cfg.checkpoint.load is None, f"parallel.ep={ep} with checkpoints: "
+             "experts resharded across ep sizes are not proven here yet: leave checkpoint.every and checkpoint.load "
+             "unset")
+    if str(p.ep_impl) == "torch":
+        _require(str(t.precision) != "fp16", "parallel.ep_impl=torch runs torch._grouped_mm, which takes fp32 and bf16 "
+                 "only: use train.precision=fp32 or bf16, or parallel.ep_impl=lab")
+        _require(m.d_model % 4 == 0 and m.expert_d_ff % 4 == 0, f"parallel.ep_impl=torch: torch._grouped_mm wants "
+                 f"every row's bytes a multiple of 16: model.d_model={m.d_model} and model.expert_d_ff="
+                 f"{m.expert_d_ff} must divide by 4")
 
 
 def _validate_pipeline(cfg: DictConfig, small: torch.nn.Module) -> None:
@@ -271,6 +306,7 @@ def _validate_train(cfg: DictConfig) -> None:
         spec.check_mesh(int(cfg.parallel.tp), int(cfg.parallel.pp), str(cfg.parallel.pp_schedule),
                         int(cfg.parallel.cp))
         spec.check_world(dp * int(cfg.parallel.cp), ranks_per_node)
+        spec.check_experts(int(cfg.parallel.ep))
         spec.check_run(str(t.precision), int(t.grad_accum_steps))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

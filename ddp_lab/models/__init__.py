@@ -4,10 +4,11 @@ from omegaconf import DictConfig
 
 from ddp_lab.config import build
 from ddp_lab.models.ffn import FFNStack
+from ddp_lab.models.moe import MoETransformer
 from ddp_lab.models.toy import ToyMLP
 from ddp_lab.models.transformer import Transformer
 
-__all__ = ["FFNStack", "ToyMLP", "Transformer", "build_model"]
+__all__ = ["FFNStack", "MoETransformer", "ToyMLP", "Transformer", "build_model"]
 
 
 def build_model(model_cfg: DictConfig):

@@ -51,6 +51,13 @@ class Parallelism:
             self.context_length = int(cfg.model.context_length)
             self.context = ContextParallel(self.mesh.layout, self.mesh.cp_rank, self.mesh.cp_group,
                                            str(parallel.cp_impl), int(parallel.cp_ulysses))
+        self.experts = None
+        if self.mesh.layout.ep > 1:
+            from ddp_lab.expert_parallel import ExpertParallel
+
+            self.experts = ExpertParallel(self.mesh.layout, device, str(parallel.ep_impl))
+        self.moe: list = []  # the model's mixture-of-experts layers (this rank's stage's), once applied
+        self.replica_map = None  # the strategy's replica map under expert parallelism (strategies/replicas.py)
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
         self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
@@ -70,8 +77,40 @@ class Parallelism:
         if self.tensor is not None:
             self.tensor.apply(module)
             self.loss = self.tensor.loss
+        self._mixture(module)
         self.held_params = sum(p.numel() for p in module.parameters())
         return module
+
+    def _mixture(self, module: nn.Module) -> None:
+        """A mixture of experts (models/moe.py): its layers sum their loads over the data-parallel ranks, expert
+        parallelism keeps this rank's experts and hands them its exchange, the loss carries the balancing term, and
+        the strategy gets a replica map with the experts' own class (nothing without a mixture)."""
+        from ddp_lab.models.moe import BalancedLoss, moe_layers
+        from ddp_lab.strategies.replicas import ReplicaClass, ReplicaMap
+
+        self.moe = moe_layers(module)
+        if not self.moe:
+            return
+        group, replicas = self.mesh.dp_group, self.mesh.replicas
+
+        def sum_over_replicas(tensor: torch.Tensor) -> None:
+            dist.all_reduce(tensor, group=group)
+        for layer in self.moe:
+            layer.sum_over_replicas = sum_over_replicas if replicas > 1 else None
+            layer.replicas = replicas
+        if self.experts is not None:
+            self.experts.apply(module)
+            self.replica_map = ReplicaMap(ReplicaClass("dense", group, replicas), self.experts.replica_classes(module))
+        if any(layer.balance == "aux_loss" for layer in self.moe):
+            self.loss = BalancedLoss(self.loss, self.moe)
+
+    def attach(self, optimizer) -> None:
+        """What runs after each optimizer step beyond the step itself: a mixture's balancing bias moved from the
+        step's load (balance=bias; models/moe.py); nothing otherwise."""
+        if any(layer.balance == "bias" for layer in self.moe):
+            from ddp_lab.models.moe import after_optimizer_step
+
+            optimizer.register_step_post_hook(after_optimizer_step(self.moe))
 
     def data_parallel(self, spec: StrategySpec) -> StrategySpec:
         """The spec that runs on the dp axis: `spec`, or the floor's where the mesh leaves one data-parallel rank."""
@@ -92,8 +131,10 @@ class Parallelism:
         return {"world_size": self.mesh.layout.world_size, "mesh": self.mesh.layout.label()}
 
     def group(self) -> dict:
-        """The keyword a strategy's runtime takes to synchronize over the dp axis (nothing: every rank)."""
-        return {} if self.mesh.device_mesh is None else {"process_group": self.mesh.dp_group}
+        """The keywords a strategy's runtime takes to synchronize over the dp axis (nothing: every rank), and under
+        expert parallelism its replica map (the experts' copies on their own group)."""
+        out = {} if self.mesh.device_mesh is None else {"process_group": self.mesh.dp_group}
+        return out if self.replica_map is None else {**out, "replicas": self.replica_map}
 
     # --- what the loop reads ---------------------------------------------------------------------------
 
@@ -156,9 +197,13 @@ class Parallelism:
 
     def pop(self) -> dict:
         """This step's figures of the axes beyond data parallelism (the TP axis's collectives, the pipeline's)."""
+        from ddp_lab.models.moe import load_figures
+
         return {**(self.tensor.pop() if self.tensor is not None else {}),
                 **(self.pipeline.pop() if self.pipeline is not None else {}),
-                **(self.context.pop() if self.context is not None else {})}
+                **(self.context.pop() if self.context is not None else {}),
+                **(self.experts.pop() if self.experts is not None else {}),
+                **load_figures(self.moe), **(self.loss.pop() if hasattr(self.loss, "pop") else {})}
 
     def drop(self) -> None:
         """Forget the figures of what ran since the last step (the held-out loss's forwards): no step's."""
@@ -168,10 +213,15 @@ class Parallelism:
             self.pipeline.pop()
         if self.context is not None:
             self.context.drop()
+        if self.experts is not None:
+            self.experts.drop()
 
     def whole(self, state: dict) -> dict:
         """A state dict (whole over the dp axis) in the single-process layout: put back together over the TP group,
-        and the stages' parameters gathered over the pipeline (every rank gets them). Collective."""
+        and the stages' parameters gathered over the pipeline (every rank gets them), the experts over their
+        expert-parallel group. Collective."""
+        if self.experts is not None:
+            state = self.experts.whole(state)
         if self.tensor is not None:
             state = self.tensor.layout.whole(state)
         if self.pipeline is not None:
@@ -204,6 +254,8 @@ class Parallelism:
             out["pipeline"] = self.pipeline.describe(warmup_steps)
         if self.context is not None:
             out["context"] = self.context.describe(warmup_steps)
+        if self.experts is not None:
+            out["experts"] = self.experts.describe(warmup_steps)
         if self.replaced is not None:
             out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
                                     "synchronize with (the floor runs in its place)")

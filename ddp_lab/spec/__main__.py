@@ -26,10 +26,10 @@ def markdown(table: str) -> str:
     if table == "figures":
         lines = [figures_markdown()]
     elif table == "strategies":
-        lines = ["| strategy | spec | runtime class | on a mesh | with cp | what it does |",
-                 "|---|---|---|---|---|---|"]
+        lines = ["| strategy | spec | runtime class | on a mesh | with cp | with ep | what it does |",
+                 "|---|---|---|---|---|---|---|"]
         lines += [f"| `{r['name']}` | `{r['spec']}` | `{r['runtime']}` | {r['mesh']} | {r['context']} | "
-                  f"{r['summary']} |" for r in strategy_rows()]
+                  f"{'no' if r['experts'].startswith('no') else 'yes'} | {r['summary']} |" for r in strategy_rows()]
     else:
         lines = ["| knob | strategies | type (default) | meaning |", "|---|---|---|---|"]
         lines += [f"| `strategy.{r['knob']}` | {', '.join(r['strategies'])} | {r['type']} | {r['doc']} |"
@@ -43,6 +43,7 @@ def text() -> str:
         out.append(f"{row['name']}: {row['summary']}")
         out.append(f"    on a mesh (parallel.tp or pp > 1): {row['mesh']}")
         out.append(f"    with context parallelism (parallel.cp > 1): {row['context']}")
+        out.append(f"    with expert parallelism (parallel.ep > 1): {row['experts']}")
         out += [f"    {k['knob']}: {k['type']}  {k['doc']}" for k in row["knobs"]] or ["    (no knobs)"]
     return "\n".join(out)
 

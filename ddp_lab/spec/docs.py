@@ -73,12 +73,20 @@ def context_support(cls: type[StrategySpec]) -> str:
     return "dp x cp" if cls.mesh_refusal is None else "no"
 
 
+def expert_support(cls: type[StrategySpec]) -> str:
+    """`dense over dp x cp, experts over edp` where the strategy runs under expert parallelism (parallel.ep > 1),
+    else why not."""
+    if cls.expert_refusal is not None:
+        return f"no: {cls.expert_refusal}"
+    return "dense over dp x cp, experts over their edp group"
+
+
 def strategy_rows() -> list[dict]:
     """Per registered strategy: its option, spec (file and class), runtime class, one-liner, knobs and whether it
     runs on a mesh's data-parallel axis."""
     return [{"name": name, "spec": f"spec/strategies/{cls.__module__.rsplit('.', 1)[1]}.py {cls.__name__}",
              "runtime": cls.runtime, "summary": summary(cls), "knobs": knobs(cls), "mesh": mesh_support(cls),
-             "context": context_support(cls)}
+             "context": context_support(cls), "experts": expert_support(cls)}
             for name, cls in SPECS.items()]
 
 

@@ -116,6 +116,25 @@ CP_PAIRS = Figure("cp_pairs", "pairs", "query-key pairs the busiest rank scored 
                   "heads it scored them for (torch's: not seen, 0)", summarized=False, when="parallel.cp > 1")
 CP_CALLS = Figure("cp_calls", "calls", "context-parallel attention calls in the step's forwards (layers x "
                   "micro-batches)", summarized=False, when="parallel.cp > 1")
+EP_BYTES = Figure("ep_bytes", "bytes", "bytes a rank sent to the other expert-parallel ranks in the step: the tokens "
+                  "to their experts and back (dispatch, combine), forward and backward; the four parts below add up to "
+                  "it", summarized=False, when="parallel.ep > 1")
+EP_PARTS = tuple(Figure(f"ep_bytes_{part}_{phase}", "bytes", f"the {part}'s share of ep_bytes in the step's {phase}s",
+                        summarized=False, when="parallel.ep > 1")
+                 for part in ("dispatch", "combine") for phase in ("forward", "backward"))
+EP_EXCHANGE = Figure("ep_exchange_ms", "ms", "a rank's time inside the expert-parallel all-to-alls (counts and rows): "
+                     "they block it, so all of it is exposed", wandb="mean", record=("p50",), stem="ep_exchange",
+                     when="parallel.ep > 1")
+MOE_BUSIEST = Figure("moe_busiest_share", "ratio", "the busiest expert's share of the routed slots in the last "
+                     "forward, over this rank's tokens (the worst layer, the worst rank); 1/experts is even",
+                     wandb="mean", record=("p50",), stem="moe_busiest", when="a mixture-of-experts model")
+MOE_MAX_OVER_MEAN = Figure("moe_max_over_mean", "ratio", "the busiest expert's load over the mean expert's, as "
+                           "moe_busiest_share (1 is even)", wandb="mean", when="a mixture-of-experts model")
+MOE_DROPPED = Figure("moe_dropped_pct", "%", "routed slots dropped for want of capacity in the last forward (every "
+                     "layer, the worst rank)", wandb="mean", when="model.capacity_factor set")
+MOE_AUX = Figure("moe_aux_loss", "nats/token", "the load-balancing loss added to the gradient (coefficient "
+                 "included), summed over the layers of the step's last forward; not in `loss`",
+                 ranks="mean", summarized=False, when="model.balance=aux_loss")
 GRAD_ERROR = Figure("grad_error", "ratio", "relative error of the delivered gradient against the exact mean",
                     when="measure.grad_error=true")
 LOSS_SCALE = Figure("loss_scale", "scale", "fp16's loss scale after the step's update", summarized=False,
@@ -157,7 +176,8 @@ TRANSFER = Figure("transfer_ms", "ms", "the same rank's time inside collectives 
 FIGURES: tuple[Figure, ...] = (STEP_TIME, LOSS, VAL_LOSS, FWD_BWD, SYNC, OPTIMIZER, COMM, EXPOSED, EXPOSED_MIN_RANK,
                                EXPOSED_OPTIMIZER, COMPRESS, COLLECTIVES, COMM_BYTES, TP_COMM, TP_COLLECTIVES,
                                TP_COMM_BYTES, PP_BUBBLE, PP_WAIT, PP_P2P_BYTES, CP_BYTES_FORWARD, CP_BYTES_BACKWARD,
-                               CP_EXPOSED, CP_ATTENTION, CP_PAIRS, CP_CALLS, GRAD_ERROR, LOSS_SCALE,
+                               CP_EXPOSED, CP_ATTENTION, CP_PAIRS, CP_CALLS, EP_BYTES, *EP_PARTS, EP_EXCHANGE,
+                               MOE_BUSIEST, MOE_MAX_OVER_MEAN, MOE_DROPPED, MOE_AUX, GRAD_ERROR, LOSS_SCALE,
                                CHECKPOINT_SAVE, CHECKPOINT_BYTES, CHECKPOINT_MEMORY, CHECKPOINT_STAGED,
                                INJECTED_DELAY, SKEW, PEER_WAIT, TRANSFER, LATENCY, ALGBW, BUSBW, RANK_SPREAD)
 """In the order the docs list them."""

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 
 from ddp_lab.spec.choices import Choice
 from ddp_lab.spec.context import DEFAULT_ULYSSES, CPImpl
+from ddp_lab.spec.experts import EPImpl
 from ddp_lab.spec.pipeline import PPImpl, PPSchedule
 
 
@@ -35,7 +36,8 @@ class TPImpl(Choice):
 @dataclass
 class ParallelConfig:
     """The axes beyond data parallelism (ddp_lab/spec/parallel.py, ddp_lab/spec/pipeline.py,
-    ddp_lab/spec/context.py). `world_size = pp x dp x cp x tp`; dp is derived."""
+    ddp_lab/spec/context.py, ddp_lab/spec/experts.py). `world_size = pp x dp x cp x tp`; dp is derived, and ep is
+    borrowed from dp x cp."""
 
     tp: int = 1
     """Tensor-parallel degree: each layer's weights split over this many ranks; must divide world_size, the
@@ -78,6 +80,12 @@ class ParallelConfig:
     inside groups of cp_ulysses, the ring across), torch (torch's ring template over the zigzag split)."""
     cp_ulysses: int = DEFAULT_ULYSSES
     """parallel.cp_impl=hybrid: the ranks of one Ulysses group (it divides cp; the ring has cp / cp_ulysses)."""
+    ep: int = 1
+    """Expert-parallel degree: a mixture's experts split over this many ranks, borrowed from the data-parallel ones
+    (dp x cp, as torchtitan borrows them; world_size is unchanged); it divides dp x cp and model.experts. Each expert's
+    copies are on the other dp x cp / ep ranks (docs/experts.md). 1: every rank holds every expert."""
+    ep_impl: EPImpl = EPImpl.lab
+    """lab: the exchange written by hand (any dtype); torch: torch's differentiable all-to-all and grouped matmuls."""
 
 
 @dataclass(frozen=True)

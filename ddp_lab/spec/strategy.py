@@ -37,6 +37,10 @@ instead of probing the runtime class or matching its name:
 - `pipeline_refusal`: why it cannot synchronize under a pipeline schedule, which runs several micro-batches'
   forwards before their backwards (the lab's fsdp); `check_mesh(tp, pp, pp_schedule, cp)` asks both, and what a knob
   or a schedule rules out on a mesh;
+- `expert_refusal`: why the strategy cannot run under expert parallelism (`parallel.ep > 1`), None where it can:
+  its runtime takes a `replicas` map (strategies/replicas.py) and reduces each class of parameters over its own
+  group with its own divisor (the experts' copies live on another group than the dense weights'); `check_experts(ep)`
+  asks it;
 - `torch_comm_hooks()`: comm_dtype goes through torch DDP's comm hooks (bf16 only on CUDA + NCCL);
 - `used_knobs()`: the knobs that shape this run, for run names and table rows (a mode may leave some
   unused);
@@ -91,6 +95,10 @@ class StrategySpec:
                                              "data-parallel axis to synchronize over (a spec whose runtime does "
                                              "sets mesh_refusal = None)")
     pipeline_refusal: ClassVar[Optional[str]] = None
+    expert_refusal: ClassVar[Optional[str]] = (
+        "its runtime takes one process group for every parameter, and an expert's copies live on another group "
+        "(its expert-data-parallel group) with another divisor: not built for it yet (strategies/replicas.py; a spec "
+        "whose runtime takes `replicas` sets expert_refusal = None)")
 
     def __post_init__(self) -> None:
         self.check()
@@ -139,6 +147,11 @@ class StrategySpec:
         require(pp == 1 or self.pipeline_refusal is None,
                 f"parallel.pp={pp}: strategy={self.name} does not run under a pipeline schedule: "
                 f"{self.pipeline_refusal}")
+
+    def check_experts(self, ep: int) -> None:
+        """Raise ValueError, one line, when the strategy cannot synchronize under expert parallelism of degree `ep`."""
+        require(ep == 1 or self.expert_refusal is None,
+                f"parallel.ep={ep}: strategy={self.name} does not run under expert parallelism: {self.expert_refusal}")
 
     def check_run(self, precision: str, grad_accum_steps: int) -> None:
         """Raise ValueError, one line, for what this run needs that is not there (an optional extra) or a

@@ -9,6 +9,10 @@ each with its default here, so nothing is probed with getattr:
   data-parallel axis under tensor parallelism (ddp_lab/parallel/); None, the default, is every rank. Every
   collective a strategy issues goes over it, its means divide by its size (`dp_size`), and the broadcast at
   construction comes from its first rank;
+- `replicas` (a constructor argument of the strategies whose spec takes one: `expert_refusal is None`): the
+  replica map (strategies/replicas.py), per class of parameters the group holding identical copies, the divisor
+  of their mean and the broadcast's source; given under expert parallelism, where experts are copied over another
+  group than the dense weights. Unset, it is one class over `process_group`, exactly the single group above;
 - `forward(*args, **kwargs)` runs the wrapped model (`.module`);
 - `make_optimizer(optimizer_cls, params=None, **kwargs)` builds the optimizer: a plain one over
   the trainable parameters (or the given params / param groups), or a strategy's own (a sharded one
@@ -65,6 +69,7 @@ from torch import nn
 from ddp_lab.strategies.checkpoint_layout import Pieces, optimizer_pieces, whole_parameters
 from ddp_lab.strategies.collectives import broadcast_module_state, wire_dtype
 from ddp_lab.strategies.comm_stats import CommStats
+from ddp_lab.strategies.replicas import ReplicaMap
 
 
 def compile_units(module: nn.Module, backend: str, units: list[nn.Module] | None = None) -> None:
@@ -99,20 +104,27 @@ class DataParallelBase(nn.Module):
     peak_gathered_bytes: int | None = None
     reduces_after_no_sync = True
 
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True, process_group=None):
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True, process_group=None,
+                 replicas: ReplicaMap | None = None):
         """`broadcast=False` for a wrapper around a strategy that has broadcast the model already (zero1);
-        `process_group`: the ranks to synchronize over (None: all of them)."""
+        `process_group`: the ranks to synchronize over (None: all of them); `replicas`: a map with more classes
+        than that one group (its dense class's group is then the process group)."""
         super().__init__()
         self.module = module
         self.comm_dtype = str(comm_dtype)
         self.wire_dtype = wire_dtype(comm_dtype)
         self.comm = CommStats(module_device(module))
         self.require_sync = True
+        if replicas is not None:
+            process_group = replicas.dense.group
         self.process_group = process_group
         distributed = dist.is_available() and dist.is_initialized()
         self.dp_size = dist.get_world_size(process_group) if distributed else 1
         self.dp_rank = dist.get_rank(process_group) if distributed else 0
-        if broadcast:
+        self.replicas = replicas if replicas is not None else ReplicaMap.single(process_group)
+        if broadcast and replicas is not None:
+            replicas.broadcast(module)
+        elif broadcast:
             broadcast_module_state(module, group=process_group)
 
     def forward(self, *args, **kwargs):

@@ -13,6 +13,8 @@ bucket is FlatDDP (nothing launches until the last gradient), tiny buckets are O
   `set_to_none=False` zeroes the slices in place; with `set_to_none=True` the next training
   forward zeroes the bucket and points `.grad` back at its slice, instead of letting autograd
   allocate a fresh gradient that would then be copied in. A `.grad` replaced by hand is copied in.
+- A bucket holds parameters of one class of the replica map (strategies/replicas.py), reduced over its group:
+  under expert parallelism the experts' buckets go over their expert-data-parallel group.
 - Buffers live on the parameters' device at construction: move the model before wrapping it.
 - `all_reduce="two_level"` all-reduces each bucket in two levels (rings.py): a reduce-scatter inside
   groups of `node_size` consecutive ranks (a node's, `LOCAL_WORLD_SIZE`, by default), an all-reduce of
@@ -34,12 +36,16 @@ from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB, plan_bucket_indices
 from ddp_lab.strategies.collectives import two_level_all_reduce_mean_async
 from ddp_lab.strategies.hsdp import shard_layout
 from ddp_lab.strategies.overlap_engine import OverlapEngine
+from ddp_lab.strategies.replicas import ReplicaMap
 from ddp_lab.units import MiB, tensor_bytes
 
 
-def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list[int]]:
-    """Indices into `params`, grouped into buckets in reverse order, each at most `bucket_mb` MiB."""
-    return plan_bucket_indices([tensor_bytes(p) for p in params], [(p.dtype, p.device) for p in params], bucket_mb)
+def plan_buckets(params: Sequence[torch.Tensor], bucket_mb: float, replicas: ReplicaMap | None = None
+                 ) -> list[list[int]]:
+    """Indices into `params`, grouped into buckets in reverse order, each at most `bucket_mb` MiB; a bucket holds
+    one class of `replicas` (strategies/replicas.py: experts are reduced over another group than dense weights)."""
+    kinds = [(p.dtype, p.device, replicas.of(p).name if replicas is not None else None) for p in params]
+    return plan_bucket_indices([tensor_bytes(p) for p in params], kinds, bucket_mb)
 
 
 def node_groups(node_size: int | None) -> tuple:
@@ -60,14 +66,16 @@ class BucketedDDP(OverlapEngine):
     """Buckets are allocated once and kept; zero2 (a subclass) frees them after every sync."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, comm_dtype: str = "fp32",
-                 all_reduce: str = "flat", node_size: int | None = None, process_group=None):
-        if str(all_reduce) == "two_level" and process_group is not None:
+                 all_reduce: str = "flat", node_size: int | None = None, process_group=None,
+                 replicas: ReplicaMap | None = None):
+        if str(all_reduce) == "two_level" and (process_group is not None or replicas is not None):
             raise ValueError("bucketed: all_reduce=two_level lays its node groups over every rank, not a mesh's "
                              "data-parallel axis")
         self._levels = node_groups(node_size) if str(all_reduce) == "two_level" else None
         trainable = [p for p in module.parameters() if p.requires_grad]
-        plan = plan_buckets(trainable, bucket_mb)
-        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype, process_group)
+        plan = plan_buckets(trainable, bucket_mb, replicas)
+        super().__init__(module, [[trainable[i] for i in bucket] for bucket in plan], comm_dtype, process_group,
+                         replicas)
         self.bucket_mb = bucket_mb
         multiple = self._pad_multiple()
         self._lengths = [-(-sum(p.numel() for p in unit) // multiple) * multiple for unit in self._units]

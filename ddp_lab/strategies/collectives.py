@@ -140,14 +140,17 @@ def from_wire(wire: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_mean_(tensor: torch.Tensor, group=None, dtype: torch.dtype | None = None) -> None:
+def all_reduce_mean_(tensor: torch.Tensor, group=None, dtype: torch.dtype | None = None,
+                     divisor: int | None = None) -> None:
     """Average in place over ranks. Gloo has no ReduceOp.AVG: uncast, sum then divide (one code path
-    for both backends); in a narrower `dtype`: divide, cast, sum, uncast."""
+    for both backends); in a narrower `dtype`: divide, cast, sum, uncast. `divisor`: what the sum is divided by
+    (the replica map's, strategies/replicas.py; None: the group's size)."""
+    divisor = divisor or dist.get_world_size(group)
     if not casts(tensor, dtype):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-        tensor.div_(dist.get_world_size(group))
+        tensor.div_(divisor)
         return
-    wire = to_wire(tensor, dtype, dist.get_world_size(group))
+    wire = to_wire(tensor, dtype, divisor)
     dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group)
     from_wire(wire, tensor)
 
@@ -159,24 +162,24 @@ def wire_bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
 
 
 def flat_all_reduce_mean_(grads: list[torch.Tensor], comm: CommStats, dtype: torch.dtype | None = None,
-                          group=None) -> None:
+                          group=None, divisor: int | None = None) -> None:
     """Average `grads` in place over `group` with one all-reduce of a flattened copy: one call's latency for all."""
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
     with comm.timed(wire_bytes(flat, dtype)):
-        all_reduce_mean_(flat, group=group, dtype=dtype)
+        all_reduce_mean_(flat, group=group, dtype=dtype, divisor=divisor)
     for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(synced)
 
 
-def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None, group=None
-                          ) -> tuple[torch.futures.Future, Stamp]:
-    """Divide by the group's size, launch a SUM all-reduce (of a `dtype` copy when that casts); return
+def all_reduce_mean_async(tensor: torch.Tensor, dtype: torch.dtype | None = None, group=None,
+                          divisor: int | None = None) -> tuple[torch.futures.Future, Stamp]:
+    """Divide by the group's size (or `divisor`), launch a SUM all-reduce (of a `dtype` copy when that casts); return
     (future of `tensor` holding the mean, its stamp). The copy back into `tensor` runs in the
     future's callback, as torch's fp16_compress_hook's decompress does (on CUDA: on the
     collective's stream, after it)."""
-    return _sum_async(tensor, to_wire(tensor, dtype, dist.get_world_size(group)), group=group)
+    return _sum_async(tensor, to_wire(tensor, dtype, divisor or dist.get_world_size(group)), group=group)
 
 
 def all_reduce_sum_async(tensor: torch.Tensor, dtype: torch.dtype | None = None, group=None

@@ -17,5 +17,6 @@ class NaiveDDP(DataParallelBase):
                 # A parameter unused this step: every rank agrees (same model, same graph), so
                 # skipping keeps ranks in step; its optimizer update is skipped everywhere.
                 continue
+            replica = self.replicas.of(param)  # its copies' group and divisor (strategies/replicas.py)
             with self.comm.timed(wire_bytes(param.grad, self.wire_dtype)):
-                all_reduce_mean_(param.grad, group=self.process_group, dtype=self.wire_dtype)
+                all_reduce_mean_(param.grad, group=replica.group, dtype=self.wire_dtype, divisor=replica.divisor)

@@ -13,8 +13,8 @@ from ddp_lab.strategies.base import DataParallelBase
 
 
 class NoSync(DataParallelBase):
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", process_group=None):
-        super().__init__(module, comm_dtype, broadcast=False, process_group=process_group)
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", process_group=None, replicas=None):
+        super().__init__(module, comm_dtype, broadcast=False, process_group=process_group, replicas=replicas)
 
     def _synchronize_gradients(self) -> None:
         """Nothing to wait for: no rank hears from another."""

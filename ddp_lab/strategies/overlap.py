@@ -16,9 +16,9 @@ from ddp_lab.strategies.overlap_engine import OverlapEngine
 
 
 class OverlapDDP(OverlapEngine):
-    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", process_group=None):
+    def __init__(self, module: nn.Module, comm_dtype: str = "fp32", process_group=None, replicas=None):
         trainable = [p for p in module.parameters() if p.requires_grad]
-        super().__init__(module, [[p] for p in reversed(trainable)], comm_dtype, process_group)
+        super().__init__(module, [[p] for p in reversed(trainable)], comm_dtype, process_group, replicas)
 
     def _stage(self, param: nn.Parameter) -> None:
         if param.grad is None:

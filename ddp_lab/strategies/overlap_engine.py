@@ -40,8 +40,9 @@ from ddp_lab.strategies.comm_stats import Stamp, record_intervals
 
 class OverlapEngine(DataParallelBase):
     def __init__(self, module: nn.Module, units: list[list[nn.Parameter]], comm_dtype: str = "fp32",
-                 process_group=None):
-        super().__init__(module, comm_dtype, process_group=process_group)
+                 process_group=None, replicas=None):
+        """`units`: each of one class of `replicas` (strategies/replicas.py), reduced over that class's group."""
+        super().__init__(module, comm_dtype, process_group=process_group, replicas=replicas)
         self.world_size = self.dp_size
         self._units = units
         self._unit_of = {id(p): i for i, unit in enumerate(units) for p in unit}
@@ -108,7 +109,9 @@ class OverlapEngine(DataParallelBase):
     def _launch_unit(self, index: int) -> tuple[torch.futures.Future, Stamp]:
         """Start the unit's collective: by default the mean all-reduce of `_unit_tensor(index)`, sent in
         `comm_dtype`."""
-        return all_reduce_mean_async(self._unit_tensor(index), self.wire_dtype, group=self.process_group)
+        replica = self.replicas.of(self._units[index][0])
+        return all_reduce_mean_async(self._unit_tensor(index), self.wire_dtype, group=replica.group,
+                                     divisor=replica.divisor)
 
     def _unit_tensor(self, index: int) -> torch.Tensor:
         raise NotImplementedError

@@ -5,10 +5,12 @@ names its class (examples/conf/model/)."""
 
 from ddp_lab.spec.models.base import ModelConfig
 from ddp_lab.spec.models.ffn import FFNStackConfig
+from ddp_lab.spec.models.moe import MoETransformerConfig
 from ddp_lab.spec.models.toy_mlp import ToyMLPConfig
 from ddp_lab.spec.models.transformer import TransformerConfig
 
-MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig, "ffn": FFNStackConfig}
+MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig, "ffn": FFNStackConfig,
+                 "moe_transformer": MoETransformerConfig}
 """Each model class's node, stored as `schema/model/NAME` (conf/model/*.yaml list it in their defaults)."""
 
-__all__ = ["MODEL_SCHEMAS", "FFNStackConfig", "ModelConfig", "ToyMLPConfig", "TransformerConfig"]
+__all__ = ["MODEL_SCHEMAS", "FFNStackConfig", "ModelConfig", "MoETransformerConfig", "ToyMLPConfig", "TransformerConfig"]

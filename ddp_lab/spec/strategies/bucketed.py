@@ -33,6 +33,7 @@ class BucketedSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.BucketedDDP"
     mesh_refusal = None
+    expert_refusal = None
     torch_reference = "torch_ddp"
 
     def check(self) -> None:

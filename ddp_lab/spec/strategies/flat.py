@@ -21,6 +21,7 @@ class FlatSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.FlatDDP"
     mesh_refusal = None
+    expert_refusal = None
     torch_reference = "torch_ddp"
 
     def schedule(self) -> Schedule:

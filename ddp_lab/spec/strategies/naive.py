@@ -21,6 +21,7 @@ class NaiveSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.NaiveDDP"
     mesh_refusal = None
+    expert_refusal = None
     torch_reference = "torch_ddp"
 
     def schedule(self) -> Schedule:

@@ -18,6 +18,7 @@ class NoneSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.NoSync"
     mesh_refusal = None
+    expert_refusal = None
     reduces_gradients = False
     synchronizes = False
 

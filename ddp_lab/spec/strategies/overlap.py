@@ -21,6 +21,7 @@ class OverlapSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.OverlapDDP"
     mesh_refusal = None
+    expert_refusal = None
     torch_reference = "torch_ddp"
 
     def schedule(self) -> Schedule:

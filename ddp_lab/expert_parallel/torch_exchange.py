@@ -1,0 +1,53 @@
+"""torchtitan's recipe from torch's own parts (`parallel.ep_impl=torch`): the counts exchanged first, the rows sent
+with `torch.distributed._functional_collectives.all_to_all_single_autograd` (torch's differentiable all-to-all), the
+experts run as one grouped matmul per weight (`torch._grouped_mm`, offsets by expert).
+
+torch has no expert-parallel module, only these parts. `torch._grouped_mm` refuses float64, wants every row's bytes a
+multiple of 16 (d_model and expert_d_ff multiples of 4 in fp32) and fails its backward on a stride-0 gradient; so this
+implementation is proven at fp32's tolerance, and the lab's (exchange.py) in float64.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+from ddp_lab.expert_parallel.exchange import Tally, exchange_counts, expert_major
+
+
+def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
+    """The SwiGLU experts over rows grouped by expert, three grouped matmuls (offsets: each expert's last row)."""
+    offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+    w1, w2, w3 = (w.to(x.dtype) for w in (experts.w1, experts.w2, experts.w3))
+    hidden = F.silu(torch._grouped_mm(x, w1, offs=offsets)) * torch._grouped_mm(x, w3, offs=offsets)
+    return torch._grouped_mm(hidden, w2, offs=offsets)
+
+
+class TorchExchange:
+    """As exchange.py's `LabExchange`, with torch's differentiable all-to-all and grouped matmuls."""
+
+    def __init__(self, ep: int, group, tally: Tally):
+        self.ep, self.group, self.tally = ep, group, tally
+
+    def _send(self, x: torch.Tensor, send: list[int], receive: list[int], what: str) -> torch.Tensor:
+        start = time.perf_counter()
+        out = all_to_all_single_autograd(x.contiguous(), receive, send, self.group)
+        out = out.wait() if hasattr(out, "wait") else out
+        self.tally.seconds += time.perf_counter() - start
+        me = torch.distributed.get_rank(self.group)
+        self.tally.add(f"{what}_forward", (sum(send) - send[me]) * x[0].numel() * x.element_size())
+        if torch.is_grad_enabled() and x.requires_grad:  # its backward (torch's, not seen here) sends them back
+            self.tally.add(f"{what}_backward", (sum(receive) - receive[me]) * x[0].numel() * x.element_size())
+        return out
+
+    def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
+        received = exchange_counts(counts, self.ep, self.group)
+        send = counts.view(self.ep, -1).sum(1).tolist()
+        receive = received.sum(1).tolist()
+        arrived = self._send(x, send, receive, "dispatch")
+        order = expert_major(received).to(x.device)
+        out = grouped_experts(arrived[order], received.sum(0).tolist(), experts)
+        return self._send(out[torch.argsort(order)], receive, send, "combine")

@@ -1,0 +1,97 @@
+"""Mixtures of experts for the expert-parallel tests: a test-sized MoE Transformer, the one-process reference's
+set-up, and the traps (each a version of the exchange or the router with one known bug) the proofs must catch."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.check.models import CONTEXT, VOCAB
+from ddp_lab.models.moe import BalancedLoss, MoETransformer, after_optimizer_step, moe_layers
+from ddp_lab.tensor_parallel.loss import CrossEntropy
+
+EXPERTS = 4
+
+
+def tiny_moe(**knobs):
+    """A 2-block MoE Transformer small enough for a parity test: 4 experts, top-2, width 32 (every size a multiple
+    of 4, as torch._grouped_mm needs)."""
+    def build():
+        options = {"experts": EXPERTS, "top_k": 2, "expert_d_ff": 16, "balance": "aux_loss", **knobs}
+        return MoETransformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, num_layers=2, num_heads=4,
+                              **options)
+    return build
+
+
+def one_process(model, optimizer, capacity_groups: int = 1) -> BalancedLoss:
+    """Make `model` the one-process reference of a layout: capacity applied per `capacity_groups` groups of tokens
+    (the layout's data-parallel ranks), the bias moved after each of `optimizer`'s steps; the loss to train on."""
+    layers = moe_layers(model)
+    for layer in layers:
+        layer.capacity_groups = capacity_groups
+    optimizer.register_step_post_hook(after_optimizer_step(layers))
+    return BalancedLoss(CrossEntropy(), layers)
+
+
+# --- the traps: each replaces one part with a version carrying one known bug ----------------------------------
+
+
+def detached_gates(layer) -> None:
+    """The combine's weights detached from the router: the router gets no gradient through the combine."""
+    forward = layer.router.forward
+
+    def detached(x):
+        probabilities, chosen, weights = forward(x)
+        return probabilities, chosen, weights.detach()
+    layer.router.forward = detached
+
+
+def per_rank_balance(layer) -> None:
+    """The balancing loss over this rank's tokens only (its counts never summed over the ranks)."""
+    layer.sum_over_replicas = None
+
+
+def scores_twice(layer) -> None:
+    """The scores applied twice (once before the experts, once in the combine): each output weighted by its score
+    squared."""
+    forward = layer.router.forward
+
+    def twice(x):
+        probabilities, chosen, weights = forward(x)
+        return probabilities, chosen, weights * weights
+    layer.router.forward = twice
+
+
+def wrong_inverse(exchange_object) -> None:
+    """The lab's exchange with the permutation applied again on the way back instead of its inverse."""
+    from ddp_lab.expert_parallel import exchange as module
+
+    def call(x, counts, experts):
+        received = module.exchange_counts(counts, exchange_object.ep, exchange_object.group)
+        send = counts.view(exchange_object.ep, -1).sum(1).tolist()
+        receive = received.sum(1).tolist()
+        arrived = module.AllToAll.apply(x, send, receive, exchange_object.group, exchange_object.tally, "dispatch")
+        order = module.expert_major(received)
+        out = experts(arrived[order], received.sum(0).tolist())
+        return module.AllToAll.apply(out[order], receive, send, exchange_object.group, exchange_object.tally,
+                                     "combine")
+    return call
+
+
+def no_autograd_exchange(exchange_object) -> None:
+    """The lab's exchange through a plain all-to-all, outside autograd: the forward is right, no expert trains."""
+    from ddp_lab.expert_parallel import exchange as module
+
+    def send(x, send_, receive):
+        out = x.new_empty((sum(receive), *x.shape[1:]))
+        dist.all_to_all_single(out, x.detach().contiguous(), output_split_sizes=receive, input_split_sizes=send_,
+                               group=exchange_object.group)
+        return out
+
+    def call(x, counts, experts):
+        received = module.exchange_counts(counts, exchange_object.ep, exchange_object.group)
+        s, r = counts.view(exchange_object.ep, -1).sum(1).tolist(), received.sum(1).tolist()
+        order = module.expert_major(received)
+        out = experts(send(x, s, r)[order], received.sum(0).tolist())
+        return send(out[torch.argsort(order)], r, s)
+    return call
