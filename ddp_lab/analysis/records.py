@@ -22,6 +22,7 @@ from ddp_lab.spec.figures import (
     BUSBW,
     CP_BYTES_BACKWARD,
     CP_BYTES_FORWARD,
+    EP_BYTES,
     EXPOSED,
     EXPOSED_OPTIMIZER,
     FWD_BWD,
@@ -122,7 +123,7 @@ def train_record(res: dict) -> dict:
     return {
         "strategy": _get(cfg, "strategy", "name"), "bucket_mb": _get(cfg, "strategy", "bucket_mb"),
         "model": _get(cfg, "model", "name"), "world_size": cfg.get("world_size"), **mesh_record(res), **pipeline,
-        **context_record(res),
+        **context_record(res), **experts_record(res),
         "backend": _get(res, "env", "backend") or _get(cfg, "backend", "name"),
         "network": _get(cfg, "network", "name", default="host"), "link_gbps": _get(cfg, "network", "gbps"),
         "measured_steps": _get(res, "summary", "measured_steps"),
@@ -174,6 +175,15 @@ def context_record(res: dict) -> dict:
             "cp_hidden_pct": context.get("hidden_pct"),
             "cp_imbalance_counted": context.get("imbalance_counted"),
             "cp_imbalance_measured": context.get("imbalance_measured")}
+
+
+def experts_record(res: dict) -> dict:
+    """Expert parallelism's figures of a job (summary.mesh.experts, its last step's bytes): ep, its implementation,
+    what one step sent to the other ep ranks (MiB), the experts' parameters this rank held."""
+    experts = _get(res, "summary", "mesh", "experts") or {}
+    last = (res.get("steps") or [{}])[-1]
+    return {"ep": experts.get("ep"), "ep_impl": experts.get("impl"), "ep_mib_per_step": _mib(last.get(EP_BYTES.key)),
+            "expert_mib_per_rank": _mib(experts.get("expert_param_bytes"))}
 
 
 def straggler_text(found: dict | None) -> str | None:

@@ -63,6 +63,13 @@ TRAINING = TRAIN_ROW + [  # times in ms, the slowest rank per step; memory of th
     Column("attention p50", "cp_attention_p50_ms", group="context"),  # the busiest rank's blocks
     Column("work max/mean", "cp_imbalance_counted", "{:.2f}", group="context"),  # pairs scored
     Column("time max/mean", "cp_imbalance_measured", "{:.2f}", group="context"),  # attention time
+    # a mixture of experts (models/moe.py) and expert parallelism (ddp_lab/expert_parallel/)
+    Column("ep MiB/step", "ep_mib_per_step", "{:.2f}", group="experts"),  # to the other ep ranks, 4 directions
+    Column("a2a p50", "ep_exchange_p50_ms", group="experts"),  # inside the all-to-alls: blocking, all exposed
+    Column("busiest expert", "moe_busiest_share_p50", "{:.3f}", group="experts"),  # its share of the slots
+    Column("load max/mean", "moe_max_over_mean_p50", "{:.2f}", group="experts"),
+    Column("dropped %", "moe_dropped_pct_mean", "{:.1f}", group="experts"),
+    Column("expert MiB/rank", "expert_mib_per_rank", "{:.1f}", group="experts"),  # parameters; falls as 1/ep
 ]  # optimizer state and the total: report.md's memory table (a terminal has room for so many columns)
 COLLECTIVES = [
     Column("job", "job"), Column("op", "op_label"), Column("MiB", "size_mb", "{:g}"),

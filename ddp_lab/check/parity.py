@@ -138,16 +138,21 @@ def two_groups(params, lr: float) -> list[dict]:
 
 def train_reference(model, optimizer_cls, steps, opt_kwargs, micro_batches: int = 1, batch_size: int = GLOBAL_BATCH,
                     precision: str = "fp32", reference_wrapper=SingleProcess, data: dict | None = None,
-                    groups: bool = False):
+                    groups: bool = False, replicas: int = 1):
     """Single-process training on the whole batch, in `micro_batches` accumulated micro-batches,
-    autocast (and loss-scaled) as `precision` says; with `groups`, in `two_groups`."""
+    autocast (and loss-scaled) as `precision` says; with `groups`, in `two_groups`. A mixture of experts trains as
+    the one-process reference of a layout with `replicas` data-parallel ranks (models/moe.py's `one_process`: its
+    balancing loss in the loss, its bias moved after each step, capacity per rank-sized group of tokens)."""
+    from ddp_lab.models.moe import one_process
+
     reference = reference_wrapper(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = optimizer_cls(two_groups(trainable, opt_kwargs["lr"]) if groups else trainable, **opt_kwargs)
     batches = BatchSource(data_cfg(micro_batches, batch_size, data), 0, 1, torch.device("cpu"))
     mixed = Precision(precision)
+    loss = one_process(model, optimizer, replicas)
     for step in range(steps):
-        train_step(reference, optimizer, list(batches.micro_batches(step)), precision=mixed)
+        train_step(reference, optimizer, list(batches.micro_batches(step)), precision=mixed, loss=loss)
     return model
 
 
@@ -254,7 +259,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   sequence_parallel: bool = False, tp_inner: bool = True, grad_accum_steps: int = 1,
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
-                  inspect=None, pipeline: dict | None = None, context: dict | None = None):
+                  inspect=None, pipeline: dict | None = None, context: dict | None = None,
+                  experts: dict | None = None):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -265,7 +271,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     `full_state_dict()` put back together over the TP ranks and the pipeline's stages, the reference's or None),
     and `inspect(parallelism, wrapper, optimizer)`'s result third when given. `pipeline`: the `parallel` node's
     pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers); `context`: its context
-    parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence."""
+    parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence; `experts`: its
+    expert parallelism keys (ep, ep_impl)."""
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.spec.strategies import SPECS
@@ -274,9 +281,10 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     pipeline = {"pp": 1, "microbatches": 1, "stages_per_rank": 1, "stage_layers": None, "pp_schedule": "1f1b",
                 "pp_impl": "lab", **(pipeline or {})}
     context = {"cp": 1, "cp_impl": "ring", "cp_ulysses": 2, **(context or {})}
+    experts = {"ep": 1, "ep_impl": "lab", **(experts or {})}
     cfg = OmegaConf.merge(data_cfg(grad_accum_steps, batch_size), {"world_size": world_size, "parallel": {
         "tp": tp, "tp_impl": impl, "sequence_parallel": sequence_parallel, "tp_inner": tp_inner, **pipeline,
-        **context}})
+        **context, **experts}})
     opt_kwargs = opt_kwargs or {"lr": 1e-2, "weight_decay": 0.1}
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank)  # different init on every rank, on purpose: the broadcasts must fix it
@@ -288,7 +296,6 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
-    parallel.attach(optimizer)
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     for step in range(steps):
         with parallel.counting(step):
@@ -296,7 +303,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     out = parallel.whole(full_state(ddp, ties))
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, grad_accum_steps, batch_size,
-                        precision=precision)
+                        precision=precision, replicas=parallel.mesh.replicas)
     result = (out, reference.state_dict() if reference is not None else None)
     return result if inspect is None else (*result, inspect(parallel, ddp, optimizer))
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ddp_lab.expert_parallel.exchange import LabExchange, Tally
 from ddp_lab.expert_parallel.torch_exchange import TorchExchange
-from ddp_lab.models.moe import moe_layers
+from ddp_lab.models.moe import expert_bytes, moe_layers
 from ddp_lab.strategies.replicas import ReplicaClass
 
 EXPERT_TENSORS = ("w1", "w2", "w3")
@@ -88,6 +88,9 @@ class ExpertParallel:
         self.tally.pop()
 
     def describe(self, warmup_steps: int = 0) -> dict:
-        return {"ep": self.ep, "impl": self.impl, "experts_per_rank": self.layers[0].experts.count if self.layers
-                else 0, "first_expert": self.index * (self.layers[0].experts.count if self.layers else 0)}
+        """What the summary records: ep, the implementation, this rank's experts per layer and the first's index,
+        and the bytes of the experts' parameters it holds (they fall as 1/ep)."""
+        held = self.layers[0].experts.count if self.layers else 0
+        return {"ep": self.ep, "impl": self.impl, "experts_per_rank": held, "first_expert": self.index * held,
+                "expert_param_bytes": expert_bytes(self.layers)}
 

@@ -241,6 +241,11 @@ def after_optimizer_step(layers: list[MoE]):
     return hook
 
 
+def expert_bytes(layers: list[MoE]) -> int:
+    """Bytes of the experts' parameters these layers hold (a rank's share under expert parallelism)."""
+    return sum(p.numel() * p.element_size() for layer in layers for p in layer.experts.parameters())
+
+
 def load_figures(layers: list[MoE]) -> dict:
     """The last forward's load of every MoE layer (this rank's tokens): the busiest expert's share of the routed
     slots and its load over the mean (both the worst layer's), the share of slots dropped by capacity."""
@@ -280,3 +285,20 @@ class BalancedLoss:
         """The balancing loss of the last training forward (the global batch's, once averaged over the ranks)."""
         last, self.last = self.last, None
         return {} if last is None else {MOE_AUX.key: last}
+
+
+def one_process(model: nn.Module, optimizer, capacity_groups: int = 1):
+    """Make `model` train on one process as a layout with `capacity_groups` data-parallel ranks does: capacity applied
+    per rank-sized group of tokens, the selection bias moved after each of `optimizer`'s steps; returns the loss to
+    train on (`BalancedLoss` where a layer balances by aux loss, else the plain cross-entropy). A dense model: the
+    cross-entropy, nothing changed."""
+    from ddp_lab.tensor_parallel.loss import CrossEntropy
+
+    layers = moe_layers(model)
+    for layer in layers:
+        layer.capacity_groups = capacity_groups
+    if any(layer.balance == "bias" for layer in layers):
+        optimizer.register_step_post_hook(after_optimizer_step(layers))
+    if any(layer.balance == "aux_loss" for layer in layers):
+        return BalancedLoss(CrossEntropy(), layers)
+    return CrossEntropy()

@@ -58,6 +58,7 @@ class Parallelism:
             self.experts = ExpertParallel(self.mesh.layout, device, str(parallel.ep_impl))
         self.moe: list = []  # the model's mixture-of-experts layers (this rank's stage's), once applied
         self.replica_map = None  # the strategy's replica map under expert parallelism (strategies/replicas.py)
+        self._attached = None  # the optimizer whose steps the mixture's hooks follow
         self.loss: CrossEntropy = CrossEntropy()
         self.replaced: str | None = None  # the strategy the floor stands in for (dp = 1 under TP)
         self.whole_params = self.held_params = 0  # the model's parameters, and this rank's before its strategy
@@ -104,9 +105,12 @@ class Parallelism:
         if any(layer.balance == "aux_loss" for layer in self.moe):
             self.loss = BalancedLoss(self.loss, self.moe)
 
-    def attach(self, optimizer) -> None:
-        """What runs after each optimizer step beyond the step itself: a mixture's balancing bias moved from the
-        step's load (balance=bias; models/moe.py); nothing otherwise."""
+    def _attach(self, optimizer) -> None:
+        """What runs after each of `optimizer`'s steps beyond the step itself, registered on the first step it takes:
+        a mixture's balancing bias moved from the step's load (balance=bias; models/moe.py); nothing otherwise."""
+        if self._attached is optimizer:
+            return
+        self._attached = optimizer
         if any(layer.balance == "bias" for layer in self.moe):
             from ddp_lab.models.moe import after_optimizer_step
 
@@ -158,6 +162,7 @@ class Parallelism:
     def step(self, model, optimizer, micro_batches: list, timer=None, before_step=None, precision=None):
         """One optimizer step: the pipeline schedule's, or `train_step`'s (its first with the activations autograd
         saves counted: rank/activations.py)."""
+        self._attach(optimizer)
         if self.pipeline is not None:
             return self.pipeline.step(model, optimizer, micro_batches, timer, before_step, precision=precision,
                                       loss=self.loss)
@@ -256,6 +261,11 @@ class Parallelism:
             out["context"] = self.context.describe(warmup_steps)
         if self.experts is not None:
             out["experts"] = self.experts.describe(warmup_steps)
+        elif self.moe:
+            from ddp_lab.models.moe import expert_bytes
+
+            out["experts"] = {"ep": 1, "impl": None, "experts_per_rank": self.moe[0].experts.count,
+                              "expert_param_bytes": expert_bytes(self.moe)}
         if self.replaced is not None:
             out["data_parallel"] = (f"none: the dp axis has one rank, strategy={self.replaced} has no one to "
                                     "synchronize with (the floor runs in its place)")

@@ -43,8 +43,19 @@ def moe_problem(model, ep: int, replicas: int) -> str | None:
         return None if ep == 1 else (f"parallel.ep={ep} splits a mixture's experts, and model={model.get('name')} "
                                      "has none: use model=tiny_moe or small_moe")
     top_k, capacity = int(model.get("top_k")), model.get("capacity_factor")
-    if experts < 1 or top_k < 1 or top_k > experts:
+    if experts < 1:
+        return f"model.experts must be >= 1, got {experts}"
+    if model.get("d_ff") is not None:
+        return (f"model.d_ff={model.get('d_ff')}: a mixture has no dense feed-forward; each expert's width is "
+                "model.expert_d_ff")
+    if top_k < 1 or top_k > experts:
         return f"model.top_k={top_k} must be between 1 and model.experts={experts}"
+    if int(model.get("expert_d_ff")) < 1:
+        return f"model.expert_d_ff must be >= 1, got {model.get('expert_d_ff')}"
+    for key in ("balance_coeff", "bias_rate"):
+        value = float(model.get(key))
+        if not 0 <= value < float("inf"):
+            return f"model.{key} must be a finite number >= 0, got {model.get(key)}"
     if str(model.get("router")) not in ROUTERS:
         return f"model.router must be one of {', '.join(ROUTERS)}, got {model.get('router')}"
     if str(model.get("balance")) not in BALANCES:

@@ -119,19 +119,25 @@ CP_CALLS = Figure("cp_calls", "calls", "context-parallel attention calls in the 
 EP_BYTES = Figure("ep_bytes", "bytes", "bytes a rank sent to the other expert-parallel ranks in the step: the tokens "
                   "to their experts and back (dispatch, combine), forward and backward; the four parts below add up to "
                   "it", summarized=False, when="parallel.ep > 1")
-EP_PARTS = tuple(Figure(f"ep_bytes_{part}_{phase}", "bytes", f"the {part}'s share of ep_bytes in the step's {phase}s",
-                        summarized=False, when="parallel.ep > 1")
-                 for part in ("dispatch", "combine") for phase in ("forward", "backward"))
+EP_PARTS = (Figure("ep_bytes_dispatch_forward", "bytes", "ep_bytes' tokens sent to their experts in the forwards",
+                   summarized=False, when="parallel.ep > 1"),
+            Figure("ep_bytes_dispatch_backward", "bytes", "ep_bytes' gradients of the dispatched tokens sent back in "
+                   "the backwards", summarized=False, when="parallel.ep > 1"),
+            Figure("ep_bytes_combine_forward", "bytes", "ep_bytes' expert outputs sent back to their tokens' ranks in "
+                   "the forwards", summarized=False, when="parallel.ep > 1"),
+            Figure("ep_bytes_combine_backward", "bytes", "ep_bytes' gradients of the outputs sent to the experts in "
+                   "the backwards", summarized=False, when="parallel.ep > 1"))
 EP_EXCHANGE = Figure("ep_exchange_ms", "ms", "a rank's time inside the expert-parallel all-to-alls (counts and rows): "
                      "they block it, so all of it is exposed", wandb="mean", record=("p50",), stem="ep_exchange",
                      when="parallel.ep > 1")
 MOE_BUSIEST = Figure("moe_busiest_share", "ratio", "the busiest expert's share of the routed slots in the last "
                      "forward, over this rank's tokens (the worst layer, the worst rank); 1/experts is even",
-                     wandb="mean", record=("p50",), stem="moe_busiest", when="a mixture-of-experts model")
+                     wandb="mean", record=("p50",), when="a mixture-of-experts model")
 MOE_MAX_OVER_MEAN = Figure("moe_max_over_mean", "ratio", "the busiest expert's load over the mean expert's, as "
-                           "moe_busiest_share (1 is even)", wandb="mean", when="a mixture-of-experts model")
+                           "moe_busiest_share (1 is even)", wandb="mean", record=("p50",),
+                           when="a mixture-of-experts model")
 MOE_DROPPED = Figure("moe_dropped_pct", "%", "routed slots dropped for want of capacity in the last forward (every "
-                     "layer, the worst rank)", wandb="mean", when="model.capacity_factor set")
+                     "layer, the worst rank)", wandb="mean", record=("mean",), when="model.capacity_factor set")
 MOE_AUX = Figure("moe_aux_loss", "nats/token", "the load-balancing loss added to the gradient (coefficient "
                  "included), summed over the layers of the step's last forward; not in `loss`",
                  ranks="mean", summarized=False, when="model.balance=aux_loss")

@@ -184,7 +184,8 @@ class MeshLayout:
     def dp_groups(self) -> list[list[int]]:
         """The ranks each data-parallel strategy synchronizes over: dp x cp of one (pp, tp) place (context-parallel
         ranks hold the same weights, and each saw only its tokens)."""
-        return [[self._at_replica(r, j, k) for r in range(self.replicas)] for k in range(self.pp) for j in range(self.tp)]
+        return [[self._at_replica(r, j, k) for r in range(self.replicas)]
+                for k in range(self.pp) for j in range(self.tp)]
 
     def pp_groups(self) -> list[list[int]]:
         return [[self.rank_at(dp=i, tp=j, pp=k, cp=c) for k in range(self.pp)]

@@ -80,7 +80,6 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     spec, compute = parallel.data_parallel(spec_of(cfg.strategy)), str(cfg.train.precision)
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
                                        str(cfg.train.optimizer), parallel.group())
-    parallel.attach(optimizer)  # what an axis or the model does after each optimizer step (a mixture's bias)
     if cfg.train.compile:
         model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json

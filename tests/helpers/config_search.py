@@ -32,7 +32,7 @@ CHECK_S = 2.0
 HUGE_INT, HUGE_FLOAT = 10**12, "1e12"
 VALUES = {int: ["0", "-1", str(HUGE_INT), "1.5", "abc"], float: ["0", "-1", HUGE_FLOAT, "nan", "abc"]}
 """Per type: zero, negative, huge, malformed (a float where an int is meant, NaN where a float is), a string."""
-MODEL_OPTIONS = {"transformer": "tiny", "toy_mlp": "toy", "ffn": "xxl_ffn"}  # a conf/model option of each schema
+MODEL_OPTIONS = {"transformer": "tiny", "toy_mlp": "toy", "ffn": "xxl_ffn", "moe_transformer": "tiny_moe"}  # a conf/model option of each schema
 
 
 def numeric_keys(cls, prefix: str = "") -> list[tuple[str, type]]:
@@ -133,6 +133,13 @@ ACCEPTED: dict[str, dict[str, str]] = {
     "checkpoint.keep": {"0": "every checkpoint kept", str(HUGE_INT): "as 0: every checkpoint kept"},
     # models, data, network
     "model.rope_theta": {HUGE_FLOAT: "a very long wavelength: positions barely rotate, a valid model"},
+    "model.shared_experts": {"0": "no shared expert: the routed ones only (tiny_moe's default)"},
+    "model.balance_coeff": {"0": "a balancing loss of weight zero: as balance=none, a valid control",
+                            HUGE_FLOAT: "a balancing loss that swamps the language model's: an experiment in "
+                                        "balance at any cost, valid input"},
+    "model.bias_rate": {"0": "the bias never moves: as balance=none, a valid control",
+                        HUGE_FLOAT: "a bias that jumps by the rate each step: a study of how badly it oscillates"},
+    "model.capacity_factor": {HUGE_FLOAT: "a capacity no expert fills: dropless in effect"},
     "data.val_fraction": {"0": "nothing held out: no validation loss"},
     "network.slow_step": {"0": "the link is slow from the start"},
     # strategies

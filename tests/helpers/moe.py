@@ -7,8 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.check.models import CONTEXT, VOCAB
-from ddp_lab.models.moe import BalancedLoss, MoETransformer, after_optimizer_step, moe_layers
-from ddp_lab.tensor_parallel.loss import CrossEntropy
+from ddp_lab.models.moe import MoETransformer
 
 EXPERTS = 4
 
@@ -21,16 +20,6 @@ def tiny_moe(**knobs):
         return MoETransformer(vocab_size=VOCAB, context_length=CONTEXT, d_model=32, num_layers=2, num_heads=4,
                               **options)
     return build
-
-
-def one_process(model, optimizer, capacity_groups: int = 1) -> BalancedLoss:
-    """Make `model` the one-process reference of a layout: capacity applied per `capacity_groups` groups of tokens
-    (the layout's data-parallel ranks), the bias moved after each of `optimizer`'s steps; the loss to train on."""
-    layers = moe_layers(model)
-    for layer in layers:
-        layer.capacity_groups = capacity_groups
-    optimizer.register_step_post_hook(after_optimizer_step(layers))
-    return BalancedLoss(CrossEntropy(), layers)
 
 
 # --- the traps: each replaces one part with a version carrying one known bug ----------------------------------

@@ -85,7 +85,8 @@ def _alone(rank, world_size, ep, router="softmax", balance="aux_loss", capacity=
     return {"output": (out - ref_out[rows]).abs().max().item(),
             "input": (mine.grad / world_size - whole.grad[rows]).abs().max().item(),
             "router": (router_grad - reference.router.gate.weight.grad).abs().max().item(),
-            "experts": max((expert_grads[n] - p.grad).abs().max().item() for n, p in reference.experts.named_parameters()),
+            "experts": max((expert_grads[n] - p.grad).abs().max().item()
+                           for n, p in reference.experts.named_parameters()),
             "chosen": torch.equal(layer.chosen, reference.chosen[rows]), "none": grads_none}
 
 
@@ -151,3 +152,68 @@ def test_each_trap_fails_the_comparison_where_it_shows():
     for trap in ("detached_gates", "no_autograd_exchange", "per_rank_balance", "mean_over_copies"):
         assert max(r[trap]["output"] for r in results) < 1e-12, trap
     assert all(r["no_autograd_exchange"]["none"] for r in results)  # no expert got a gradient at all
+
+
+# --- training on every layout against one process, fp32 ------------------------------------------------------
+
+def _frozen_expert():
+    """The MoE Transformer with one expert tensor frozen (block 0's w3) and a shared expert."""
+    model = traps.tiny_moe(shared_experts=1)()
+    model.blocks[0].ffn.experts.w3.requires_grad_(False)
+    return model
+
+
+def _router_weights(parallel, wrapper, optimizer):
+    """Every router's weights on this rank, to hold them identical on every rank after training."""
+    return {n: p.detach().clone() for n, p in wrapper.module.named_parameters() if ".router." in n}
+
+
+def _scenarios(world_size: int) -> dict:
+    """name -> (model factory, strategy, knobs, parallel keys by group), for one world size."""
+    aux, bias = traps.tiny_moe(), traps.tiny_moe(router="sigmoid", balance="bias", bias_rate=0.01)
+    out = {}
+    if world_size == 2:
+        ep = {"experts": {"ep": 2}}
+        for strategy in ("naive", "flat", "overlap"):
+            out[f"{strategy}-aux"] = (aux, strategy, {}, ep)
+        out["bucketed-small-buckets"] = (aux, "bucketed", {"bucket_mb": 0.002}, ep)
+        out["bucketed-bias"] = (bias, "bucketed", {}, ep)
+        out["bucketed-capacity"] = (traps.tiny_moe(balance="none", capacity_factor=1.0), "bucketed", {}, ep)
+        out["bucketed-frozen-shared"] = (_frozen_expert, "bucketed", {}, ep)
+        out["torch-impl"] = (aux, "bucketed", {}, {"experts": {"ep": 2, "ep_impl": "torch"}})
+        out["ep1-aux"] = (aux, "bucketed", {}, {})  # a mixture without expert parallelism
+    else:
+        out["ep2-dp4"] = (aux, "bucketed", {}, {"experts": {"ep": 2}})
+        out["ep4"] = (bias, "flat", {}, {"experts": {"ep": 4}})
+        out["cp2-ep4"] = (aux, "bucketed", {}, {"experts": {"ep": 4}, "context": {"cp": 2}})
+        out["pp2-ep2"] = (bias, "bucketed", {}, {"experts": {"ep": 2}, "pipeline": {"pp": 2, "microbatches": 2}})
+    return out
+
+
+def _train_every_layout(rank, world_size):
+    from ddp_lab.check.parity import train_on_mesh
+
+    results = {}
+    for name, (factory, strategy, knobs, keys) in _scenarios(world_size).items():
+        results[name] = train_on_mesh(rank, world_size, factory, strategy, knobs=knobs, inspect=_router_weights,
+                                      **keys)
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_training_on_every_layout_matches_one_process(world_size):
+    """Each scenario's weights on every rank (experts gathered whole) equal one process's to fp32 rounding, the
+    selection bias included, and the routers are identical on every rank of a stage."""
+    from ddp_lab.check.parity import assert_parity
+
+    results = run_ranks(_train_every_layout, world_size)
+    for name in _scenarios(world_size):
+        per_rank = [r[name] for r in results]
+        try:
+            assert_parity(per_rank)
+        except AssertionError as error:
+            raise AssertionError(f"{name} at {world_size} ranks: {error}") from None
+        routers = [routers for _, _, routers in per_rank]
+        for other in routers[1:]:
+            for key in set(other) & set(routers[0]):
+                assert torch.equal(other[key], routers[0][key]), (name, key)

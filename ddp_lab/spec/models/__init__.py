@@ -13,4 +13,5 @@ MODEL_SCHEMAS = {"transformer": TransformerConfig, "toy_mlp": ToyMLPConfig, "ffn
                  "moe_transformer": MoETransformerConfig}
 """Each model class's node, stored as `schema/model/NAME` (conf/model/*.yaml list it in their defaults)."""
 
-__all__ = ["MODEL_SCHEMAS", "FFNStackConfig", "ModelConfig", "MoETransformerConfig", "ToyMLPConfig", "TransformerConfig"]
+__all__ = ["MODEL_SCHEMAS", "FFNStackConfig", "ModelConfig", "MoETransformerConfig", "ToyMLPConfig",
+           "TransformerConfig"]
