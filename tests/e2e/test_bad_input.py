@@ -125,6 +125,22 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "strategy=local_sgd strategy.outer_topk=17 strategy.outer_chunk=4": "strategy.outer_topk=17 must be in [1, "
                                                                         "outer_chunk² = 16]",
     "strategy=local_sgd strategy.outer_topk=8 strategy.outer_bits=8": "strategy.outer_bits must be 2 or 32",
+    # a mixture of experts and expert parallelism (spec/experts.py)
+    "parallel.ep=2": "parallel.ep=2 splits a mixture's experts, and model=tiny has none",
+    "model=tiny_moe parallel.ep=4": "parallel.ep=4 borrows its ranks from the data-parallel ones (dp x cp = 2)",
+    "model=tiny_moe world_size=3 train.batch_size=6 parallel.ep=3": "parallel.ep=3 must divide model.experts=8",
+    "model=tiny_moe model.top_k=9": "model.top_k=9 must be between 1 and model.experts=8",
+    "model=tiny_moe model.capacity_factor=0": "model.capacity_factor must be > 0 (or null: dropless), got 0",
+    "model=tiny_moe model.router=relu": "model.router must be one of softmax, sigmoid, got relu",
+    "model=tiny_moe model.d_ff=1024": "model.d_ff=1024: a mixture has no dense feed-forward",
+    "model=tiny_moe parallel.ep=2 strategy=zero2": "parallel.ep=2: strategy=zero2 does not run under expert "
+                                                   "parallelism",
+    "model=tiny_moe world_size=4 parallel.ep=2 parallel.tp=2": "model=tiny_moe with parallel.tp=2: the experts are "
+                                                               "not split by tensor parallelism here",
+    "model=tiny_moe world_size=4 parallel.pp=2": "model.balance=aux_loss with parallel.pp=2",
+    "model=tiny_moe parallel.ep=2 checkpoint.every=2": "parallel.ep=2 with checkpoints",
+    "model=tiny_moe parallel.ep=2 parallel.ep_impl=torch train.precision=fp16": "parallel.ep_impl=torch runs "
+                                                                                "torch._grouped_mm",
     # the mesh (spec/parallel.py)
     "parallel.tp=3": "parallel.tp=3 does not divide world_size=2",
     "parallel.tp=0": "parallel.tp must be >= 1",
@@ -189,7 +205,8 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
 # One per kind: Hydra's types, options and keys; a validation rule; the memory check; a knob rule.
 THROUGH_LAUNCH = ["world_size=two", "strategy=nonexistent", "+train.stpes=5", "train.batch_size=7",
                   "model=xl world_size=4", "strategy=local_sgd strategy.comm_dtype=fp16",
-                  "model.context_length=1000000", "parallel.tp=3", "parallel.pp=2 parallel.microbatches=3"]
+                  "model.context_length=1000000", "parallel.tp=3", "parallel.pp=2 parallel.microbatches=3",
+                  "model=tiny_moe parallel.ep=4"]
 ANSWERED_S = 2.0  # a refusal that needs no torch, from `python launch.py` to its exit, on this machine
 
 
@@ -230,7 +247,8 @@ def test_bad_input_is_refused_before_launch(overrides, tmp_path):
     assert CASES[overrides] in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()  # no rank started
     assert not (tmp_path / "run" / "steps.jsonl").exists()
-    if overrides in ("model.context_length=1000000", "parallel.tp=3"):  # never the job's work (its attention),
+    if overrides in ("model.context_length=1000000", "parallel.tp=3", "model=tiny_moe parallel.ep=4"):  # never the
+        # job's work (its attention),
         # and the mesh's arithmetic needs no torch
         assert seconds <= ANSWERED_S, f"answered in {seconds:.2f} s"
 

@@ -217,3 +217,40 @@ def test_training_on_every_layout_matches_one_process(world_size):
         for other in routers[1:]:
             for key in set(other) & set(routers[0]):
                 assert torch.equal(other[key], routers[0][key]), (name, key)
+
+
+# --- the all-to-all's bytes, counted as sent, against the formula -----------------------------------------------
+
+def _even_bytes(rank, world_size, ep, impl):
+    """One forward and backward under a routing made exactly even (token t of every rank to experts t mod 4 and
+    t + 1 mod 4, 4 tokens a rank): this rank's tally of the all-to-alls, each part."""
+    from ddp_lab.expert_parallel import ExpertParallel
+    from ddp_lab.spec.parallel import MeshLayout
+
+    parallel = ExpertParallel(MeshLayout(world_size, ep=ep), torch.device("cpu"), impl)
+    layer = _layer("softmax", "none", None).float()
+    with torch.no_grad():
+        layer.router.gate.weight.zero_()
+        layer.router.gate.weight[:, :E] = 10 * torch.eye(E)
+    parallel.apply(layer)
+    x = torch.zeros(4, D)
+    for t in range(4):
+        x[t, t % E] = x[t, (t + 1) % E] = 1.0
+    x.requires_grad_()
+    layer.train()
+    layer(x).sum().backward()
+    return parallel.pop(), layer.figures["load"].tolist()
+
+
+@pytest.mark.parametrize(("world_size", "ep", "impl"), [(2, 2, "lab"), (4, 4, "lab"), (4, 2, "torch")])
+def test_the_all_to_all_bytes_are_the_formulas(world_size, ep, impl):
+    """Under an even load every rank sends 4·T·k·d·b·(P−1)/P bytes a layer (spec/experts.py's all_to_all_bytes),
+    a quarter in each direction, counted as sent (a rank's rows for its own experts never leave it)."""
+    from ddp_lab.spec.experts import all_to_all_bytes
+    from ddp_lab.spec.figures import EP_BYTES, EP_PARTS
+
+    expected = all_to_all_bytes(tokens=4, top_k=K, d_model=D, element_bytes=4, ep=ep)
+    for tally, load in run_ranks(_even_bytes, world_size, ep, impl):
+        assert load == [2] * E  # the routing is even, as the formula assumes
+        assert tally[EP_BYTES.key] == expected, tally
+        assert all(tally[part.key] == expected / 4 for part in EP_PARTS), tally
