@@ -21,7 +21,7 @@ from ddp_lab.analysis.accuracy import elapsed_s, is_exact, loss_kind, losses  # 
 from ddp_lab.analysis.records import bucket_groups, record  # noqa: E402
 from ddp_lab.analysis.timeline import plot_timeline  # noqa: E402
 from ddp_lab.jobdir import TRACES  # noqa: E402
-from ddp_lab.spec.figures import BUSBW  # noqa: E402
+from ddp_lab.spec.figures import BUSBW, MOE_BUSIEST  # noqa: E402
 
 PHASES = [("compute_mean_ms", "compute (forward + backward)", "#4C72B0"),
           ("exposed_mean_ms", "exposed communication", "#C44E52"),
@@ -46,12 +46,12 @@ def _train(records):
 
 
 def labels(records: list[dict]) -> list[str]:
-    """Short, distinct labels: the strategy and its knobs, plus model / ranks when those vary."""
-    vary = {k for k in ("model", "world_size") if len({r.get(k) for r in records}) > 1}
+    """Short, distinct labels: the strategy and its knobs, plus model / ranks / mesh when those vary."""
+    vary = {k for k in ("model", "world_size", "mesh") if len({r.get(k) for r in records}) > 1}
     out = []
     for r in records:
         label = r["label"] + (f" {r['model']}" if "model" in vary else "") + \
-            (f" ws{r['world_size']}" if "world_size" in vary else "")
+            (f" ws{r['world_size']}" if "world_size" in vary else "") + (f" {r['mesh']}" if "mesh" in vary else "")
         out.append(label)
     if len(set(out)) < len(out):
         out = [f"{r['job']}: {label}" for r, label in zip(records, out)]
@@ -322,6 +322,33 @@ def plot_pipelines(runs, path) -> bool:
     names = labels([record(name, res) for name, res in jobs])
     plot_schedules({label: pipeline_of(res) for label, (_, res) in zip(names, jobs)}, path)
     return True
+
+
+def plot_expert_load(runs, path) -> bool:
+    """The busiest expert's share of the routed slots at every step, one line per mixture-of-experts job, beside an
+    even load (1 / experts): how each balancing choice keeps the experts busy (docs/experts.md)."""
+    jobs = [(name, res) for name, res, _ in runs
+            if any(MOE_BUSIEST.key in step for step in res.get("steps") or [])]
+    if not jobs:
+        return False
+    names = labels([record(name, res) for name, res in jobs])
+    fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+    evens = set()
+    for (_, res), name in zip(jobs, names):
+        steps = [(s["step"], s[MOE_BUSIEST.key]) for s in res["steps"] if MOE_BUSIEST.key in s]
+        ax.plot([s for s, _ in steps], [v for _, v in steps], label=name, linewidth=1.2)
+        experts = (res.get("config") or {}).get("model", {}).get("experts")
+        if experts:
+            evens.add(experts)
+    for experts in sorted(evens):
+        ax.axhline(1 / experts, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"even: 1/{experts}", (0, 1 / experts), xytext=(2, 2), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("busiest expert's share of the routed slots\n(worst layer, worst rank)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title("The experts' load per step", loc="left", fontsize=10)
+    return _save(fig, path)
 
 
 # --- accuracy: loss against wall time and against step ---------------------------------------------

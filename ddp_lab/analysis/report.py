@@ -262,6 +262,7 @@ def make_report(root, collectives=None, out=None, quiet: bool = False, model=Non
         ("Memory against step time: the sharding ladder", "report_ladder.png", lambda p: plots.plot_ladder(records, p)),
         ("Loss against wall time and step", "report_loss.png", lambda p: plots.plot_loss(runs, records, p)),
         ("Step time against link rate", "report_link_rate.png", lambda p: plots.plot_link_rate(records, p)),
+        ("The experts' load per step", "report_expert_load.png", lambda p: plots.plot_expert_load(runs, p)),
     ):
         if draw(out / name):
             pictures[title] = out / name

@@ -90,7 +90,23 @@ def mesh_label(cfg) -> str:
     if cp > 1:
         impl = str(parallel.get("cp_impl", "ring"))
         label += f"-cp={cp}-{impl}" + (f"-u={parallel.get('cp_ulysses')}" if impl == "hybrid" else "")
+    ep = int(parallel.get("ep", 1) or 1)
+    if ep > 1:
+        label += f"-ep={ep}" + (f"-ep_impl={parallel.get('ep_impl')}" if str(parallel.get("ep_impl", "lab")) != "lab"
+                                else "")
     return label
+
+
+def mixture_label(cfg) -> str:
+    """`-balance=bias`, `-cf=1.25`, `-sigmoid`: what a mixture of experts' run changed from tiny_moe's defaults
+    (softmax router, aux-loss balancing, dropless), else nothing; nothing for a dense model."""
+    model = (cfg.get("model") if hasattr(cfg, "get") else None) or {}
+    if model.get("experts") is None:
+        return ""
+    balance, capacity, router = model.get("balance", "aux_loss"), model.get("capacity_factor"), model.get("router")
+    return ((f"-{router}" if router not in (None, "softmax") else "")
+            + (f"-balance={balance}" if balance != "aux_loss" else "")
+            + (f"-cf={capacity:g}" if capacity is not None else ""))
 
 
 def collective_label(task) -> str:
@@ -107,8 +123,8 @@ def run_name(cfg) -> str:
         task = cfg["task"]
         op = collective_label(task).replace(" ", "-")
         return f"{op}-{task['size_mb']}MiB-{cfg['backend']['name']}{collectives_label(cfg)}-ws{cfg['world_size']}"
-    return (f"{knob_label(cfg['strategy'])}{mesh_label(cfg)}{compile_label(cfg)}{precision_label(cfg)}"
-            f"{data_label(cfg)}{collectives_label(cfg)}{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
+    return (f"{knob_label(cfg['strategy'])}{mesh_label(cfg)}{mixture_label(cfg)}{compile_label(cfg)}"
+            f"{precision_label(cfg)}{data_label(cfg)}{collectives_label(cfg)}{figures_label(cfg)}-{cfg['model']['name']}-ws{cfg['world_size']}")
 
 
 def row_label(results: dict) -> str:
@@ -118,5 +134,6 @@ def row_label(results: dict) -> str:
     if task.get("name") == "allreduce":
         return f"{collective_label(task)} {task.get('size_mb')} MiB{collectives_label(cfg)}"
     strategy = cfg.get("strategy")
-    return (knob_label(strategy) + mesh_label(cfg) + compile_label(cfg) + precision_label(cfg) + data_label(cfg)
+    return (knob_label(strategy) + mesh_label(cfg) + mixture_label(cfg) + compile_label(cfg) + precision_label(cfg)
+            + data_label(cfg)
             + collectives_label(cfg) + figures_label(cfg) if strategy else "?")

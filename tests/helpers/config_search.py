@@ -32,7 +32,8 @@ CHECK_S = 2.0
 HUGE_INT, HUGE_FLOAT = 10**12, "1e12"
 VALUES = {int: ["0", "-1", str(HUGE_INT), "1.5", "abc"], float: ["0", "-1", HUGE_FLOAT, "nan", "abc"]}
 """Per type: zero, negative, huge, malformed (a float where an int is meant, NaN where a float is), a string."""
-MODEL_OPTIONS = {"transformer": "tiny", "toy_mlp": "toy", "ffn": "xxl_ffn", "moe_transformer": "tiny_moe"}  # a conf/model option of each schema
+MODEL_OPTIONS = {"transformer": "tiny", "toy_mlp": "toy", "ffn": "xxl_ffn",
+                 "moe_transformer": "tiny_moe"}  # a conf/model option of each schema
 
 
 def numeric_keys(cls, prefix: str = "") -> list[tuple[str, type]]:
