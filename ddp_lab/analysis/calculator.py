@@ -130,7 +130,8 @@ def format_report(r: dict) -> str:
     p = r["params"]
     lines = [
         f"model {r['model']}: {p['total']:,} parameters (lookup {p['lookup']:,}, matmul weights {p['matmul']:,}, "
-        f"other {p['other']:,})",
+        f"other {p['other']:,})" + (f"; {p['active']:,} active per token (a mixture of experts)"
+                                    if p.get("active", p["total"]) != p["total"] else ""),
         f"dtype {r['dtype']} ({r['bytes_per_param']} bytes/param with Adam: "
         + "/".join(str(b) for b in DTYPE_BYTES[r['dtype']]) + " params/grads/optimizer), "
         f"world_size {r['world_size']}, context {r['context_length']}, "
@@ -198,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cp", type=int, default=None,
                         help="context-parallel degree: the context report (world_size = dp x cp), per implementation")
     parser.add_argument("--cp-ulysses", type=int, default=2, help="with --cp: the hybrid's Ulysses group")
+    parser.add_argument("--ep", default=None,
+                        help="expert-parallel degrees, comma-separated (8,64): the experts report, for a mixture "
+                             "(tiny_moe, small_moe, or a published one: deepseek_v3, mixtral_8x7b, qwen3_235b_a22b)")
     parser.add_argument("--schedule", default="1f1b", help="with --pp: gpipe, 1f1b, interleaved_1f1b, zero_bubble")
     parser.add_argument("--microbatches", type=int, default=None, help="with --pp: default one per stage")
     parser.add_argument("--stages-per-rank", type=int, default=1, help="with --pp: interleaved's virtual stages")
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-gb", default="80",
                         help="with --tp: device memory in GB (1e9 bytes), or several: 80,95; with --cp: one")
     parser.add_argument("--tokens", type=float, default=0.0,
-                        help="with --tp: tokens per device whose activations count in the FSDP memory (default 0)")
+                        help="with --tp: tokens per device whose activations count in the FSDP memory (default 0); "
+                             "with --ep: tokens per rank a step (default 4096)")
     parser.add_argument("--strategy", default=",".join(SPECS),
                         help=f"comma-separated, of {', '.join(SPECS)} (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -222,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         parser.error("world size must be >= 1")
     try:
+        if args.ep is not None:
+            return _experts(args)
         cfg = load_model_config(args.model, key_values(args.set, "--set"))
         strategies = [s for s in args.strategy.split(",") if s]
         if sum(axis is not None for axis in (args.pp, args.tp, args.cp)) > 1:
@@ -251,6 +258,24 @@ def _mesh(args, cfg, specs) -> int:
                                parse_bandwidth(args.bandwidth), args.phase, args.sequence_parallel,
                                tuple(float(g) for g in args.device_gb.split(",")), args.tokens) for spec in specs]
     print(json.dumps(reports, indent=2, default=str) if args.json else "\n\n".join(map(format_mesh_report, reports)))
+    return 0
+
+
+def _experts(args) -> int:
+    """The experts report (`--ep`), for a published mixture or one of the lab's."""
+    from ddp_lab.analysis.expert_accounting import SHAPES, expert_accounting, format_expert_report, lab_shape
+
+    if args.model in SHAPES:
+        shape = SHAPES[args.model]
+    else:
+        cfg = load_model_config(args.model, key_values(args.set, "--set"))
+        if cfg.get("experts") is None:
+            raise ValueError(f"--ep: model={args.model} has no experts (a mixture: tiny_moe, small_moe, "
+                             f"{', '.join(SHAPES)})")
+        shape = lab_shape(cfg)
+    eps = [int(e) for e in str(args.ep).split(",") if e]
+    report = expert_accounting(shape, eps, int(args.tokens) or 4096, args.dtype, args.flops, float(args.bandwidth))
+    print(json.dumps(report, indent=2) if args.json else format_expert_report(report))
     return 0
 
 

@@ -25,6 +25,7 @@ from ddp_lab.models.moe import expert_bytes, moe_layers
 from ddp_lab.strategies.replicas import ReplicaClass
 
 EXPERT_TENSORS = ("w1", "w2", "w3")
+"""The names of an `Experts` module's stacked weights."""
 
 
 class ExpertParallel:
@@ -39,6 +40,7 @@ class ExpertParallel:
         self.tally = Tally()
         self.exchange = (TorchExchange if impl == "torch" else LabExchange)(self.ep, self.group, self.tally)
         self.layers: list = []
+        self.local_numel: dict[str, int] = {}
 
     def apply(self, module: nn.Module) -> None:
         """This rank's experts in every MoE layer (from its ep group's first rank's), and the exchange."""
@@ -54,6 +56,10 @@ class ExpertParallel:
                 setattr(experts, name, nn.Parameter(mine, requires_grad=getattr(experts, name).requires_grad))
             experts.first = self.index * share
             layer.exchange = self.exchange
+        self.local_numel = {name: p.numel() for name, p in module.named_parameters()
+                            if any(p is q for layer in self.layers for q in layer.experts.parameters())}
+        """Each expert tensor's elements on this rank, by its name in the model (the checkpoint's and the state
+        dict's)."""
 
     def replica_classes(self, module: nn.Module) -> dict[int, ReplicaClass]:
         """Every expert parameter's class for the replica map: copies on the edp group, summed there and divided by
@@ -61,24 +67,28 @@ class ExpertParallel:
         experts = ReplicaClass("experts", self.edp_group, self.divisor)
         return {id(p): experts for layer in moe_layers(module) for p in layer.experts.parameters()}
 
+    def _is_expert(self, name: str) -> bool:
+        return name in self.local_numel
+
     def whole(self, state: dict) -> dict:
         """A state dict with every expert whole (gathered over the ep group, in expert order). Collective."""
         out = dict(state)
         for name, tensor in state.items():
-            if name.rsplit(".", 1)[-1] in EXPERT_TENSORS and ".experts." in f".{name}":
+            if self._is_expert(name):
                 pieces = [torch.empty_like(tensor) for _ in range(self.ep)]
                 dist.all_gather(pieces, tensor.contiguous(), group=self.group)
                 out[name] = torch.cat(pieces)
         return out
 
     def pieces(self, name: str, shape, pieces: list) -> tuple:
-        """Where this rank's piece of an expert tensor lies in the whole one, for checkpoints (rank/checkpoint.py's
-        `place`); other tensors as they are."""
-        if not (name.rsplit(".", 1)[-1] in EXPERT_TENSORS and ".experts." in f".{name}"):
+        """Where this rank's pieces ((offset in its tensor flattened, 1-D view)) of an expert tensor lie in the whole
+        one (its experts are a run of rows: one offset more), for checkpoints (rank/checkpoint.py's `place`); other
+        tensors as they are. `shape` None: the optimizer state's call, which reads the name and pieces only."""
+        if not self._is_expert(name):
             return name, shape, pieces
-        rows = shape[0]
-        whole = (rows * self.ep, *shape[1:])
-        return name, whole, [((self.index * rows + offset[0], *offset[1:]), size) for offset, size in pieces]
+        start = self.index * self.local_numel[name]
+        whole = None if shape is None else (shape[0] * self.ep, *shape[1:])
+        return name, whole, [(start + offset, view) for offset, view in pieces]
 
     def pop(self) -> dict:
         """This step's figures: the all-to-alls' bytes and time."""

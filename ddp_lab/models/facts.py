@@ -5,8 +5,9 @@ instead of writing its architecture out again as formulas, so a model from outsi
 (examples/tied_gpt) is counted as exactly as the Transformer:
 
 - `parameter_counts`: parameters in all (a tied weight once), and split by use: `lookup` (held by
-  embeddings only: indexed, never multiplied), `matmul` (a 2-D weight of any other module: what a
-  matrix multiply reads) and `other` (norms, biases);
+  embeddings only: indexed, never multiplied), `matmul` (a 2-D weight of any other module, or a mixture's stacked
+  experts: what a matrix multiply reads) and `other` (norms, biases); and `active`, those one token's forward reads
+  (a mixture of experts' token reaches top_k of them; all of a dense model's);
 - `flops_per_token`: forward and backward FLOPs per token of one sequence at the model's context
   length, counted by torch's `FlopCounterMode` on a meta forward and backward (matrix multiplies and
   attention's, as the kernels compute them: the full square of scores, causal or not);
@@ -103,7 +104,9 @@ def _loss(output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def parameter_counts(model_cfg) -> dict:
-    """{"total", "lookup", "matmul", "other"}: parameters in all and by use (module docstring). A model deeper
+    """{"total", "lookup", "matmul", "other", "active"}: parameters in all and by use (module docstring; an expert's
+    stacked weights are matmul weights), and those one token's forward reads (`active`: a mixture's token reaches
+    top_k of its experts; the total for a dense model). A model deeper
     than MEASURED_DEPTHS or with a context longer than MEASURED_CONTEXTS is counted at those sizes and scaled
     (`_scaled`): the count never builds the model at the size asked for."""
     return dict(_parameter_counts(_key(model_cfg)))
@@ -118,7 +121,7 @@ def _parameter_counts(key: str) -> tuple:
     at = {(n, length): _counts_of(meta_model(_resized(model_cfg, n, length)))
           for n in _depths(depth) for length in MEASURED_CONTEXTS[:2]}
     return tuple((kind, int(round(_scaled({k: v[kind] for k, v in at.items()}, depth, context, degree=1))))
-                 for kind in ("total", "lookup", "matmul", "other"))
+                 for kind in ("total", "lookup", "matmul", "other", "active"))
 
 
 def _counts_of(module: nn.Module) -> dict:
@@ -130,9 +133,15 @@ def _counts_of(module: nn.Module) -> dict:
     for p in module.parameters():
         kinds = holders[id(p)]
         use = ("lookup" if all(isinstance(m, nn.Embedding) for m in kinds)
-               else "matmul" if p.dim() == 2 else "other")
+               else "matmul" if p.dim() == 2 or any(getattr(m, "expert_parallel", False) for m in kinds)
+               else "other")
         counts[use] += p.numel()
         counts["total"] += p.numel()
+    from ddp_lab.models.moe import moe_layers
+
+    idle = sum(sum(p.numel() for p in layer.experts.parameters()) * (layer.num_experts - layer.top_k)
+               // layer.num_experts for layer in moe_layers(module))
+    counts["active"] = counts["total"] - idle  # a mixture's token reaches top_k of its experts
     return counts
 
 

@@ -30,6 +30,7 @@ its data-parallel ranks.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -46,17 +47,19 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 class Router(nn.Module):
     """Scores (softmax, or sigmoid as DeepSeek-V3) of every expert for every token, in at least fp32, and the
-    `top_k` chosen by score plus a selection-only bias (a buffer, zeros unless balance=bias moves it)."""
+    `top_k` chosen by score plus a selection-only bias (frozen: zeros unless balance=bias moves it)."""
 
     def __init__(self, d_model: int, experts: int, top_k: int, score: str):
         super().__init__()
         self.gate = nn.Linear(d_model, experts, bias=False)
-        self.register_buffer("selection_bias", torch.zeros(experts))
+        # A parameter no gradient reaches (not a buffer): state a checkpoint keeps, a strategy broadcasts, no optimizer
+        # steps; balance=bias moves it after each step.
+        self.selection_bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
         self.top_k, self.score = top_k, score
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(probabilities (tokens, experts) summing to 1 per token, chosen experts (tokens, top_k), their weights)."""
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(x.device.type, enabled=False) if x.device.type != "meta" else nullcontext():
             logits = F.linear(at_least_fp32(x), at_least_fp32(self.gate.weight))
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
         chosen = (scores.detach() + self.selection_bias.to(scores.dtype)).topk(self.top_k, dim=-1).indices
@@ -135,21 +138,24 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         probabilities, chosen, weights = self.router(tokens)
-        slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
+        if tokens.is_meta:  # counted on the meta device (models/facts.py), routing has no data: an even load
+            chosen = (torch.arange(chosen.numel()) % self.num_experts).view(chosen.shape)
+        slot_token = torch.arange(tokens.shape[0], device=chosen.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = chosen.flatten(), weights.flatten()
         load = torch.bincount(slot_expert, minlength=self.num_experts)  # chosen, before any drop
         kept = self._within_capacity(chosen)
         if kept is not None:
-            slot_token, slot_expert, slot_weight = slot_token[kept], slot_expert[kept], slot_weight[kept]
+            slot_token, slot_expert, slot_weight = slot_token[kept], slot_expert[kept], slot_weight[kept.to(x.device)]
         order = torch.argsort(slot_expert, stable=True)
         counts = torch.bincount(slot_expert, minlength=self.num_experts)
-        out = self.exchange(tokens[slot_token[order]], counts, self.experts)
-        weighted = at_least_fp32(out) * slot_weight[order].unsqueeze(-1)  # the scores, applied once
+        rows = slot_token[order].to(x.device)
+        out = self.exchange(tokens[rows], counts, self.experts)
+        weighted = at_least_fp32(out) * slot_weight[order.to(x.device)].unsqueeze(-1)  # the scores, applied once
         combined = torch.zeros(tokens.shape[0], tokens.shape[1], dtype=weighted.dtype, device=x.device)
-        combined = combined.index_add(0, slot_token[order], weighted).to(x.dtype)
+        combined = combined.index_add(0, rows, weighted).to(x.dtype)
         if self.shared is not None:
             combined = combined + self.shared(tokens)
-        if self.training and torch.is_grad_enabled():
+        if self.training and torch.is_grad_enabled() and not tokens.is_meta:
             self._balance(probabilities, load, tokens.shape[0])
         self.chosen = chosen.detach()  # each token's experts, for the proofs that routing is the same on every layout
         self.figures = {"load": load.detach().cpu(), "dropped": 0 if kept is None else int((~kept).sum()),

@@ -239,14 +239,17 @@ class Parallelism:
     def place(self):
         """Where this rank's tensors lie in the whole parameters, for checkpoints (rank/checkpoint.py's `place`):
         tensor parallelism's pieces, under the name one process gives the parameter (a pipeline's copy of a weight
-        tied across stages is that weight); None where every tensor is whole under its own name."""
+        tied across stages is that weight; expert parallelism's run of experts); None where every tensor is whole
+        under its own name."""
         split = None if self.tensor is None else self.tensor.layout.pieces
+        experts = None if self.experts is None else self.experts.pieces
         alias = {} if self.pipeline is None else self.pipeline.aliases
-        if split is None and not alias:
+        if split is None and experts is None and not alias:
             return None
 
         def place(name: str, shape, pieces: list) -> tuple:
-            name, shape, pieces = split(name, shape, pieces) if split is not None else (name, shape, pieces)
+            for where in (split, experts):
+                name, shape, pieces = where(name, shape, pieces) if where is not None else (name, shape, pieces)
             return alias.get(name, name), shape, pieces
         return place
 

@@ -264,10 +264,11 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
     assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
 
 
-def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1):
+def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1, ep=1):
     """`strategy` on a (pp, dp, cp, tp) mesh (ddp_lab/parallel/; pp > 1: 1F1B over 2 micro-batches; cp > 1: the
-    zigzag ring): from the checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to
-    `step_to`, then a checkpoint there."""
+    zigzag ring; ep > 1: a mixture's experts split over ep ranks): from the checkpoint `start` (None: the first
+    weights, rank-seeded as every run's), steps up to `step_to`, then a checkpoint there. `model_name`: a MODELS
+    name, or `moe` (tests/helpers/moe.py's mixture, balanced by the bias: state a checkpoint must keep)."""
     from omegaconf import OmegaConf
 
     from ddp_lab.parallel import Parallelism
@@ -275,14 +276,16 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, m
     from ddp_lab.rank.data import BatchSource
     from ddp_lab.spec.strategies import spec_of
     from ddp_lab.tasks.train import wrap
+    from tests.helpers.moe import tiny_moe
 
     cfg = OmegaConf.merge(data_cfg(1, BATCH), {"world_size": world_size, "parallel": {
         "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True, "pp": pp, "pp_impl": "lab",
         "pp_schedule": "1f1b", "microbatches": 2 if pp > 1 else 1, "stages_per_rank": 1, "stage_layers": None,
-        "cp": cp, "cp_impl": "zigzag", "cp_ulysses": 2}})
+        "cp": cp, "cp_impl": "zigzag", "cp_ulysses": 2, "ep": ep, "ep_impl": "lab"}})
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank if start is None else 100 + rank)
-    module = parallel.apply(MODELS[model_name]())
+    factory = tiny_moe(router="sigmoid", balance="bias", bias_rate=0.01) if model_name == "moe" else MODELS[model_name]
+    module = parallel.apply(factory())
     spec = parallel.data_parallel(spec_of(strategy))
     model, optimizer, precision = wrap(spec, module, PRECISION, "cpu", 1e-2, 0.1, group=parallel.group())
     place = parallel.place or as_is
@@ -329,6 +332,22 @@ def test_a_run_moves_between_context_parallel_meshes(tmp_path, a, b):
     run_ranks(_on_mesh, world_a, strategy_a, 1, "lab", None, tmp_path / "a", HALF, 1, "transformer", cp_a)
     for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
         run_ranks(_on_mesh, world_b, strategy_b, 1, "lab", start, tmp_path / folder, 2 * HALF, 1, "transformer", cp_b)
+    _moved_as_straight(tmp_path)
+
+
+@pytest.mark.parametrize("a, b", [
+    (({"name": "bucketed"}, 4, 2), ({"name": "flat"}, 4, 4)),
+    (({"name": "flat"}, 4, 4), ({"name": "bucketed"}, 2, 1)),
+    (({"name": "bucketed"}, 2, 1), ({"name": "zero2"}, 1, 1)),
+], ids=lambda v: f"{v[0]['name']}-{v[1]}ranks-ep{v[2]}")
+def test_a_mixture_moves_between_expert_parallel_sizes(tmp_path, a, b):
+    """A checkpoint of a mixture written at ep 2 of 4 ranks loads at ep 4, one at ep 4 loads at ep 1 on 2 ranks, and
+    one at ep 1 into zero2 on one rank: the experts resharded (each rank's run of them is a piece of the whole
+    tensor), the selection bias kept; each then trains as a run that never moved."""
+    (strategy_a, world_a, ep_a), (strategy_b, world_b, ep_b) = a, b
+    run_ranks(_on_mesh, world_a, strategy_a, 1, "lab", None, tmp_path / "a", HALF, 1, "moe", 1, ep_a)
+    for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
+        run_ranks(_on_mesh, world_b, strategy_b, 1, "lab", start, tmp_path / folder, 2 * HALF, 1, "moe", 1, ep_b)
     _moved_as_straight(tmp_path)
 
 

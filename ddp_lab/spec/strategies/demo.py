@@ -25,6 +25,8 @@ class DeMoSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.DeMo"
     mesh_refusal = None
+    expert_refusal = ("it exchanges every parameter's components over one group, and an expert's copies live on "
+                      "another")
     reduces_gradients = False  # it gathers coefficients of a momentum: no gradient collective, no comm_dtype
     whole_parameter_optimizer = False  # DeMo is its own optimizer (sign-SGD): no train.optimizer=muon
 

@@ -30,6 +30,8 @@ class FSDPSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.FSDP"
     mesh_refusal = None
+    expert_refusal = ("it shards every parameter over the one data-parallel group; the experts would need units of "
+                      "their own on their edp group (as torchtitan gives FSDP2 the experts' own mesh)")
     pipeline_refusal = ("its units free their gathered parameters after each forward and expect that unit's "
                         "backward next, where a pipeline runs several micro-batches' forwards first (measured: the "
                         "second backward finds the storage freed); fsdp_torch shards under every schedule but "

@@ -34,6 +34,8 @@ class TorchFSDPSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.TorchFSDP"
     mesh_refusal = None
+    expert_refusal = ("FSDP2 is wrapped over one mesh; the experts would need fully_shard on their own edp mesh, as "
+                      "torchtitan does: not built yet")
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
     casts_itself = True

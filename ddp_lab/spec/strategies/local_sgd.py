@@ -80,6 +80,8 @@ class LocalSGDSpec(DiLoCoSpec):
 
     runtime = "ddp_lab.strategies.LocalSGD"
     mesh_refusal = None
+    expert_refusal = ("it averages every parameter over one group at each sync, and an expert's copies live on "
+                      "another")
 
     def check(self) -> None:
         super().check()

@@ -33,6 +33,8 @@ class PowerSGDSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.PowerSGD"
     mesh_refusal = None
+    expert_refusal = ("its low-rank compression averages every bucket over one group, and an expert's copies live "
+                      "on another")
 
     def check(self) -> None:
         knob_at_least(self, "bucket_mb", 0, strictly=True)

@@ -19,6 +19,8 @@ class TorchReplicateSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.TorchReplicate"
     mesh_refusal = None
+    expert_refusal = ("replicate() reduces every parameter over one mesh; the experts would need their own: not "
+                      "built yet")
 
     def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
         super().check_mesh(tp, pp, pp_schedule, cp)

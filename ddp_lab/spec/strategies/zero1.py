@@ -46,6 +46,8 @@ class Zero1Spec(StrategySpec):
 
     runtime = "ddp_lab.strategies.Zero1"
     mesh_refusal = None
+    expert_refusal = ("its optimizer shards every parameter's state over the one data-parallel group, and an "
+                      "expert's copies live on its own (edp) group, to be sharded there")
     torch_reference = "zero1_torch"
     zero_stage = 1
 

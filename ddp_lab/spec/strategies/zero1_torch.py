@@ -18,6 +18,8 @@ class TorchZero1Spec(TorchDDPSpec):
 
     runtime = "ddp_lab.strategies.TorchZero1"
     mesh_refusal = None
+    expert_refusal = ("ZeroRedundancyOptimizer shards the optimizer over one process group and its DDP reduces "
+                      "every parameter over it; the experts' copies live on another group")
     zero_stage = 1
 
     def schedule(self) -> None:

@@ -26,6 +26,8 @@ class Zero2Spec(StrategySpec):
 
     runtime = "ddp_lab.strategies.Zero2"
     mesh_refusal = None
+    expert_refusal = ("it reduce-scatters every gradient over the one data-parallel group, and an expert's copies "
+                      "live on its own (edp) group, to be sharded there")
     torch_reference = "zero1_torch"
     zero_stage = 2
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon
