@@ -18,6 +18,7 @@ the time inside the all-to-alls, which here block the rank (nothing computes mea
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -45,6 +46,11 @@ class Tally:
         return out
 
 
+def row_bytes(x: torch.Tensor) -> int:
+    """The bytes of one row of `x` (which may have none: a rank whose experts no token chose)."""
+    return math.prod(x.shape[1:]) * x.element_size()
+
+
 def _exchange(x: torch.Tensor, send: list[int], receive: list[int], group, tally: Tally, what: str) -> torch.Tensor:
     """Rows `send[r]` of `x` to ep rank r, `receive[r]` rows from it into a buffer sized exactly; its bytes to the
     others counted as `what`."""
@@ -53,8 +59,7 @@ def _exchange(x: torch.Tensor, send: list[int], receive: list[int], group, tally
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive, input_split_sizes=send, group=group)
     tally.seconds += time.perf_counter() - start
     me = dist.get_rank(group)
-    row = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
-    tally.add(what, (sum(send) - send[me]) * row)
+    tally.add(what, (sum(send) - send[me]) * row_bytes(x))
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-from ddp_lab.expert_parallel.exchange import Tally, exchange_counts, expert_major
+from ddp_lab.expert_parallel.exchange import Tally, exchange_counts, expert_major, row_bytes
 
 
 def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
@@ -38,9 +38,9 @@ class TorchExchange:
         out = out.wait() if hasattr(out, "wait") else out
         self.tally.seconds += time.perf_counter() - start
         me = torch.distributed.get_rank(self.group)
-        self.tally.add(f"{what}_forward", (sum(send) - send[me]) * x[0].numel() * x.element_size())
+        self.tally.add(f"{what}_forward", (sum(send) - send[me]) * row_bytes(x))
         if torch.is_grad_enabled() and x.requires_grad:  # its backward (torch's, not seen here) sends them back
-            self.tally.add(f"{what}_backward", (sum(receive) - receive[me]) * x[0].numel() * x.element_size())
+            self.tally.add(f"{what}_backward", (sum(receive) - receive[me]) * row_bytes(x))
         return out
 
     def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:

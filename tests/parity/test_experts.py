@@ -29,12 +29,17 @@ TOKENS = 6  # per rank
 
 
 def _layer(router: str, balance: str, capacity, shared: int = 0):
+    """`balance="skewed"`: a selection bias sending every token to experts 0 and 1 (the last ep rank's experts get
+    no row at all, the first's every one)."""
     from ddp_lab.models.moe import MoE
 
     torch.manual_seed(0)
-    layer = MoE(D, E, K, H, shared, router, balance, 0.01, capacity).double()
-    if router == "sigmoid":
-        layer.router.selection_bias.copy_(torch.linspace(-0.05, 0.05, E))  # a bias that moves choices
+    layer = MoE(D, E, K, H, shared, router, "bias" if balance == "skewed" else balance, 0.01, capacity).double()
+    with torch.no_grad():
+        if balance == "skewed":
+            layer.router.selection_bias.copy_(torch.tensor([10.0, 10.0] + [0.0] * (E - 2)))
+        elif router == "sigmoid":
+            layer.router.selection_bias.copy_(torch.linspace(-0.05, 0.05, E))  # a bias that moves choices
     return layer
 
 
@@ -64,6 +69,7 @@ def _alone(rank, world_size, ep, router="softmax", balance="aux_loss", capacity=
     layer.train()
     out = layer(mine)
     objective = (out * dout[rows]).sum() + (layer.pop_aux() if balance == "aux_loss" else 0)
+    assert balance != "skewed" or layer.figures["load"][2:].sum() == 0  # as skewed as it says
     objective.backward()
     # What a strategy does with the replica map: dense gradients averaged over every rank, the experts' summed over
     # their edp group and divided by dp x cp (strategies/replicas.py).
@@ -91,7 +97,9 @@ def _alone(rank, world_size, ep, router="softmax", balance="aux_loss", capacity=
 
 
 ROUTINGS = [("softmax", "aux_loss", None), ("sigmoid", "bias", None), ("softmax", "none", 1.0),
-            ("sigmoid", "aux_loss", 1.25)]
+            ("sigmoid", "aux_loss", 1.25), ("sigmoid", "skewed", None)]
+"""(router, balance, capacity factor). skewed: every token to two experts, so a rank's experts get no row (its
+all-to-alls send and receive empty tensors) and another's get every one."""
 
 
 def _every_routing(rank, world_size, ep):
@@ -110,7 +118,7 @@ def _torch_parts(rank, world_size):
 
     torch_exchange.grouped_experts = lambda x, counts, experts: grouped(x.float(), counts, Float32(experts)).to(
         x.dtype)
-    return _alone(rank, world_size, 2, impl="torch")
+    return [_alone(rank, world_size, 2, *routing, impl="torch") for routing in (ROUTINGS[0], ROUTINGS[-1])]
 
 
 def _every_trap(rank, world_size):
@@ -128,8 +136,8 @@ def test_the_layer_alone_matches_one_process_in_float64(world_size, ep):
 
 def test_torchs_parts_match_one_process_in_float32_tolerance():
     """ep_impl=torch (torch._grouped_mm refuses float64): the same layer, its experts in fp32, within fp32's
-    rounding."""
-    for errors in run_ranks(_torch_parts, 2):
+    rounding; with the skewed routing too (grouped matmuls over experts with no rows)."""
+    for errors in (e for per_rank in run_ranks(_torch_parts, 2) for e in per_rank):
         assert errors["chosen"] and not errors["none"], errors
         assert max(errors[k] for k in ("output", "input", "router", "experts")) < 1e-5, errors
 
