@@ -77,11 +77,13 @@ class AllToAll(torch.autograd.Function):
             None, None, None
 
 
-def exchange_counts(counts: torch.Tensor, ep: int, group) -> torch.Tensor:
+def exchange_counts(counts: torch.Tensor, ep: int, group, tally: Tally) -> torch.Tensor:
     """(ep, local experts): how many rows each ep rank sends to each of this rank's experts, from every rank's
-    `counts` (rows per global expert)."""
+    `counts` (rows per global expert); its time in `tally`'s (its bytes, a few integers, are not counted)."""
     received = torch.empty_like(counts)
+    start = time.perf_counter()
     dist.all_to_all_single(received, counts.contiguous(), group=group)
+    tally.seconds += time.perf_counter() - start
     return received.view(ep, -1)
 
 
@@ -102,7 +104,7 @@ class LabExchange:
         self.ep, self.group, self.tally = ep, group, tally
 
     def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
-        received = exchange_counts(counts, self.ep, self.group)
+        received = exchange_counts(counts, self.ep, self.group, self.tally)
         send = counts.view(self.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
         arrived = AllToAll.apply(x, send, receive, self.group, self.tally, "dispatch")

@@ -39,12 +39,26 @@ class TorchExchange:
         self.tally.seconds += time.perf_counter() - start
         me = torch.distributed.get_rank(self.group)
         self.tally.add(f"{what}_forward", (sum(send) - send[me]) * row_bytes(x))
-        if torch.is_grad_enabled() and x.requires_grad:  # its backward (torch's, not seen here) sends them back
+        if torch.is_grad_enabled() and x.requires_grad:  # its backward (torch's own) sends them back
             self.tally.add(f"{what}_backward", (sum(receive) - receive[me]) * row_bytes(x))
+            self._time_backward(x, out)
         return out
 
+    def _time_backward(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """The time of torch's backward all-to-all, which runs inside autograd: from the moment `out`'s gradient is
+        ready (its node about to run) to the moment `x`'s is (the exchange the only node between them)."""
+        began = []
+
+        def start(grad):
+            began.append(time.perf_counter())
+
+        def stop(grad):
+            self.tally.seconds += time.perf_counter() - began.pop()
+        out.register_hook(start)
+        x.register_hook(stop)
+
     def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
-        received = exchange_counts(counts, self.ep, self.group)
+        received = exchange_counts(counts, self.ep, self.group, self.tally)
         send = counts.view(self.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
         arrived = self._send(x, send, receive, "dispatch")

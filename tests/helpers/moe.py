@@ -56,7 +56,8 @@ def wrong_inverse(exchange_object) -> None:
     from ddp_lab.expert_parallel import exchange as module
 
     def call(x, counts, experts):
-        received = module.exchange_counts(counts, exchange_object.ep, exchange_object.group)
+        ep, group, tally = exchange_object.ep, exchange_object.group, exchange_object.tally
+        received = module.exchange_counts(counts, ep, group, tally)
         send = counts.view(exchange_object.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
         arrived = module.AllToAll.apply(x, send, receive, exchange_object.group, exchange_object.tally, "dispatch")
@@ -78,7 +79,8 @@ def no_autograd_exchange(exchange_object) -> None:
         return out
 
     def call(x, counts, experts):
-        received = module.exchange_counts(counts, exchange_object.ep, exchange_object.group)
+        ep, group, tally = exchange_object.ep, exchange_object.group, exchange_object.tally
+        received = module.exchange_counts(counts, ep, group, tally)
         s, r = counts.view(exchange_object.ep, -1).sum(1).tolist(), received.sum(1).tolist()
         order = module.expert_major(received)
         out = experts(send(x, s, r)[order], received.sum(0).tolist())

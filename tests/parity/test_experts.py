@@ -246,19 +246,24 @@ def _even_bytes(rank, world_size, ep, impl):
         x[t, t % E] = x[t, (t + 1) % E] = 1.0
     x.requires_grad_()
     layer.train()
-    layer(x).sum().backward()
-    return parallel.pop(), layer.figures["load"].tolist()
+    out = layer(x)
+    forward_s = parallel.tally.seconds
+    out.sum().backward()
+    return parallel.pop(), layer.figures["load"].tolist(), parallel.tally.seconds == 0 and forward_s > 0, \
+        forward_s
 
 
 @pytest.mark.parametrize(("world_size", "ep", "impl"), [(2, 2, "lab"), (4, 4, "lab"), (4, 2, "torch")])
 def test_the_all_to_all_bytes_are_the_formulas(world_size, ep, impl):
     """Under an even load every rank sends 4·T·k·d·b·(P−1)/P bytes a layer (spec/experts.py's all_to_all_bytes),
-    a quarter in each direction, counted as sent (a rank's rows for its own experts never leave it)."""
+    a quarter in each direction, counted as sent (a rank's rows for its own experts never leave it); the time inside
+    the all-to-alls includes the backward's (torch's run inside autograd, timed by hooks around its node)."""
     from ddp_lab.spec.experts import all_to_all_bytes
-    from ddp_lab.spec.figures import EP_BYTES, EP_PARTS
+    from ddp_lab.spec.figures import EP_BYTES, EP_EXCHANGE, EP_PARTS
 
     expected = all_to_all_bytes(tokens=4, top_k=K, d_model=D, element_bytes=4, ep=ep)
-    for tally, load in run_ranks(_even_bytes, world_size, ep, impl):
+    for tally, load, popped, forward_s in run_ranks(_even_bytes, world_size, ep, impl):
         assert load == [2] * E  # the routing is even, as the formula assumes
+        assert popped and tally[EP_EXCHANGE.key] > forward_s * 1e3  # the backward's exchanges are timed too
         assert tally[EP_BYTES.key] == expected, tally
         assert all(tally[part.key] == expected / 4 for part in EP_PARTS), tally
