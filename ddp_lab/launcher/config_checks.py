@@ -189,9 +189,6 @@ def _validate_experts(cfg: DictConfig) -> None:
         return
     _require(not cfg.measure.grad_error, f"parallel.ep={ep} with measure.grad_error=true: its probe averages every "
              "gradient over the data-parallel ranks, where an expert's copies live on its expert-data-parallel group")
-    _require(not cfg.checkpoint.every and cfg.checkpoint.load is None, f"parallel.ep={ep} with checkpoints: "
-             "experts resharded across ep sizes are not proven here yet: leave checkpoint.every and checkpoint.load "
-             "unset")
     if str(p.ep_impl) == "torch":
         _require(str(t.precision) != "fp16", "parallel.ep_impl=torch runs torch._grouped_mm, which takes fp32 and bf16 "
                  "only: use train.precision=fp32 or bf16, or parallel.ep_impl=lab")

@@ -98,14 +98,18 @@ def mesh_label(cfg) -> str:
 
 
 def mixture_label(cfg) -> str:
-    """`-balance=bias`, `-cf=1.25`, `-sigmoid`: what a mixture of experts' run changed from tiny_moe's defaults
-    (softmax router, aux-loss balancing, dropless), else nothing; nothing for a dense model."""
+    """`-balance=bias`, `-bias_rate=0.01`, `-coeff=0.1`, `-cf=1.25`, `-sigmoid`: what a mixture of experts' run changed
+    from tiny_moe's defaults (softmax router, aux-loss balancing at 0.01, a bias rate of 0.001, dropless), else nothing;
+    nothing for a dense model."""
     model = (cfg.get("model") if hasattr(cfg, "get") else None) or {}
     if model.get("experts") is None:
         return ""
     balance, capacity, router = model.get("balance", "aux_loss"), model.get("capacity_factor"), model.get("router")
+    coeff, rate = model.get("balance_coeff", 0.01), model.get("bias_rate", 1e-3)
     return ((f"-{router}" if router not in (None, "softmax") else "")
             + (f"-balance={balance}" if balance != "aux_loss" else "")
+            + (f"-coeff={coeff:g}" if balance == "aux_loss" and coeff != 0.01 else "")
+            + (f"-bias_rate={rate:g}" if balance == "bias" and rate != 1e-3 else "")
             + (f"-cf={capacity:g}" if capacity is not None else ""))
 
 

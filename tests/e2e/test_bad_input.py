@@ -138,7 +138,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "model=tiny_moe world_size=4 parallel.ep=2 parallel.tp=2": "model=tiny_moe with parallel.tp=2: the experts are "
                                                                "not split by tensor parallelism here",
     "model=tiny_moe world_size=4 parallel.pp=2": "model.balance=aux_loss with parallel.pp=2",
-    "model=tiny_moe parallel.ep=2 checkpoint.every=2": "parallel.ep=2 with checkpoints",
     "model=tiny_moe parallel.ep=2 parallel.ep_impl=torch train.precision=fp16": "parallel.ep_impl=torch runs "
                                                                                 "torch._grouped_mm",
     # the mesh (spec/parallel.py)
