@@ -176,7 +176,8 @@ def _frozen_expert():
 
 def _router_weights(parallel, wrapper, optimizer):
     """Every router's weights on this rank, to hold them identical on every rank after training."""
-    local = (lambda p: p.to_local() if hasattr(p, "to_local") else p)  # a DTensor (torch's replicate) by its copy
+    def local(p):  # a DTensor (torch's replicate()) by this rank's copy
+        return p.to_local() if hasattr(p, "to_local") else p
     return {n: local(p.detach()).clone() for n, p in wrapper.module.named_parameters() if ".router." in n}
 
 
