@@ -220,7 +220,6 @@ def test_training_on_every_layout_matches_one_process(world_size):
     selection bias included, and the live routers are identical on every rank of a stage (where a strategy keeps
     them whole)."""
     from ddp_lab.check.parity import assert_parity
-
     from ddp_lab.spec.strategies import SPECS
 
     results = run_ranks(_train_every_layout, world_size)
