@@ -99,8 +99,16 @@ class ExpertParallel:
 
     def describe(self, warmup_steps: int = 0) -> dict:
         """What the summary records: ep, the implementation, this rank's experts per layer and the first's index,
-        and the bytes of the experts' parameters it holds (they fall as 1/ep)."""
+        the bytes of the experts' parameters it holds (they fall as 1/ep), and the rank holding the busiest experts:
+        the one whose experts took in the most rows over the run (forwards; every rank's tokens routed to them), with
+        its rows over the mean rank's. Collective: every rank's count is gathered."""
         held = self.layers[0].experts.count if self.layers else 0
+        rows = [0] * dist.get_world_size()
+        dist.all_gather_object(rows, self.tally.rows)
+        mine = [rows[r] for r in dist.get_process_group_ranks(self.group)]
+        busiest = max(range(len(rows)), key=lambda r: rows[r])
         return {"ep": self.ep, "impl": self.impl, "experts_per_rank": held, "first_expert": self.index * held,
-                "expert_param_bytes": expert_bytes(self.layers)}
+                "expert_param_bytes": expert_bytes(self.layers), "rows_per_rank": rows, "busiest_rank": busiest,
+                "busiest_rows_over_mean": rows[busiest] / (sum(rows) / len(rows)) if sum(rows) else None,
+                "ep_group_rows": mine}
 

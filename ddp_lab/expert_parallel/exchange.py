@@ -35,6 +35,9 @@ class Tally:
 
     sent: dict = field(default_factory=dict)
     seconds: float = 0.0
+    rows: int = 0
+    """Rows this rank's experts took in since the run began (every rank's tokens routed to them), in training forwards
+    (not the held-out loss's): which rank holds the busiest experts (`ExpertParallel.describe`)."""
 
     def add(self, what: str, nbytes: int) -> None:
         self.sent[what] = self.sent.get(what, 0) + nbytes
@@ -107,6 +110,7 @@ class LabExchange:
         received = exchange_counts(counts, self.ep, self.group, self.tally)
         send = counts.view(self.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
+        self.tally.rows += sum(receive) if torch.is_grad_enabled() else 0  # training forwards only
         arrived = AllToAll.apply(x, send, receive, self.group, self.tally, "dispatch")
         order = expert_major(received).to(x.device)
         out = experts(arrived[order], received.sum(0).tolist())

@@ -61,6 +61,7 @@ class TorchExchange:
         received = exchange_counts(counts, self.ep, self.group, self.tally)
         send = counts.view(self.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
+        self.tally.rows += sum(receive) if torch.is_grad_enabled() else 0  # training forwards only
         arrived = self._send(x, send, receive, "dispatch")
         order = expert_major(received).to(x.device)
         out = grouped_experts(arrived[order], received.sum(0).tolist(), experts)

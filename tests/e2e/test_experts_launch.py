@@ -53,4 +53,6 @@ def test_the_exchange_and_the_load_are_measured(sweep):
         assert 0 < step[EP_BYTES.key] <= 2 * 4 * tokens * top_k * width * 4  # two layers, never more than every row
         assert 1 / 4 <= step[MOE_BUSIEST.key] <= 1
     assert EP_BYTES.key not in whole["steps"][-1] and MOE_BUSIEST.key in whole["steps"][-1]
+    rows = experts["rows_per_rank"]  # every routed slot of every training step, 4 steps x 2 layers, dropless
+    assert sum(rows) == 4 * 2 * (8 * 16) * top_k and experts["busiest_rank"] == rows.index(max(rows))
     assert "busiest expert" in proc.stdout and "ep MiB/step" in proc.stdout
