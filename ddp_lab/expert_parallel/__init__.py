@@ -1,7 +1,7 @@
 """Expert parallelism: a mixture of experts' experts split over `parallel.ep` ranks borrowed from the data-parallel
 region (dp x cp), as torchtitan lays it out; each expert's copies on the rest (its expert-data-parallel group).
 
-`ExpertParallel(layout, device, impl)` is built once per rank by `Parallelism` (ddp_lab/parallel/). `apply(model)`
+`ExpertParallel(layout, impl)` is built once per rank by `Parallelism` (ddp_lab/parallel/). `apply(model)`
 keeps this rank's run of experts in every MoE layer (models/moe.py), taken from the experts of its ep group's first
 rank, so the group starts from one model as every other axis does, and hands each layer the exchange that sends its
 rows to their experts' ranks and back: the lab's (exchange.py) or torch's parts (torch_exchange.py). The model asks
@@ -29,7 +29,7 @@ EXPERT_TENSORS = ("w1", "w2", "w3")
 
 
 class ExpertParallel:
-    def __init__(self, layout, device: torch.device, impl: str):
+    def __init__(self, layout, impl: str):
         """Collective: every rank builds every ep and edp group, in the same order."""
         self.ep, self.impl = layout.ep, impl
         me = dist.get_rank()

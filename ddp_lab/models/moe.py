@@ -123,8 +123,8 @@ class MoE(nn.Module):
         self.exchange = local_exchange
         """(rows sorted by expert, count per expert, experts) -> their outputs: replaced under expert parallelism."""
         self.sum_over_replicas = None
-        """A callable summing a tensor over the data-parallel ranks (dp x cp) in place, and their count: set under a
-        mesh (ddp_lab/parallel/); None: one process."""
+        """A callable summing a tensor over the data-parallel ranks (dp x cp) in place (the loads the balancing reads
+        are the global batch's): set by ddp_lab/parallel/ where there are several; None: one process."""
         self.replicas = 1
         """The data-parallel ranks whose mean the strategy takes (dp x cp)."""
         self.capacity_groups = 1

@@ -55,7 +55,7 @@ class Parallelism:
         if self.mesh.layout.ep > 1:
             from ddp_lab.expert_parallel import ExpertParallel
 
-            self.experts = ExpertParallel(self.mesh.layout, device, str(parallel.ep_impl))
+            self.experts = ExpertParallel(self.mesh.layout, str(parallel.ep_impl))
         self.moe: list = []  # the model's mixture-of-experts layers (this rank's stage's), once applied
         self.replica_map = None  # the strategy's replica map under expert parallelism (strategies/replicas.py)
         self._attached = None  # the optimizer whose steps the mixture's hooks follow

@@ -53,7 +53,7 @@ def _alone(rank, world_size, ep, router="softmax", balance="aux_loss", capacity=
     from ddp_lab.spec.parallel import MeshLayout
 
     layout = MeshLayout(world_size, ep=ep)
-    parallel = ExpertParallel(layout, torch.device("cpu"), impl)
+    parallel = ExpertParallel(layout, impl)
     layer = _layer(router, balance, capacity)
     reference = deepcopy(layer)
     reference.capacity_groups = world_size  # capacity per rank-sized group, as each rank applies it
@@ -245,7 +245,7 @@ def _even_bytes(rank, world_size, ep, impl):
     from ddp_lab.expert_parallel import ExpertParallel
     from ddp_lab.spec.parallel import MeshLayout
 
-    parallel = ExpertParallel(MeshLayout(world_size, ep=ep), torch.device("cpu"), impl)
+    parallel = ExpertParallel(MeshLayout(world_size, ep=ep), impl)
     layer = _layer("softmax", "none", None).float()
     with torch.no_grad():
         layer.router.gate.weight.zero_()
