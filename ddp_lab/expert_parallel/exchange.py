@@ -101,7 +101,9 @@ def expert_major(received: torch.Tensor) -> torch.Tensor:
 
 
 class LabExchange:
-    """`exchange(rows sorted by expert, count per global expert, this rank's experts)` over an ep group, by hand."""
+    """`exchange(rows sorted by expert, count per global expert, this rank's experts)` over an ep group, by hand. The
+    trip is `__call__`'s; how rows are sent (`_send`) and how the experts run (`_run`) are what torch's parts replace
+    (torch_exchange.py)."""
 
     def __init__(self, ep: int, group, tally: Tally):
         self.ep, self.group, self.tally = ep, group, tally
@@ -111,8 +113,15 @@ class LabExchange:
         send = counts.view(self.ep, -1).sum(1).tolist()
         receive = received.sum(1).tolist()
         self.tally.rows += sum(receive) if torch.is_grad_enabled() else 0  # training forwards only
-        arrived = AllToAll.apply(x, send, receive, self.group, self.tally, "dispatch")
+        arrived = self._send(x, send, receive, "dispatch")
         order = expert_major(received).to(x.device)
-        out = experts(arrived[order], received.sum(0).tolist())
+        out = self._run(arrived[order], received.sum(0).tolist(), experts)
         back = out[torch.argsort(order)]  # the inverse permutation: rank-major again
-        return AllToAll.apply(back, receive, send, self.group, self.tally, "combine")
+        return self._send(back, receive, send, "combine")
+
+    def _send(self, x: torch.Tensor, send: list[int], receive: list[int], what: str) -> torch.Tensor:
+        return AllToAll.apply(x, send, receive, self.group, self.tally, what)
+
+    def _run(self, x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
+        """The experts over rows grouped by expert: their own loop (any dtype)."""
+        return experts(x, counts)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-from ddp_lab.expert_parallel.exchange import Tally, exchange_counts, expert_major, row_bytes
+from ddp_lab.expert_parallel.exchange import LabExchange, row_bytes
 
 
 def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
@@ -26,11 +26,9 @@ def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor
     return torch._grouped_mm(hidden, w2, offs=offsets)
 
 
-class TorchExchange:
-    """As exchange.py's `LabExchange`, with torch's differentiable all-to-all and grouped matmuls."""
-
-    def __init__(self, ep: int, group, tally: Tally):
-        self.ep, self.group, self.tally = ep, group, tally
+class TorchExchange(LabExchange):
+    """exchange.py's `LabExchange` (counts, permutation, inverse), with torch's differentiable all-to-all and grouped
+    matmuls in place of the lab's."""
 
     def _send(self, x: torch.Tensor, send: list[int], receive: list[int], what: str) -> torch.Tensor:
         start = time.perf_counter()
@@ -57,12 +55,5 @@ class TorchExchange:
         out.register_hook(start)
         x.register_hook(stop)
 
-    def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts) -> torch.Tensor:
-        received = exchange_counts(counts, self.ep, self.group, self.tally)
-        send = counts.view(self.ep, -1).sum(1).tolist()
-        receive = received.sum(1).tolist()
-        self.tally.rows += sum(receive) if torch.is_grad_enabled() else 0  # training forwards only
-        arrived = self._send(x, send, receive, "dispatch")
-        order = expert_major(received).to(x.device)
-        out = grouped_experts(arrived[order], received.sum(0).tolist(), experts)
-        return self._send(out[torch.argsort(order)], receive, send, "combine")
+    def _run(self, x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
+        return grouped_experts(x, counts, experts)

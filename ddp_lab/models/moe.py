@@ -158,8 +158,8 @@ class MoE(nn.Module):
         if self.training and torch.is_grad_enabled() and not tokens.is_meta:
             self._balance(probabilities, load, tokens.shape[0])
         self.chosen = chosen.detach()  # each token's experts, for the proofs that routing is the same on every layout
-        self.figures = {"load": load.detach().cpu(), "dropped": 0 if kept is None else int((~kept).sum()),
-                        "slots": int(slot_expert.numel() + (0 if kept is None else int((~kept).sum())))}
+        dropped = 0 if kept is None else int((~kept).sum())
+        self.figures = {"load": load.detach().cpu(), "dropped": dropped, "slots": int(slot_expert.numel()) + dropped}
         return combined.view_as(x)
 
     def _within_capacity(self, chosen: torch.Tensor) -> torch.Tensor | None:

@@ -67,7 +67,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_lab.strategies.checkpoint_layout import Pieces, optimizer_pieces, whole_parameters
-from ddp_lab.strategies.collectives import broadcast_module_state, wire_dtype
+from ddp_lab.strategies.collectives import wire_dtype
 from ddp_lab.strategies.comm_stats import CommStats
 from ddp_lab.strategies.replicas import ReplicaMap
 
@@ -122,10 +122,8 @@ class DataParallelBase(nn.Module):
         self.dp_size = dist.get_world_size(process_group) if distributed else 1
         self.dp_rank = dist.get_rank(process_group) if distributed else 0
         self.replicas = replicas if replicas is not None else ReplicaMap.single(process_group)
-        if broadcast and replicas is not None:
-            replicas.broadcast(module)
-        elif broadcast:
-            broadcast_module_state(module, group=process_group)
+        if broadcast:
+            self.replicas.broadcast(module)  # one class: every tensor from the group's first rank, as always
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
