@@ -246,8 +246,7 @@ def test_bad_input_is_refused_before_launch(overrides, tmp_path):
     assert CASES[overrides] in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()  # no rank started
     assert not (tmp_path / "run" / "steps.jsonl").exists()
-    if overrides in ("model.context_length=1000000", "parallel.tp=3", "model=tiny_moe parallel.ep=4"):  # never the
-        # job's work (its attention),
+    if overrides in ("model.context_length=1000000", "parallel.tp=3"):  # never the job's work (its attention),
         # and the mesh's arithmetic needs no torch
         assert seconds <= ANSWERED_S, f"answered in {seconds:.2f} s"
 
