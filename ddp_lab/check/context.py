@@ -332,7 +332,7 @@ def check_attention(target: str, degrees: list[int], names: list[str], timeout_s
                                          log_dir=log_dir)
                 except Exception as exc:  # a rank raised, died or hung
                     failure, trace = ended_by(exc, timeout_s)
-                    if trace is None and isinstance(exc, RanksFailed):
+                    if isinstance(exc, RanksFailed) and exc.timed_out:
                         failure = f"still running after {timeout_s:g} s: {waiting(progress, name, cp)}"
                     lines.append((cp, name, "FAIL", f"{CP_CASES[name]}: FAILED: {failure}", trace))
                     continue

@@ -419,7 +419,7 @@ def check_schedule(target: str, degrees: list[int], names: list[str], timeout_s:
                                          log_dir=log_dir)
                 except Exception as exc:  # a rank raised, died or hung
                     failure, trace = ended_by(exc, timeout_s)
-                    if trace is None and isinstance(exc, RanksFailed):  # a hang: what every stage waited for
+                    if isinstance(exc, RanksFailed) and exc.timed_out:  # a hang: what every stage waited for
                         failure = f"still running after {timeout_s:g} s: {waiting(progress, name, pp)}"
                     m = PP_CASES[name].microbatches
                     if trace is not None and "IndexError" in trace and m < pp - 1:

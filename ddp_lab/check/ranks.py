@@ -38,9 +38,10 @@ class RanksFailed(AssertionError):
     """A rank raised (`errors`: each failed rank's traceback, `failed_ranks`: which ranks, in the same order)
     or the ranks ran past their deadline."""
 
-    def __init__(self, message: str, errors: list[str], failed_ranks: list[int] | None = None):
+    def __init__(self, message: str, errors: list[str], failed_ranks: list[int] | None = None,
+                 timed_out: bool = False):
         super().__init__(message)
-        self.errors, self.failed_ranks = errors, failed_ranks or []
+        self.errors, self.failed_ranks, self.timed_out = errors, failed_ranks or [], timed_out
 
 
 def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, finalize: bool,
@@ -52,10 +53,10 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         os.dup2(log, 1)
         os.dup2(log, 2)
     torch.set_num_threads(1)  # 2 to 5 ranks share 2 cores: oversubscription makes them crawl
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
-    try:
+    try:  # joining the group inside: a rank that dies joining (a bad GLOO_SOCKET_IFNAME) says so, not a hang
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=GLOO_TIMEOUT_S))
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
@@ -63,7 +64,8 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
             f.write(traceback.format_exc())
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     if not finalize:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -121,7 +123,7 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
         try:
             while not context.join(timeout=1):
                 if deadline is not None and time.monotonic() > deadline:
-                    raise RanksFailed(f"the ranks were still running after {timeout_s:g} s", [])
+                    raise RanksFailed(f"the ranks were still running after {timeout_s:g} s", [], timed_out=True)
         except mp.ProcessRaisedException:
             settle = time.monotonic() + RAISE_SETTLE_S  # a peer's own error may still be on its way to its file
             for process in context.processes:

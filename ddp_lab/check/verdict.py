@@ -28,6 +28,7 @@ code (not torch's, not this package's, not Python's own).
 
 from __future__ import annotations
 
+import os
 import re
 import sysconfig
 from dataclasses import dataclass
@@ -217,13 +218,23 @@ SECONDARY = ("Connection closed by peer", "remote worker crashing", "Connection 
              "remote worker hanging")  # gloo's words on a rank whose peer died
 
 
+def _joining_hint() -> str:
+    """The environment variables that choose gloo's network, where set: the usual reason a rank cannot join."""
+    given = [f"{name}={os.environ[name]}" for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME") if name in os.environ]
+    return f" (set here: {', '.join(given)})" if given else ""
+
+
 def ended_by(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
     """What ended a set of ranks, in a line, and the failed rank's traceback where one raised: the first rank that
     raised of its own accord, before one that raised because its peer had died."""
     if isinstance(exc, RanksFailed) and exc.errors:
         first = min(range(len(exc.errors)), key=lambda i: any(s in exc.errors[i] for s in SECONDARY))
-        return f"rank {exc.failed_ranks[first]} raised {crash_line(exc.errors[first])}", exc.errors[first]
-    if isinstance(exc, RanksFailed):
+        error, rank = exc.errors[first], exc.failed_ranks[first]
+        if ", in init_process_group" in error:  # ranks.py joins the group before the user's code runs
+            return f"rank {rank} died joining the process group, before any of the checked code ran: " \
+                   f"{error.strip().splitlines()[-1]}{_joining_hint()}", error
+        return f"rank {rank} raised {crash_line(error)}", error
+    if isinstance(exc, RanksFailed) and exc.timed_out:
         return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
                 "or for a gradient that never comes"), None
     return str(exc), None  # a rank killed by a signal or exiting without raising

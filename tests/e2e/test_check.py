@@ -228,6 +228,21 @@ def test_a_hang_fails_after_the_timeout(capsys):
     assert verdict == "FAIL" and detail.split(": FAILED: ")[1].startswith("still running after 4 s")
 
 
+def test_a_rank_that_dies_joining_the_group_is_named_not_taken_for_a_hang(tmp_path):
+    """A false verdict on public code: a rank whose gloo cannot find its network interface dies in
+    init_process_group, before the wrapper runs. The check said "still running after 120 s" in a run of 5 s (the
+    rank joined before its error file was in place, and a failure without one was taken for a timeout). Its own
+    process: the fork server keeps the environment of the first check in a process."""
+    proc = subprocess.run([sys.executable, "-m", "ddp_lab.check", "tests.helpers.own_ddp.AveragingDDP",
+                           "--world-size", "2", "--cases", "plain", "--logs", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "nope"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    detail = verdicts(proc.stdout)[(2, "plain")][1].split(": FAILED: ")[1]
+    assert detail.startswith("rank ") and " died joining the process group, before any of the checked code ran: " \
+        "RuntimeError: " in detail and "Unable to find address for: nope" in detail, detail
+    assert detail.endswith("(set here: GLOO_SOCKET_IFNAME=nope)") and "still running" not in proc.stdout, detail
+
+
 @pytest.mark.parametrize("argv, message", [
     (["no_such_module.DDP"], "error: cannot import 'no_such_module'"),
     (["ddp_lab.strategies.NoSuchDDP"], "error: 'ddp_lab.strategies' has no class 'NoSuchDDP'"),
