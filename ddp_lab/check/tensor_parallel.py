@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_lab.check.built import refuses_sizes, unset_memory_as_nan, unset_weights
 from ddp_lab.check.cases import locate_class
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.check.verdict import ended_by
@@ -134,6 +135,12 @@ def pair(target: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def takes_2d_inputs(cls: type) -> bool:
+    """A layer opts out of the inputs_2d case with a class attribute `takes_2d_inputs = False` (one documented for
+    (batch, sequence, features) inputs only)."""
+    return getattr(cls, "takes_2d_inputs", True) is not False
+
+
 def group_argument(cls: type) -> str | None:
     """The keyword a layer takes its TP group by (GROUP_ARGUMENTS), or None: it uses every rank."""
     parameters = inspect.signature(cls).parameters
@@ -174,6 +181,23 @@ def parallelize(model: nn.Module, column: type, row: type, sequence_parallel: bo
     return out
 
 
+def nonzero_biases(layers: dict, kinds: dict, group) -> None:
+    """Biases a constructor sets to zero (Megatron's and most frameworks' do) given nonzero values, drawn from one seed
+    (a column layer's piece its rows of one whole bias, in group-rank order; a row layer's bias whole and the same on
+    every rank), before the reference is put together: a zero bias added on every rank adds nothing, and that bug
+    would show only as a drift after the steps instead of at the first forward."""
+    for name, layer in layers.items():
+        bias = _pieces(layer).get("bias")
+        parts = _gathered(bias, group)
+        if bias is None or any(p is None or p.count_nonzero() for p in parts):
+            continue
+        whole = torch.randn(sum(p.numel() for p in parts) if kinds[name] == "column" else bias.numel(),
+                            generator=torch.Generator().manual_seed(SEED + 2)) * 0.1
+        start = sum(p.numel() for p in parts[:dist.get_rank(group)]) if kinds[name] == "column" else 0
+        with torch.no_grad():
+            bias.copy_(whole[start:start + bias.numel()])
+
+
 def assemble(reference: nn.Module, layers: dict, kinds: dict, group) -> None:
     """The reference's whole linears put together from the pieces layers built from sizes drew (column: rows in group
     rank order; row: columns, and the first rank's bias); a piece that does not fit is left for `_offsets` to name."""
@@ -211,6 +235,10 @@ def run_tp_cases(rank: int, world_size: int, column_path: str, row_path: str, na
         if case.sequence_parallel and not (claims_sequence_parallel(column) and claims_sequence_parallel(row)):
             out[name] = {"unclaimed": "the layers take no sequence_parallel argument: none claimed"}
             continue
+        if case.flat and not (takes_2d_inputs(column) and takes_2d_inputs(row)):
+            out[name] = {"unclaimed": "the layers say they take inputs of 3 dimensions only (takes_2d_inputs = "
+                                      "False)"}
+            continue
         if case.dp > 1 and not (group_argument(column) and group_argument(row)):
             out[name] = {"unclaimed": "the layers take no group (group, process_group or tp_group): on a mesh they "
                                       "cannot be told which ranks are their TP group"}
@@ -220,14 +248,24 @@ def run_tp_cases(rank: int, world_size: int, column_path: str, row_path: str, na
         reference = case.build()
         model = copy.deepcopy(reference)
         try:
-            layers = parallelize(model, column, row, case.sequence_parallel, group)
+            with unset_memory_as_nan():
+                layers = parallelize(model, column, row, case.sequence_parallel, group)
         except Exception as exc:  # noqa: BLE001 - a refusal of the user's, reported as the case's
             if name != "uneven" and case.dp == 1:
                 raise
-            out[name] = {"refused" if name == "uneven" else "raised": f"{type(exc).__name__}: {exc}",
-                         "global_rank": rank}
+            said = f"{type(exc).__name__}: {exc}"
+            refused = name == "uneven" and refuses_sizes(exc)
+            if name == "uneven" and not refused:
+                said += (" (no refusal: a layer refuses sizes it cannot split with a ValueError or AssertionError of "
+                         "its own)")
+            out[name] = {"refused" if refused else "raised": said, "global_rank": rank}
+            continue
+        unset = unset_weights(layers)
+        if unset is not None:
+            out[name] = {"unset": unset, "global_rank": rank}
             continue
         if any(size_arguments(type(layer)) for layer in layers.values()):
+            nonzero_biases(layers, model.parallel, group)
             assemble(reference, layers, model.parallel, group)
         out[name] = {**_compare(reference, model, layers, dist.get_rank(group), dist.get_world_size(group),
                                 case.sequence_parallel, group, case.flat), "global_rank": rank}
@@ -369,6 +407,9 @@ def tp_verdict(per_rank: list[dict], tp: int) -> tuple[str, str | None]:
     """("ok" / "skip" / "FAIL", the line's detail or None) from every rank's findings of one case (on a mesh, every
     TP group's: `per_rank` in global rank order, each group `tp` consecutive ranks)."""
     first = per_rank[0]
+    unset = next((r["unset"] for r in per_rank if "unset" in r), None)
+    if unset is not None:
+        return "FAIL", unset
     if "refused" in first:
         return "skip", f"refused when built at tp {tp}: {first['refused']}"
     if "unclaimed" in first:
@@ -467,10 +508,14 @@ def check_pair(target: str, degrees: list[int], names: list[str], timeout_s: flo
     a crashed rank's traceback or None) per case and degree, each case in a set of ranks of its own (a hang or a
     crash costs that case only)."""
     column, row = pair(target)
-    lines = []
+    lines, unset = [], None
     for tp in degrees:
         for name in names:
             dp = TP_CASES[name].dp
+            if unset is not None:  # said once, in the FAIL line above
+                lines.append((tp, name, "skip", "not run: the layers' weights are not finite after they are built "
+                                                "(the FAIL above)", None))
+                continue
             if dp > 1 and tp != MESH_TP:
                 lines.append((tp, name, "skip", f"the mesh case runs at tp {MESH_TP} ({dp} x {MESH_TP} on "
                                                 f"{dp * MESH_TP} ranks)", None))
@@ -483,6 +528,7 @@ def check_pair(target: str, degrees: list[int], names: list[str], timeout_s: flo
                 lines.append((tp, name, "FAIL", f"{TP_CASES[name].proves}: FAILED: {failure}", trace))
                 continue
             verdict_, detail = tp_verdict([r[name] for r in per_rank], tp)
+            unset = next((r[name]["unset"] for r in per_rank if "unset" in r[name]), None)
             shown = TP_CASES[name].proves if verdict_ == "ok" else \
                 detail if verdict_ == "skip" else f"{TP_CASES[name].proves}: FAILED: {detail}"
             lines.append((tp, name, verdict_, shown, None))

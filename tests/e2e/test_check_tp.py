@@ -105,6 +105,51 @@ def test_a_layer_reading_the_global_rank_fails_on_the_mesh_naming_it(capsys):
         "ranks 2-3 does not: the column-parallel w1.weight's pieces ((0, 16), (0, 16)) do not put back" in detail, out
 
 
+def test_weights_left_unset_by_the_constructor_are_said_once_not_blamed_on_communication(capsys):
+    """A false verdict on public code: layers whose constructor leaves torch.empty's memory (drawn by a separate
+    reset_parameters()) failed every case with NaN differences and causes about communication. The check makes such
+    memory NaN while it builds the layers, says once that the weights are not finite and that reset_parameters()
+    exists, and runs nothing more."""
+    code, out, _ = check(f"{SIZED}.UnsetColumn,{SIZED}.SizedRow", "--tp", "2,4", capsys=capsys)
+    found = lines(out)
+    assert code == 1 and [v for v, _ in found.values()].count("FAIL") == 1, out
+    verdict, detail = found[(2, "mlp")]
+    assert verdict == "FAIL" and detail.split("FAILED: ")[1] == (
+        "the layers' weights are not finite after they are built (w1.weight, w1.bias: memory torch.empty left unset, "
+        "which the check makes NaN so that it shows on every run): no case can train them; UnsetColumn has "
+        "reset_parameters(): call it in the constructor, or draw the weights there"), out
+    assert all(v == "skip" and d.startswith("not run: the layers' weights are not finite") for key, (v, d)
+               in found.items() if key != (2, "mlp")), out
+
+
+def test_a_zero_bias_added_on_every_rank_is_named_at_the_first_step(capsys):
+    """A false verdict on public code: a row-parallel layer built from sizes, its bias zeros (as Megatron's), that
+    adds the bias on every rank passed the forward (zero added tp times is zero) and failed only on a drift after 3
+    steps, blamed on the steps. Zero biases now get nonzero values before the reference is put together."""
+    code, out, _ = check(f"{SIZED}.SizedColumn,{SIZED}.SizedRowBiasOnEveryRank", "--tp", "2,4", "--cases", "mlp",
+                         capsys=capsys)
+    found = lines(out)
+    assert code == 1, out
+    for tp in (2, 4):
+        assert found[(tp, "mlp")][1].split("FAILED: ")[1].startswith(
+            f"a row-parallel layer adds its bias on every rank (w2: the output is off by {tp - 1} x its bias"), out
+
+
+def test_uneven_calls_refused_only_the_layers_own_check_and_a_layer_may_take_3d_inputs_only(capsys):
+    """A TypeError of the layer's own making on a size that does not divide is a crash, not a refusal (the uneven
+    case called any build error refused); a layer that says `takes_2d_inputs = False` skips inputs_2d."""
+    code, out, _ = check(f"{SIZED}.UnevenTypeError,{SIZED}.SizedRow", "--tp", "2", "--cases", "uneven",
+                         capsys=capsys)
+    verdict, detail = lines(out)[(2, "uneven")]
+    assert code == 1 and verdict == "FAIL" and "rank 0 raised when its layers were built: TypeError: " in detail \
+        and detail.endswith("(no refusal: a layer refuses sizes it cannot split with a ValueError or AssertionError "
+                            "of its own)"), out
+    code, out, _ = check(f"{SIZED}.ThreeDimensionalColumn,{SIZED}.SizedRow", "--tp", "2", "--cases", "mlp,inputs_2d",
+                         capsys=capsys)
+    assert code == 0 and lines(out)[(2, "inputs_2d")] == (
+        "skip", "the layers say they take inputs of 3 dimensions only (takes_2d_inputs = False)"), out
+
+
 @pytest.mark.parametrize("argv, message", [
     ([f"{HELPERS}.ColumnParallelLinear,{HELPERS}.RowParallelLinear", "--tp", "1"], "error: --tp takes ranks >= 2"),
     ([f"{HELPERS}.ColumnParallelLinear", "--tp", "2"], "error: 'tests.helpers.course_tp.ColumnParallelLinear': a "

@@ -96,3 +96,54 @@ class GlobalRankColumn(SizedColumn):
 
     def _rank(self) -> int:
         return dist.get_rank()
+
+
+class SizedRowBiasOnEveryRank(SizedRow):
+    """Wrong: adds its bias to each partial output before the sum, so the output carries it tp times. Its bias starts
+    at zero (as Megatron's does), which hid the bug from the check until the bias had moved: a drift after 3 steps
+    blamed on the steps, not the bias at step one."""
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        return _Reduce.apply(y, self.group)
+
+
+class UnsetColumn(SizedColumn):
+    """Right once `reset_parameters()` has run; its constructor leaves the weight and bias as torch.empty made them,
+    as frameworks that initialize later (a model's `init_weights`, or on the meta device) write it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None):
+        super().__init__(in_features, out_features, bias, group)
+        self.weight = nn.Parameter(torch.empty_like(self.weight))
+        self.bias = nn.Parameter(torch.empty_like(self.bias)) if bias else None
+
+    def reset_parameters(self) -> None:
+        rows = self.weight.shape[0]
+        rank = self._rank()
+        with torch.no_grad():
+            self.weight.copy_(_master_weight(rows * dist.get_world_size(self.group), self.weight.shape[1])
+                              [rank * rows:(rank + 1) * rows])
+            if self.bias is not None:
+                self.bias.zero_()
+
+
+class UnevenTypeError(SizedColumn):
+    """Crashes on a size the group does not divide with a TypeError of its own making (a float where an int belongs),
+    which is no refusal: the uneven case must not call it one."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None):
+        size = dist.get_world_size(group)
+        if out_features % size:
+            torch.zeros(out_features / size)  # TypeError: a float size
+        super().__init__(in_features, out_features, bias, group)
+
+
+class ThreeDimensionalColumn(SizedColumn):
+    """Right, and documented for (batch, sequence, features) inputs only: it says so, and the inputs_2d case skips."""
+
+    takes_2d_inputs = False
+
+    def forward(self, x):
+        if x.ndim != 3:
+            raise ValueError("ThreeDimensionalColumn takes (batch, sequence, features)")
+        return super().forward(x)
