@@ -8,6 +8,7 @@
     python -m ddp_lab.check my_pkg.tp.ColumnParallelLinear,my_pkg.tp.RowParallelLinear --tp 2,4   # tensor_parallel.py
     python -m ddp_lab.check my_pkg.pp.one_f_one_b --pp 2,4        # a pipeline schedule: pipeline.py
     python -m ddp_lab.check my_pkg.cp.ring_attention --cp 2,4     # a context-parallel attention: context.py
+    python -m ddp_lab.check my_pkg.moe.MoE --ep 2,4               # an expert-parallel mixture of experts: experts.py
 
 The wrapper keeps the contract of ddp_lab/strategies/base.py as far as a CS336-style DDP does: `MyDDP(module,
 **kwargs)`, a forward, and `finish_gradient_synchronization()` called after backward. `no_sync()` (for the
@@ -29,7 +30,7 @@ system's temporary directory, or `--logs DIR`), kept and named when a case faile
 traceback; `--traceback` prints it), removed when none did. Exit status: 0 when no case
 failed, 1 when one did, 2 for bad input.
 Every case and option: docs/check.md (tensor parallelism: check_tp.md; pipelines: check_pp.md; context parallelism:
-check_cp.md).
+check_cp.md; experts: check_ep.md).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ from ddp_lab.check.cases import (
 )
 from ddp_lab.check.context import CP_CASES, check_attention
 from ddp_lab.check.context import header as attention_header
+from ddp_lab.check.experts import EP_CASES, check_layer
+from ddp_lab.check.experts import header as layer_header
 from ddp_lab.check.models import use_layers
 from ddp_lab.check.observe import describe
 from ddp_lab.check.parity import ATOL, RTOL, STEPS
@@ -256,11 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="the wrapper class, as a dotted path (my_pkg.ddp.MyDDP); a tensor-parallel "
                                        "pair, the column- and the row-parallel layer comma-separated; with --pp, a "
-                                       "pipeline schedule function; with --cp, an attention function")
+                                       "pipeline schedule function; with --cp, an attention function; with --ep, a "
+                                       "mixture-of-experts layer class")
     parser.add_argument("--world-size", default=None, help="gloo ranks, comma-separated (default: 2,3)")
     parser.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (a tensor-parallel "
                                                       f"pair: of {', '.join(TP_CASES)}; a schedule: of "
-                                                      f"{', '.join(PP_CASES)})")
+                                                      f"{', '.join(PP_CASES)}; a mixture of experts: of "
+                                                      f"{', '.join(EP_CASES)})")
     parser.add_argument("--tp", default=None, metavar="DEGREES",
                         help="a tensor-parallel pair's TP degrees, comma-separated (default 2,4)")
     parser.add_argument("--pp", default=None, metavar="DEGREES",
@@ -268,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cp", default=None, metavar="DEGREES",
                         help="check a context-parallel attention (q, k, v, group, causal) -> out on these cp degrees, "
                              "comma-separated (docs/check_cp.md)")
+    parser.add_argument("--ep", default=None, metavar="DEGREES",
+                        help="check an expert-parallel mixture-of-experts layer (the target) on these ep degrees, "
+                             "comma-separated (docs/check_ep.md)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default=None,
                         help="with --cp: the dtype the attention runs in (default float64; float32 for code that "
                              "runs in no other)")
@@ -295,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tensor_parallel = "," in args.target or args.tp is not None
     try:
+        if args.ep is not None:
+            return _main_other(args, log_dir, ours, "ep")
         if args.cp is not None:
             return _main_other(args, log_dir, ours, "cp")
         if args.pp is not None:
@@ -333,10 +343,11 @@ def _case_names(given: str | None, cases: dict) -> list[str]:
 def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
     """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp"), the pipeline check of a schedule ("pp") or the
     context-parallel check of an attention function ("cp"); ValueError for bad input."""
-    if sum(getattr(args, a) is not None for a in ("tp", "pp", "cp")) > 1:
-        raise ValueError("--tp checks a pair of layers, --pp a schedule, --cp an attention: one at a time")
+    if sum(getattr(args, a) is not None for a in ("tp", "pp", "cp", "ep")) > 1:
+        raise ValueError("--tp checks a pair of layers, --pp a schedule, --cp an attention, --ep a mixture of "
+                         "experts: one at a time")
     degrees = _world_sizes(getattr(args, axis) or "2,4", f"--{axis}")
-    names = _case_names(args.cases, {"tp": TP_CASES, "pp": PP_CASES, "cp": CP_CASES}[axis])
+    names = _case_names(args.cases, {"tp": TP_CASES, "pp": PP_CASES, "cp": CP_CASES, "ep": EP_CASES}[axis])
     for flag, given in (("--world-size", args.world_size), ("--set", args.set), ("--same-init", args.same_init),
                         ("--expect", args.expect), ("--layers", args.layers), ("--fsdp", args.fsdp)):
         if given:
@@ -350,7 +361,8 @@ def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
         lines = check_attention(args.target, degrees, names, args.timeout, log_dir, dtype)
         print(attention_header(args.target, dtype))
         return _report(lines, log_dir, ours, args.traceback, unit=axis)
-    check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
+    check_, header = {"tp": (check_pair, pair_header), "pp": (check_schedule, schedule_header),
+                      "ep": (check_layer, layer_header)}[axis]
     lines = check_(args.target, degrees, names, args.timeout, log_dir)
     print(header(args.target))
     return _report(lines, log_dir, ours, args.traceback, unit=axis)
