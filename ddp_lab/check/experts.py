@@ -251,9 +251,11 @@ def run_ep_case(rank: int, world: int, target: str, name: str, progress: str) ->
         experts = expert_names(places)
         ep_rank = dist.get_rank(group)
         for name, p in reference.named_parameters():
-            p.requires_grad_(name not in experts)
-        for name, (p, _) in _pieces_of(layer, reference, places, ep_rank, ep).items():
-            p.requires_grad_(name not in experts)
+            if name in experts:
+                p.requires_grad_(False)
+        for name, (p, _, _) in _pieces_of(layer, reference, places, ep_rank, ep).items():
+            if name in experts:
+                p.requires_grad_(False)
     exchanged = Exchanged(Path(progress, f"rank{rank}.{name}.cp"), group)
     with unset_memory_as_nan():
         found = _compare(reference, layer, places, xs, rank, world, group, edp, case.dp, exchanged)
@@ -333,17 +335,21 @@ def _ratio(got, expected) -> float | None:
 
 
 def _pieces_of(layer: nn.Module, reference: nn.Module, places: dict, ep_rank: int, ep: int) -> dict:
-    """{one-process name: (this rank's tensor, the one-process tensor's matching part)} for every parameter this rank
-    holds."""
+    """{one-process name: (this rank's tensor, the one-process parameter, the rows of it this rank holds or None for
+    all)} for every parameter this rank holds."""
     mine, whole = dict(layer.named_parameters()), dict(reference.named_parameters())
     share = EXPERTS // ep
     out = {}
     for name, (kind, owner, where) in places.items():
         if kind == "stacked":
-            out[name] = (mine[where], whole[name][ep_rank * share:(ep_rank + 1) * share])
+            out[name] = (mine[where], whole[name], slice(ep_rank * share, (ep_rank + 1) * share))
         elif kind == "whole" or owner == ep_rank:
-            out[name] = (mine[where], whole[name])
+            out[name] = (mine[where], whole[name], None)
     return out
+
+
+def _rows(t: torch.Tensor | None, rows: slice | None) -> torch.Tensor | None:
+    return None if t is None else (t if rows is None else t[rows]).detach().clone()
 
 
 def _grad(t):
@@ -382,15 +388,15 @@ def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchange
         pairs = _pieces_of(layer, reference, places, ep_rank, ep)
         if step == 0:
             found["input_grad"] = _differs(_grad(given), everything.grad[share])
-            found["grads"] = {name: (_grad(got), None if ref.grad is None else ref.grad.detach().clone())
-                              for name, (got, ref) in pairs.items() if ref.requires_grad}
+            found["grads"] = {name: (_grad(got), _rows(ref.grad, rows))
+                              for name, (got, ref, rows) in pairs.items() if ref.requires_grad}
             found["experts"] = sorted(experts)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
-    found["weights"] = {name: _differs(got.detach(), ref.detach()) for name, (got, ref)
-                        in _pieces_of(layer, reference, places, ep_rank, ep).items()}
-    found["frozen_moved"] = [name for name, (got, ref) in _pieces_of(layer, reference, places, ep_rank, ep).items()
+    held = _pieces_of(layer, reference, places, ep_rank, ep)
+    found["weights"] = {name: _differs(got.detach(), _rows(ref, rows)) for name, (got, ref, rows) in held.items()}
+    found["frozen_moved"] = [name for name, (got, ref, rows) in held.items()
                              if not ref.requires_grad and found["weights"][name] is not None]
     return found
 

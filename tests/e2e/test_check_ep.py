@@ -33,6 +33,14 @@ def test_a_right_layer_passes_every_case_at_ep_2_and_4_and_its_bytes_are_the_for
     assert uneven.endswith(" 0 0 0 0") and uneven.split("over the steps: ")[1].split()[0] == "72", uneven
 
 
+def test_the_labs_own_layer_with_stacked_experts_passes(capsys):
+    """The lab's MoE under the check's contract (tests/helpers/moe.py LabMoE): stacked experts, a frozen selection bias
+    that must stay frozen in the frozen case, and the lab's exchange; the student's layer holds a module list."""
+    code, out, _ = check("tests.helpers.moe.LabMoE", "--ep", "2", "--cases", "softmax,uneven,frozen,mesh",
+                         capsys=capsys)
+    assert code == 0 and out.strip().endswith("every case passed (4)"), out
+
+
 @pytest.mark.parametrize("layer, cases, cause", [
     ("NoAutogradExchange", "softmax", "no expert trains: the gradient of experts.0.down.weight"),
     ("DetachedGates", "softmax", "the router gets no gradient through the output, on one process too"),

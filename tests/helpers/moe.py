@@ -3,11 +3,15 @@ set-up, and the traps (each a version of the exchange or the router with one kno
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 
 from ddp_lab.check.models import CONTEXT, VOCAB
-from ddp_lab.models.moe import MoETransformer
+from ddp_lab.expert_parallel import EXPERT_TENSORS
+from ddp_lab.expert_parallel.exchange import LabExchange, Tally
+from ddp_lab.models.moe import MoE, MoETransformer
 
 EXPERTS = 4
 
@@ -86,3 +90,25 @@ def no_autograd_exchange(exchange_object) -> None:
         out = experts(send(x, s, r)[order], received.sum(0).tolist())
         return send(out[torch.argsort(order)], r, s)
     return call
+
+
+class LabMoE(MoE):
+    """The lab's own mixture layer under `ddp_lab.check --ep`'s contract (docs/check_ep.md): built from sizes and its
+    ep group, its stacked experts cut to this rank's run, the lab's exchange over the group, its balancing loss
+    summed over the group and returned beside the output. The user-facing check passing it, as the parity suite does,
+    holds the check's stacked-expert path to the lab's layer."""
+
+    def __init__(self, d_model: int, expert_d_ff: int, experts: int, top_k: int, group, router: str = "softmax"):
+        super().__init__(d_model, experts, top_k, expert_d_ff, router=router, balance="aux_loss")
+        ep, index = dist.get_world_size(group), dist.get_rank(group)
+        share = experts // ep
+        for name in EXPERT_TENSORS:
+            whole = getattr(self.experts, name).data
+            setattr(self.experts, name, torch.nn.Parameter(whole[index * share:(index + 1) * share].clone()))
+        self.experts.first = index * share
+        self.exchange = LabExchange(ep, group, Tally())
+        self.sum_over_replicas = partial(dist.all_reduce, group=group)
+        self.replicas = ep
+
+    def forward(self, x):
+        return super().forward(x), self.pop_aux()
