@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="check an expert-parallel mixture-of-experts layer (the target) on these ep degrees, "
                              "comma-separated (docs/check_ep.md)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default=None,
-                        help="with --cp: the dtype the attention runs in (default float64; float32 for code that "
-                             "runs in no other)")
+                        help="with --cp or --ep: the dtype the attention or the layer runs in (default float64; "
+                             "float32 for code that runs in no other)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a keyword argument for the wrapper's constructor (repeat for more)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a set of ranks may run (default 120)")
@@ -353,16 +353,20 @@ def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
         if given:
             raise ValueError(f"{flag} is a data-parallel check's option; --{axis} takes its degrees, --cases, "
                              "--timeout, --logs and --traceback")
-    if args.dtype is not None and axis != "cp":
-        raise ValueError(f"--dtype is the context-parallel check's option; --{axis} takes its degrees, --cases, "
-                         "--timeout, --logs and --traceback")
+    if args.dtype is not None and axis not in ("cp", "ep"):
+        raise ValueError(f"--dtype is the context-parallel and expert-parallel checks' option; --{axis} takes its "
+                         "degrees, --cases, --timeout, --logs and --traceback")
     if axis == "cp":
         dtype = args.dtype or "float64"
         lines = check_attention(args.target, degrees, names, args.timeout, log_dir, dtype)
         print(attention_header(args.target, dtype))
         return _report(lines, log_dir, ours, args.traceback, unit=axis)
-    check_, header = {"tp": (check_pair, pair_header), "pp": (check_schedule, schedule_header),
-                      "ep": (check_layer, layer_header)}[axis]
+    if axis == "ep":
+        dtype = args.dtype or "float64"
+        lines = check_layer(args.target, degrees, names, args.timeout, log_dir, dtype)
+        print(layer_header(args.target, dtype))
+        return _report(lines, log_dir, ours, args.traceback, unit=axis)
+    check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
     lines = check_(args.target, degrees, names, args.timeout, log_dir)
     print(header(args.target))
     return _report(lines, log_dir, ours, args.traceback, unit=axis)

@@ -15,7 +15,8 @@ one process's mean (the shares sum to it) plus its balancing loss over the ranks
 whole parameters' gradients over every rank and each expert's over its copies (the expert-data-parallel group), as
 the lab's replica map does. The output, the input's gradient, the balancing loss, the router's and every expert's
 gradient and the weights after the steps must equal one process's. A FAIL names the first thing that differs and
-the cause it points to (`_cause`). While the layer is built and runs, memory torch.empty leaves is NaN (built.py):
+the cause it points to (`_cause`). `--dtype float32` runs both in float32 instead, for a kernel that refuses
+float64 (TOLERANCES). While the layer is built and runs, memory torch.empty leaves is NaN (built.py):
 rows a receive buffer never got show as NaN, on every run.
 """
 
@@ -43,7 +44,10 @@ KiB = 1024
 D_MODEL, D_FF, EXPERTS, TOP_K, TOKENS = 16, 8, 8, 2, 12  # TOKENS per rank; EXPERTS split by ep 2 and 4
 BATCH = 2  # a rank's tokens as (BATCH, TOKENS / BATCH, D_MODEL), as a Transformer block hands them over
 STEPS, LR, SEED = 3, 0.1, 4321
-ATOL, RTOL = 1e-9, 1e-7  # float64 throughout
+TOLERANCES = {"float64": (1e-9, 1e-7), "float32": (1e-5, 1e-4)}
+"""(atol, rtol) the output, gradients and weights must equal one process's within, by the dtype both run in
+(`--dtype`): float64's rounding is about 1e-15 of values of order 1, float32's about 1e-7 (a ratio of ep or a lost
+row is orders of magnitude beyond either); float32 for a kernel that refuses float64 (torch._grouped_mm)."""
 WIDTH = ("d_model", "hidden_size", "dim", "model_dim", "embed_dim")
 EXPERT_WIDTH = ("d_ff", "expert_d_ff", "ffn_dim", "hidden_dim", "intermediate_size", "moe_intermediate_size",
                 "moe_inter_dim", "d_expert", "expert_hidden")
@@ -53,6 +57,7 @@ GROUP = ("group", "ep_group", "process_group", "expert_group")
 SCORE = ("score_func", "scoring_func", "router", "score")
 MESH_DP, MESH_EP = 2, 2
 GLOO_LIST_ALL_TO_ALL = "ProcessGroupGloo::alltoall: invalid tensor size"
+REFUSES_FLOAT64 = ("got Double", "not implemented for 'Double'")  # torch's words where a kernel takes no float64
 OUTPUT_DIFFERS = "the output differs from one process"
 
 
@@ -62,7 +67,7 @@ class EPCase:
     proves: str
     top_k: int = TOP_K
     score: str | None = None  # "sigmoid": run where the layer takes a score function (SCORE)
-    skewed: bool = False  # the router steered: most rows to expert 0, none to the last rank's experts
+    skewed: bool = False  # the router steered: every token picks expert 0, none the last rank's experts
     frozen: bool = False  # every expert frozen
     dp: int = 1  # data-parallel copies of the ep group: dp x ep ranks, each ep group consecutive ranks
 
@@ -121,16 +126,18 @@ def build(cls: type, case: EPCase, group) -> nn.Module:
 # --- where each piece of a rank's layer lies in the one-process layer ---------------------------------------------
 
 
-def placement(pieces: dict[str, tuple], whole: dict[str, tuple], ep: int, rank: int) -> dict:
-    """{one-process name: (kind, owner ep rank, the owner's piece name)} read from the names and shapes of a rank's
-    parameters (`pieces`) and the one-process layer's (`whole`): "whole" (every rank holds it; owner 0), "stacked"
-    (rows of every rank's piece, in rank order; owner None) or "listed" (one expert of a module list, held by one
-    rank). Module lists are numbered from 0 on every rank (`experts.1` on rank r is global expert r x share + 1) or
-    globally (`experts.5`). ValueError naming a parameter that fits none."""
+def placement(pieces: list[dict[str, tuple]], whole: dict[str, tuple]) -> dict:
+    """{one-process name: (kind, owner ep rank, the owner's piece name)} read from the names and shapes of every ep
+    rank's parameters (`pieces`, in group-rank order) and the one-process layer's (`whole`): "whole" (every rank
+    holds it; owner 0), "stacked" (rows of every rank's piece, in rank order; owner None) or "listed" (one expert of
+    a module list, held by one rank). Module lists are numbered from 0 on every rank (`experts.1` on rank r is global
+    expert r x share + 1) or globally (`experts.5`), which rank 1's numbers tell. ValueError naming a parameter that
+    fits none."""
+    ep = len(pieces)
     share = EXPERTS // ep
-    listed = _listed(pieces, whole, share)
+    listed = _listed(pieces[0], whole, share)
     out = {}
-    for name, shape in pieces.items():
+    for name, shape in pieces[0].items():
         if name in listed:
             continue
         if name in whole and whole[name] == shape:
@@ -141,13 +148,13 @@ def placement(pieces: dict[str, tuple], whole: dict[str, tuple], ep: int, rank: 
             raise ValueError(f"{name} {tuple(shape)} is neither the one-process layer's whole {name} nor its rows for "
                              f"{share} of {EXPERTS} experts" if name in whole else
                              f"{name} is a parameter the one-process layer does not have")
-    kinds = {(prefix, rest) for prefix, _, rest in listed.values()}
-    for prefix, rest in kinds:
-        indices = {index for p, index, r in listed.values() if (p, r) == (prefix, rest)}
-        numbered_globally = min(indices) == rank * share and rank > 0
+    for prefix, rest in {(prefix, rest) for prefix, _, rest in listed.values()}:
+        second = _listed(pieces[1], whole, share) if ep > 1 else {}
+        numbers = [index for p, index, r in second.values() if (p, r) == (prefix, rest)]
+        globally = bool(numbers) and min(numbers) == share
         for expert in range(EXPERTS):
             owner = expert // share
-            index = expert if numbered_globally else expert - owner * share
+            index = expert if globally else expert - owner * share
             out[f"{prefix}{expert}{rest}"] = ("listed", owner, f"{prefix}{index}{rest}")
     return out
 
@@ -193,7 +200,7 @@ def _tokens(world: int) -> list[torch.Tensor]:
     """Every rank's tokens, from one seed."""
     generator = torch.Generator().manual_seed(SEED + 1)
     return [torch.randn(BATCH, TOKENS // BATCH, D_MODEL, generator=generator, dtype=torch.float64)
-            for _ in range(world)]
+            .to(torch.get_default_dtype()) for _ in range(world)]
 
 
 def _steer(reference: nn.Module, layer: nn.Module, places: dict, ep: int, xs: list[torch.Tensor]) -> bool:
@@ -216,10 +223,10 @@ def _steer(reference: nn.Module, layer: nn.Module, places: dict, ep: int, xs: li
     return True
 
 
-def run_ep_case(rank: int, world: int, target: str, name: str, progress: str) -> dict:
+def run_ep_case(rank: int, world: int, target: str, name: str, progress: str, dtype: str = "float64") -> dict:
     """On every rank: what differs from one process, read here (`_compare`); or what the layer raised when built,
     its weights left unset, a piece that fits nowhere."""
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(getattr(torch, dtype))
     cls, case = locate_class(target), EP_CASES[name]
     ep = world // case.dp
     if case.score and arguments(cls)["score"] is None:
@@ -237,10 +244,10 @@ def run_ep_case(rank: int, world: int, target: str, name: str, progress: str) ->
     unset = unset_weights({"layer": layer})
     if unset:
         return {"unset": unset}
-    pieces = {n: tuple(p.shape) for n, p in layer.named_parameters()}
+    held = [None] * ep
+    dist.all_gather_object(held, {n: tuple(p.shape) for n, p in layer.named_parameters()}, group=group)
     try:
-        places = placement(pieces, {n: tuple(p.shape) for n, p in reference.named_parameters()}, ep,
-                           dist.get_rank(group))
+        places = placement(held, {n: tuple(p.shape) for n, p in reference.named_parameters()})
     except ValueError as exc:
         return {"pieces": str(exc)}
     _put_together(reference, layer, places, ep, world)
@@ -258,7 +265,8 @@ def run_ep_case(rank: int, world: int, target: str, name: str, progress: str) ->
                 p.requires_grad_(False)
     exchanged = Exchanged(Path(progress, f"rank{rank}.{name}.cp"), group)
     with unset_memory_as_nan():
-        found = _compare(reference, layer, places, xs, rank, world, group, edp, case.dp, exchanged)
+        found = _compare(reference, layer, places, xs, rank, world, group, edp, case.dp, exchanged,
+                         TOLERANCES[dtype])
     return {**found, "row_bytes": exchanged.row_bytes, "load": exchanged.load, "others_rows": exchanged.others_rows,
             "counted": exchanged.counted}
 
@@ -316,22 +324,22 @@ def _call(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return out, None
 
 
-def _differs(got, expected) -> float | None:
+def _differs(got, expected, tolerance: tuple[float, float]) -> float | None:
     if got is None or expected is None:
         return None if got is expected else float("inf")
     if got.shape != expected.shape or not torch.isfinite(got).all():
         return float("inf")
-    if torch.allclose(got, expected, atol=ATOL, rtol=RTOL):
+    if torch.allclose(got, expected, atol=tolerance[0], rtol=tolerance[1]):
         return None
     return (got - expected).abs().max().item()
 
 
-def _ratio(got, expected) -> float | None:
-    """got / expected where one factor (to 1e-6) makes them equal, else None."""
+def _ratio(got, expected, tolerance: tuple[float, float]) -> float | None:
+    """got / expected where one factor (within the tolerance) makes them equal, else None."""
     if got is None or expected is None or got.shape != expected.shape or expected.abs().max() == 0:
         return None
     factor = float((got * expected).sum() / (expected * expected).sum())
-    return factor if torch.allclose(got, factor * expected, atol=ATOL, rtol=1e-6) else None
+    return factor if torch.allclose(got, factor * expected, atol=tolerance[0], rtol=tolerance[1]) else None
 
 
 def _pieces_of(layer: nn.Module, reference: nn.Module, places: dict, ep_rank: int, ep: int) -> dict:
@@ -356,17 +364,18 @@ def _grad(t):
     return None if t.grad is None else t.grad.detach().clone()
 
 
-def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchanged: Exchanged) -> dict:
+def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchanged: Exchanged,
+             tolerance: tuple[float, float]) -> dict:
     """Both trained on the same tokens; this rank's findings."""
     ep, ep_rank = world // dp, dist.get_rank(group)
     mine = xs[rank].clone()
     whole = torch.cat(xs)
     share = slice(rank * BATCH, (rank + 1) * BATCH)
     generator = torch.Generator().manual_seed(SEED + 2)
-    target = torch.randn(whole.shape, generator=generator, dtype=torch.float64)
+    target = torch.randn(whole.shape, generator=generator, dtype=torch.float64).to(whole.dtype)
     optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=LR) for m in (reference, layer)]
     experts = expert_names(places)
-    found: dict = {"rank": rank}
+    found: dict = {"rank": rank, "tolerance": tolerance}
     for step in range(STEPS):
         given = mine.clone().requires_grad_(True)
         with exchanged.watching():
@@ -378,7 +387,7 @@ def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchange
         loss_ref = F.mse_loss(y_ref, target, reduction="sum") / whole.numel() + (aux_ref if balance else 0)
         if step == 0:
             found["nan_output"] = not torch.isfinite(y.detach()).all()
-            found["output"] = _differs(y.detach(), y_ref.detach()[share])
+            found["output"] = _differs(y.detach(), y_ref.detach()[share], tolerance)
             found["aux"] = None if not balance else (aux.detach().clone(), aux_ref.detach().clone())
             found["router_dead"] = _router_dead(reference, places, experts, y_ref, target)
         with exchanged.watching():
@@ -387,7 +396,7 @@ def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchange
         _synchronize(layer, places, experts, edp, ep_rank)
         pairs = _pieces_of(layer, reference, places, ep_rank, ep)
         if step == 0:
-            found["input_grad"] = _differs(_grad(given), everything.grad[share])
+            found["input_grad"] = _differs(_grad(given), everything.grad[share], tolerance)
             found["grads"] = {name: (_grad(got), _rows(ref.grad, rows))
                               for name, (got, ref, rows) in pairs.items() if ref.requires_grad}
             found["experts"] = sorted(experts)
@@ -395,7 +404,8 @@ def _compare(reference, layer, places, xs, rank, world, group, edp, dp, exchange
             optimizer.step()
             optimizer.zero_grad()
     held = _pieces_of(layer, reference, places, ep_rank, ep)
-    found["weights"] = {name: _differs(got.detach(), _rows(ref, rows)) for name, (got, ref, rows) in held.items()}
+    found["weights"] = {name: _differs(got.detach(), _rows(ref, rows), tolerance)
+                        for name, (got, ref, rows) in held.items()}
     found["frozen_moved"] = [name for name, (got, ref, rows) in held.items()
                              if not ref.requires_grad and found["weights"][name] is not None]
     return found
@@ -441,6 +451,7 @@ def ep_verdict(per_rank: list[dict], ep: int) -> tuple[str, str | None]:
 
 def _cause(per_rank: list[dict], ep: int) -> str | None:
     """The first thing that differs from one process, and what it points to."""
+    tolerance = per_rank[0].get("tolerance", TOLERANCES["float64"])
     nan = [r["rank"] for r in per_rank if r["nan_output"]]
     if nan:
         return (f"rank {nan[0]}'s output holds rows its receive buffer never got (NaN: the check fills unset memory "
@@ -468,7 +479,7 @@ def _cause(per_rank: list[dict], ep: int) -> str | None:
     if aux is not None:
         mean = sum(float(r["aux"][0]) for r in per_rank) / len(per_rank)
         expected = float(aux[1])
-        if abs(mean - expected) > 1e-9 + 1e-7 * abs(expected):
+        if abs(mean - expected) > tolerance[0] + tolerance[1] * abs(expected):
             return (f"the balancing loss differs from one process's over every rank's tokens (the ranks' mean "
                     f"{mean:.6g}, one process {expected:.6g}): a per-rank loss, each rank's load and probabilities "
                     "its own tokens'; sum the counts over the ranks (and scale this rank's share so the ranks' mean "
@@ -480,16 +491,18 @@ def _cause(per_rank: list[dict], ep: int) -> str | None:
         return (f"no expert trains: the gradient of {', '.join(none[:3])}{' ...' if len(none) > 3 else ''} is None "
                 "while the output is right: the all-to-all runs outside autograd (a plain all_to_all_single on "
                 "detached rows; wrap it in an autograd Function whose backward sends the gradients back)")
-    ratios = [_ratio(got, ref) for r in per_rank for n, (got, ref) in r["grads"].items()
-              if n in experts and got is not None and _differs(got, ref) is not None]
-    if ratios and all(q is not None for q in ratios) and max(ratios) - min(ratios) < 1e-6 * abs(max(ratios)):
+    ratios = [_ratio(got, ref, tolerance) for r in per_rank for n, (got, ref) in r["grads"].items()
+              if n in experts and got is not None and _differs(got, ref, tolerance) is not None]
+    near = 10 * tolerance[1]  # factors that agree to the dtype's rounding
+    if ratios and all(q is not None for q in ratios) and max(ratios) - min(ratios) < near * abs(max(ratios)):
         factor = ratios[0]
-        times = f"{factor:.4g} times" if abs(factor - round(factor)) > 1e-6 else f"{round(factor)} times"
+        times = f"{factor:.4g} times" if abs(factor - round(factor)) > near else f"{round(factor)} times"
         hint = f" (ep = {ep}: averaged, or scaled, as if the experts were copies on the ep ranks)" \
-            if abs(factor - ep) < 1e-6 or abs(factor - 1 / ep) < 1e-6 else ""
+            if abs(factor - ep) < near * ep or abs(factor - 1 / ep) < near else ""
         return (f"every expert's gradient is {times} one process's while the output is right{hint}: an expert's "
                 "gradient already sums every rank's tokens through the combine's backward")
-    wrong = sorted({n for r in per_rank for n, (got, ref) in r["grads"].items() if _differs(got, ref) is not None})
+    wrong = sorted({n for r in per_rank for n, (got, ref) in r["grads"].items()
+                    if _differs(got, ref, tolerance) is not None})
     if wrong:
         kind = "an expert's" if set(wrong) <= experts else "a parameter's"
         return f"{kind} gradient differs while the output is right ({', '.join(wrong[:4])})"
@@ -528,7 +541,8 @@ def seen_line(per_rank: list[dict], ep: int) -> str:
 # --- run from the command line ------------------------------------------------------------------------------------
 
 
-def check_layer(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str) -> list[tuple]:
+def check_layer(target: str, degrees: list[int], names: list[str], timeout_s: float, log_dir: str,
+                dtype: str = "float64") -> list[tuple]:
     """(ep, case, verdict, detail, a crashed rank's traceback or None) per case and degree, each case in a set of
     ranks of its own."""
     cls = locate_class(target)
@@ -553,12 +567,14 @@ def check_layer(target: str, degrees: list[int], names: list[str], timeout_s: fl
             world = case.dp * ep
             with tempfile.TemporaryDirectory() as progress:
                 try:
-                    per_rank = run_ranks(run_ep_case, world, target, name, progress, timeout_s=timeout_s,
+                    per_rank = run_ranks(run_ep_case, world, target, name, progress, dtype, timeout_s=timeout_s,
                                          log_dir=log_dir)
                 except Exception as exc:  # a rank raised, died or hung
                     failure, trace = ended_by(exc, timeout_s)
                     if isinstance(exc, RanksFailed) and exc.timed_out:
                         failure = f"still running after {timeout_s:g} s: {waiting(progress, name, world)}"
+                    elif trace is not None and dtype == "float64" and any(w in trace for w in REFUSES_FLOAT64):
+                        failure = f"{failure}: a kernel that refuses float64: run the check with --dtype float32"
                     elif trace is not None and GLOO_LIST_ALL_TO_ALL in trace:
                         failure = (f"{failure}: not checkable on gloo as written: gloo's all_to_all (the list form) "
                                    "takes tensors of one size only, where NCCL takes any; send the rows with "
@@ -597,8 +613,8 @@ def _aborted_on_sizes(log_dir: str) -> bool:
                for path in Path(log_dir).glob("rank*.log"))
 
 
-def header(target: str) -> str:
-    return (f"{target} (expert-parallel) against single-process training (float64, atol {ATOL:g}, rtol {RTOL:g}; "
+def header(target: str, dtype: str = "float64") -> str:
+    atol, rtol = TOLERANCES[dtype]
+    return (f"{target} (expert-parallel) against single-process training ({dtype}, atol {atol:g}, rtol {rtol:g}; "
             f"torch {torch.__version__}, gloo on CPU; {EXPERTS} experts, width {D_MODEL}, expert width {D_FF}, "
             f"{TOKENS} tokens a rank, {STEPS} SGD steps):")
-

@@ -41,6 +41,20 @@ def test_the_labs_own_layer_with_stacked_experts_passes(capsys):
     assert code == 0 and out.strip().endswith("every case passed (4)"), out
 
 
+def test_a_kernel_that_refuses_float64_is_checked_in_float32(capsys):
+    """torch's parts (torch._grouped_mm) take no float64: in float64 the line says to run --dtype float32, which
+    passes, and a wrong version is still named in float32."""
+    code, out, _ = check("tests.helpers.moe.TorchPartsMoE", "--ep", "2", "--cases", "softmax", capsys=capsys)
+    assert code == 1 and lines(out)[(2, "softmax")][1].endswith(
+        "a kernel that refuses float64: run the check with --dtype float32"), out
+    code, out, _ = check("tests.helpers.moe.TorchPartsMoE", "--ep", "2", "--dtype", "float32", "--cases",
+                         "softmax,uneven,mesh", capsys=capsys)
+    assert code == 0 and "(float32, atol 1e-05, rtol 0.0001;" in out.splitlines()[0], out
+    code, out, _ = check(f"{MOE}.ExpertGradientsTimesEp", "--ep", "2", "--dtype", "float32", "--cases", "softmax",
+                         capsys=capsys)
+    assert code == 1 and "every expert's gradient is 2 times one process's" in lines(out)[(2, "softmax")][1], out
+
+
 @pytest.mark.parametrize("layer, cases, cause", [
     ("NoAutogradExchange", "softmax", "no expert trains: the gradient of experts.0.down.weight"),
     ("DetachedGates", "softmax", "the router gets no gradient through the output, on one process too"),

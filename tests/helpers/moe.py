@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ddp_lab.check.models import CONTEXT, VOCAB
 from ddp_lab.expert_parallel import EXPERT_TENSORS
 from ddp_lab.expert_parallel.exchange import LabExchange, Tally
+from ddp_lab.expert_parallel.torch_exchange import TorchExchange
 from ddp_lab.models.moe import MoE, MoETransformer
 
 EXPERTS = 4
@@ -98,6 +99,8 @@ class LabMoE(MoE):
     summed over the group and returned beside the output. The user-facing check passing it, as the parity suite does,
     holds the check's stacked-expert path to the lab's layer."""
 
+    exchange_class = LabExchange
+
     def __init__(self, d_model: int, expert_d_ff: int, experts: int, top_k: int, group, router: str = "softmax"):
         super().__init__(d_model, experts, top_k, expert_d_ff, router=router, balance="aux_loss")
         ep, index = dist.get_world_size(group), dist.get_rank(group)
@@ -106,9 +109,16 @@ class LabMoE(MoE):
             whole = getattr(self.experts, name).data
             setattr(self.experts, name, torch.nn.Parameter(whole[index * share:(index + 1) * share].clone()))
         self.experts.first = index * share
-        self.exchange = LabExchange(ep, group, Tally())
+        self.exchange = self.exchange_class(ep, group, Tally())
         self.sum_over_replicas = partial(dist.all_reduce, group=group)
         self.replicas = ep
 
     def forward(self, x):
         return super().forward(x), self.pop_aux()
+
+
+class TorchPartsMoE(LabMoE):
+    """LabMoE with torch's parts for the trip (parallel.ep_impl=torch: torch._grouped_mm, which refuses float64):
+    checked with `--dtype float32`."""
+
+    exchange_class = TorchExchange
