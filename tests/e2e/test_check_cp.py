@@ -43,16 +43,16 @@ def test_ulysses_passes_and_a_function_without_a_layout_skips_zigzag(capsys):
     ("keeps_own_grads", "causal", "dK/dV not returned to their owners"),
     ("ulysses_scrambled", "causal", "the right values in the wrong places (a scrambled exchange"),
     ("torch_all_gather_attention", "causal", "the output is right, the gradients are not: dk by up to"),
-    ("receives_first", "causal", "still running after 20 s: every rank waits to receive and none sends"),
+    ("receives_first", "causal", "still running after 10 s: every rank waits to receive and none sends"),
 ])
 def test_each_wrong_attention_fails_with_its_cause(function, case, cause, capsys):
-    code, out, _ = check(f"{HELPERS}.{function}", "--cp", "2", "--cases", case, "--timeout", "20", capsys=capsys)
+    code, out, _ = check(f"{HELPERS}.{function}", "--cp", "2", "--cases", case, "--timeout", "10", capsys=capsys)
     verdict, detail = lines(out)[(2, case)]
     assert code == 1 and verdict == "FAIL" and detail.split("FAILED: ")[1].startswith(cause), out
 
 
 def test_a_hang_names_what_each_rank_waits_for(capsys):
-    _, out, _ = check(f"{HELPERS}.receives_first", "--cp", "2", "--cases", "full", "--timeout", "20", capsys=capsys)
+    _, out, _ = check(f"{HELPERS}.receives_first", "--cp", "2", "--cases", "full", "--timeout", "10", capsys=capsys)
     detail = lines(out)[(2, "full")][1]
     assert "rank 0 waits to receive from rank 1; rank 1 waits to receive from rank 0" in detail, out
 
@@ -73,7 +73,7 @@ def test_float32_code_is_checked_in_float32(capsys):
     (["--cp", "1"], "--cp takes ranks >= 2"),
     (["--cp", "2", "--tp", "2"], "one at a time"),
     (["--cp", "2", "--world-size", "2"], "--world-size is a data-parallel check's option"),
-    (["--pp", "2", "--dtype", "float32"], "--dtype is the context-parallel check's option"),
+    (["--pp", "2", "--dtype", "float32"], "--dtype is the context-parallel and expert-parallel checks' option"),
 ])
 def test_bad_input_is_refused_in_one_line(args, message, capsys):
     code, _, err = check(f"{HELPERS}.all_gather_attention", *args, capsys=capsys)
