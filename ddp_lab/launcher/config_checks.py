@@ -30,7 +30,7 @@ from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.context import context_problem
 from ddp_lab.spec.experts import moe_problem
-from ddp_lab.spec.parallel import mesh_problem, plan_problem
+from ddp_lab.spec.parallel import checkpointing_problem, mesh_problem, plan_problem
 from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec, mesh_keys
@@ -320,9 +320,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
     p = cfg.parallel
-    _require(str(t.activation_checkpointing) == "none" or (p.tp == 1 and p.pp == 1 and p.cp == 1 and not t.compile),
-             f"train.activation_checkpointing={t.activation_checkpointing} is proven against the same training without "
-             "it for data parallelism only: use it without parallel.tp, parallel.pp, parallel.cp and train.compile")
+    problem = checkpointing_problem(str(t.activation_checkpointing), p.tp, p.pp, p.cp, bool(t.compile))
+    _require(problem is None, problem)
     _require(not t.compile or spec.compile_refusal is None,
              f"train.compile=true: strategy={spec.name} cannot run compiled here: {spec.compile_refusal}")
     _require(not t.compile or t.warmup_steps >= 1, "train.compile=true compiles in the first step: give it "

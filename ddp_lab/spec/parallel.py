@@ -227,6 +227,16 @@ def layout_of(cfg) -> MeshLayout:
                       int(parallel.get("ep", 1) or 1))
 
 
+def checkpointing_problem(activation_checkpointing: str, tp: int, pp: int, cp: int,
+                          compile_: bool = False) -> str | None:
+    """Why `train.activation_checkpointing` cannot run with this mesh (or with compile), in one line, or None: the
+    launcher's refusal and the planner's, one text."""
+    if activation_checkpointing == "none" or (tp == 1 and pp == 1 and cp == 1 and not compile_):
+        return None
+    return (f"train.activation_checkpointing={activation_checkpointing} is proven against the same training without "
+            "it for data parallelism only: use it without parallel.tp, parallel.pp, parallel.cp and train.compile")
+
+
 def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1,
                  cp: int = 1) -> str | None:
     """One line saying why this mesh cannot be laid out, or None."""

@@ -118,6 +118,11 @@ def test_the_command_ranks_within_120_columns_and_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120, out
     assert re.search(r"\d+ layouts priced, \d+ fit; the top 5", out) and "the runner-up" in out
+    # the widest: a dp of 4 digits and the longest binding (one line of the 405B table was 121 columns)
+    assert main(["--model", "llama3_405b", "--system", "h100-nvlink", "--gpus", "16384", "--global-batch", "16M",
+                 "--top", "10"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120 and " 2048 " in out and "dp exposed" in out, out
     ranked = json.loads(out_file.read_text())
     assert ranked[0]["dp"] * ranked[0]["tp"] * ranked[0]["pp"] * ranked[0]["cp"] == 64
     assert set(ranked[0]["terms_ms"]) == {"compute", "recompute", "bubble", "p2p", "tp", "cp", "dp", "optimizer"}
@@ -307,3 +312,43 @@ def test_the_measured_rows_keep_the_order_the_docs_report():
     assert len(scored[4].rows) == 20 and len(scored[8].rows) == 38
     assert round(scored[4].rho, 2) == 0.90 and round(scored[8].rho, 2) == 0.95
     assert scored[8].pick_over_best == 1.0
+
+
+def test_every_layout_ranked_for_a_lab_model_is_one_launch_py_runs_as_priced(tmp_path, capsys):
+    """Tried as a new user would (issue 75): the third pick for tiny on this machine was fsdp_torch under the
+    zero-bubble schedule, which launch.py refuses (FSDP2 reduces in its post-backward hooks), and the pick's line
+    dropped `model.context_length=256`, so it ran another job than the one priced. Every ranked layout's line now
+    composes and passes the launcher's checks, the context and any checkpointing in it; the refused are counted."""
+    from dataclasses import fields
+
+    from hydra import compose, initialize_config_dir
+
+    from ddp_lab.analysis.plan.cli import launch_line
+    from ddp_lab.config import register_configs
+    from ddp_lab.launcher.config_checks import validate
+
+    register_configs()
+
+    out = tmp_path / "plan.json"
+    argv = ["--model", "tiny", "--system", "this-machine", "--gpus", "4", "--global-batch", "2048", "--context", "256"]
+    assert main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"\d+ layouts priced, \d+ refused by launch.py \(not ranked\), \d+ fit", printed), printed
+    assert "model.context_length=256" in printed.split("run the top pick in the lab")[1], printed
+    names = {f.name for f in fields(Layout)}
+    ranked = [Layout(**{k: entry[k] for k in names}) for entry in json.loads(out.read_text())]
+    kinds = {}  # one layout of each kind the launcher's checks tell apart, at its fewest or most micro-batches in turn
+    for lay in ranked:
+        kinds.setdefault((lay.strategy, lay.tp, lay.pp, lay.cp, lay.schedule, lay.checkpointing), []).append(lay)
+    chosen = [(min if i % 2 else max)(group, key=lambda x: x.microbatches) for i, group in enumerate(kinds.values())]
+    system = this_machine(4)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for lay in chosen:
+            overrides = launch_line("tiny", lay, 8, system, 256).split()[2:]
+            validate(compose("config", overrides=overrides))  # raises ConfigError, naming the key, where refused
+    assert len(ranked) > len(chosen) > 10
+    assert main([*argv, "--layout", "dp=2,pp=2,strategy=fsdp_torch,schedule=zero_bubble,microbatches=4",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "launch.py refuses it: strategy=fsdp_torch: FSDP2 reduces in its post-backward hooks" in printed, printed
+    assert "python launch.py" not in printed and json.loads(out.read_text())[0]["strategy"] == "fsdp_torch"

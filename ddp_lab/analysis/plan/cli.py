@@ -23,7 +23,7 @@ from pathlib import Path
 from ddp_lab.analysis.plan.described import described
 from ddp_lab.analysis.plan.host import HostSystem, this_machine
 from ddp_lab.analysis.plan.price import CHECKPOINTING, HEADROOM, SCHEDULES, STRATEGIES, Layout, Priced, price
-from ddp_lab.analysis.plan.search import PlanError, layout_problem, plan, why_runner_up_lost
+from ddp_lab.analysis.plan.search import PlanError, lab_refusal, layout_problem, plan, why_runner_up_lost
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape, from_conf, with_context
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import SYSTEMS, System, get_system
@@ -85,9 +85,11 @@ def parse_layout(text: str, gpus: int) -> Layout:
     return layout
 
 
-HEADER = (f"{'#':>2} {'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'strategy':<11} {'schedule':<13} {'m':>4} {'ac':<4} "
-          f"{'tok/s/GPU':>9} {'MFU':>4} {'step ms':>7} {'GB':>5} {'bubble':>6} {'tp':>6} {'dp':>6} {'other':>6} "
+HEADER = (f"{'#':>2} {'dp':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'strategy':<11} {'schedule':<13} {'m':>4} {'ac':<4} "
+          f"{'tok/s/GPU':>9} {'MFU':>4} {'step':>6} {'GB':>5} {'bubble':>6} {'tp':>5} {'dp':>5} {'other':>5} "
           "binding")
+"""The table's columns, within WIDTH with the longest binding and a dp of 4 digits (16,384 GPUs): the terms are ms
+(the head line says so), 5 digits wide up to 99,999 ms."""
 SCHEDULE_SHOWN = {"interleaved_1f1b": "interleave", "zero_bubble": "zero_bubble", "gpipe": "gpipe", "1f1b": "1f1b"}
 AC_SHOWN = {"none": "none", "selective": "sel", "full": "full"}
 
@@ -97,10 +99,10 @@ def row(i: int, p: Priced) -> str:
     other = t["recompute"] + t["p2p"] + t["cp"] + t["optimizer"]
     schedule = (SCHEDULE_SHOWN[lay.schedule] + (f" v{lay.stages_per_rank}" if lay.stages_per_rank > 1 else "")) \
         if lay.pp > 1 else "-"
-    return (f"{i:>2} {lay.dp:>3} {lay.tp:>3} {lay.pp:>3} {lay.cp:>3} {lay.strategy:<11} {schedule:<13} "
+    return (f"{i:>2} {lay.dp:>4} {lay.tp:>3} {lay.pp:>3} {lay.cp:>3} {lay.strategy:<11} {schedule:<13} "
             f"{lay.microbatches:>4} {AC_SHOWN[lay.checkpointing]:<4} {p.tokens_per_s_per_gpu:>9.0f} {p.mfu:>4.2f} "
-            f"{_ms(p.step_ms):>7} {p.memory['total'] / GB:>5.1f} {_ms(t['bubble']):>6} {_ms(t['tp']):>6} "
-            f"{_ms(t['dp']):>6} {_ms(other):>6} {p.binding}")
+            f"{_ms(p.step_ms):>6} {p.memory['total'] / GB:>5.1f} {_ms(t['bubble']):>6} {_ms(t['tp']):>5} "
+            f"{_ms(t['dp']):>5} {_ms(other):>5} {p.binding}")
 
 
 def _ms(value: float) -> str:
@@ -108,13 +110,21 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
-def launch_line(model: str, lay: Layout, sequences: int, system: System | None = None) -> str | None:
-    """The lab's command line for a layout of a lab model (None for a published shape); on `this-machine`, over
-    its emulated nodes and link."""
-    if model in PUBLISHED or model.endswith(".json"):
+def in_lab(model: str) -> bool:
+    """A lab model (conf/model/), which launch.py runs; not a published shape or a shape's JSON file."""
+    return not (model in PUBLISHED or model.endswith(".json"))
+
+
+def launch_line(model: str, lay: Layout, sequences: int, system: System | None = None,
+                context: int | None = None) -> str | None:
+    """The lab's command line for a layout of a lab model (None for a published shape), carrying every key the
+    price depends on: `context` where `--context` set one; on `this-machine`, its emulated nodes and link."""
+    if not in_lab(model):
         return None
     parts = [f"python launch.py model={model} world_size={lay.gpus} strategy={lay.strategy}",
              f"train.batch_size={sequences}"]
+    if context is not None:
+        parts.append(f"model.context_length={context}")
     if isinstance(system, HostSystem) and system.nodes > 1:
         parts.append(f"network=emulated network.nodes={system.nodes} network.gbps={system.gbps:g}")
     if lay.tp > 1:
@@ -128,17 +138,19 @@ def launch_line(model: str, lay: Layout, sequences: int, system: System | None =
             parts.append(f"parallel.stages_per_rank={lay.stages_per_rank}")
     elif lay.microbatches > 1:
         parts.append(f"train.grad_accum_steps={lay.microbatches}")
-    if lay.checkpointing != "none" and lay.tp == lay.pp == lay.cp == 1:
+    if lay.checkpointing != "none":
         parts.append(f"train.activation_checkpointing={lay.checkpointing}")
     return " ".join(parts)
 
 
-def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, system: System, what: str = "it") -> None:
-    line = None if shape.ffn else launch_line(model, layout, sequences, system)  # the stack takes no tokens
-    if line:
+def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, system: System, what: str = "it",
+                  context: int | None = None) -> None:
+    line = None if shape.ffn else launch_line(model, layout, sequences, system, context)  # the stack takes no tokens
+    refused = lab_refusal(layout) if line else None
+    if refused:
+        print(textwrap.fill(f"launch.py refuses {what}: {refused}", WIDTH))
+    elif line:
         print(f"run {what} in the lab (one line, to copy):\n{line}")
-        if layout.checkpointing != "none" and (layout.tp > 1 or layout.pp > 1 or layout.cp > 1):
-            print("(the lab checkpoints activations with data parallelism only yet: that line runs without it)")
 
 
 def as_json(p: Priced) -> dict:
@@ -169,7 +181,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--layout", default=None, help="price one layout: dp=..,tp=..,pp=..,cp=..,strategy=..,"
                     "schedule=..,microbatches=..,checkpointing=..")
-    ap.add_argument("--json", default=None, metavar="FILE", help="every ranked layout with its terms")
+    ap.add_argument("--json", default=None, metavar="FILE", help="every ranked layout with its terms (with --layout: "
+                    "that one)")
     ap.add_argument("--flops", type=float, default=None, help="a described system: each chip's dense bf16 FLOP/s")
     ap.add_argument("--bandwidth", default=None, help="a described system: each chip's link bytes/s, one value or "
                     "per mesh axis (dp=3.6e11,tp=1.8e11; an axis not named takes the slowest): priced as the "
@@ -206,8 +219,8 @@ def run(args) -> int:
     capacity = args.memory * GB if args.memory else None
     head = (f"{shape.name} ({shape.params / 1e9:.2f}B parameters, context {shape.context}) on {args.gpus} x "
             f"{system.name}, {sequences} sequences a step ({args.global_batch} tokens)\npredicted from formulas at MFU "
-            f"{system.mfu if args.mfu is None else args.mfu:g} (docs/plan.md); ms per step: the bubble, tp's and dp's "
-            "exposed collectives, other = recompute + pipeline sends + cp + optimizer")
+            f"{system.mfu if args.mfu is None else args.mfu:g} (docs/plan.md); ms per step: the step, the "
+            "bubble, tp's and dp's exposed collectives, other = recompute + pipeline sends + cp + optimizer")
     head = "\n".join(textwrap.fill(line, WIDTH) for line in head.splitlines())
     if args.layout:
         layout = parse_layout(args.layout, args.gpus)
@@ -221,24 +234,31 @@ def run(args) -> int:
         print("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()))
         print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
               f"({'fits' if p.fits else 'does not fit'} within {args.headroom:.0%})")
-        _print_launch(args.model, shape, layout, sequences, system)
+        _print_launch(args.model, shape, layout, sequences, system, context=args.context)
+        if args.json:
+            Path(args.json).write_text(json.dumps([as_json(p)], indent=1))
         return 0
     result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu,
-                  headroom=args.headroom)
+                  headroom=args.headroom, lab=in_lab(args.model))
+    if not result.ranked and result.nearest_miss is None and result.dropped:
+        raise PlanError(f"launch.py refuses every layout of {args.gpus} GPUs for {shape.name}, e.g. "
+                        f"{next(iter(result.dropped))}")
     if not result.ranked:
         miss = result.nearest_miss
         raise PlanError(f"no layout of {args.gpus} GPUs fits {shape.name}: the nearest ({miss.layout.describe()}) "
                         f"needs {miss.memory['total'] / GB:.1f} GB per GPU of {miss.memory['capacity'] / GB:.0f} "
                         f"({args.headroom:.0%} usable)")
     print(head)
-    print(f"{result.priced} layouts priced, {len(result.ranked)} fit; the top {min(args.top, len(result.ranked))} "
-          "by tokens per second per GPU:")
+    refused = sum(result.dropped.values())
+    refusals = f", {refused} refused by launch.py (not ranked)" if refused else ""
+    print(textwrap.fill(f"{result.priced} layouts priced{refusals}, {len(result.ranked)} fit; the top "
+                        f"{min(args.top, len(result.ranked))} by tokens per second per GPU:", WIDTH))
     print(HEADER)
     for i, p in enumerate(result.ranked[:args.top], 1):
         print(row(i, p))
     if len(result.ranked) > 1:
         print(textwrap.fill(why_runner_up_lost(result.ranked[0], result.ranked[1]), WIDTH))
-    _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick")
+    _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick", args.context)
     if args.json:
         Path(args.json).write_text(json.dumps([as_json(p) for p in result.ranked], indent=1))
     return 0

@@ -25,6 +25,8 @@ from ddp_lab.analysis.plan.price import (
 )
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.systems import System
+from ddp_lab.spec.parallel import checkpointing_problem
+from ddp_lab.spec.strategies import SPECS
 
 MAX_CP = 16
 
@@ -67,6 +69,16 @@ def layout_problem(shape: Shape, layout: Layout, sequences: int) -> str | None:
     return None
 
 
+def lab_refusal(layout: Layout) -> str | None:
+    """Why launch.py refuses `layout` for a lab model, in its own words (the strategy's spec on the mesh, activation
+    checkpointing on a mesh), or None: the planner ranks only what the lab runs as priced."""
+    try:
+        SPECS[layout.strategy]().check_mesh(layout.tp, layout.pp, layout.schedule, layout.cp)
+    except ValueError as exc:
+        return str(exc)
+    return checkpointing_problem(layout.checkpointing, layout.tp, layout.pp, layout.cp)
+
+
 def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=tuple(STRATEGIES),
             checkpointing=CHECKPOINTING, schedules=SCHEDULES):
     """Every layout the planner prices for `gpus` GPUs and a batch of `sequences` (module docstring)."""
@@ -103,15 +115,21 @@ class Plan:
 
 
 def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: float | None = None,
-         mfu: float | None = None, attention_mfu: float | None = None, headroom: float = HEADROOM, **choices) -> Plan:
-    """Every layout priced; those that fit ranked by predicted tokens per second per GPU, best first."""
+         mfu: float | None = None, attention_mfu: float | None = None, headroom: float = HEADROOM, lab: bool = False,
+         **choices) -> Plan:
+    """Every layout priced; those that fit ranked by predicted tokens per second per GPU, best first. `lab`: a lab
+    model, whose layouts the launcher refuses are left out (`lab_refusal`), counted in `dropped` by their reason."""
     if gpus < 1:
         raise PlanError(f"--gpus must be >= 1, got {gpus}")
     if sequences < 1:
         raise PlanError("the global batch is less than one sequence of the context")
-    fitting, miss, count = [], None, 0
+    fitting, miss, count, dropped = [], None, 0, {}
     for layout in layouts(shape, system, gpus, sequences, **choices):
         count += 1
+        refused = lab_refusal(layout) if lab else None
+        if refused:
+            dropped[refused] = dropped.get(refused, 0) + 1
+            continue
         priced = price(shape, system, layout, sequences, mfu, capacity, attention_mfu, headroom)
         if priced.fits:
             fitting.append(priced)
@@ -123,7 +141,7 @@ def plan(shape: Shape, system: System, gpus: int, sequences: int, capacity: floa
                         f"{shape.context}) and a batch of "
                         f"{sequences} sequences")
     fitting.sort(key=simplest_first)
-    return Plan(fitting, count, miss)
+    return Plan(fitting, count, miss, dropped)
 
 
 def simplest_first(p: Priced) -> tuple:
