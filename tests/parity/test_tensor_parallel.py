@@ -66,11 +66,12 @@ def _mesh_cases() -> dict:
     # which AdamW turns into whole steps of either sign, in every run that sums in its own order
     cases = {"tied_gpt from outside": (_tied_gpt, "bucketed", dict(tp=2, **SGD)),
              "tied_gpt from outside torch": (_tied_gpt, "zero2", dict(tp=2, impl="torch", **SGD))}
-    for strategy in EXACT:
+    for i, strategy in enumerate(EXACT):
         for impl in IMPLS:
             cases[_key(strategy, impl)] = ("transformer", strategy, dict(tp=2, impl=impl))
-            cases[_key(strategy, impl, "sp across")] = ("transformer", strategy, dict(
-                tp=2, impl=impl, sequence_parallel=True, tp_inner=False))
+        across = IMPLS[i % 2]  # sequence parallelism with TP across the dp axis: each strategy under one impl, in turn
+        cases[_key(strategy, across, "sp across")] = ("transformer", strategy, dict(
+            tp=2, impl=across, sequence_parallel=True, tp_inner=False))
     cases["zero2 tied"] = ("tied_toy", "zero2", dict(tp=2))
     cases["fsdp frozen torch"] = ("frozen_toy", "fsdp", dict(tp=2, impl="torch"))
     cases["bucketed odd vocab sp"] = ("odd_vocab_transformer", "bucketed", dict(tp=2, sequence_parallel=True))
