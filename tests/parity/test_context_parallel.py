@@ -111,6 +111,10 @@ def _mesh_cases() -> dict:
     for pp_impl in ("lab", "torch"):
         cases[f"pp x cp {pp_impl}"] = ("transformer", "flat", dict(
             pipeline={"pp": 2, "microbatches": 2, "pp_impl": pp_impl}, context={"cp": 2, "cp_impl": "zigzag"}))
+    # the embedding on the first stage, its tied head on the last: the copies' groups span every cp rank's pair of
+    # stages (they were built at cp index 0 only, leaving half the ranks summing over the world: a hang)
+    cases["pp x cp tied across stages"] = (tied_frozen_transformer, "flat", dict(
+        pipeline={"pp": 2, "microbatches": 2}, context={"cp": 2, "cp_impl": "zigzag"}, **SGD))
     return cases
 
 
