@@ -1,4 +1,5 @@
-"""A mesh through launch.py: `world_size=4 parallel.tp=1,2 parallel.tp_impl=lab,torch strategy=zero2 -m`.
+"""A mesh through launch.py: `world_size=4 parallel.tp=1,2 strategy=zero2 -m` with the lab's TP, and tp=2 with
+torch's (at tp=1 the implementation changes nothing: no job of its own).
 
 Every job trains to the same weights (train.save_model writes them whole, in the single-process layout), the
 summary and the tables say each job's mesh, the TP axis's collectives per step are spec/parallel.py's schedule
@@ -17,21 +18,22 @@ from ddp_lab.spec.parallel import schedule_totals, tp_schedule
 from tests.helpers.launching import FAST, assert_same_saved_weights, launch, results
 
 pytestmark = pytest.mark.slow
-JOBS = {(1, "lab"): 0, (1, "torch"): 1, (2, "lab"): 2, (2, "torch"): 3}  # Hydra's order: the last key fastest
+JOBS = {(1, "lab"): "multirun/0", (2, "lab"): "multirun/1", (2, "torch"): "run"}  # the sweep's, in Hydra's order
 TOKENS = 2 * 16  # a rank's micro-batch: train.batch_size=4 over dp=2, model=toy's context of 16
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("mesh")
-    proc = launch(*FAST, "logger=none", "world_size=4", "strategy=zero2", "train.save_model=true",
-                  "parallel.tp=1,2", "parallel.tp_impl=lab,torch", tmp_path=tmp_path, multirun=True)
-    assert proc.returncode == 0, proc.stderr
-    return tmp_path / "multirun"
+    common = (*FAST, "logger=none", "world_size=4", "strategy=zero2", "train.save_model=true")
+    for overrides, multirun in ((("parallel.tp=1,2",), True), (("parallel.tp=2", "parallel.tp_impl=torch"), False)):
+        proc = launch(*common, *overrides, tmp_path=tmp_path, multirun=multirun)
+        assert proc.returncode == 0, proc.stderr
+    return tmp_path  # its jobs: JOBS
 
 
 def _job(sweep, tp, impl):
-    return sweep / str(JOBS[tp, impl])
+    return sweep / JOBS[tp, impl]
 
 
 def test_every_mesh_trains_to_the_same_weights(sweep):
