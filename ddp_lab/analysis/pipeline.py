@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddp_lab.spec.parallel import layout_of
 from ddp_lab.spec.pipeline import microbatches_of, schedule_actions, simulate, stage_index
 from ddp_lab.units import MiB
 
@@ -75,14 +76,14 @@ def schedule_sends(pipeline: dict, rank: int) -> int:
 
 
 def activation_bytes(cfg: dict) -> int | None:
-    """One micro-batch's activation crossing a stage boundary: rows x context x d_model in fp32 (the lab sends
-    what a block returns; under autocast blocks still return their residual stream in fp32)."""
+    """One micro-batch's activation crossing a stage boundary: rows x this rank's tokens of the context x d_model in
+    fp32 (the lab sends what a block returns; under autocast blocks still return their residual stream in fp32)."""
     model, train, parallel = cfg.get("model") or {}, cfg.get("train") or {}, cfg.get("parallel") or {}
     if not all(k in model for k in ("context_length", "d_model")) or not train.get("batch_size"):
         return None
-    dp = max(1, cfg["world_size"] // ((parallel.get("tp") or 1) * (parallel.get("pp") or 1)))
-    rows = train["batch_size"] // dp // microbatches_of(parallel)
-    return rows * model["context_length"] * model["d_model"] * 4
+    layout = layout_of(cfg)  # a data-parallel replica's rows, each rank its 1/cp of their tokens
+    rows = train["batch_size"] // max(1, layout.dp) // microbatches_of(parallel)
+    return rows * (model["context_length"] // layout.cp) * model["d_model"] * 4
 
 
 def pipeline_record(res: dict) -> dict:

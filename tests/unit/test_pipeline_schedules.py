@@ -166,3 +166,13 @@ def test_the_calculator_prices_a_pipeline_from_the_model_itself(capsys):
     with pytest.raises(SystemExit):
         calculator_main(["--model", "tiny", "--world-size", "2", "--pp", "2", "--microbatches", "3"])
     assert "does not divide into 1 data-parallel ranks x 3 micro-batches" in capsys.readouterr().err
+
+
+def test_a_micro_batchs_activation_under_pp_x_cp_is_a_replicas_rows_of_this_ranks_tokens():
+    """12 ranks as pp 2 x cp 3 (dp 2): a replica's 4 sequences in 2 micro-batches are 1 row each, of 48 / 3 = 16
+    tokens on this rank. Counting cp among the data-parallel ranks (as before) gave 4 // 6 // 2 = 0 rows."""
+    from ddp_lab.analysis.pipeline import activation_bytes
+
+    cfg = {"world_size": 12, "model": {"context_length": 48, "d_model": 8}, "train": {"batch_size": 4},
+           "parallel": {"tp": 1, "pp": 2, "cp": 3, "microbatches": 2}}
+    assert activation_bytes(cfg) == 1 * 16 * 8 * 4
