@@ -260,7 +260,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
                   inspect=None, pipeline: dict | None = None, context: dict | None = None,
-                  experts: dict | None = None):
+                  experts: dict | None = None, grad_error: bool = False):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -272,9 +272,11 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     and `inspect(parallelism, wrapper, optimizer)`'s result third when given. `pipeline`: the `parallel` node's
     pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers); `context`: its context
     parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence; `experts`: its
-    expert parallelism keys (ep, ep_impl)."""
+    expert parallelism keys (ep, ep_impl). `grad_error`: the job's gradient-error probe (rank/grad_error.py) measured
+    before each step, its figures returned third (in `inspect`'s place)."""
 
     from ddp_lab.parallel import Parallelism
+    from ddp_lab.rank.grad_error import GradErrorProbe
     from ddp_lab.spec.strategies import SPECS
     from ddp_lab.tasks.train import wrap
 
@@ -292,19 +294,24 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     ties = ties_of(model)
     reference = deepcopy(model) if rank == 0 else None
     module = parallel.apply(model)
+    probe, measured = (GradErrorProbe(module, parallel.averaging()), []) if grad_error else (None, None)
     spec = parallel.data_parallel(SPECS[strategy](**(knobs or {})))
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
+    before_step = None if probe is None else (lambda: measured.append(probe.measure(optimizer)))
     for step in range(steps):
         with parallel.counting(step):
-            parallel.step(ddp, optimizer, list(batches.micro_batches(step)), precision=mixed)
+            parallel.step(ddp, optimizer, list(batches.micro_batches(step)), before_step=before_step,
+                          precision=mixed)
     out = parallel.whole(full_state(ddp, ties))
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, grad_accum_steps, batch_size,
                         precision=precision, replicas=parallel.mesh.replicas)
     result = (out, reference.state_dict() if reference is not None else None)
+    if grad_error:
+        return (*result, measured)
     return result if inspect is None else (*result, inspect(parallel, ddp, optimizer))
 
 

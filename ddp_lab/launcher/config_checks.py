@@ -163,8 +163,6 @@ def _validate_mesh(cfg: DictConfig) -> None:
     t = cfg.train
     _require(not t.compile, f"{keys} with train.compile=true: compiled tensor-parallel layers, pipeline stages and "
              "context-parallel attention are not proven against one process here yet: use train.compile=false")
-    _require(not cfg.measure.grad_error, f"{keys} with measure.grad_error=true: its probe averages gradients over "
-             "every rank, where a mesh averages over its data-parallel axis only")
 
 
 def _validate_experts(cfg: DictConfig) -> None:
@@ -187,8 +185,6 @@ def _validate_experts(cfg: DictConfig) -> None:
              "proven compiled here yet: use train.compile=false")
     if ep == 1:
         return
-    _require(not cfg.measure.grad_error, f"parallel.ep={ep} with measure.grad_error=true: its probe averages every "
-             "gradient over the data-parallel ranks, where an expert's copies live on its expert-data-parallel group")
     if str(p.ep_impl) == "torch":
         _require(str(t.precision) != "fp16", "parallel.ep_impl=torch runs torch._grouped_mm, which takes fp32 and bf16 "
                  "only: use train.precision=fp32 or bf16, or parallel.ep_impl=lab")

@@ -134,6 +134,16 @@ class Parallelism:
         """What a checkpoint records of the run's layout: the world size and the mesh (`dp x tp`)."""
         return {"world_size": self.mesh.layout.world_size, "mesh": self.mesh.layout.label()}
 
+    def averaging(self):
+        """How the strategy averages each parameter's gradient (strategies/replicas.py): the replica map under expert
+        parallelism, else one class, the data-parallel ranks (dp x cp; every rank without a mesh) and their count.
+        The gradient-error probe's exact average is this one."""
+        from ddp_lab.strategies.replicas import ReplicaClass, ReplicaMap
+
+        if self.replica_map is not None:
+            return self.replica_map
+        return ReplicaMap(ReplicaClass("dense", self.mesh.dp_group, self.mesh.replicas))
+
     def group(self) -> dict:
         """The keywords a strategy's runtime takes to synchronize over the dp axis (nothing: every rank), and under
         expert parallelism its replica map (the experts' copies on their own group)."""

@@ -175,7 +175,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "parallel.pp=2 world_size=4 strategy=fsdp_torch parallel.pp_schedule=zero_bubble": "zero_bubble",
     "parallel.pp=2 train.compile=true": "compiled tensor-parallel layers, pipeline stages and context-parallel",
     "parallel.pp=2 task=allreduce": "task=allreduce has no model",
-    "parallel.pp=2 measure.grad_error=true": "its probe averages gradients over every rank",
     # context parallelism (spec/context.py)
     "parallel.cp=3": "parallel.cp=3 does not divide world_size=2",
     "parallel.cp=0": "parallel.cp must be >= 1",
