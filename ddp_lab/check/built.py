@@ -22,11 +22,12 @@ TORCH = str(Path(torch.__file__).parent)
 
 @contextmanager
 def unset_memory_as_nan():
-    """While the user's layers are built: memory torch.empty leaves unset is NaN (torch's deterministic mode, put
-    back as it was after)."""
+    """While the user's layers are built (and, in the expert-parallel check, run): memory torch.empty leaves unset is
+    NaN (torch's deterministic mode, put back as it was after). Warn-only, which fills it all the same: an op of the
+    user's with no deterministic kernel warns in the rank's log instead of raising."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:

@@ -257,11 +257,11 @@ def run_ep_case(rank: int, world: int, target: str, name: str, progress: str, dt
     if case.frozen:
         experts = expert_names(places)
         ep_rank = dist.get_rank(group)
-        for name, p in reference.named_parameters():
-            if name in experts:
+        for param, p in reference.named_parameters():
+            if param in experts:
                 p.requires_grad_(False)
-        for name, (p, _, _) in _pieces_of(layer, reference, places, ep_rank, ep).items():
-            if name in experts:
+        for param, (p, _, _) in _pieces_of(layer, reference, places, ep_rank, ep).items():
+            if param in experts:
                 p.requires_grad_(False)
     exchanged = Exchanged(Path(progress, f"rank{rank}.{name}.cp"), group)
     with unset_memory_as_nan():

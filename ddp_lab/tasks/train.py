@@ -76,8 +76,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     module = parallel.apply(build_model(cfg.model).to(device))  # TP: this rank's pieces (nothing without it)
     apply_activation_checkpointing(module, str(cfg.train.activation_checkpointing))  # before the strategy wraps it
     slow = slow_compute(cfg.fault, rank, module)  # fault.kind=slow: its hooks before the strategy's, or None
-    # its hooks before the strategy's; its exact average over each parameter's replicas, as the strategy's
-    probe = GradErrorProbe(module, parallel.averaging()) if cfg.measure.grad_error else None
+    probe = GradErrorProbe(module, parallel.averaging()) if cfg.measure.grad_error else None  # before the strategy
     spec, compute = parallel.data_parallel(spec_of(cfg.strategy)), str(cfg.train.precision)
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
                                        str(cfg.train.optimizer), parallel.group())
