@@ -4,6 +4,7 @@ Sizes users type (`strategy.bucket_mb`, `task.size_mb`) and tables print are MiB
 torch DDP's `bucket_cap_mb`. Bandwidths are GB/s with GB = 10^9 bytes, as nccl-tests reports them.
 """
 
+KiB = 2**10
 MiB = 2**20
 GB = 1e9
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

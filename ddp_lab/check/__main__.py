@@ -341,8 +341,9 @@ def _case_names(given: str | None, cases: dict) -> list[str]:
 
 
 def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
-    """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp"), the pipeline check of a schedule ("pp") or the
-    context-parallel check of an attention function ("cp"); ValueError for bad input."""
+    """The tensor-parallel check of a COLUMN,ROW pair (`axis` "tp"), the pipeline check of a schedule ("pp"), the
+    context-parallel check of an attention function ("cp") or the expert-parallel check of a mixture-of-experts layer
+    ("ep"); ValueError for bad input."""
     if sum(getattr(args, a) is not None for a in ("tp", "pp", "cp", "ep")) > 1:
         raise ValueError("--tp checks a pair of layers, --pp a schedule, --cp an attention, --ep a mixture of "
                          "experts: one at a time")
@@ -356,15 +357,11 @@ def _main_other(args, log_dir: str, ours: bool, axis: str) -> int:
     if args.dtype is not None and axis not in ("cp", "ep"):
         raise ValueError(f"--dtype is the context-parallel and expert-parallel checks' option; --{axis} takes its "
                          "degrees, --cases, --timeout, --logs and --traceback")
-    if axis == "cp":
+    if axis in ("cp", "ep"):  # the checks that take a dtype
         dtype = args.dtype or "float64"
-        lines = check_attention(args.target, degrees, names, args.timeout, log_dir, dtype)
-        print(attention_header(args.target, dtype))
-        return _report(lines, log_dir, ours, args.traceback, unit=axis)
-    if axis == "ep":
-        dtype = args.dtype or "float64"
-        lines = check_layer(args.target, degrees, names, args.timeout, log_dir, dtype)
-        print(layer_header(args.target, dtype))
+        check_, header = (check_attention, attention_header) if axis == "cp" else (check_layer, layer_header)
+        lines = check_(args.target, degrees, names, args.timeout, log_dir, dtype)
+        print(header(args.target, dtype))
         return _report(lines, log_dir, ours, args.traceback, unit=axis)
     check_, header = (check_pair, pair_header) if axis == "tp" else (check_schedule, schedule_header)
     lines = check_(args.target, degrees, names, args.timeout, log_dir)

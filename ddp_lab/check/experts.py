@@ -37,9 +37,8 @@ from ddp_lab.check.built import refuses_sizes, unset_memory_as_nan, unset_weight
 from ddp_lab.check.cases import locate_class
 from ddp_lab.check.context import Waits, waiting
 from ddp_lab.check.ranks import RanksFailed, run_ranks
-from ddp_lab.check.verdict import ended_by
-
-KiB = 1024
+from ddp_lab.check.verdict import ended_by, worst
+from ddp_lab.units import KiB
 
 D_MODEL, D_FF, EXPERTS, TOP_K, TOKENS = 16, 8, 8, 2, 12  # TOKENS per rank; EXPERTS split by ep 2 and 4
 BATCH = 2  # a rank's tokens as (BATCH, TOKENS / BATCH, D_MODEL), as a Transformer block hands them over
@@ -55,8 +54,10 @@ EXPERT_COUNT = ("num_experts", "n_experts", "experts", "n_routed_experts", "num_
 TOP_K_NAMES = ("top_k", "topk", "k", "num_experts_per_tok", "n_activated_experts")
 GROUP = ("group", "ep_group", "process_group", "expert_group")
 SCORE = ("score_func", "scoring_func", "router", "score")
+REQUIRED = {"width": WIDTH, "experts": EXPERT_COUNT, "top_k": TOP_K_NAMES, "group": GROUP}  # the rest are optional
 MESH_DP, MESH_EP = 2, 2
 GLOO_LIST_ALL_TO_ALL = "ProcessGroupGloo::alltoall: invalid tensor size"
+GLOO_RECEIVED_MORE = "Received data size doesn't match expected size"  # gloo's abort (ranks.py: the rank's last words)
 REFUSES_FLOAT64 = ("got Double", "not implemented for 'Double'")  # torch's words where a kernel takes no float64
 OUTPUT_DIFFERS = "the output differs from one process"
 
@@ -97,13 +98,11 @@ def arguments(cls: type) -> dict[str, str | None]:
     found = {"width": _argument(parameters, WIDTH), "expert_width": _argument(parameters, EXPERT_WIDTH),
              "experts": _argument(parameters, EXPERT_COUNT), "top_k": _argument(parameters, TOP_K_NAMES),
              "group": _argument(parameters, GROUP), "score": _argument(parameters, SCORE)}
-    missing = [what for what, names in (("width", WIDTH), ("experts", EXPERT_COUNT), ("top_k", TOP_K_NAMES),
-                                        ("group", GROUP)) if found[what] is None]
     name = f"{cls.__module__}.{cls.__qualname__}"
-    if missing:
-        names = {"width": WIDTH, "experts": EXPERT_COUNT, "top_k": TOP_K_NAMES, "group": GROUP}[missing[0]]
-        raise ValueError(f"{name} takes no {missing[0]} keyword the expert-parallel check knows ({', '.join(names)}): "
-                         "docs/check_ep.md")
+    for what, names in REQUIRED.items():
+        if found[what] is None:
+            raise ValueError(f"{name} takes no {what} keyword the expert-parallel check knows ({', '.join(names)}): "
+                             "docs/check_ep.md")
     unknown = [p.name for p in parameters.values() if p.default is inspect.Parameter.empty
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in found.values()]
     if unknown:
@@ -460,7 +459,7 @@ def _cause(per_rank: list[dict], ep: int) -> str | None:
     frozen = sorted({n for r in per_rank for n in r["frozen_moved"]})
     if frozen:
         return f"a frozen parameter moved ({', '.join(frozen)})"
-    output = _worst(per_rank, "output")
+    output = worst(per_rank, "output")
     if output:
         rank, diff = output
         if not any(r["counted"] for r in per_rank):
@@ -506,7 +505,7 @@ def _cause(per_rank: list[dict], ep: int) -> str | None:
     if wrong:
         kind = "an expert's" if set(wrong) <= experts else "a parameter's"
         return f"{kind} gradient differs while the output is right ({', '.join(wrong[:4])})"
-    input_grad = _worst(per_rank, "input_grad")
+    input_grad = worst(per_rank, "input_grad")
     if input_grad:
         rank, diff = input_grad
         return (f"the input's gradient differs (rank {rank}: max |difference| {diff:.3g}) while every parameter's is "
@@ -515,11 +514,6 @@ def _cause(per_rank: list[dict], ep: int) -> str | None:
     if weights:
         return f"the weights after {STEPS} SGD steps differ ({', '.join(weights[:4])}) though the first step was right"
     return None
-
-
-def _worst(per_rank, key):
-    found = [(r["rank"], r[key]) for r in per_rank if r.get(key) is not None]
-    return max(found, key=lambda f: f[1]) if found else None
 
 
 def seen_line(per_rank: list[dict], ep: int) -> str:
@@ -579,10 +573,10 @@ def check_layer(target: str, degrees: list[int], names: list[str], timeout_s: fl
                         failure = (f"{failure}: not checkable on gloo as written: gloo's all_to_all (the list form) "
                                    "takes tensors of one size only, where NCCL takes any; send the rows with "
                                    "all_to_all_single and split sizes to be checked here")
-                    elif _aborted_on_sizes(log_dir):
-                        failure = (f"{failure}: gloo aborted it on a receive larger than its buffer (\"Received data "
-                                   "size doesn't match expected size\"): the receive sizes are not the sizes sent; "
-                                   "exchange the counts first (one all-to-all of the rows per expert)")
+                    elif GLOO_RECEIVED_MORE in failure:
+                        failure = (f"{failure}: gloo aborted it on a receive larger than its buffer: the receive sizes "
+                                   "are not the sizes sent; exchange the counts first (one all-to-all of the rows per "
+                                   "expert)")
                     lines.append((ep, name, "FAIL", f"{case.proves}: FAILED: {failure}", trace))
                     continue
             verdict_, detail = ep_verdict(per_rank, ep)
@@ -605,12 +599,6 @@ def _top_1_tells(lines: list[tuple], right: set[int]) -> list[tuple]:
             "indices write once; index_add_ sums them)")
     return [(ep, name, verdict_, detail + hint if verdict_ == "FAIL" and ep in right and f"FAILED: {OUTPUT_DIFFERS}"
              in detail else detail, trace) for ep, name, verdict_, detail, trace in lines]
-
-
-def _aborted_on_sizes(log_dir: str) -> bool:
-    """A rank's log says gloo aborted it on a message larger than the buffer posted for it."""
-    return any("Received data size doesn't match expected size" in path.read_text(errors="replace")
-               for path in Path(log_dir).glob("rank*.log"))
 
 
 def header(target: str, dtype: str = "float64") -> str:

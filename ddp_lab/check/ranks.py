@@ -100,6 +100,25 @@ def _spawn_log_to(log_dir: str | None):
         handler.close()
 
 
+def _log_sizes(log_dir: str | None, world_size: int) -> dict[int, int]:
+    if log_dir is None:
+        return {}
+    paths = {rank: os.path.join(log_dir, f"rank{rank}.log") for rank in range(world_size)}
+    return {rank: os.path.getsize(path) if os.path.exists(path) else 0 for rank, path in paths.items()}
+
+
+def _last_words(log_dir: str | None, rank: int, logged: dict[int, int]) -> str | None:
+    """The `what():` line the C++ runtime printed as it terminated `rank` in this run (gloo's "Received data size
+    doesn't match expected size", say), from the part of its log this run wrote; None where there is none."""
+    if log_dir is None or rank not in logged:
+        return None
+    with open(os.path.join(log_dir, f"rank{rank}.log"), "rb") as log:
+        log.seek(logged[rank])
+        lines = log.read().decode(errors="replace").splitlines()
+    said = [line.strip().removeprefix("what():").strip() for line in lines if line.strip().startswith("what():")]
+    return said[-1] if said else None
+
+
 RAISE_SETTLE_S = 3.0
 """After the first rank raised, how long the others may take to end and write their own error: the rank whose peer
 died often raises first, and the cause is the peer's."""
@@ -111,11 +130,13 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
 
     A rank that raises, or ranks still running after `timeout_s` (then every rank is killed), raise
     `RanksFailed`; a rank that dies without raising (a signal, an exit code) raises torch's
-    `ProcessExitedException`, which names how it ended. `finalize=True` lets a successful rank's
+    `ProcessExitedException`, which names how it ended, with `last_words`: what the C++ runtime said as it aborted
+    the rank (gloo's enforce, in its log of this run; None without one). `finalize=True` lets a successful rank's
     interpreter finalize (the teardown benchmark's control). `log_dir`: each rank's stdout and stderr go to
     `rank{R}.log` there (appended), not to the caller's.
     """
     with tempfile.TemporaryDirectory() as tmp, _spawn_log_to(log_dir):
+        logged = _log_sizes(log_dir, world_size)  # where this run's lines start in each rank's (appended) log
         store_path = os.path.join(tmp, "store")
         context = mp.start_processes(_entry, args=(world_size, store_path, tmp, fn, args, finalize, log_dir),
                                      nprocs=world_size, start_method=_start_method(finalize), join=False)
@@ -131,6 +152,9 @@ def run_ranks(fn, world_size: int, *args, finalize: bool = False, timeout_s: flo
             failed = sorted(int(name[4:-4]) for name in os.listdir(tmp) if name.endswith(".err"))
             errors = [open(os.path.join(tmp, f"rank{r}.err")).read() for r in failed]
             raise RanksFailed("a rank failed:\n" + "\n".join(errors), errors, failed) from None
+        except mp.ProcessExitedException as exc:
+            exc.last_words = _last_words(log_dir, exc.error_index, logged)
+            raise
         finally:
             for process in context.processes:
                 if process.is_alive():

@@ -40,7 +40,7 @@ from torch import nn
 from ddp_lab.check.built import refuses_sizes, unset_memory_as_nan, unset_weights
 from ddp_lab.check.cases import locate_class
 from ddp_lab.check.ranks import run_ranks
-from ddp_lab.check.verdict import ended_by
+from ddp_lab.check.verdict import ended_by, worst
 
 D_MODEL, HEADS, HIDDEN, SEQUENCE, BATCH = 16, 4, 32, 8, 4  # SEQUENCE: split by tp 2 and 4
 STEPS, LR, SEED = 3, 0.1, 1234
@@ -434,11 +434,6 @@ def _group_cause(per_rank: list[dict], tp: int) -> str | None:
     return _cause(per_rank, tp)
 
 
-def _worst(per_rank: list[dict], key: str) -> tuple[int, float] | None:
-    found = [(r["rank"], r[key]) for r in per_rank if r.get(key) is not None]
-    return max(found, key=lambda f: f[1]) if found else None
-
-
 def _cause(per_rank: list[dict], world_size: int) -> str | None:
     """The first thing that differs from one process, and what it points to."""
     pieces = next((r["pieces"] for r in per_rank if r["pieces"]), None)
@@ -447,7 +442,7 @@ def _cause(per_rank: list[dict], world_size: int) -> str | None:
     frozen = sorted({n for r in per_rank for n in r["frozen_moved"]})
     if frozen:
         return f"a frozen parameter moved ({', '.join(frozen)}): its piece must keep requires_grad=False"
-    output = _worst(per_rank, "output")
+    output = worst(per_rank, "output")
     if output:
         rank, diff = output
         off = per_rank[rank]["output_off_by"]
@@ -461,7 +456,7 @@ def _cause(per_rank: list[dict], world_size: int) -> str | None:
                   "TP ranks (an all-reduce in its forward)?") if apart else ""
         return f"the forward differs from one process (rank {rank}: max |difference| {diff:.3g}){summed}"
     grads = {name: (r["rank"], d) for r in per_rank for name, d in r["grads"].items() if d is not None}
-    input_grad = _worst(per_rank, "input_grad")
+    input_grad = worst(per_rank, "input_grad")
     if input_grad and not grads:
         rank, diff = input_grad
         return ("the backward of a column-parallel layer does not all-reduce the input gradient (the output and "

@@ -218,6 +218,13 @@ SECONDARY = ("Connection closed by peer", "remote worker crashing", "Connection 
              "remote worker hanging")  # gloo's words on a rank whose peer died
 
 
+def worst(per_rank: list[dict], key: str) -> tuple[int, float] | None:
+    """(rank, difference) of the rank whose finding `key` (a largest difference, None where it matched) is largest; None
+    where every rank matched: the tensor- and expert-parallel checks' ranks report under a "rank" key."""
+    found = [(r["rank"], r[key]) for r in per_rank if r.get(key) is not None]
+    return max(found, key=lambda f: f[1]) if found else None
+
+
 def _joining_hint() -> str:
     """The environment variables that choose gloo's network, where set: the usual reason a rank cannot join."""
     given = [f"{name}={os.environ[name]}" for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME") if name in os.environ]
@@ -237,4 +244,5 @@ def ended_by(exc: BaseException, timeout_s: float) -> tuple[str, str | None]:
     if isinstance(exc, RanksFailed) and exc.timed_out:
         return (f"still running after {timeout_s:g} s: a rank waits for a collective the others never join, "
                 "or for a gradient that never comes"), None
-    return str(exc), None  # a rank killed by a signal or exiting without raising
+    said = getattr(exc, "last_words", None)  # a rank killed by a signal or exiting without raising
+    return (f"{exc}: {said}" if said else str(exc)), None
