@@ -260,7 +260,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
                   inspect=None, pipeline: dict | None = None, context: dict | None = None,
-                  experts: dict | None = None, grad_error: bool = False):
+                  experts: dict | None = None, grad_error: bool = False, checkpointing: str = "none"):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -273,10 +273,13 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     pipeline keys (pp, pp_schedule, pp_impl, microbatches, stages_per_rank, stage_layers); `context`: its context
     parallelism keys (cp, cp_impl, cp_ulysses), each rank then reading its tokens of every sequence; `experts`: its
     expert parallelism keys (ep, ep_impl). `grad_error`: the job's gradient-error probe (rank/grad_error.py) measured
-    before each step, its figures returned third (in `inspect`'s place)."""
+    before each step, its figures returned third (in `inspect`'s place). `checkpointing`: train.activation_checkpointing
+    on this rank's blocks, applied after the mesh has cut them, as the trainer applies it (the reference keeps its
+    activations)."""
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.rank.grad_error import GradErrorProbe
+    from ddp_lab.rank.recompute import apply_activation_checkpointing
     from ddp_lab.spec.strategies import SPECS
     from ddp_lab.tasks.train import wrap
 
@@ -294,6 +297,7 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     ties = ties_of(model)
     reference = deepcopy(model) if rank == 0 else None
     module = parallel.apply(model)
+    apply_activation_checkpointing(module, checkpointing)
     probe, measured = (GradErrorProbe(module, parallel.averaging()), []) if grad_error else (None, None)
     spec = parallel.data_parallel(SPECS[strategy](**(knobs or {})))
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two

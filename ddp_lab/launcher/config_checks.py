@@ -316,7 +316,7 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
     p = cfg.parallel
-    problem = checkpointing_problem(str(t.activation_checkpointing), p.tp, p.pp, p.cp, bool(t.compile))
+    problem = checkpointing_problem(str(t.activation_checkpointing), p.pp, str(p.pp_schedule), bool(t.compile))
     _require(problem is None, problem)
     _require(not t.compile or spec.compile_refusal is None,
              f"train.compile=true: strategy={spec.name} cannot run compiled here: {spec.compile_refusal}")

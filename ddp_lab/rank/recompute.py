@@ -7,9 +7,12 @@ lever, docs/plan.md).
   the rotary embedding, the attention kernel and the activation function (torch's selective checkpoint contexts, the
   op-level policy torchtitan applies; the FLOPs recomputed are attention's, as the planner prices them).
 
-Applied to the model's blocks before the strategy wraps it, as torchtitan applies its checkpoint wrapper before
+Applied to the model's blocks after the mesh has cut them (a rank's tensor-parallel pieces, its pipeline stages,
+its context-parallel attention) and before the strategy wraps it, as torchtitan applies its checkpoint wrapper before
 `fully_shard`, so a strategy's per-block hooks see the block as before. Recomputation replays the same operations on
-the same inputs: the trained weights are bit for bit those without it (tests/parity/test_activation_checkpointing.py).
+the same inputs, collectives included (a block's tensor-parallel all-reduces but its last, context parallelism's
+exchange): the trained weights are bit for bit those without it on every axis
+(tests/parity/test_activation_checkpointing.py, test_activation_checkpointing_mesh.py).
 """
 
 from __future__ import annotations

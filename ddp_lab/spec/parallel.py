@@ -227,14 +227,23 @@ def layout_of(cfg) -> MeshLayout:
                       int(parallel.get("ep", 1) or 1))
 
 
-def checkpointing_problem(activation_checkpointing: str, tp: int, pp: int, cp: int,
+def checkpointing_problem(activation_checkpointing: str, pp: int = 1, pp_schedule: str = "1f1b",
                           compile_: bool = False) -> str | None:
     """Why `train.activation_checkpointing` cannot run with this mesh (or with compile), in one line, or None: the
-    launcher's refusal and the planner's, one text."""
-    if activation_checkpointing == "none" or (tp == 1 and pp == 1 and cp == 1 and not compile_):
+    launcher's refusal and the planner's, one text. Every axis is proven
+    (tests/parity/test_activation_checkpointing*.py) but two: the zero-bubble schedule under `selective`, which torch
+    refuses, and compile, not proven here yet."""
+    if activation_checkpointing == "none":
         return None
-    return (f"train.activation_checkpointing={activation_checkpointing} is proven against the same training without "
-            "it for data parallelism only: use it without parallel.tp, parallel.pp, parallel.cp and train.compile")
+    if activation_checkpointing == "selective" and pp > 1 and pp_schedule == "zero_bubble":
+        return ("train.activation_checkpointing=selective with parallel.pp_schedule=zero_bubble: the schedule runs "
+                "each backward in two halves (the input's gradient, then the weights'), and torch's selective "
+                "checkpoint allows one backward per region ('Trying to backward an extra time'): use "
+                "train.activation_checkpointing=full, or another schedule")
+    if compile_:
+        return (f"train.activation_checkpointing={activation_checkpointing} with train.compile=true is not proven "
+                "against the same training without it here yet: use one of the two")
+    return None
 
 
 def mesh_problem(world_size: int, tp: int, sequence_parallel: bool, context_length: int, pp: int = 1,

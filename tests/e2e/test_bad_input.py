@@ -100,8 +100,9 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "task=allreduce task.warmup_iters=21": "task.warmup_iters must be in [0, task.iters=20]",
     "train.eval_batches=1000000000000": "each rank keeps its held-out batches in memory",
     "train.compile=true train.warmup_steps=0": "train.compile=true compiles in the first step",
-    "train.activation_checkpointing=full parallel.tp=2": "train.activation_checkpointing=full is proven against the "
-                                                         "same training without it for data parallelism only",
+    "train.activation_checkpointing=selective parallel.pp=2 parallel.pp_schedule=zero_bubble":
+        "torch's selective checkpoint allows one backward per region",
+    "train.activation_checkpointing=full train.compile=true": "with train.compile=true is not proven",
     "train.activation_checkpointing=some": "train.activation_checkpointing",
     "train.compile=true train.compile_backend=tvm": "train.compile_backend must be one of inductor, aot_eager, eager",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",

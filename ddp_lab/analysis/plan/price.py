@@ -17,7 +17,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - p2p: each micro-batch's activation sent forward and its gradient back at every stage boundary (bf16), priced on
   the link between neighbouring stages (NVLink inside a node, a GPU's NIC across), not hidden (an upper bound);
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
-  all-gather move the same bytes), 6 under full recomputation, of the micro-batch's activation (bf16) over the tp
+  all-gather move the same bytes), 5 under full recomputation (torch's checkpoint stops recomputing once the tensors
+  backward needs are back, so a block's last all-reduce is not run again: counted in the lab,
+  tests/parity/test_activation_checkpointing_mesh.py), of the micro-batch's activation (bf16) over the tp
   group, blocking: added whole; per micro-batch also the vocabulary's (the head's input gradient, the embedding's
   output on a pipeline's only stage, and the vocabulary-parallel loss's three of one fp32 value a token);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
@@ -243,7 +245,8 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     """TP's all-reduces of a step (module docstring): the blocks', and per micro-batch the vocabulary's (the head's
     input gradient, and the embedding's output without a pipeline: both split by rows of the vocabulary; the loss's
     max, sum of exponentials and target logit over the split rows)."""
-    per_block = shape.tp_regions * (3 if lay.checkpointing == "full" else 2)
+    recomputed = shape.tp_regions - 1 if lay.checkpointing == "full" else 0  # all but the block's last
+    per_block = 2 * shape.tp_regions + recomputed
     one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
     vocab = 0.0
     if shape.vocab:

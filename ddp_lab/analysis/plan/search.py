@@ -76,7 +76,7 @@ def lab_refusal(layout: Layout) -> str | None:
         SPECS[layout.strategy]().check_mesh(layout.tp, layout.pp, layout.schedule, layout.cp)
     except ValueError as exc:
         return str(exc)
-    return checkpointing_problem(layout.checkpointing, layout.tp, layout.pp, layout.cp)
+    return checkpointing_problem(layout.checkpointing, layout.pp, layout.schedule)
 
 
 def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=tuple(STRATEGIES),
