@@ -36,17 +36,39 @@ def _saved(tensor: torch.Tensor) -> tuple[int, int] | None:
         return id(tensor), tensor_bytes(tensor)
 
 
+_COUNTING: list[dict] = []
+"""The saved-bytes tallies of the forwards being counted now, innermost last (see `kept_outside_hooks`)."""
+
+
+def kept_outside_hooks(key, nbytes: int) -> None:
+    """Count `nbytes` kept for backward where the saved-tensor hooks cannot see them, into the forward being counted
+    (none: nothing): selective checkpointing's kept outputs (rank/recompute.py), which torch's selective checkpoint
+    caches outside autograd's saved tensors. `key` identifies the storage, counted once."""
+    if _COUNTING:
+        _COUNTING[-1][key] = nbytes
+
+
+@contextmanager
+def _tallied(saved: dict, pack):
+    _COUNTING.append(saved)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+    finally:
+        _COUNTING.remove(saved)
+
+
 class SavedActivations:
     """Bytes autograd saves in each counted forward: the largest one's (`largest`), and the most alive at once
-    (`peak`)."""
+    (`peak`). What activation checkpointing keeps outside autograd's hooks is counted too (`kept_outside_hooks`)."""
 
     def __init__(self):
         self.alive: dict[object, int] = {}
         self.now = self.peak = self.largest = 0
 
     def counting(self, key):
-        """(the hooks to run a forward under, `done()` to call after it); `freed(key)` when its backward ran."""
-        saved: dict[int, int] = {}  # storage address -> bytes
+        """(the context to run a forward under, `done()` to call after it); `freed(key)` when its backward ran."""
+        saved: dict[object, int] = {}  # storage address -> bytes
 
         def pack(tensor):
             found = _saved(tensor)
@@ -59,7 +81,7 @@ class SavedActivations:
             self.largest = max(self.largest, self.alive[key])
             self.now += self.alive[key]
             self.peak = max(self.peak, self.now)
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), done
+        return _tallied(saved, pack), done
 
     def freed(self, key) -> None:
         self.now -= self.alive.pop(key, 0)

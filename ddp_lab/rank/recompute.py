@@ -18,21 +18,40 @@ exchange): the trained weights are bit for bit those without it on every axis
 from __future__ import annotations
 
 from functools import partial
+from itertools import count
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from ddp_lab.rank.activations import kept_outside_hooks
 
 MODES = ("none", "full", "selective")
 KEPT = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
 """What `selective` keeps: the matmuls' outputs."""
 
 
+_kept = count()  # a key for each output selective keeps: fresh tensors, each its own storage
+
+
+def _output_bytes(op, args) -> int:
+    """The bytes of a kept matmul's output, from its inputs' shapes (the policy runs before the op)."""
+    a, b = (args[1], args[2]) if op is torch.ops.aten.addmm.default else (args[0], args[1])
+    rows = a.shape[0] * a.shape[1] if op is torch.ops.aten.bmm.default else a.shape[0]
+    return rows * b.shape[-1] * a.element_size()
+
+
 def _selective_policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in KEPT else CheckpointPolicy.PREFER_RECOMPUTE
+    if op not in KEPT:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if not ctx.is_recompute:  # kept until the block's backward: counted by the census
+        kept_outside_hooks(("selective", next(_kept)), _output_bytes(op, args))
+    return CheckpointPolicy.MUST_SAVE
 
 
 def _checkpointed(forward, mode: str, *args, **kwargs):
+    """`forward` under torch's checkpoint (the inputs it keeps for the recompute are saved under the census's hooks:
+    counted there)."""
     context = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} \
         if mode == "selective" else {}
     return checkpoint(forward, *args, use_reentrant=False, **context, **kwargs)
@@ -54,9 +73,3 @@ def apply_activation_checkpointing(module: nn.Module, mode: str) -> int:
     for block in blocks:
         block.forward = partial(_checkpointed, block.forward, mode)
     return len(blocks)
-
-
-def counted_peak(mode: str, peak: int | None) -> int | None:
-    """The census's activation peak as the summary may state it: under `selective`, None (not counted), never an
-    under-count: torch's selective contexts keep the matmuls' outputs outside the saved-tensor hooks it reads."""
-    return None if mode == "selective" else peak

@@ -32,7 +32,7 @@ from ddp_lab.rank.optimizers import optimizer_class
 from ddp_lab.rank.precision import Precision
 from ddp_lab.rank.process_group import seed_everything
 from ddp_lab.rank.profiler import StepProfiler
-from ddp_lab.rank.recompute import apply_activation_checkpointing, counted_peak
+from ddp_lab.rank.recompute import apply_activation_checkpointing
 from ddp_lab.rank.step import loss_fn
 from ddp_lab.rank.straggler import ArrivalWatch
 from ddp_lab.rank.timing import StepTimer, reduce_over_ranks
@@ -136,7 +136,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
             torch.save(state, job_dir / MODEL)
     summary = summarize_training(steps, cfg.train.warmup_steps)
     summary["compile"] = compile_summary(cfg, steps, summary)
-    memory["activations"] = counted_peak(str(cfg.train.activation_checkpointing), parallel.activation_peak)
+    memory["activations"] = parallel.activation_peak
     summary["memory"] = memory_report(memory, spec.zero_stage, parallel.held_params, compute,
                                       parallel.shard_ranks(spec), parallel.whole_params)
     summary["mesh"] = parallel.describe(cfg.train.warmup_steps)
