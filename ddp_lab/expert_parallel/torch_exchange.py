@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ddp_lab.expert_parallel.exchange import LabExchange, row_bytes
+from ddp_lab.rank.recompute import recomputing
 
 
 def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:
@@ -37,7 +38,8 @@ class TorchExchange(LabExchange):
         self.tally.seconds += time.perf_counter() - start
         me = torch.distributed.get_rank(self.group)
         self.tally.add(f"{what}_forward", (sum(send) - send[me]) * row_bytes(x))
-        if torch.is_grad_enabled() and x.requires_grad:  # its backward (torch's own) sends them back
+        # its backward (torch's own) sends them back, once: not counted again by a checkpointed block's recompute
+        if torch.is_grad_enabled() and x.requires_grad and not recomputing():
             self.tally.add(f"{what}_backward", (sum(receive) - receive[me]) * row_bytes(x))
             self._time_backward(x, out)
         return out

@@ -178,9 +178,6 @@ def _validate_experts(cfg: DictConfig) -> None:
              "(torchtitan keeps them whole too), and attention's split beside them is not proven: use parallel.tp=1")
     _require(p.pp == 1 or str(m.balance) != "aux_loss", f"model.balance=aux_loss with parallel.pp={p.pp}: the "
              "balancing loss of a stage's layers reaches only the last stage's loss: use model.balance=bias or none")
-    _require(str(t.activation_checkpointing) == "none", f"train.activation_checkpointing={t.activation_checkpointing} "
-             f"with model={name}: recomputing a mixture runs its all-to-alls and its balancing term again, not proven "
-             "here yet: use train.activation_checkpointing=none")
     _require(not t.compile, f"model={name} with train.compile=true: its routing (data-dependent shapes) is not "
              "proven compiled here yet: use train.compile=false")
     if ep == 1:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp_lab.models.transformer import SwiGLU, Transformer
+from ddp_lab.rank.recompute import recomputing
 from ddp_lab.spec.figures import MOE_AUX, MOE_BUSIEST, MOE_DROPPED, MOE_MAX_OVER_MEAN
 
 
@@ -175,8 +176,11 @@ class MoE(nn.Module):
         return (position < capacity).flatten()
 
     def _balance(self, probabilities: torch.Tensor, load: torch.Tensor, tokens: int) -> None:
-        """This forward's balancing: the aux loss's term for this rank, or the load for the bias's next move."""
-        if self.balance == "bias":
+        """This forward's balancing: the aux loss's term for this rank, or the load for the bias's next move. A
+        checkpointed block's recompute (rank/recompute.py) computes the term again, as backward needs what it saved,
+        but neither counts the load again nor hands the loss a second term."""
+        again = recomputing()
+        if self.balance == "bias" and not again:
             self.step_load += load.detach().cpu().double()
         if self.balance != "aux_loss":
             return
@@ -187,7 +191,9 @@ class MoE(nn.Module):
         share = (counted[:-1] / (counted[-1] * self.top_k)).to(probabilities.dtype)  # f_i, the global batch's
         mean_probability = probabilities.sum(0) / counted[-1].to(probabilities.dtype)  # this rank's part of P_i
         # Times the ranks averaged over: their mean is the global loss's gradient.
-        self.aux = self.balance_coeff * self.num_experts * (share * mean_probability).sum() * self.replicas
+        aux = self.balance_coeff * self.num_experts * (share * mean_probability).sum() * self.replicas
+        if not again:
+            self.aux = aux
 
     def after_optimizer_step(self) -> None:
         """balance=bias: move the selection bias against the load of the step (summed over the data-parallel ranks),

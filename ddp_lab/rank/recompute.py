@@ -49,12 +49,30 @@ def _selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
+_RECOMPUTING: list[bool] = []
+
+
+def recomputing() -> bool:
+    """Whether the forward running now is a checkpointed block's recompute in backward: what a layer does once a
+    step beyond its output (a mixture's load for its balancing) is not done again."""
+    return bool(_RECOMPUTING) and _RECOMPUTING[-1]
+
+
 def _checkpointed(forward, mode: str, *args, **kwargs):
     """`forward` under torch's checkpoint (the inputs it keeps for the recompute are saved under the census's hooks:
-    counted there)."""
+    counted there); its first call the forward, any later one the recompute."""
+    calls = count()
+
+    def run(*a, **k):
+        _RECOMPUTING.append(next(calls) > 0)
+        try:
+            return forward(*a, **k)
+        finally:
+            _RECOMPUTING.pop()
+
     context = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} \
         if mode == "selective" else {}
-    return checkpoint(forward, *args, use_reentrant=False, **context, **kwargs)
+    return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
 
 
 def blocks_of(module: nn.Module) -> list[nn.Module]:

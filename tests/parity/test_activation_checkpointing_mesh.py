@@ -1,15 +1,16 @@
 """`train.activation_checkpointing` on every axis: under tensor parallelism (the lab's and DTensor's, with sequence
-parallelism), every pipeline schedule (the lab's and torch's) and every context-parallel implementation, full and
-selective checkpointing train to the same weights as the same mesh without it, bit for bit (the same operations
-replayed on the same inputs); the mesh without it is proven against one process elsewhere (test_tensor_parallel.py,
-test_pipeline.py, test_context_parallel.py). Checkpointing is applied to each rank's blocks after the mesh has cut
+parallelism), every pipeline schedule (the lab's and torch's), every context-parallel implementation, and a mixture
+of experts alone and under expert parallelism (both impls, either balance), full and selective checkpointing train to
+the same weights as the same mesh without it, bit for bit (the same operations replayed on the same inputs); the
+mesh without it is proven against one process elsewhere (test_tensor_parallel.py, test_pipeline.py,
+test_context_parallel.py, test_experts.py). Checkpointing is applied to each rank's blocks after the mesh has cut
 them, as the trainer applies it.
 
 What a recompute sends again is counted where it is sent: the forward's collectives inside a block run again in its
-backward. Context parallelism's exchange is recomputed, not saved (the selective policy keeps matmuls' outputs
-only), so a step's forward bytes count twice; tensor parallelism's all-reduce at the end of a block is not (torch's
-non-reentrant checkpoint stops recomputing once the tensors backward needs are back).
-"""
+backward. Context parallelism's exchange and expert parallelism's two all-to-alls are recomputed, not saved (the
+selective policy keeps matmuls' outputs only), so a step's forward bytes count twice; tensor parallelism's
+all-reduce at the end of a block is not (torch's non-reentrant checkpoint stops recomputing once the tensors
+backward needs are back)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ddp_lab.rank.recompute import _checkpointed
 from ddp_lab.spec.figures import CP_BYTES_BACKWARD, CP_BYTES_FORWARD, TP_COLLECTIVES
 from ddp_lab.spec.parallel import checkpointing_problem
 from tests.helpers.distributed import ranks_fixture
+from tests.helpers.moe import tiny_moe
 
 MODES = ("full", "selective")
 STEPS = 2  # the figures are summed over them
@@ -42,6 +44,10 @@ def _cases() -> dict:
         cases[f"pp interleaved {impl}"] = ("deep_transformer", _pp("interleaved_1f1b", impl, v=2))
     for impl in ("ring", "zigzag", "ulysses", "torch"):
         cases[f"cp {impl}"] = ("transformer", dict(context={"cp": 2, "cp_impl": impl}))
+    cases["mixture"] = (tiny_moe(), {})  # the balancing loss's counts all-reduced in the recompute too
+    for impl in ("lab", "torch"):
+        cases[f"ep {impl}"] = (tiny_moe(), dict(experts={"ep": 2, "ep_impl": impl}))
+    cases["ep bias"] = (tiny_moe(balance="bias"), dict(experts={"ep": 2}))
     return cases
 
 
@@ -61,13 +67,14 @@ def _inspect(parallel, ddp, optimizer):
     return {"checkpointed": _wrapped(ddp.module), **parallel.pop()}
 
 
-def _run(rank, world_size, cases):
+def _run(rank, world_size):
+    cases = _cases()  # built in the rank: a mixture's factory does not pickle
     return {(name, mode): train_on_mesh(rank, world_size, model, "flat", steps=STEPS, checkpointing=mode,
                                         inspect=_inspect, **kw)
             for name, (model, kw) in cases.items() for mode in ("none", *MODES) if not _refused(name, mode)}
 
 
-results = ranks_fixture(_run, 2, _cases())
+results = ranks_fixture(_run, 2)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -103,3 +110,13 @@ def test_full_recomputation_runs_each_blocks_tp_collectives_but_its_last_again(r
     for rank in results:
         plain, full = rank[(case, "none")][2], rank[(case, "full")][2]
         assert full[TP_COLLECTIVES.key] - plain[TP_COLLECTIVES.key] == STEPS * 2 * extra, (plain, full)  # 2 blocks
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", ["lab", "torch"])
+def test_the_expert_exchange_is_recomputed_and_its_forward_bytes_counted_twice(results, impl, mode):
+    for rank in results:
+        plain, recomputed = rank[(f"ep {impl}", "none")][2], rank[(f"ep {impl}", mode)][2]
+        for way in ("dispatch", "combine"):
+            assert recomputed[f"ep_bytes_{way}_forward"] == 2 * plain[f"ep_bytes_{way}_forward"] > 0
+            assert recomputed[f"ep_bytes_{way}_backward"] == plain[f"ep_bytes_{way}_backward"]
