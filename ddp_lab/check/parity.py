@@ -260,7 +260,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
                   steps: int = STEPS, precision: str = "fp32", knobs: dict | None = None,
                   batch_size: int = GLOBAL_BATCH, optimizer_cls=torch.optim.AdamW, opt_kwargs: dict | None = None,
                   inspect=None, pipeline: dict | None = None, context: dict | None = None,
-                  experts: dict | None = None, grad_error: bool = False, checkpointing: str = "none"):
+                  experts: dict | None = None, grad_error: bool = False, checkpointing: str = "none",
+                  compile_backend=None, after_step=None):
     """`train_distributed` on a (dp, tp) mesh, as every job trains on one (ddp_lab/parallel/), for the model of a
     MODELS name or of a factory (a model of the user's own, with its `tp_plan()`): tensor parallelism
     (`impl`: lab or torch) on the model, `strategy` (its option, with `knobs`) on the data-parallel axis, the
@@ -275,7 +276,8 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     expert parallelism keys (ep, ep_impl). `grad_error`: the job's gradient-error probe (rank/grad_error.py) measured
     before each step, its figures returned third (in `inspect`'s place). `checkpointing`: train.activation_checkpointing
     on this rank's blocks, applied after the mesh has cut them, as the trainer applies it (the reference keeps its
-    activations)."""
+    activations). `compile_backend`: train.compile with that backend (a name or a callable), after the strategy wraps
+    the model, as the trainer compiles it (the reference runs eager). `after_step()`: called after each step."""
 
     from ddp_lab.parallel import Parallelism
     from ddp_lab.rank.grad_error import GradErrorProbe
@@ -303,12 +305,16 @@ def train_on_mesh(rank, world_size, model_name, strategy: str = "none", *, tp: i
     rest = {k: v for k, v in opt_kwargs.items() if k not in ("lr", "weight_decay")}  # wrap passes those two
     ddp, optimizer, mixed = wrap(spec, module, precision, "cpu", opt_kwargs["lr"], opt_kwargs["weight_decay"],
                                  partial(optimizer_cls, **rest), group=parallel.group())
+    if compile_backend is not None:
+        parallel.compile(ddp, compile_backend)
     batches = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     before_step = None if probe is None else (lambda: measured.append(probe.measure(optimizer)))
     for step in range(steps):
         with parallel.counting(step):
             parallel.step(ddp, optimizer, list(batches.micro_batches(step)), before_step=before_step,
                           precision=mixed)
+        if after_step is not None:
+            after_step()
     out = parallel.whole(full_state(ddp, ties))
     if reference is not None:
         train_reference(reference, optimizer_cls, steps, opt_kwargs, grad_accum_steps, batch_size,

@@ -63,9 +63,11 @@ class ContextParallel:
         self.length, self.device = length, device
         module.context_parallel(self.attend, self.positions(length, device))
 
+    @torch.compiler.disable
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of this rank's queries over every token of the sequence (q, k, v: batch, heads, local
-        tokens, head_dim, rotary positions already applied)."""
+        tokens, head_dim, rotary positions already applied). Under train.compile a graph break: the exchange and
+        its blocks' attention run eager, timed as they are without compile."""
         if self.impl == "torch":
             return torch_ring_attention(q, k, v, self.group, self.cp, self.tally)
         if self.impl in ("ring", "zigzag"):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ddp_lab.expert_parallel.exchange import LabExchange, row_bytes
-from ddp_lab.rank.recompute import recomputing
+from ddp_lab.models.recomputing import recomputing
 
 
 def grouped_experts(x: torch.Tensor, counts: list[int], experts) -> torch.Tensor:

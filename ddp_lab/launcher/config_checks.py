@@ -30,7 +30,7 @@ from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.context import context_problem
 from ddp_lab.spec.experts import moe_problem
-from ddp_lab.spec.parallel import checkpointing_problem, mesh_problem, plan_problem
+from ddp_lab.spec.parallel import checkpointing_problem, compile_problem, mesh_problem, plan_problem
 from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec, mesh_keys
@@ -160,9 +160,6 @@ def _validate_mesh(cfg: DictConfig) -> None:
     keys = mesh_keys(p.tp, p.pp, p.cp)
     _require(cfg.task.name == "train", f"{keys} splits a model's layers: task={cfg.task.name} has no model (use "
              "parallel.tp=1 and parallel.pp=1)")
-    t = cfg.train
-    _require(not t.compile, f"{keys} with train.compile=true: compiled tensor-parallel layers, pipeline stages and "
-             "context-parallel attention are not proven against one process here yet: use train.compile=false")
 
 
 def _validate_experts(cfg: DictConfig) -> None:
@@ -178,8 +175,6 @@ def _validate_experts(cfg: DictConfig) -> None:
              "(torchtitan keeps them whole too), and attention's split beside them is not proven: use parallel.tp=1")
     _require(p.pp == 1 or str(m.balance) != "aux_loss", f"model.balance=aux_loss with parallel.pp={p.pp}: the "
              "balancing loss of a stage's layers reaches only the last stage's loss: use model.balance=bias or none")
-    _require(not t.compile, f"model={name} with train.compile=true: its routing (data-dependent shapes) is not "
-             "proven compiled here yet: use train.compile=false")
     if ep == 1:
         return
     if str(p.ep_impl) == "torch":
@@ -313,7 +308,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(problem is None, f"train.precision={t.precision}: {problem}")
     _validate_comm_dtype(cfg, spec)
     p = cfg.parallel
-    problem = checkpointing_problem(str(t.activation_checkpointing), p.pp, str(p.pp_schedule), bool(t.compile))
+    problem = checkpointing_problem(str(t.activation_checkpointing), p.pp, str(p.pp_schedule)) or \
+        (compile_problem(p.tp, str(p.tp_impl), p.cp, str(p.cp_impl)) if t.compile else None)
     _require(problem is None, problem)
     _require(not t.compile or spec.compile_refusal is None,
              f"train.compile=true: strategy={spec.name} cannot run compiled here: {spec.compile_refusal}")

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddp_lab.models.recomputing import recomputing
 from ddp_lab.models.transformer import SwiGLU, Transformer
-from ddp_lab.rank.recompute import recomputing
 from ddp_lab.spec.figures import MOE_AUX, MOE_BUSIEST, MOE_DROPPED, MOE_MAX_OVER_MEAN
 
 
@@ -111,6 +111,8 @@ def local_exchange(x: torch.Tensor, counts: torch.Tensor, experts: Experts) -> t
 
 class MoE(nn.Module):
     """The mixture in place of a block's SwiGLU; the module docstring says what each knob does."""
+
+    once_a_forward = True  # its balancing counts the load once a forward: not again in a recompute (rank/recompute.py)
 
     def __init__(self, d_model: int, experts: int, top_k: int, expert_d_ff: int, shared_experts: int = 0,
                  router: str = "softmax", balance: str = "aux_loss", balance_coeff: float = 0.01,

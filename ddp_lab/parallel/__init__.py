@@ -206,6 +206,13 @@ class Parallelism:
         with self.loss.context():
             return self.loss(logits.float(), targets).double()
 
+    def compile(self, model, backend) -> None:
+        """`train.compile`: the strategy compiles the model (its `compile_model`); nothing counts a step through a
+        dispatch mode, which would keep Dynamo from compiling it (tensor_parallel/'s `compiled`)."""
+        model.compile_model(backend)
+        if self.tensor is not None:
+            self.tensor.compiled = True
+
     def counting(self, step: int):
         """A context around `step`: where torch's TP collectives are counted (in one step), nothing elsewhere."""
         return self.tensor.counting(step) if self.tensor is not None else nullcontext()

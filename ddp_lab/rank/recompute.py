@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from ddp_lab.models.recomputing import ONCE_A_FORWARD, told_apart
 from ddp_lab.rank.activations import kept_outside_hooks
 
 MODES = ("none", "full", "selective")
@@ -49,30 +50,12 @@ def _selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
-_RECOMPUTING: list[bool] = []
-
-
-def recomputing() -> bool:
-    """Whether the forward running now is a checkpointed block's recompute in backward: what a layer does once a
-    step beyond its output (a mixture's load for its balancing) is not done again."""
-    return bool(_RECOMPUTING) and _RECOMPUTING[-1]
-
-
-def _checkpointed(forward, mode: str, *args, **kwargs):
+def _checkpointed(forward, mode: str, once: bool, *args, **kwargs):
     """`forward` under torch's checkpoint (the inputs it keeps for the recompute are saved under the census's hooks:
-    counted there); its first call the forward, any later one the recompute."""
-    calls = count()
-
-    def run(*a, **k):
-        _RECOMPUTING.append(next(calls) > 0)
-        try:
-            return forward(*a, **k)
-        finally:
-            _RECOMPUTING.pop()
-
+    counted there); `once`: its recompute told apart (models/recomputing.py)."""
     context = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} \
         if mode == "selective" else {}
-    return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
+    return checkpoint(told_apart(forward) if once else forward, *args, use_reentrant=False, **context, **kwargs)
 
 
 def blocks_of(module: nn.Module) -> list[nn.Module]:
@@ -89,5 +72,6 @@ def apply_activation_checkpointing(module: nn.Module, mode: str) -> int:
         return 0
     blocks = blocks_of(module)
     for block in blocks:
-        block.forward = partial(_checkpointed, block.forward, mode)
+        once = any(getattr(layer, ONCE_A_FORWARD, False) for layer in block.modules())
+        block.forward = partial(_checkpointed, block.forward, mode, once)
     return len(blocks)

@@ -227,22 +227,32 @@ def layout_of(cfg) -> MeshLayout:
                       int(parallel.get("ep", 1) or 1))
 
 
-def checkpointing_problem(activation_checkpointing: str, pp: int = 1, pp_schedule: str = "1f1b",
-                          compile_: bool = False) -> str | None:
-    """Why `train.activation_checkpointing` cannot run with this mesh (or with compile), in one line, or None: the
-    launcher's refusal and the planner's, one text. Every axis is proven
-    (tests/parity/test_activation_checkpointing*.py) but two: the zero-bubble schedule under `selective`, which torch
-    refuses, and compile, not proven here yet."""
-    if activation_checkpointing == "none":
-        return None
+def checkpointing_problem(activation_checkpointing: str, pp: int = 1, pp_schedule: str = "1f1b") -> str | None:
+    """Why `train.activation_checkpointing` cannot run with this mesh, in one line, or None: the launcher's refusal
+    and the planner's, one text. Every axis and compile are proven (tests/parity/test_activation_checkpointing*.py,
+    test_compile_mesh.py) but the zero-bubble schedule under `selective`, which torch refuses."""
     if activation_checkpointing == "selective" and pp > 1 and pp_schedule == "zero_bubble":
         return ("train.activation_checkpointing=selective with parallel.pp_schedule=zero_bubble: the schedule runs "
                 "each backward in two halves (the input's gradient, then the weights'), and torch's selective "
                 "checkpoint allows one backward per region ('Trying to backward an extra time'): use "
                 "train.activation_checkpointing=full, or another schedule")
-    if compile_:
-        return (f"train.activation_checkpointing={activation_checkpointing} with train.compile=true is not proven "
-                "against the same training without it here yet: use one of the two")
+    return None
+
+
+def compile_problem(tp: int = 1, tp_impl: str = "lab", cp: int = 1, cp_impl: str = "ring") -> str | None:
+    """Why `train.compile` cannot run on this mesh, in one line, or None. Every axis compiles
+    (tests/parity/test_compile_mesh.py) but two, where torch's Dynamo fails (its words quoted, with its version)."""
+    from importlib.metadata import version
+
+    if tp > 1 and tp_impl == "torch":
+        return (f"train.compile=true with parallel.tp_impl=torch: the lab keeps DTensor's parameters as local tensors "
+                f"and views them as DTensors in each forward (so every strategy sees plain tensors), and torch "
+                f"{version('torch')}'s Dynamo fails tracing those views ('Mixing fake modes NYI'): use "
+                "parallel.tp_impl=lab, or train.compile=false")
+    if cp > 1 and cp_impl == "torch":
+        return (f"train.compile=true with parallel.cp_impl=torch: torch {version('torch')}'s Dynamo fails tracing "
+                "its ring attention ('An intermediate tensor created inside a higher-order op subgraph aliases an "
+                "input or output'): use parallel.cp_impl=ring, zigzag, ulysses or hybrid, or train.compile=false")
     return None
 
 

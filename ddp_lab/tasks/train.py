@@ -81,7 +81,7 @@ def run(cfg, device: torch.device, recorder, job_dir) -> dict:
     model, optimizer, precision = wrap(spec, module, compute, device.type, cfg.train.lr, cfg.train.weight_decay,
                                        str(cfg.train.optimizer), parallel.group())
     if cfg.train.compile:
-        model.compile_model(str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
+        parallel.compile(model, str(cfg.train.compile_backend))  # lazy: the first step compiles (a warm-up step)
     facts = model.facts()  # a bucket plan, powersgd's compression ratio: in W&B now and in results.json
     data = BatchSource(cfg, *parallel.data_shard, device, parallel.splits, parallel.columns())  # its rows, tokens
     recorder.log_once({"num_params": parallel.whole_params, **facts, **data.facts()})

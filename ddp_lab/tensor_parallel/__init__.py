@@ -54,9 +54,13 @@ class TensorParallel:
             self.loss = parallelize(module, plan, self.mesh.device_mesh["tp"], self.sequence_parallel, self.layout)
         return module
 
+    compiled = False
+    """Set where the model runs compiled: torch's collectives are then not counted, as the dispatch mode that counts
+    them makes Dynamo skip every frame it sees (and remember the skip: the step and every later one ran eager)."""
+
     def counting(self, step: int):
         """Around a step: torch's collectives are counted in COUNTED_STEP (the lab's count themselves)."""
-        if self.impl == TPImpl.torch and step == COUNTED_STEP:
+        if self.impl == TPImpl.torch and step == COUNTED_STEP and not self.compiled:
             return _Counted(self)
         return nullcontext()
 

@@ -112,18 +112,22 @@ class _Conjugate(torch.autograd.Function):
         return ctx.backward_of(grad, ctx.tp), None, None, None
 
 
+@torch.compiler.disable  # under train.compile: a graph break, the collective run eager (timed)
 def copy_to_region(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
     return _Conjugate.apply(x, tp, _identity, _all_reduce)
 
 
+@torch.compiler.disable  # under train.compile: a graph break, the collective run eager (timed)
 def reduce_from_region(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
     return _Conjugate.apply(x, tp, _all_reduce, _identity)
 
 
+@torch.compiler.disable  # under train.compile: a graph break, the collective run eager (timed)
 def gather_sequence(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
     return _Conjugate.apply(x, tp, _gather, _reduce_scatter)
 
 
+@torch.compiler.disable  # under train.compile: a graph break, the collective run eager (timed)
 def reduce_scatter_sequence(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
     return _Conjugate.apply(x, tp, _reduce_scatter, _gather)
 

@@ -113,10 +113,12 @@ def _mesh_cases() -> dict:
             pipeline={"pp": 2, "microbatches": 2, "pp_impl": pp_impl}, context={"cp": 2, "cp_impl": "zigzag"}))
     # the embedding on the first stage, its tied head on the last: the copies' groups span every cp rank's pair of
     # stages (they were built at cp index 0 only, leaving half the ranks summing over the world: a hang)
-    # activation checkpointing across the axes, against one process (each axis alone: bit for bit against the mesh
-    # without it, test_activation_checkpointing_mesh.py)
+    # activation checkpointing and compile across the axes, against one process (each axis alone: against the mesh
+    # without them, test_activation_checkpointing_mesh.py and test_compile_mesh.py)
     cases["hybrid 2x2 selective checkpointing"] = ("transformer", "flat", dict(
         context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2}, checkpointing="selective"))
+    cases["hybrid 2x2 compiled"] = ("transformer", "flat", dict(
+        context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2}, compile_backend="aot_eager"))
     cases["pp x cp x dp full checkpointing"] = ("transformer", "bucketed", dict(
         pipeline={"pp": 2, "microbatches": 2}, context={"cp": 2, "cp_impl": "zigzag"}, checkpointing="full"))
     cases["cp x tp sequence parallel selective checkpointing"] = ("transformer", "flat", dict(
