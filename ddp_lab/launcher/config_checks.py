@@ -30,7 +30,13 @@ from ddp_lab.launcher.emulated_network import netem_problem
 from ddp_lab.launcher.emulated_network import problem as emulation_problem
 from ddp_lab.spec.context import context_problem
 from ddp_lab.spec.experts import moe_problem
-from ddp_lab.spec.parallel import checkpointing_problem, compile_problem, mesh_problem, plan_problem
+from ddp_lab.spec.parallel import (
+    checkpointing_problem,
+    compile_problem,
+    grad_error_problem,
+    mesh_problem,
+    plan_problem,
+)
 from ddp_lab.spec.pipeline import microbatches_of, pipeline_problem, schedule_problem
 from ddp_lab.spec.strategies import SpecError, not_a_knob, spec_of
 from ddp_lab.spec.strategy import StrategySpec, mesh_keys
@@ -317,6 +323,8 @@ def _validate_train(cfg: DictConfig) -> None:
              "train.warmup_steps >= 1 so the compile time stays out of the step figures")
     _require(str(t.compile_backend) in COMPILE_BACKENDS, f"train.compile_backend must be one of "
              f"{', '.join(COMPILE_BACKENDS)}, got {t.compile_backend}")
+    problem = grad_error_problem(p.pp, str(p.pp_schedule)) if cfg.measure.grad_error else None
+    _require(problem is None, problem)
     _require(not (cfg.measure.grad_error and spec.zero_stage >= 3),
              f"measure.grad_error: strategy={spec.name} shards the parameters themselves (ZeRO-3), so the "
              "probe (rank/grad_error.py) cannot match its delivered gradient to the exact one: use another strategy")

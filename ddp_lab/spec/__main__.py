@@ -2,6 +2,7 @@
 
     python -m ddp_lab.spec                      # text: a strategy, its one-liner, its knobs (type, default, meaning)
     python -m ddp_lab.spec --markdown           # the tables docs/strategies.md, configuration.md, measurements.md show
+    python -m ddp_lab.spec --compose            # what composes with what on the mesh: docs/compose.md's table
 
 The specs (and spec/figures.py, for every per-step figure) are the one home of these facts: the docs' tables
 are this command's output (tests/unit/test_spec_docs.py checks they still are), so a knob added to a spec
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ddp_lab.spec.compose import compose_markdown
 from ddp_lab.spec.docs import knob_rows, strategy_rows
 from ddp_lab.spec.figures import figures_markdown
 
@@ -51,7 +53,12 @@ def text() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_lab.spec", description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true", help="the strategies, knobs and figures tables, in Markdown")
+    parser.add_argument("--compose", action="store_true",
+                        help="each feature on each axis: proven, refused or open (docs/compose.md)")
     args = parser.parse_args(argv)
+    if args.compose:
+        print(compose_markdown())
+        return 0
     print("\n\n".join(markdown(t) for t in TABLES) if args.markdown else text())
     return 0
 

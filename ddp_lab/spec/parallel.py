@@ -1,18 +1,18 @@
 """The mesh every rank sits on, said without torch: the `parallel` config node, where each rank lies on the
-(dp, tp) grid, and the tensor-parallel plan's vocabulary and collective schedule.
+(dp, pp, cp, tp) grid (expert parallelism borrows ep of the dp x cp ranks), the tensor-parallel plan's vocabulary
+and collective schedule, and what composes with the mesh (activation checkpointing, compile).
 
-`world_size = dp x tp`: `parallel.tp` ranks split each layer (tensor parallelism), the data-parallel degree
-is what is left. Ranks of one TP group are consecutive (`tp_inner`, the default): torchrun numbers a node's
-ranks consecutively, so TP, the axis that talks inside every layer, stays inside a node, as torchtitan and
-Megatron order their meshes; `tp_inner=false` puts TP across nodes and DP inside, so the reason can be
-measured. The launcher checks a job with this module before any rank starts; each rank builds its torch
-DeviceMesh from the same arithmetic (ddp_lab/parallel/mesh.py), and analysis reads it back from
-results.json.
+`world_size = dp x pp x cp x tp`: `parallel.tp` ranks split each layer (tensor parallelism), `parallel.pp` split
+the blocks into stages, `parallel.cp` split each sequence; the data-parallel degree is what is left. Ranks of one
+TP group are consecutive (`tp_inner`, the default): torchrun numbers a node's ranks consecutively, so TP, the axis
+that talks inside every layer, stays inside a node, as torchtitan and Megatron order their meshes; `tp_inner=false`
+puts TP across nodes and DP inside, so the reason can be measured. The launcher checks a job with this module
+before any rank starts; each rank builds its torch DeviceMesh from the same arithmetic (ddp_lab/parallel/mesh.py),
+and analysis reads it back from results.json.
 
-A model says how tensor parallelism splits it with a plan (`tp_plan()` on the model class: module name ->
-style below), as torchtitan's `parallelize` does per model; the lab's own layers (ddp_lab/tensor_parallel/)
-and torch's DTensor plan are both built from it, so the two implementations split the same model the
-same way.
+A model says how tensor parallelism splits it with a plan (`tp_plan()` on the model class: module name -> style
+below), as torchtitan's `parallelize` does per model; the lab's own layers (ddp_lab/tensor_parallel/) and torch's
+DTensor plan are both built from it, so the two implementations split the same model the same way.
 """
 
 from __future__ import annotations
@@ -236,6 +236,16 @@ def checkpointing_problem(activation_checkpointing: str, pp: int = 1, pp_schedul
                 "each backward in two halves (the input's gradient, then the weights'), and torch's selective "
                 "checkpoint allows one backward per region ('Trying to backward an extra time'): use "
                 "train.activation_checkpointing=full, or another schedule")
+    return None
+
+
+def grad_error_problem(pp: int = 1, pp_schedule: str = "1f1b") -> str | None:
+    """Why `measure.grad_error` cannot measure on this mesh, in one line, or None (tests/parity/test_grad_error_mesh.py
+    proves every other axis)."""
+    if pp > 1 and pp_schedule == "zero_bubble":
+        return ("measure.grad_error=true with parallel.pp_schedule=zero_bubble: the schedule's weight half sets each "
+                ".grad itself (torch's stage_backward_weight), so no post-accumulate-grad hook fires and the probe "
+                "cannot see the rank's own gradient (it measured 0.5 for an exact strategy): use another schedule")
     return None
 
 

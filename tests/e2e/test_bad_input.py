@@ -104,6 +104,7 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
         "torch's selective checkpoint allows one backward per region",
     "train.compile=true parallel.tp=2 parallel.tp_impl=torch": "Dynamo fails tracing those views ('Mixing fake modes",
     "train.compile=true parallel.cp=2 parallel.cp_impl=torch": "Dynamo fails tracing its ring attention",
+    "measure.grad_error=true parallel.pp=2 parallel.pp_schedule=zero_bubble": "no post-accumulate-grad hook fires",
     "train.activation_checkpointing=some": "train.activation_checkpointing",
     "train.compile=true train.compile_backend=tvm": "train.compile_backend must be one of inductor, aot_eager, eager",
     "train.optimizer=sgd": "Invalid value 'sgd', expected one of [adamw, muon]",

@@ -119,6 +119,8 @@ def _mesh_cases() -> dict:
         context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2}, checkpointing="selective"))
     cases["hybrid 2x2 compiled"] = ("transformer", "flat", dict(
         context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2}, compile_backend="aot_eager"))
+    cases["hybrid 2x2 full checkpointing"] = ("transformer", "flat", dict(
+        context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2}, checkpointing="full"))
     cases["pp x cp x dp full checkpointing"] = ("transformer", "bucketed", dict(
         pipeline={"pp": 2, "microbatches": 2}, context={"cp": 2, "cp_impl": "zigzag"}, checkpointing="full"))
     cases["cp x tp sequence parallel selective checkpointing"] = ("transformer", "flat", dict(

@@ -19,7 +19,14 @@ EXACT_CASES = {
     "tp 2": ("transformer", dict(tp=2)),
     "tp 2 torch sequence parallel": ("transformer", dict(tp=2, impl="torch", sequence_parallel=True)),
     "pp 2": ("transformer", dict(pipeline={"pp": 2, "microbatches": 2})),
+    "pp 2 gpipe": ("transformer", dict(pipeline={"pp": 2, "microbatches": 2, "pp_schedule": "gpipe"})),
+    "pp 2 interleaved": ("deep_transformer", dict(pipeline={"pp": 2, "microbatches": 2, "stages_per_rank": 2,
+                                                            "pp_schedule": "interleaved_1f1b"})),
     "cp 2": ("transformer", dict(context={"cp": 2, "cp_impl": "zigzag"})),
+    "cp 2 ring": ("transformer", dict(context={"cp": 2, "cp_impl": "ring"})),
+    "cp 2 ulysses": ("transformer", dict(context={"cp": 2, "cp_impl": "ulysses"})),
+    "cp 2 torch": ("transformer", dict(context={"cp": 2, "cp_impl": "torch"})),
+    "cp 4 hybrid": ("transformer", dict(context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2})),
     "ep 2": (tiny_moe(), dict(experts={"ep": 2})),
 }
 ROUNDING = 1e-6  # float32 sums of 4 ranks' gradients in another order
