@@ -138,6 +138,7 @@ class LabPipeline:
         counting = self.steps == 0
         if counting:
             self.activations = SavedActivations()
+        model.before_pipeline_step()
         saved, weights, losses, timeline = {}, {}, [], []
         begin, busy = time.perf_counter(), 0.0
         for index, act in enumerate(self.actions):

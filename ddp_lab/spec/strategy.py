@@ -31,8 +31,8 @@ instead of probing the runtime class or matching its name:
   zero2's zero1_torch, fsdp's fsdp_torch), the bar tables divide its step by; None where torch has none;
 - `emulated_nodes`: it runs across emulated nodes (False: local_sgd_torchft, whose servers advertise a host
   name another namespace cannot reach);
-- `mesh_refusal`: why the strategy cannot synchronize over a mesh's data-parallel axis (`parallel.tp > 1` or
-  `parallel.pp > 1`), None where it can: its runtime takes `process_group` and issues every collective over it
+- `mesh_refusal`: why the strategy cannot synchronize over a mesh's data-parallel axis (`parallel.tp`, `pp` or
+  `cp` > 1), None where it can: its runtime takes `process_group` and issues every collective over it
   (all of the lab's and torch's; a strategy of your own says None once its runtime does);
 - `pipeline_refusal`: why it cannot synchronize under a pipeline schedule, which runs several micro-batches'
   forwards before their backwards (the lab's fsdp); `check_mesh(tp, pp, pp_schedule, cp)` asks both, and what a knob

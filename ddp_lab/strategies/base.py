@@ -128,6 +128,12 @@ class DataParallelBase(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def before_pipeline_step(self) -> None:
+        """Called by a pipeline schedule run by hand (pipeline_parallel/lab.py) as each step begins; its forwards and
+        backwards but the last run under `no_sync()`. A strategy that gathers its parameters may gather them now,
+        under the schedule's first waits, and keep them until the step's last backward, as torchtitan runs FSDP
+        under a pipeline (fsdp_torch). Nothing by default."""
+
     @contextmanager
     def no_sync(self):
         """Accumulate gradients locally; the step after the context synchronizes the sum."""

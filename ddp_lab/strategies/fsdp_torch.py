@@ -186,8 +186,23 @@ class TorchFSDP(DataParallelBase):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    keep_gathered = False
+    """Under a pipeline run by hand: each unit gathered once a step, kept through every micro-batch's forward and
+    backward under `no_sync()`, resharded after the step's last backward (`before_pipeline_step`)."""
+
+    def before_pipeline_step(self) -> None:
+        """Every unit's gather issued at once as the step begins (FSDP2's `unshard(async_op=True)`, which each
+        unit's forward waits for), so a later stage's gathers run while it waits for its first activation; kept
+        until the step's last backward. The first step gathers as its forwards come (FSDP2 sets itself up there)."""
+        if self.keep_gathered:
+            for unit in [*self._units, self.module]:
+                unit.unshard(async_op=True)
+            return
+        self.keep_gathered = True
+        self.module.set_reshard_after_forward(False)
+
     def no_sync(self):
-        return GradientSyncOff(self.module)
+        return GradientSyncOff(self.module, keep_gathered=self.keep_gathered)
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
@@ -225,13 +240,18 @@ def full_dtensor_state(module: nn.Module) -> dict:
 
 class GradientSyncOff:
     """FSDP2's way to skip gradient reduction for accumulation (fully_shard's and replicate()'s no_sync),
-    restored on exit."""
+    restored on exit; `keep_gathered`: nor reshard after backward (FSDP2's `set_reshard_after_backward`, for
+    accumulation without gathering again), so the gathered parameters last until a backward outside it."""
 
-    def __init__(self, module):
-        self.module = module
+    def __init__(self, module, keep_gathered: bool = False):
+        self.module, self.keep_gathered = module, keep_gathered
 
     def __enter__(self):
         self.module.set_requires_gradient_sync(False)
+        if self.keep_gathered:
+            self.module.set_reshard_after_backward(False)
 
     def __exit__(self, *exc):
         self.module.set_requires_gradient_sync(True)
+        if self.keep_gathered:
+            self.module.set_reshard_after_backward(True)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from ddp_lab.check.models import CONTEXT, MODELS
-from ddp_lab.check.parity import GLOBAL_BATCH, assert_parity, train_on_mesh
+from ddp_lab.check.parity import GLOBAL_BATCH, STEPS, assert_parity, train_on_mesh
 from ddp_lab.spec.pipeline import schedule_actions, simulate, stage_index
 from tests.helpers.distributed import ranks_fixture
 
@@ -92,6 +92,8 @@ def _pp4_cases() -> dict:
         cases[f"dp2 {strategy} tied across stages"] = ("tied_toy", strategy, _pp(2, "1f1b", "lab", 2))
     cases["dp2 fsdp_torch tied across stages torch"] = ("tied_toy", "fsdp_torch", _pp(2, "1f1b", "torch", 2))
     cases["dp2 zero1 frozen"] = ("frozen_toy", "zero1", _pp(2, "gpipe", "lab", 2))
+    cases["dp2 fsdp_torch gpipe gathered once a step"] = ("transformer", "fsdp_torch", {
+        **_pp(2, "gpipe", "lab", 4), "inspect": _fsdp_collectives})
     cases["dp2 powersgd uncompressed"] = ("transformer", "powersgd", {**_pp(2, "1f1b", "lab", 4),
                                                                       "knobs": {"rank": 64, "start_iter": 0}})
     cases["dp2 local_sgd every step"] = ("transformer", "local_sgd", {**_pp(2, "1f1b", "lab", 4),
@@ -109,6 +111,14 @@ def _agreeing_cases() -> dict:
     return {"dp2 powersgd rank 1": ("transformer", "powersgd", {**_pp(2, "1f1b", "lab", 4),
                                                                 "knobs": {"rank": 1, "start_iter": 0}}),
             "dp2 demo": ("transformer", "demo", _pp(2, "gpipe", "lab", 2))}
+
+
+def _fsdp_collectives(parallel, ddp, optimizer):
+    """(FSDP2's collectives over the run, its units holding parameters on this rank)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in ddp.module.modules() if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_groups]
+    return ddp.comm.pop()["collectives"], len(units)
 
 
 def _run(rank, world_size, cases):
@@ -160,6 +170,17 @@ def test_compressing_strategies_keep_their_replicas_agreeing(pp4, case):
             assert torch.equal(tensor, theirs[name]), name
     start = pp4[0][case][1]
     assert any(not torch.equal(pp4[0][case][0][n], start[n]) for n in start)
+
+
+def test_fsdp2_under_the_labs_pipeline_gathers_each_unit_once_a_step(pp4):
+    """As torchtitan runs FSDP under a pipeline: each unit gathered once a step, kept through the 4 micro-batches'
+    forwards and backwards, reduce-scattered and resharded after the last (strategies/fsdp_torch.py's
+    `before_pipeline_step`): one all-gather and one reduce-scatter a unit a step, where FSDP2's defaults under
+    `no_sync()` gathered twice a micro-batch (20 collectives a step on the first stage, 6 now:
+    benchmarks/fsdp_under_pipeline.py)."""
+    for rank in pp4:
+        collectives, units = rank["dp2 fsdp_torch gpipe gathered once a step"][2]
+        assert units > 0 and collectives == STEPS * 2 * units, (collectives, units)
 
 
 def test_parity_check_catches_tied_copies_left_unsummed():

@@ -1,0 +1,114 @@
+"""FSDP2 under the lab's pipeline, gathered once a step against once a micro-batch, beside zero2, timed in one run.
+
+    python benchmarks/fsdp_under_pipeline.py                          # tiny, pp 2 x dp 2, 1F1B over 4 micro-batches
+    python benchmarks/fsdp_under_pipeline.py --schedule gpipe --rounds 6
+
+Variants, each on its own pp 2 x dp 2 mesh of the same 4 gloo ranks:
+
+- zero2: the bar the planner prices FSDP against;
+- fsdp_torch (as shipped): each unit gathered in the step's first forward, kept through every micro-batch's forward
+  and backward, resharded after the step's last backward, as torchtitan runs FSDP under a pipeline; from the second
+  step every unit's gather is issued as the step begins (`before_pipeline_step`);
+- fsdp_torch, per micro-batch (before): FSDP2's defaults under `no_sync()`, each micro-batch's forward and backward
+  gathering again.
+
+Built from the same seed and trained in turns (a round runs each variant for `--steps` steps, in a rotated order), so
+machine noise falls on all alike; the first round is warm-up. A step is timed from a barrier to the end of the
+optimizer step, on the slowest rank. The collectives and bytes each variant issued in a step are its own count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ddp_lab.check.ranks import run_ranks
+from ddp_lab.config import compose_model
+
+VARIANTS = ("zero2", "fsdp_torch (as shipped)", "fsdp_torch, per micro-batch (before)")
+
+
+def build(variant: str, args, model_cfg, world_size: int):
+    """(the mesh, the wrapped model, its optimizer, its data) of one variant."""
+    from ddp_lab.models import build_model
+    from ddp_lab.parallel import Parallelism
+    from ddp_lab.rank.data import BatchSource
+    from ddp_lab.spec.strategies import SPECS
+    from ddp_lab.tasks.train import wrap
+
+    cfg = OmegaConf.create({
+        "world_size": world_size, "model": OmegaConf.to_container(model_cfg),
+        "train": {"batch_size": args.batch, "seed": 0, "grad_accum_steps": 1},
+        "parallel": {"tp": 1, "tp_impl": "lab", "sequence_parallel": False, "tp_inner": True, "pp": 2,
+                     "pp_schedule": args.schedule, "pp_impl": "lab", "microbatches": args.microbatches,
+                     "stages_per_rank": 1, "stage_layers": None, "cp": 1, "cp_impl": "ring", "cp_ulysses": 2,
+                     "ep": 1, "ep_impl": "lab"}})
+    parallel = Parallelism(cfg, torch.device("cpu"))
+    torch.manual_seed(0)
+    module = parallel.apply(build_model(model_cfg))
+    spec = parallel.data_parallel(SPECS[variant.split(" ")[0].rstrip(",")]())
+    model, optimizer, precision = wrap(spec, module, "fp32", "cpu", 1e-3, 0.0, "adamw", parallel.group())
+    if "per micro-batch" in variant:
+        model.before_pipeline_step = lambda: None  # FSDP2's defaults: gathered per micro-batch
+    data = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
+    return parallel, model, optimizer, precision, data
+
+
+def rank_main(rank: int, world_size: int, args) -> dict:
+    model_cfg = compose_model(args.model)
+    built = {variant: build(variant, args, model_cfg, world_size) for variant in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    comm: dict[str, dict] = {}
+    step = 0
+    for round_ in range(args.rounds + 1):
+        order = VARIANTS[round_ % len(VARIANTS):] + VARIANTS[:round_ % len(VARIANTS)]
+        for variant in order:
+            parallel, model, optimizer, precision, data = built[variant]
+            for _ in range(args.steps):
+                batches = list(data.micro_batches(step))
+                model.comm.pop()
+                dist.barrier()
+                start = time.perf_counter()
+                parallel.step(model, optimizer, batches, precision=precision)
+                slowest = torch.tensor([(time.perf_counter() - start) * 1e3])
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                figures = model.comm.pop()
+                parallel.pop()
+                if round_ > 0:
+                    times[variant].append(slowest.item())
+                    comm[variant] = {"collectives": figures.get("collectives"), "bytes": figures.get("comm_bytes")}
+                step += 1
+    return {"times": times, "comm": comm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="a conf/model/*.yaml name (a Transformer)")
+    parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="steps per variant per round")
+    args = parser.parse_args()
+    out = run_ranks(rank_main, 4, args)
+    first = out[0]
+    print(f"torch {torch.__version__}, model={args.model}, pp 2 x dp 2 on 4 gloo ranks, {args.schedule} over "
+          f"{args.microbatches} micro-batches, global batch {args.batch}; {args.rounds} rounds x {args.steps} steps "
+          "per variant (after a warm-up round), the slowest rank's step")
+    base = statistics.median(first["times"]["zero2"])
+    print("| variant | step p50 ms | step p90 ms | / zero2 | collectives a step (rank 0) | bytes a step (rank 0) |")
+    print("|---|---|---|---|---|---|")
+    for variant, ms in first["times"].items():
+        p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) > 1 else ms[0]
+        c = first["comm"][variant]
+        print(f"| {variant} | {statistics.median(ms):.1f} | {p90:.1f} | {statistics.median(ms) / base:.2f}x | "
+              f"{c['collectives']} | {c['bytes']} |")
+
+
+if __name__ == "__main__":
+    main()
