@@ -1,6 +1,6 @@
 """`train.compile` on every axis: compiled blocks under tensor parallelism (the lab's, with sequence parallelism),
 pipeline stages (the lab's schedules and torch's), context parallelism's ring, zigzag and Ulysses attention, a
-mixture alone and under expert parallelism, and activation checkpointing compiled with each, train to the same
+mixture under expert parallelism, and activation checkpointing compiled with each, train to the same
 weights as the same mesh run eager, to float32 rounding (check/parity.py's ATOL and RTOL; the eager mesh is proven
 against one process elsewhere); and compiled graphs ran in every step. Where Dynamo meets a collective of the lab's
 (a custom autograd function calling torch.distributed) or the ring's exchange, it breaks the graph there: the
@@ -43,8 +43,7 @@ def _cases() -> dict:
         cases[f"pp {impl}"] = ("transformer", {"pipeline": {"pp": 2, "microbatches": 2, "pp_impl": impl}})
     for impl in ("ring", "zigzag", "ulysses"):
         cases[f"cp {impl}"] = ("transformer", dict(context={"cp": 2, "cp_impl": impl}))
-    cases["mixture"] = (tiny_moe(), {})  # routing's data-dependent shapes: graph breaks, eager between
-    cases["ep"] = (tiny_moe(), dict(experts={"ep": 2}))
+    cases["ep"] = (tiny_moe(), dict(experts={"ep": 2}))  # the routing's data-dependent exchange: a graph break
     for mode in ("full", "selective"):
         cases[f"dp {mode} checkpointing"] = ("transformer", dict(checkpointing=mode))
     cases["tp lab full checkpointing"] = ("transformer", dict(tp=2, checkpointing="full"))
