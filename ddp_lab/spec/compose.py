@@ -63,7 +63,7 @@ FEATURES = {
 _CKPT = ("tests/parity/test_activation_checkpointing_mesh.py::"
          "test_checkpointing_on_a_mesh_trains_the_same_weights_bit_for_bit")
 _CP_MESH = "tests/parity/test_context_parallel.py::test_cp_on_a_mesh_trains_like_one_process"
-_COMPILE = "tests/parity/test_compile_mesh.py::test_compiled_on_a_mesh_trains_the_eager_meshs_weights"
+_COMPILE = "tests/parity/test_compile_mesh.py::test_compiled_on_a_mesh_trains_like_one_process"
 _PROBE = "tests/parity/test_grad_error_mesh.py::test_an_exact_strategy_measures_zero_on_every_layout"
 _MOVES = "tests/parity/test_checkpoint.py::test_a_run_moves_between_meshes"
 
