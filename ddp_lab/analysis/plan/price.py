@@ -24,12 +24,14 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   output on a pipeline's only stage, and the vocabulary-parallel loss's three of one fp32 value a token);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, hidden under the block's attention: only what outlasts it is added;
-- dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes
-  a node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16), overlapping the last
-  micro-batch's backward; FSDP (ZeRO-3): parameters gathered for every micro-batch's forward and backward and
-  gradients reduce-scattered, each micro-batch's hidden under its own compute; under a pipeline, as torchtitan runs
-  it, gathered once a step and reduced once (the stage's weights and gradients held whole across the micro-batches,
-  in memory too). Only what is not hidden is added;
+- dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
+  node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16), overlapping the last
+  micro-batch's backward; torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts every updated parameter from
+  its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to 1.34x zero2's step on every
+  split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): parameters gathered for every micro-batch's
+  forward and backward and gradients reduce-scattered, each micro-batch's hidden under its own compute; under a
+  pipeline, as torchtitan runs it, gathered once a step and reduced once (the stage's weights and gradients held
+  whole across the micro-batches, in memory too). Only what is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
 On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and, where
@@ -227,7 +229,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
-    dp = dp_ms(system, lay, stage_params * wire, busy / lay.microbatches) if shards > 1 else 0.0
+    dp = dp_ms(system, lay, stage_params * wire, busy / lay.microbatches, stage_params * FP32) if shards > 1 else 0.0
     updated = stage_params / (shards if stage >= 1 else 1)
     optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3 * share
     terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,
@@ -255,12 +257,18 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     return lay.microbatches * (per_block * blocks * one + vocab)
 
 
-def dp_ms(system: System, lay: Layout, grads: float, micro_busy: float) -> float:
+def dp_ms(system: System, lay: Layout, grads: float, micro_busy: float, params: float = 0.0) -> float:
     """The data-parallel strategy's exposed collectives over the dp x cp ranks, one rank of each TP group (module
-    docstring): `grads` bytes of the stage's gradients, `micro_busy` one micro-batch's compute to hide under."""
+    docstring): `grads` bytes of the stage's gradients, `micro_busy` one micro-batch's compute to hide under,
+    `params` bytes of the stage's fp32 parameters (what torch's ZeroRedundancyOptimizer broadcasts)."""
     shards, stride = lay.dp * lay.cp, lay.tp
     if STRATEGIES[lay.strategy] < 3:
-        return max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+        reduce = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+        if lay.strategy != "zero1_torch":
+            return reduce
+        # torch's ZeroRedundancyOptimizer: DDP's all-reduce, then each owner broadcasts its updated parameters
+        # after the step, nothing left to hide under (an all-gather's bytes, in the parameters' fp32)
+        return reduce + collective_ms(system, "all_gather", params, shards, stride)
     gather = collective_ms(system, "all_gather", grads, shards, stride)
     scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
     if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
