@@ -104,6 +104,8 @@ PROOFS: dict[tuple[str, str], str] = {
     ("checkpoints across meshes", "tp torch"): f"{_MOVES}[bucketed-2x1-lab-fsdp_torch-2x2-torch]",
     ("checkpoints across meshes", "sp"): f"{_MOVES}[zero2-2x2-lab-bucketed-4x1-lab]",
     ("checkpoints across meshes", "1f1b"): f"{_MOVES}[zero2-2x2x1-lab-bucketed-4x1-lab]",
+    ("checkpoints across meshes", "interleaved"):
+        "tests/parity/test_checkpoint.py::test_a_run_moves_off_an_interleaved_pipeline",
     ("checkpoints across meshes", "zigzag"):
         "tests/parity/test_checkpoint.py::test_a_run_moves_between_context_parallel_meshes[zero2-2xcp2-flat-1xcp1]",
     ("checkpoints across meshes", "ep"): "tests/parity/test_checkpoint.py::"
@@ -116,7 +118,6 @@ OPEN: dict[tuple[str, str], str] = {
     ("compile", "interleaved"): "runs; compiled stages are proven under 1F1B only",
     ("compile", "zero bubble"): "runs; compiled stages are proven under 1F1B only",
     ("checkpoints across meshes", "gpipe"): "runs; a pipeline's checkpoint is proven under 1F1B only",
-    ("checkpoints across meshes", "interleaved"): "runs; two stages a rank are not proven to reshard",
     ("checkpoints across meshes", "zero bubble"): "runs; a pipeline's checkpoint is proven under 1F1B only",
     ("checkpoints across meshes", "ring"): "runs; cp's checkpoints are proven under zigzag only",
     ("checkpoints across meshes", "ulysses"): "runs; cp's checkpoints are proven under zigzag only",

@@ -264,11 +264,13 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
     assert not partial.exists() and [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
 
 
-def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1, ep=1):
-    """`strategy` on a (pp, dp, cp, tp) mesh (ddp_lab/parallel/; pp > 1: 1F1B over 2 micro-batches; cp > 1: the
-    zigzag ring; ep > 1: a mixture's experts split over ep ranks): from the checkpoint `start` (None: the first
-    weights, rank-seeded as every run's), steps up to `step_to`, then a checkpoint there. `model_name`: a MODELS
-    name, or `moe` (tests/helpers/moe.py's mixture, balanced by the bias: state a checkpoint must keep)."""
+def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1, ep=1,
+             schedule="1f1b"):
+    """`strategy` on a (pp, dp, cp, tp) mesh (ddp_lab/parallel/; pp > 1: `schedule` over 2 micro-batches, interleaved
+    1F1B with 2 stages a rank; cp > 1: the zigzag ring; ep > 1: a mixture's experts split over ep ranks): from
+    the checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to `step_to`, then a
+    checkpoint there. `model_name`: a MODELS name, or `moe` (tests/helpers/moe.py's mixture, balanced by the
+    bias: state a checkpoint must keep)."""
     from omegaconf import OmegaConf
 
     from ddp_lab.parallel import Parallelism
@@ -280,7 +282,8 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, m
 
     cfg = OmegaConf.merge(data_cfg(1, BATCH), {"world_size": world_size, "parallel": {
         "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True, "pp": pp, "pp_impl": "lab",
-        "pp_schedule": "1f1b", "microbatches": 2 if pp > 1 else 1, "stages_per_rank": 1, "stage_layers": None,
+        "pp_schedule": schedule, "microbatches": 2 if pp > 1 else 1,
+        "stages_per_rank": 2 if schedule == "interleaved_1f1b" else 1, "stage_layers": None,
         "cp": cp, "cp_impl": "zigzag", "cp_ulysses": 2, "ep": ep, "ep_impl": "lab"}})
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank if start is None else 100 + rank)
@@ -316,6 +319,17 @@ def test_a_run_moves_between_meshes(tmp_path, a, b):
     run_ranks(_on_mesh, a[1], a[0], a[2], a[3], None, tmp_path / "a", HALF, *a[4:])
     for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
         run_ranks(_on_mesh, b[1], b[0], b[2], b[3], start, tmp_path / folder, 2 * HALF, *b[4:])
+    _moved_as_straight(tmp_path)
+
+
+def test_a_run_moves_off_an_interleaved_pipeline(tmp_path):
+    """Two stages a rank (interleaved 1F1B, pp 2 x 2 virtual stages x dp 2, zero2): each rank's two chunks of the
+    4-block model are pieces of one single-process layout, so the checkpoint loads at dp 4 without a pipeline and
+    trains on as a run that never moved."""
+    deep = ("deep_transformer", 1, 1, "interleaved_1f1b")
+    run_ranks(_on_mesh, 4, {"name": "zero2"}, 1, "lab", None, tmp_path / "a", HALF, 2, *deep)
+    for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
+        run_ranks(_on_mesh, 4, {"name": "bucketed"}, 1, "lab", start, tmp_path / folder, 2 * HALF, 1, deep[0])
     _moved_as_straight(tmp_path)
 
 
