@@ -14,28 +14,13 @@ proofs do.
 
 import pytest
 import torch
-from torch._dynamo.backends.registry import lookup_backend
 
 from ddp_lab.check.parity import assert_parity, train_distributed
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.spec.strategies import SPECS
+from tests.helpers.compiled import CALLS, counted
 from tests.helpers.extras import runnable_specs
 from tests.helpers.sign_sgd import SignSGD
-
-BACKEND = "aot_eager"
-CALLS = [0]  # compiled graphs run in this rank process (graphs are cached across strategies: count runs, not compiles)
-
-
-def _counted(gm, example_inputs):
-    """aot_eager, counting each run of the graph it compiled: a strategy whose compiled run counts none ran eager."""
-    run = lookup_backend(BACKEND)(gm, example_inputs)
-
-    def call(*args):
-        CALLS[0] += 1
-        return run(*args)
-    call._boxed_call = getattr(run, "_boxed_call", False)
-    return call
-
 
 COMPILED = [name for name in runnable_specs() if SPECS[name].compile_refusal is None]
 SHARDED = [name for name in COMPILED if SPECS[name].zero_stage]
@@ -47,7 +32,7 @@ REFERENCE = {"demo": {"optimizer_cls": SignSGD, "opt_kwargs": {"lr": 1e-2, "weig
 
 def _compiled(spec, module):
     model = spec.build(module)
-    model.compile_model(_counted)
+    model.compile_model(counted)
     return model
 
 

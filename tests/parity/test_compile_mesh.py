@@ -16,25 +16,14 @@ context-parallel attention.
 from __future__ import annotations
 
 import pytest
-from torch._dynamo.backends.registry import lookup_backend
 
 from ddp_lab.check.parity import assert_parity, train_on_mesh
 from ddp_lab.spec.parallel import compile_problem
+from tests.helpers.compiled import CALLS, counted
 from tests.helpers.distributed import ranks_fixture
 from tests.helpers.moe import tiny_moe
 
 STEPS = 2
-CALLS = [0]
-
-
-def _counted(gm, example_inputs):
-    run = lookup_backend("aot_eager")(gm, example_inputs)
-
-    def call(*args):
-        CALLS[0] += 1
-        return run(*args)
-    call._boxed_call = getattr(run, "_boxed_call", False)
-    return call
 
 
 def _cases() -> dict:
@@ -61,7 +50,7 @@ def _run(rank, world_size):
     for name, (model, kw) in _cases().items():
         torch._dynamo.reset()  # each case compiles its own graphs
         calls = [CALLS[0]]  # the graphs run so far, then after each step
-        compiled, reference = train_on_mesh(rank, world_size, model, "flat", steps=STEPS, compile_backend=_counted,
+        compiled, reference = train_on_mesh(rank, world_size, model, "flat", steps=STEPS, compile_backend=counted,
                                             after_step=lambda seen=calls: seen.append(CALLS[0]), **kw)
         out[name] = (compiled, reference, [b - a for a, b in zip(calls, calls[1:])])
     return out
