@@ -209,6 +209,16 @@ class Parallelism:
     def compile(self, model, backend) -> None:
         """`train.compile`: the strategy compiles the model (its `compile_model`); nothing counts a step through a
         dispatch mode, which would keep Dynamo from compiling it (tensor_parallel/'s `compiled`)."""
+        if self.pipeline is not None and self.pipeline.runs_backward_in_halves_by_torch:
+            # torch's zero bubble runs a stage's backward in two, the input half with retain_graph=True
+            # (pipelining/_backward.py's stage_backward_input), which a graph compiled with donated buffers refuses:
+            # "This backward function was compiled with non-empty donated buffers which requires create_graph=False
+            # and retain_graph=False ... or set torch._functorch.config.donated_buffer=False" (torch 2.13). That
+            # setting, as torch says: the buffers are kept, not reused (a memory saving only; the parity holds,
+            # tests/parity/test_compile_mesh.py).
+            import torch._functorch.config
+
+            torch._functorch.config.donated_buffer = False
         model.compile_model(backend)
         if self.tensor is not None:
             self.tensor.compiled = True

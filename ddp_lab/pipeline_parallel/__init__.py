@@ -55,6 +55,11 @@ class Pipeline:
     def step(self, *args, **kwargs) -> torch.Tensor:
         return self.runner.step(*args, **kwargs)
 
+    @property
+    def runs_backward_in_halves_by_torch(self) -> bool:
+        """torch's zero bubble: each backward split into its input and weight halves by torch's own functions."""
+        return self.impl == PPImpl.torch and self.schedule == "zero_bubble"
+
     @torch.no_grad()
     def forward_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor, precision, loss) -> torch.Tensor:
         """The loss of one batch run forward through every stage in order, no schedule (nothing to overlap, no

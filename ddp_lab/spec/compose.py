@@ -66,6 +66,7 @@ _CP_MESH = "tests/parity/test_context_parallel.py::test_cp_on_a_mesh_trains_like
 _COMPILE = "tests/parity/test_compile_mesh.py::test_compiled_on_a_mesh_trains_like_one_process"
 _PROBE = "tests/parity/test_grad_error_mesh.py::test_an_exact_strategy_measures_zero_on_every_layout"
 _MOVES = "tests/parity/test_checkpoint.py::test_a_run_moves_between_meshes"
+_CHAIN = "tests/parity/test_checkpoint.py::test_a_run_moves_along_every_schedule_and_context_parallel_impl"
 
 
 def _checkpointing(mode: str) -> dict:
@@ -82,7 +83,10 @@ PROOFS: dict[tuple[str, str], str] = {
     **{key: proof for key, proof in _checkpointing("selective").items() if key[1] != "zero bubble"},
     ("compile", "tp"): f"{_COMPILE}[tp lab]",
     ("compile", "sp"): f"{_COMPILE}[tp lab sp]",
+    ("compile", "gpipe"): f"{_COMPILE}[pp gpipe]",
     ("compile", "1f1b"): f"{_COMPILE}[pp lab]",
+    ("compile", "interleaved"): f"{_COMPILE}[pp interleaved]",
+    ("compile", "zero bubble"): f"{_COMPILE}[pp zero_bubble]",
     ("compile", "ring"): f"{_COMPILE}[cp ring]",
     ("compile", "zigzag"): f"{_COMPILE}[cp zigzag]",
     ("compile", "ulysses"): f"{_COMPILE}[cp ulysses]",
@@ -106,6 +110,8 @@ PROOFS: dict[tuple[str, str], str] = {
     ("checkpoints across meshes", "1f1b"): f"{_MOVES}[zero2-2x2x1-lab-bucketed-4x1-lab]",
     ("checkpoints across meshes", "interleaved"):
         "tests/parity/test_checkpoint.py::test_a_run_moves_off_an_interleaved_pipeline",
+    **{("checkpoints across meshes", axis): _CHAIN for axis in ("gpipe", "zero bubble", "ring", "ulysses", "hybrid",
+                                                               "cp torch")},
     ("checkpoints across meshes", "zigzag"):
         "tests/parity/test_checkpoint.py::test_a_run_moves_between_context_parallel_meshes[zero2-2xcp2-flat-1xcp1]",
     ("checkpoints across meshes", "ep"): "tests/parity/test_checkpoint.py::"
@@ -113,17 +119,7 @@ PROOFS: dict[tuple[str, str], str] = {
 }
 """(row, axis) -> the test (file::function[case]) that proves it."""
 
-OPEN: dict[tuple[str, str], str] = {
-    ("compile", "gpipe"): "runs; compiled stages are proven under 1F1B only",
-    ("compile", "interleaved"): "runs; compiled stages are proven under 1F1B only",
-    ("compile", "zero bubble"): "runs; compiled stages are proven under 1F1B only",
-    ("checkpoints across meshes", "gpipe"): "runs; a pipeline's checkpoint is proven under 1F1B only",
-    ("checkpoints across meshes", "zero bubble"): "runs; a pipeline's checkpoint is proven under 1F1B only",
-    ("checkpoints across meshes", "ring"): "runs; cp's checkpoints are proven under zigzag only",
-    ("checkpoints across meshes", "ulysses"): "runs; cp's checkpoints are proven under zigzag only",
-    ("checkpoints across meshes", "hybrid"): "runs; cp's checkpoints are proven under zigzag only",
-    ("checkpoints across meshes", "cp torch"): "runs; cp's checkpoints are proven under zigzag only",
-}
+OPEN: dict[tuple[str, str], str] = {}
 """(row, axis) -> what is not proven yet, where it runs unrefused: the work left, in the table for users to see."""
 
 

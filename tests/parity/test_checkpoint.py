@@ -195,10 +195,11 @@ def _whole(folder, step, into) -> dict:
     return torch.load(into)
 
 
-def _moved_as_straight(tmp_path) -> None:
-    """The final checkpoints of the run that moved and the one that did not: parameters and optimizer state equal."""
-    moved = _whole(tmp_path / "moved", 2 * HALF, tmp_path / "moved.pt")
-    straight = _whole(tmp_path / "straight", 2 * HALF, tmp_path / "straight.pt")
+def _moved_as_straight(tmp_path, step: int = 2 * HALF) -> None:
+    """The final checkpoints (at `step`) of the run that moved and the one that did not: parameters and optimizer
+    state equal."""
+    moved = _whole(tmp_path / "moved", step, tmp_path / "moved.pt")
+    straight = _whole(tmp_path / "straight", step, tmp_path / "straight.pt")
     assert set(moved) == set(straight) and any(k.endswith(".exp_avg_sq") for k in moved)
     for key, tensor in straight.items():
         if key.startswith(("model.", "optim.")):
@@ -265,9 +266,9 @@ def test_a_save_killed_mid_write_leaves_no_checkpoint_a_load_takes(tmp_path):
 
 
 def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, model_name="transformer", cp=1, ep=1,
-             schedule="1f1b"):
+             schedule="1f1b", cp_impl="zigzag"):
     """`strategy` on a (pp, dp, cp, tp) mesh (ddp_lab/parallel/; pp > 1: `schedule` over 2 micro-batches, interleaved
-    1F1B with 2 stages a rank; cp > 1: the zigzag ring; ep > 1: a mixture's experts split over ep ranks): from
+    1F1B with 2 stages a rank; cp > 1: `cp_impl`; ep > 1: a mixture's experts split over ep ranks): from
     the checkpoint `start` (None: the first weights, rank-seeded as every run's), steps up to `step_to`, then a
     checkpoint there. `model_name`: a MODELS name, or `moe` (tests/helpers/moe.py's mixture, balanced by the
     bias: state a checkpoint must keep)."""
@@ -284,7 +285,7 @@ def _on_mesh(rank, world_size, strategy, tp, impl, start, root, step_to, pp=1, m
         "tp": tp, "tp_impl": impl, "sequence_parallel": tp > 1, "tp_inner": True, "pp": pp, "pp_impl": "lab",
         "pp_schedule": schedule, "microbatches": 2 if pp > 1 else 1,
         "stages_per_rank": 2 if schedule == "interleaved_1f1b" else 1, "stage_layers": None,
-        "cp": cp, "cp_impl": "zigzag", "cp_ulysses": 2, "ep": ep, "ep_impl": "lab"}})
+        "cp": cp, "cp_impl": cp_impl, "cp_ulysses": 2, "ep": ep, "ep_impl": "lab"}})
     parallel = Parallelism(cfg, torch.device("cpu"))
     torch.manual_seed(rank if start is None else 100 + rank)
     factory = tiny_moe(router="sigmoid", balance="bias", bias_rate=0.01) if model_name == "moe" else MODELS[model_name]
@@ -331,6 +332,37 @@ def test_a_run_moves_off_an_interleaved_pipeline(tmp_path):
     for folder, start in (("moved", checkpoint_path(tmp_path / "a", HALF)), ("straight", None)):
         run_ranks(_on_mesh, 4, {"name": "bucketed"}, 1, "lab", start, tmp_path / folder, 2 * HALF, 1, deep[0])
     _moved_as_straight(tmp_path)
+
+
+CHAIN = (  # (strategy, pp, pp_schedule, cp, cp_impl) on 4 ranks: each mesh writes the checkpoint the next loads
+    ("zero2", 2, "gpipe", 1, "ring"),
+    ("zero2", 2, "zero_bubble", 1, "ring"),
+    ("bucketed", 1, "1f1b", 2, "ring"),
+    ("zero2", 1, "1f1b", 2, "ulysses"),
+    ("fsdp_torch", 1, "1f1b", 2, "torch"),
+    ("flat", 1, "1f1b", 4, "hybrid"),
+)
+
+
+def _along_the_chain(rank, world_size, root):
+    """A step on each mesh of CHAIN in turn, each from the checkpoint the one before wrote (the last in `moved`), and
+    the last mesh's run from the start (`straight`): one set of ranks, every mesh's groups built in turn."""
+    start = None
+    for step, (name, pp, schedule, cp, cp_impl) in enumerate(CHAIN, 1):
+        folder = root / ("moved" if step == len(CHAIN) else f"written_at_{step}")
+        _on_mesh(rank, world_size, {"name": name}, 1, "lab", start, folder, step, pp, "transformer", cp,
+                 schedule=schedule, cp_impl=cp_impl)
+        start = checkpoint_path(folder, step)
+    _on_mesh(rank, world_size, {"name": name}, 1, "lab", None, root / "straight", len(CHAIN), pp, "transformer", cp,
+             schedule=schedule, cp_impl=cp_impl)
+
+
+def test_a_run_moves_along_every_schedule_and_context_parallel_impl(tmp_path):
+    """Written under GPipe (pp 2 x dp 2), it goes on under zero bubble, then at dp 2 x cp 2 under the ring, Ulysses and
+    torch's context parallelism (FSDP2), then at cp 4 (hybrid), a step on each, and ends where a run that never moved
+    ends: every schedule and cp impl writes the single-process layout and reads it back."""
+    run_ranks(_along_the_chain, 4, tmp_path)
+    _moved_as_straight(tmp_path, len(CHAIN))
 
 
 @pytest.mark.parametrize("a, b", [

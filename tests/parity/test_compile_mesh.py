@@ -1,5 +1,5 @@
 """`train.compile` on every axis: compiled blocks under tensor parallelism (the lab's, with sequence parallelism),
-pipeline stages (the lab's schedules and torch's), context parallelism's ring, zigzag and Ulysses attention, a
+pipeline stages (every schedule of the lab's; torch's 1F1B and zero bubble), context parallelism's ring, zigzag and Ulysses attention, a
 mixture under expert parallelism, and activation checkpointing compiled with each, train to the weights of one
 process (eager) on the full batch, to float32 rounding (check/parity.py's ATOL and RTOL); and compiled graphs ran in
 every step. Where Dynamo meets a collective of the lab's
@@ -30,6 +30,14 @@ def _cases() -> dict:
     cases = {f"tp lab{' sp' if sp else ''}": ("transformer", dict(tp=2, sequence_parallel=sp)) for sp in (False, True)}
     for impl in ("lab", "torch"):
         cases[f"pp {impl}"] = ("transformer", {"pipeline": {"pp": 2, "microbatches": 2, "pp_impl": impl}})
+    for schedule in ("gpipe", "zero_bubble"):
+        cases[f"pp {schedule}"] = ("transformer", {"pipeline": {"pp": 2, "microbatches": 2, "pp_schedule": schedule}})
+    cases["pp interleaved"] = ("deep_transformer", {"pipeline": {"pp": 2, "microbatches": 2, "stages_per_rank": 2,
+                                                                 "pp_schedule": "interleaved_1f1b"}})
+    # torch's zero bubble keeps a backward's graph between its halves: compiled without donated buffers (the lab's
+    # Parallelism.compile, as torch's own error says to)
+    cases["pp zero_bubble torch"] = ("transformer", {"pipeline": {"pp": 2, "microbatches": 2, "pp_impl": "torch",
+                                                                  "pp_schedule": "zero_bubble"}})
     for impl in ("ring", "zigzag", "ulysses"):
         cases[f"cp {impl}"] = ("transformer", dict(context={"cp": 2, "cp_impl": impl}))
     cases["ep"] = (tiny_moe(), dict(experts={"ep": 2}))  # the routing's data-dependent exchange: a graph break
@@ -45,10 +53,12 @@ def _cases() -> dict:
 
 def _run(rank, world_size):
     import torch._dynamo
+    import torch._functorch.config
 
     out = {}
     for name, (model, kw) in _cases().items():
-        torch._dynamo.reset()  # each case compiles its own graphs
+        torch._dynamo.reset()  # each case compiles its own graphs, with torch's defaults
+        torch._functorch.config.donated_buffer = True
         calls = [CALLS[0]]  # the graphs run so far, then after each step
         compiled, reference = train_on_mesh(rank, world_size, model, "flat", steps=STEPS, compile_backend=counted,
                                             after_step=lambda seen=calls: seen.append(CALLS[0]), **kw)
