@@ -5,16 +5,21 @@
     python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
     python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
     python benchmarks/plan_check.py sweep outputs/bench/plan_held_out --gpus 4 --held-out   # one choice apart
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen --unseen      # another context and batch
+    python benchmarks/plan_check.py table outputs/bench/plan_unseen --unseen
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
-and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), gloo's all-reduce on loopback
+and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), a micro-batch's fixed cost
+from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), gloo's all-reduce on loopback
 (16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined by the link.
 `sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
 activation checkpointing and the 1F1B schedule (the other strategies, checkpointing and schedules multiply the jobs,
 about 25 s each here, by 16), and the fewest and the most micro-batches the planner tries; each job on two emulated
 nodes joined by the calibrated link. A job already measured under OUT is kept. `table` prices each measured layout
 with the planner and scores it (ddp_lab/analysis/plan/against_runs.py); it writes OUT/measured.json, the rows the
-docs keep.
+docs keep. `--unseen`: a job the planner was not tuned on, scored as it ran (context 128, a global batch of 8
+sequences: the same tokens a step), at each rank count the planner's top UNSEEN_TOP and UNSEEN_SPREAD more spread
+evenly down the rest of its ranking, every strategy, schedule and checkpointing it ranks.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ sys.path.insert(0, str(ROOT))
 from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
 from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_machine  # noqa: E402
-from ddp_lab.analysis.plan.search import layouts, microbatch_counts  # noqa: E402
+from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 
 MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
 SIZE_MB, LATENCY_MB = 16, 1 / 1024
+UNSEEN = {"context": 128, "sequences": 8}
+UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
+MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 
 
 def launch(out: Path, *overrides: str) -> dict:
@@ -77,11 +85,14 @@ def calibrate(out: Path) -> None:
     shape = load_shape(MODEL)
     floor = launch(out / "floor", f"model={MODEL}", "strategy=none", "world_size=2", f"train.batch_size={SEQUENCES}",
                    f"train.steps={STEPS}")
+    accumulated = launch(out / "floor_accumulated", f"model={MODEL}", "strategy=none", "world_size=2",
+                         f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}", f"train.grad_accum_steps={MICRO}")
     loop = launch(out / "loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
     tick = launch(out / "latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
     link = launch(out / "link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
                   f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
-    for name, res in (("floor", floor), ("loopback", loop), ("latency", tick), ("link", link)):
+    for name, res in (("floor", floor), ("floor_accumulated", accumulated), ("loopback", loop), ("latency", tick),
+                      ("link", link)):
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
     tokens = SEQUENCES // 2 * shape.context  # one rank's
@@ -95,9 +106,12 @@ def calibrate(out: Path) -> None:
         "loopback_busbw_Bps": loop["summary"]["busbw_GBps"] * 1e9,
         "link_busbw_Bps": link["summary"]["busbw_GBps"] * 1e9,
         "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
+        # the same FLOPs in MICRO micro-batches: what each beyond the first adds
+        "microbatch_s": (p50(accumulated, "fwd_bwd_ms") - p50(floor, "fwd_bwd_ms")) / (MICRO - 1) / 1e3,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "from": {"model": MODEL, "sequences": SEQUENCES, "floor_fwd_bwd_ms": p50(floor, "fwd_bwd_ms"),
                  "floor_optimizer_ms": p50(floor, "optimizer_ms"), "all_reduce_MiB": SIZE_MB,
+                 "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": p50(accumulated, "fwd_bwd_ms"),
                  "latency_all_reduce_ms": p50(tick, "latency_ms")},
     }
     CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
@@ -123,24 +137,42 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-def sweep(out: Path, gpus_list: list[int], held_out: bool = False) -> None:
+def unseen_layouts(gpus: int) -> list:
+    """`--unseen`'s layouts at `gpus` ranks (module docstring), the planner's order."""
+    from dataclasses import replace
+
+    shape, system = load_shape(MODEL), this_machine(gpus)
+    ranked = plan(replace(shape, context=UNSEEN["context"]), system, gpus, UNSEEN["sequences"], lab=True).ranked
+    rest = ranked[UNSEEN_TOP:]
+    step = max(1, len(rest) // UNSEEN_SPREAD)
+    return [p.layout for p in ranked[:UNSEEN_TOP] + rest[step - 1::step][:UNSEEN_SPREAD]]
+
+
+def jobs(gpus: int, held_out: bool = False, unseen: bool = False) -> tuple[list, int, int | None]:
+    """(layouts, sequences, context) of a sweep at `gpus` ranks."""
+    if unseen:
+        return unseen_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
+    return list(checked_layouts(gpus, held_out)), SEQUENCES, None
+
+
+def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool = False) -> None:
     for gpus in gpus_list:
         system = this_machine(gpus)
-        todo = list(checked_layouts(gpus, held_out))
+        todo, sequences, context = jobs(gpus, held_out, unseen)
         for i, lay in enumerate(todo, 1):
-            line = launch_line(MODEL, lay, SEQUENCES, system)
+            line = launch_line(MODEL, lay, sequences, system, context)
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
             res = launch(out / str(gpus) / job_name(lay), *overrides)
             said = f"{p50(res, 'step_time_ms'):.0f} ms" if res.get("status") == "ok" else res.get("status")
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
 
-def measured_rows(out: Path, held_out: bool = False) -> list[dict]:
+def measured_rows(out: Path, held_out: bool = False, unseen: bool = False) -> list[dict]:
     """Every job under OUT with its layout and p50 step; failed ones with their status."""
     rows = []
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {job_name(lay): lay for lay in checked_layouts(gpus, held_out)}
+        by_name = {job_name(lay): lay for lay in jobs(gpus, held_out, unseen)[0]}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
@@ -153,14 +185,19 @@ def measured_rows(out: Path, held_out: bool = False) -> list[dict]:
     return rows
 
 
-def table(out: Path, markdown_file: Path | None, held_out: bool = False) -> None:
+def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen: bool = False) -> None:
     if out.is_dir():
-        rows = measured_rows(out, held_out)
+        rows = measured_rows(out, held_out, unseen)
         (out / "measured.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
     else:
         rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
-    scored = score(load_shape(MODEL), this_machine, SEQUENCES, [r for r in rows if r["status"] == "ok"])
+    shape, sequences = load_shape(MODEL), SEQUENCES
+    if unseen:
+        from dataclasses import replace
+
+        shape, sequences = replace(shape, context=UNSEEN["context"]), UNSEEN["sequences"]
+    scored = score(shape, this_machine, sequences, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)
     if failed:
         lines += ["", "Not measured (the job did not end ok): " + "; ".join(
@@ -180,13 +217,14 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--held-out", action="store_true", help="the layouts one choice apart from the checked ones")
+    ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
     args = ap.parse_args()
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")
     elif args.what == "sweep":
-        sweep(args.out, args.gpus, args.held_out)
+        sweep(args.out, args.gpus, args.held_out, args.unseen)
     else:
-        table(args.out, args.markdown, args.held_out)
+        table(args.out, args.markdown, args.held_out, args.unseen)
 
 
 if __name__ == "__main__":

@@ -43,16 +43,16 @@ def test_ulysses_passes_and_a_function_without_a_layout_skips_zigzag(capsys):
     ("keeps_own_grads", "causal", "dK/dV not returned to their owners"),
     ("ulysses_scrambled", "causal", "the right values in the wrong places (a scrambled exchange"),
     ("torch_all_gather_attention", "causal", "the output is right, the gradients are not: dk by up to"),
-    ("receives_first", "causal", "still running after 10 s: every rank waits to receive and none sends"),
+    ("receives_first", "causal", "still running after 5 s: every rank waits to receive and none sends"),
 ])
 def test_each_wrong_attention_fails_with_its_cause(function, case, cause, capsys):
-    code, out, _ = check(f"{HELPERS}.{function}", "--cp", "2", "--cases", case, "--timeout", "10", capsys=capsys)
+    code, out, _ = check(f"{HELPERS}.{function}", "--cp", "2", "--cases", case, "--timeout", "5", capsys=capsys)
     verdict, detail = lines(out)[(2, case)]
     assert code == 1 and verdict == "FAIL" and detail.split("FAILED: ")[1].startswith(cause), out
 
 
 def test_a_hang_names_what_each_rank_waits_for(capsys):
-    _, out, _ = check(f"{HELPERS}.receives_first", "--cp", "2", "--cases", "full", "--timeout", "10", capsys=capsys)
+    _, out, _ = check(f"{HELPERS}.receives_first", "--cp", "2", "--cases", "full", "--timeout", "5", capsys=capsys)
     detail = lines(out)[(2, "full")][1]
     assert "rank 0 waits to receive from rank 1; rank 1 waits to receive from rank 0" in detail, out
 

@@ -2,8 +2,9 @@
 
 Each measured row is a layout the planner enumerates, run by launch.py on the lab's emulated nodes, with its p50 step.
 Per rank count: the planner's predicted step beside the measured one, the rank correlation of the two orders, what
-running the planner's pick costs against the measured best (measured step of the pick over the best's), and the
-median and worst error. Nothing here is fitted to these rows: the predictions come from this_machine.json, measured
+running the planner's pick costs against the measured best (measured step of the pick over the best's; the pick is
+the first in the planner's own order, which lists layouts it cannot tell apart simplest first), and the median and
+worst error. Nothing here is fitted to these rows: the predictions come from this_machine.json, measured
 before the sweep ran.
 """
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 from ddp_lab.analysis.plan.host import HostSystem
 from ddp_lab.analysis.plan.price import Layout, price
+from ddp_lab.analysis.plan.ranges import STEP
+from ddp_lab.analysis.plan.search import simplest_first
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.validate import spearman
 
@@ -44,15 +47,16 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
     out = []
     for gpus in sorted({r["gpus"] for r in measured}):
         system: HostSystem = system_for(gpus)
-        rows = []
+        rows, order = [], []
         for r in (r for r in measured if r["gpus"] == gpus):
             p = price(shape, system, layout_of(r), sequences)
             rows.append({**r, "predicted_ms": p.step_ms, "error": p.step_ms / r["measured_ms"] - 1,
                          "terms": p.terms, "describe": p.layout.describe()})
+            order.append(simplest_first(p))
         if not rows:
             continue
         rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]) if len(rows) > 1 else 1.0
-        pick = min(rows, key=lambda r: r["predicted_ms"])
+        pick = rows[min(range(len(rows)), key=order.__getitem__)]  # first in the planner's own order, ties too
         best = min(rows, key=lambda r: r["measured_ms"])
         worst = max(rows, key=lambda r: abs(r["error"]))
         out.append(Scored(gpus, rows, rho, pick, best, statistics.median(abs(r["error"]) for r in rows), worst))
@@ -62,18 +66,22 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
 def markdown(scored: list[Scored]) -> list[str]:
     """The tables of docs/measured/plan.md: one summary line per rank count, then every layout."""
     lines = ["| ranks | layouts | rank correlation | planner's pick, measured | measured best | pick / best | "
-             "median \\|error\\| | worst error |", "|---|---|---|---|---|---|---|---|"]
+             "best inside the pick's range | median \\|error\\| | worst error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in scored:
+        low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
+        inside = "yes" if low <= s.best["measured_ms"] <= high else "no"
         lines.append(f"| {s.gpus} | {len(s.rows)} | {s.rho:+.2f} | {s.pick['describe']}: {s.pick['measured_ms']:.0f} "
                      f"ms | {s.best['describe']}: {s.best['measured_ms']:.0f} ms | {s.pick_over_best:.2f}x | "
+                     f"{inside} ({s.best['measured_ms']:.0f} in {low:.0f} to {high:.0f}) | "
                      f"{s.median_abs_error:.0%} | {s.worst['error']:+.0%} ({s.worst['describe']}) |")
     for s in scored:
         lines += ["", f"{s.gpus} ranks, fastest measured first (ms per step; terms predicted):", "",
-                  "| layout | measured | predicted | error | compute | bubble | p2p | tp | cp | dp | optimizer |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| layout | measured | predicted | error | compute | recompute | micro | bubble | p2p | tp | cp | dp "
+                  "| optimizer |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(s.rows, key=lambda r: r["measured_ms"]):
             t = r["terms"]
             lines.append(f"| {r['describe']} | {r['measured_ms']:.0f} | {r['predicted_ms']:.0f} | {r['error']:+.0%} | "
-                         + " | ".join(f"{t[k]:.0f}" for k in ("compute", "bubble", "p2p", "tp", "cp", "dp",
-                                                                "optimizer")) + " |")
+                         + " | ".join(f"{t[k]:.0f}" for k in ("compute", "recompute", "micro", "bubble", "p2p", "tp",
+                                                                "cp", "dp", "optimizer")) + " |")
     return lines

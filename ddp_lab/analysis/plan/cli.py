@@ -23,6 +23,7 @@ from pathlib import Path
 from ddp_lab.analysis.plan.described import described
 from ddp_lab.analysis.plan.host import HostSystem, this_machine
 from ddp_lab.analysis.plan.price import CHECKPOINTING, HEADROOM, SCHEDULES, STRATEGIES, Layout, Priced, price
+from ddp_lab.analysis.plan.ranges import a_tie, memory_range, said, step_range
 from ddp_lab.analysis.plan.search import PlanError, lab_refusal, layout_problem, plan, why_runner_up_lost
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape, from_conf, with_context
 from ddp_lab.analysis.predict.costs import PredictError
@@ -96,7 +97,7 @@ AC_SHOWN = {"none": "none", "selective": "sel", "full": "full"}
 
 def row(i: int, p: Priced) -> str:
     lay, t = p.layout, p.terms
-    other = t["recompute"] + t["p2p"] + t["cp"] + t["optimizer"]
+    other = t["recompute"] + t["micro"] + t["p2p"] + t["cp"] + t["optimizer"]
     schedule = (SCHEDULE_SHOWN[lay.schedule] + (f" v{lay.stages_per_rank}" if lay.stages_per_rank > 1 else "")) \
         if lay.pp > 1 else "-"
     return (f"{i:>2} {lay.dp:>4} {lay.tp:>3} {lay.pp:>3} {lay.cp:>3} {lay.strategy:<11} {schedule:<13} "
@@ -153,10 +154,19 @@ def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, syst
         print(f"run {what} in the lab (one line, to copy):\n{line}")
 
 
-def as_json(p: Priced) -> dict:
-    return {**asdict(p.layout), "terms_ms": p.terms, "step_ms": p.step_ms,
-            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu, "memory_bytes": p.memory, "fits": p.fits,
+def as_json(p: Priced, system: System) -> dict:
+    step, memory = step_range(system), memory_range(system)
+    return {**asdict(p.layout), "terms_ms": p.terms, "step_ms": p.step_ms, "step_range_ms": step.of(p.step_ms),
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+            "tokens_per_s_per_gpu_range": (p.tokens_per_s_per_gpu / step.high, p.tokens_per_s_per_gpu / step.low),
+            "range_from": step.source, "mfu": p.mfu, "memory_bytes": p.memory,
+            "memory_range_bytes": memory.of(p.memory["total"]) if memory else None, "fits": p.fits,
             "binding": p.binding}
+
+
+def _print_ranges(what: str, p: Priced, system: System) -> None:
+    print(textwrap.fill(f"{what}: " + said(system, p.step_ms, p.tokens_per_s_per_gpu, p.memory["total"] / GB),
+                        WIDTH))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -177,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mfu", type=float, default=None, help="the fraction of peak compute reaches (default: the "
                     "system's assumption)")
     ap.add_argument("--attention-mfu", type=float, default=None, help="the fraction of peak attention's scores "
-                    "and weighted sum reach (default: --mfu's; 0.27 against torchtitan's runs: docs/plan.md)")
+                    "and weighted sum reach (default: --mfu's; 0.26 against torchtitan's runs: docs/plan.md)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--layout", default=None, help="price one layout: dp=..,tp=..,pp=..,cp=..,strategy=..,"
                     "schedule=..,microbatches=..,checkpointing=..")
@@ -220,7 +230,8 @@ def run(args) -> int:
     head = (f"{shape.name} ({shape.params / 1e9:.2f}B parameters, context {shape.context}) on {args.gpus} x "
             f"{system.name}, {sequences} sequences a step ({args.global_batch} tokens)\npredicted from formulas at MFU "
             f"{system.mfu if args.mfu is None else args.mfu:g} (docs/plan.md); ms per step: the step, the "
-            "bubble, tp's and dp's exposed collectives, other = recompute + pipeline sends + cp + optimizer")
+            "bubble, tp's and dp's exposed collectives, other = recompute + micro-batches' cost + pipeline sends + "
+            "cp + optimizer")
     head = "\n".join(textwrap.fill(line, WIDTH) for line in head.splitlines())
     if args.layout:
         layout = parse_layout(args.layout, args.gpus)
@@ -231,12 +242,13 @@ def run(args) -> int:
         print(head)
         print(HEADER)
         print(row(1, p))
-        print("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()))
+        print(textwrap.fill("terms (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in p.terms.items()), WIDTH))
         print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
               f"({'fits' if p.fits else 'does not fit'} within {args.headroom:.0%})")
+        _print_ranges("with its checks' range", p, system)
         _print_launch(args.model, shape, layout, sequences, system, context=args.context)
         if args.json:
-            Path(args.json).write_text(json.dumps([as_json(p)], indent=1))
+            Path(args.json).write_text(json.dumps([as_json(p, system)], indent=1))
         return 0
     result = plan(shape, system, args.gpus, sequences, capacity, args.mfu, attention_mfu=args.attention_mfu,
                   headroom=args.headroom, lab=in_lab(args.model))
@@ -256,9 +268,14 @@ def run(args) -> int:
     print(HEADER)
     for i, p in enumerate(result.ranked[:args.top], 1):
         print(row(i, p))
+    best = result.ranked[0]
+    _print_ranges("the top pick", best, system)
     if len(result.ranked) > 1:
-        print(textwrap.fill(why_runner_up_lost(result.ranked[0], result.ranked[1]), WIDTH))
+        runner = result.ranked[1]
+        tie = (": inside the pick's range, a tie within what the planner can tell"
+               if a_tie(system, best.step_ms, runner.step_ms) else "")
+        print(textwrap.fill(why_runner_up_lost(best, runner) + tie, WIDTH))
     _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick", args.context)
     if args.json:
-        Path(args.json).write_text(json.dumps([as_json(p) for p in result.ranked], indent=1))
+        Path(args.json).write_text(json.dumps([as_json(p, system) for p in result.ranked], indent=1))
     return 0

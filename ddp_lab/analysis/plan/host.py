@@ -14,6 +14,9 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
   groups crossing it at once; each step's latency, measured with a core per rank, ranks / cores as long beyond
   the cores (a step waits for its peer to be scheduled: the predictor's held-out check found collectives slow so,
   docs/notebook/predict_measured.md);
+- a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
+  Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
+  over its step at one, and stretched as compute is where the ranks share the cores;
 - fp32 everywhere: 4 bytes per activation and gradient element on the wire;
 - memory: each rank's share of the host's memory.
 """
@@ -40,6 +43,7 @@ class HostSystem(System):
     gbps: float = 1.0            # the emulated link's rate (network.gbps)
     latency_s: float = 1e-4      # one gloo ring step's fixed cost
     element_bytes: int = 4       # fp32 on the wire
+    microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
 
     def compute_share(self, ranks: int) -> float:
         """How many times longer a rank's work takes with `ranks` ranks busy at once on the host's cores."""
@@ -77,7 +81,7 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         inter_busbw_Bps=cal["link_busbw_Bps"], link_Bps=cal["loopback_busbw_Bps"], mfu=1.0,
         sources=(f"calibrated on {cal['machine']}, {cal['date']}: {cal['command']}",),
         generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
-        nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"])
+        nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0))
 
 
 RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}

@@ -10,7 +10,11 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 
 - compute: the busiest stage's FLOPs (its blocks, and the head on the last; 3 x forward for forward and backward)
   at the system's peak x MFU, split by tp and cp; `recompute`: activation checkpointing's second forward (full: the
-  blocks' whole forward; selective: attention's scores and weighted sum only);
+  blocks' whole forward; selective: attention's scores and weighted sum by their FLOPs, and the memory-bound rest,
+  norms, rotary embedding, SiLU and adds, as the elements they read and write at the GPU's memory bandwidth:
+  shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured);
+- micro: on this machine, each micro-batch's fixed cost beyond the first (host.py; the accumulation's and the
+  pipeline's alike, v chunks each under interleaving), stretched as compute; no term on a GPU system yet;
 - bubble: the pipeline's idle share, compute x slots / m, with slots p - 1 for GPipe and 1F1B, (p - 1) / v for
   interleaved 1F1B with v virtual stages per rank (Narayanan et al., SC'21), (p - 1) / 3 for ZB-H1 (Qi et al.,
   ICLR'24: its bubble is about a third of 1F1B's);
@@ -25,18 +29,25 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, hidden under the block's attention: only what outlasts it is added;
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
-  node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16), overlapping the last
-  micro-batch's backward; torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts every updated parameter from
-  its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to 1.34x zero2's step on every
-  split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): parameters gathered for every micro-batch's
-  forward and backward and gradients reduce-scattered, each micro-batch's hidden under its own compute; under a
-  pipeline, as torchtitan runs it, gathered once a step and reduced once (the stage's weights and gradients held
-  whole across the micro-batches, in memory too). Only what is not hidden is added;
+  node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch
+  DDP's first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients
+  first, each block's as its share of the last micro-batch's backward ends, the embedding's last (a lookup: no
+  FLOPs); what is exposed is what the last buckets leave after backward ends (`bucketed_exposed_ms`; on a small
+  model whose bytes fill one bucket, all of it). torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts
+  every updated parameter from its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to
+  1.34x zero2's step on every split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): parameters
+  gathered for every micro-batch's forward and backward and gradients reduce-scattered, each micro-batch's hidden
+  under its own compute; under a pipeline, as torchtitan runs it, gathered once a step and reduced once (the
+  stage's weights and gradients held whole across the micro-batches, in memory too). Only what is not hidden is
+  added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
 On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and, where
 the ranks outnumber the host's cores, compute that takes all the ranks' work over the cores unless the busiest
-rank's own schedule (its work and its pipeline's bubble) is longer: the cores idle only then.
+rank's own schedule (its work and its pipeline's bubble) is longer: the cores idle only then. Nothing hides there
+while the ranks fill the cores: gloo copies and sums on the CPU, so a collective only runs on a core compute
+yields (DDP's all-reduce measured 550 of 555 ms exposed at dp 4, docs/measured/plan.md): the dp and cp terms are
+then every collective whole.
 
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
 AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
@@ -59,12 +70,16 @@ from ddp_lab.analysis.plan.host import HostSystem, gloo_collective_ms
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.systems import System
+from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.units import MiB
 
 BF16, FP32 = 2, 4
 STATE_BYTES = {"weights": 2, "grads": 2, "optimizer": 12}  # per parameter: ZeRO's 2 + 2 + 12 (fp32 master, m, v)
 OPTIMIZER_BYTES = 28  # per updated parameter (read master, m, v, gradient; write master, m, v, weight)
 HEADROOM = 0.9  # of the device's memory a layout may use
 P2P_LATENCY_S = 10e-6
+BUCKET_BYTES = DEFAULT_BUCKET_MB * MiB  # torch DDP's bucket_cap_mb default, and the lab's zero2's bucket_mb
+FIRST_BUCKET_BYTES = MiB  # torch DDP's first bucket (its first_bucket_bytes_cap), sent as soon as it fills
 
 STRATEGIES = {"torch_ddp": 0, "zero1_torch": 1, "zero2": 2, "fsdp_torch": 3}
 """The data-parallel strategies the planner prices, as the lab names them, with their ZeRO stage."""
@@ -98,7 +113,7 @@ class Layout:
 @dataclass(frozen=True)
 class Priced:
     layout: Layout
-    terms: dict          # ms per step: compute, recompute, bubble, p2p, tp, cp, dp, optimizer
+    terms: dict          # ms per step: compute, recompute, micro, bubble, p2p, tp, cp, dp, optimizer
     step_ms: float
     tokens_per_s_per_gpu: float
     mfu: float
@@ -116,8 +131,8 @@ class Priced:
         return BINDING_WORDS[name] if value > 0.05 * self.step_ms else "compute"
 
 
-BINDING_WORDS = {"recompute": "recompute", "bubble": "bubble", "p2p": "pp sends", "tp": "tp comm", "cp": "cp comm",
-                 "dp": "dp exposed", "optimizer": "optimizer"}
+BINDING_WORDS = {"recompute": "recompute", "micro": "micro cost", "bubble": "bubble", "p2p": "pp sends",
+                 "tp": "tp comm", "cp": "cp comm", "dp": "dp exposed", "optimizer": "optimizer"}
 
 
 def group_system(system: System, n: int, stride: int) -> System:
@@ -202,8 +217,9 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     recompute = 0.0
     if lay.checkpointing == "full":
         recompute = tokens * blocks * block / lay.tp / flops_per_ms
-    elif lay.checkpointing == "selective":
-        recompute = tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+    elif lay.checkpointing == "selective":  # attention's FLOPs, and the rest as memory traffic
+        recompute = (tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
+                     + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
     busy = compute + recompute
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
     stretch = 1.0
@@ -211,6 +227,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         mean_stage = (shape.layers * block + shape.head_flops()) / lay.pp
         stretch, bubble = system.shared_cores(busy, bubble, mean_stage / last_stage, lay.gpus)
         compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
+    micro_cost = system.microbatch_s * 1e3 * (lay.microbatches * lay.stages_per_rank - 1) * stretch if host else 0.0
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
     p2p = 0.0
     if lay.pp > 1:
@@ -224,16 +241,17 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         per_block = (2 * collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
                      + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride, "cp"))
         attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms * stretch
-        cp = blocks * lay.microbatches * max(0.0, per_block - attention)
+        cp = blocks * lay.microbatches * max(0.0, per_block - attention * hides(system, lay))
     # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
-    dp = dp_ms(system, lay, stage_params * wire, busy / lay.microbatches, stage_params * FP32) if shards > 1 else 0.0
+    segments = gradient_segments(shape, lay, blocks, busy / lay.microbatches * 2 / 3, wire)
+    dp = dp_ms(system, lay, segments, busy / lay.microbatches, stage_params * FP32) if shards > 1 else 0.0
     updated = stage_params / (shards if stage >= 1 else 1)
     optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3 * share
-    terms = {"compute": compute, "recompute": recompute, "bubble": bubble, "p2p": p2p, "tp": tp, "cp": cp, "dp": dp,
-             "optimizer": optimizer}
+    terms = {"compute": compute, "recompute": recompute, "micro": micro_cost, "bubble": bubble, "p2p": p2p, "tp": tp,
+             "cp": cp, "dp": dp, "optimizer": optimizer}
     step = sum(terms.values())
     memory = memory_bytes(shape, lay, micro, stage_params, shards)
     memory["capacity"] = capacity
@@ -257,13 +275,55 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     return lay.microbatches * (per_block * blocks * one + vocab)
 
 
-def dp_ms(system: System, lay: Layout, grads: float, micro_busy: float, params: float = 0.0) -> float:
+def hides(system: System, lay: Layout) -> float:
+    """1 where a collective can run under compute, 0 on this machine while the ranks fill its cores (module
+    docstring: gloo's copies and sums need a core)."""
+    return 0.0 if isinstance(system, HostSystem) and lay.gpus >= system.cores else 1.0
+
+
+def gradient_segments(shape: Shape, lay: Layout, blocks: int, backward_ms: float, wire: int) -> list[tuple]:
+    """(bytes, ms) of the busiest (last) stage's gradients in the order the last micro-batch's backward produces
+    them, each taking its share of `backward_ms` by its FLOPs: the head's, each block's, and without a pipeline the
+    embedding's last (a lookup: no FLOPs of its own); a GPU's 1/tp of each."""
+    d, block, head = shape.d_model, shape.block_flops(shape.context), shape.head_flops()
+    per_flop = backward_ms / (blocks * block + head)
+    segments = [(shape.vocab * d * wire / lay.tp, head * per_flop)] if shape.vocab else []
+    segments += [(shape.block_params * wire / lay.tp, block * per_flop)] * blocks
+    if shape.vocab and lay.pp == 1:
+        segments.append((shape.vocab * d * wire / lay.tp, 0.0))
+    return segments
+
+
+def bucketed_exposed_ms(segments: list[tuple], collective, first: float = BUCKET_BYTES,
+                        cap: float = BUCKET_BYTES, hide: float = 1.0) -> float:
+    """What a bucketed all-reduce leaves after backward ends, ms: `segments` (bytes, ms) as backward produces them,
+    bucketed in order (`first` bytes, then `cap` each; bytes taken as divisible, as buckets of at most the cap
+    are), each bucket's `collective(bytes)` started once backward has filled it and the one before is done.
+    `hide` 0: nothing runs under backward (this machine's full cores), every bucket's collective after it."""
+    now = free = pending = 0.0
+    limit = first
+    for nbytes, ms in segments:
+        now += ms
+        pending += nbytes
+        while pending >= limit:
+            free = max(free, now * hide) + collective(limit)
+            pending, limit = pending - limit, cap
+    if pending > 0:
+        free = max(free, now * hide) + collective(pending)
+    return max(0.0, free - now * hide)
+
+
+def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float, params: float = 0.0) -> float:
     """The data-parallel strategy's exposed collectives over the dp x cp ranks, one rank of each TP group (module
-    docstring): `grads` bytes of the stage's gradients, `micro_busy` one micro-batch's compute to hide under,
-    `params` bytes of the stage's fp32 parameters (what torch's ZeroRedundancyOptimizer broadcasts)."""
-    shards, stride = lay.dp * lay.cp, lay.tp
+    docstring): `segments` the stage's gradients as backward produces them (`gradient_segments`), `micro_busy` one
+    micro-batch's compute to hide under, `params` bytes of the stage's fp32 parameters (what torch's
+    ZeroRedundancyOptimizer broadcasts)."""
+    shards, stride, hide = lay.dp * lay.cp, lay.tp, hides(system, lay)
+    grads = sum(nbytes for nbytes, _ in segments)
     if STRATEGIES[lay.strategy] < 3:
-        reduce = max(0.0, collective_ms(system, "all_reduce", grads, shards, stride) - micro_busy * 2 / 3)
+        first = FIRST_BUCKET_BYTES if lay.strategy in ("torch_ddp", "zero1_torch") else BUCKET_BYTES
+        reduce = bucketed_exposed_ms(segments, lambda n: collective_ms(system, "all_reduce", n, shards, stride),
+                                     first, hide=hide)
         if lay.strategy != "zero1_torch":
             return reduce
         # torch's ZeroRedundancyOptimizer: DDP's all-reduce, then each owner broadcasts its updated parameters
@@ -271,9 +331,10 @@ def dp_ms(system: System, lay: Layout, grads: float, micro_busy: float, params: 
         return reduce + collective_ms(system, "all_gather", params, shards, stride)
     gather = collective_ms(system, "all_gather", grads, shards, stride)
     scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
+    under = micro_busy * hide
     if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
-        return max(0.0, gather - micro_busy / 3) + max(0.0, scatter - micro_busy * 2 / 3)
-    per_micro = max(0.0, gather - micro_busy / 3) + max(0.0, gather + scatter - micro_busy * 2 / 3)
+        return max(0.0, gather - under / 3) + max(0.0, scatter - under * 2 / 3)
+    per_micro = max(0.0, gather - under / 3) + max(0.0, gather + scatter - under * 2 / 3)
     return lay.microbatches * per_micro
 
 

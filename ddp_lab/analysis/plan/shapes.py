@@ -61,6 +61,18 @@ class Shape:
         return 0.0 if self.ffn else 2 * context * self.d_model
 
     @property
+    def recomputed_elements_per_token(self) -> int:
+        """Elements read and written per token by the operations selective recomputation runs again in one block:
+        all but its matmuls (whose outputs it keeps) and the attention kernel (priced by its FLOPs), as the lab's
+        block runs them (ddp_lab/models/transformer.py): two RMSNorms at 7 x d each (square, mean, scale, weight),
+        the rotary embedding at 9 per element of q and k, the attention output's copy back to tokens (2 x d), the
+        two residual adds (6 x d) and SwiGLU's SiLU and product (5 x d_ff): 22 x d + 9 x (d + d_kv) + 5 x d_ff.
+        The feed-forward stack keeps everything it would recompute: 0."""
+        if self.ffn:
+            return 0
+        return 22 * self.d_model + 9 * (self.d_model + self.d_kv) + 5 * self.d_ff
+
+    @property
     def saved_bytes_per_token(self) -> int:
         """Activation bytes one block keeps for backward per token (bf16), before TP splits them: 34 x d for a
         Transformer block (Korthikanti et al., MLSys'23, with a flash kernel: no scores kept), the two linears'

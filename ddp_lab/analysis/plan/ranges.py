@@ -1,0 +1,73 @@
+"""How far the planner's figures land from measurement, by its own checks: the range each printed figure comes with.
+
+A predicted step s comes with [s x low, s x high], the measured-over-predicted ratios its checks found for layouts of
+that kind (tokens per second per GPU with the same range inverted):
+
+- `this-machine`: the 166 layouts of tiny measured on this project's VM (docs/measured/plan.md, 2026-11-28: the 58
+  checked and the 108 held out), priced as the planner prices them now, with this machine's calibration: the 10th to
+  the 90th percentile (8 in 10 layouts fell inside);
+- a GPU system: the 11 published torchtitan Llama 3.1 rows (`python -m ddp_lab.predict published`, at its calibrated
+  MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
+  counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
+
+This machine's memory has no check yet (the census's measured peak against the planner's figure): printed without a
+range, saying so. tests/unit/test_plan.py recomputes every range from those rows: a change to the pricing that moves
+one fails there until the figures here are made again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddp_lab.analysis.plan.host import HostSystem
+from ddp_lab.analysis.predict.systems import System
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    source: str
+
+    def of(self, predicted: float) -> tuple[float, float]:
+        return predicted * self.low, predicted * self.high
+
+
+STEP = {
+    "this-machine": Range(0.90, 1.31, "8 in 10 of 166 layouts measured here"),
+    "gpu": Range(0.83, 2.64, "11 published torchtitan runs"),
+}
+"""Measured step over predicted, by the kind of system (module docstring)."""
+
+MEMORY = {"gpu": Range(1.27, 1.94, "11 published torchtitan runs")}
+"""Measured memory per GPU over predicted, where a check exists."""
+
+
+def kind_of(system: System) -> str:
+    return "this-machine" if isinstance(system, HostSystem) else "gpu"
+
+
+def step_range(system: System) -> Range:
+    return STEP[kind_of(system)]
+
+
+def memory_range(system: System) -> Range | None:
+    return MEMORY.get(kind_of(system))
+
+
+def a_tie(system: System, pick_ms: float, runner_up_ms: float) -> bool:
+    """Whether the runner-up's predicted step lies inside the pick's range: the planner cannot tell them apart."""
+    return runner_up_ms <= step_range(system).of(pick_ms)[1]
+
+
+def said(system: System, step_ms: float, tokens_per_s: float, memory_gb: float) -> str:
+    """One line: the step, tokens per second per GPU and memory, each with its range and where that comes from."""
+    step = step_range(system)
+    lo, hi = step.of(step_ms)
+    text = (f"step {step_ms:,.1f} ms, {lo:,.1f} to {hi:,.1f} ({step.source}); tokens/s/GPU {tokens_per_s:,.0f}, "
+            f"{tokens_per_s / step.high:,.0f} to {tokens_per_s / step.low:,.0f}; ")
+    memory = memory_range(system)
+    if memory is None:
+        return text + f"memory {memory_gb:.1f} GB per GPU (no check of it on this machine yet)"
+    mlo, mhi = memory.of(memory_gb)
+    return text + f"memory {memory_gb:.1f} GB per GPU, {mlo:.1f} to {mhi:.1f} ({memory.source})"
