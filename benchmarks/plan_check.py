@@ -181,8 +181,17 @@ def measured_rows(out: Path, held_out: bool = False, unseen: bool = False) -> li
             row = {**lay.__dict__, "gpus": gpus, "status": res.get("status")}
             if res.get("status") == "ok":
                 row["measured_ms"] = p50(res, "step_time_ms")
+                row["measured_bytes"] = census_peak(res)
             rows.append(row)
     return rows
+
+
+def census_peak(res: dict) -> int | None:
+    """The census's most a rank held: its model state (as counted before the optimizer's step) and its activations'
+    peak, the rank with the most."""
+    ranks = (res["summary"].get("memory") or {}).get("per_rank") or []
+    totals = [r["state_total"] + (r.get("activations") or 0) for r in ranks if r.get("state_total") is not None]
+    return max(totals) if totals else None
 
 
 def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen: bool = False) -> None:

@@ -1,9 +1,9 @@
 """`train.compile` on every axis: compiled blocks under tensor parallelism (the lab's, with sequence parallelism),
-pipeline stages (every schedule of the lab's; torch's 1F1B and zero bubble), context parallelism's ring, zigzag and Ulysses attention, a
-mixture under expert parallelism, and activation checkpointing compiled with each, train to the weights of one
-process (eager) on the full batch, to float32 rounding (check/parity.py's ATOL and RTOL); and compiled graphs ran in
-every step. Where Dynamo meets a collective of the lab's
-(a custom autograd function calling torch.distributed) or the ring's exchange, it breaks the graph there: the
+pipeline stages (every schedule of the lab's; torch's 1F1B and zero bubble), context parallelism's ring, zigzag and
+Ulysses attention, a mixture under expert parallelism, and activation checkpointing compiled with each, train to the
+weights of one process (eager) on the full batch, to float32 rounding (check/parity.py's ATOL and RTOL); and
+compiled graphs ran in every step. Where Dynamo meets a collective of the lab's (a custom autograd function calling
+torch.distributed) or the ring's exchange, it breaks the graph there: the
 collectives run eager between compiled pieces (each marked `torch.compiler.disable`: a clean break, no warning), as
 the counted graph calls show.
 

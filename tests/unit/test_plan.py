@@ -135,6 +135,22 @@ def test_model_state_by_zero_stage():
     assert state("fsdp_torch") == pytest.approx(16 / 4 * stage)
 
 
+def test_model_state_and_activations_in_fp32_on_this_machine():
+    """The lab trains in fp32 here, its weights their own master: 4 + 4 + 8 bytes a parameter (AdamW's two moments),
+    ZeRO-1 sharding the 8, ZeRO-2 the gradients' 4 too (as the census counts them); activations at 4 bytes, twice
+    the bf16 figure."""
+    stage = 4 * SHAPE.block_params + 2 * 1000 * 64
+    host = this_machine(4, CALIBRATED)
+
+    def memory(strategy):
+        return price(SHAPE, host, Layout(dp=4, strategy=strategy), 8).memory
+
+    assert memory("torch_ddp")["state"] == pytest.approx(16 * stage)
+    assert memory("zero1_torch")["state"] == pytest.approx((8 + 8 / 4) * stage)
+    assert memory("zero2")["state"] == pytest.approx((4 + 12 / 4) * stage)
+    assert memory("torch_ddp")["activations"] == 2 * price(SHAPE, SYSTEM, Layout(dp=4), 8).memory["activations"]
+
+
 def test_zero_redundancy_optimizers_broadcast_by_hand():
     """torch's ZeroRedundancyOptimizer all-reduces the gradients as DDP does, then each owner broadcasts its updated
     parameters (docs/measured/plan.md's rows: 1.15x to 1.34x zero2's step without a pipeline, which pricing it as
@@ -380,9 +396,12 @@ def test_the_measured_rows_keep_the_order_the_docs_report():
 
 def test_each_range_is_what_the_checks_measured():
     """ranges.py's figures, recomputed: this machine's step from the 166 measured rows (10th to 90th percentile of
-    measured over predicted), a GPU system's step and memory from the published torchtitan rows (least to most)."""
+    measured over predicted) and its memory from the unseen check's census, a GPU system's step and memory from the
+    published torchtitan rows (least to most)."""
     import statistics
 
+    from ddp_lab.analysis.plan.against_runs import score
+    from ddp_lab.analysis.plan.cli import load_shape
     from ddp_lab.analysis.plan.ranges import MEMORY, STEP
     from ddp_lab.analysis.predict.published import load, multi_axis_rows
 
@@ -390,6 +409,14 @@ def test_each_range_is_what_the_checks_measured():
     deciles = statistics.quantiles(ratios, n=10)
     assert len(ratios) == 166
     assert (STEP["this-machine"].low, STEP["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]), abs=0.01)
+    unseen = [r for r in json.loads((ROOT / "docs" / "measured" / "plan_unseen_2026-11-29.json").read_text())
+              if r["status"] == "ok"]
+    memory = [r["measured_bytes"] / r["predicted_bytes"] for s in score(replace(load_shape("tiny"), context=128),
+                                                                       this_machine, 8, unseen) for r in s.rows]
+    deciles = statistics.quantiles(memory, n=10)
+    assert len(memory) == 28
+    assert (MEMORY["this-machine"].low, MEMORY["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]),
+                                                                                      abs=0.01)
     rows = multi_axis_rows(load("torchtitan_multi_axis"))
     steps = [1 + r["error"] for r in rows]  # tokens/s predicted over published: the step measured over predicted
     memory = [r["memory_gib"] / r["ours_memory_gib"] for r in rows]
@@ -407,7 +434,7 @@ def test_the_pick_comes_with_its_range_and_says_a_tie(capsys):
     step = float(re.search(r"the top pick: step ([\d,.]+) ms", out).group(1).replace(",", ""))
     low, high = (float(x.replace(",", "")) for x in re.search(r"ms, ([\d,.]+) to ([\d,.]+) \(8 in 10", out).groups())
     assert (low, high) == pytest.approx((step * STEP["this-machine"].low, step * STEP["this-machine"].high), rel=1e-3)
-    assert "no check of it on this machine yet" in out
+    assert "8 in 10 of 28 layouts' census here" in out
     host = this_machine(4)
     assert a_tie(host, 100.0, 100.0 * STEP["this-machine"].high) and not a_tie(host, 100.0, 200.0)
 

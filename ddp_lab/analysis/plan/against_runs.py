@@ -51,7 +51,7 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
         for r in (r for r in measured if r["gpus"] == gpus):
             p = price(shape, system, layout_of(r), sequences)
             rows.append({**r, "predicted_ms": p.step_ms, "error": p.step_ms / r["measured_ms"] - 1,
-                         "terms": p.terms, "describe": p.layout.describe()})
+                         "terms": p.terms, "describe": p.layout.describe(), "predicted_bytes": p.memory["total"]})
             order.append(simplest_first(p))
         if not rows:
             continue
@@ -75,13 +75,26 @@ def markdown(scored: list[Scored]) -> list[str]:
                      f"ms | {s.best['describe']}: {s.best['measured_ms']:.0f} ms | {s.pick_over_best:.2f}x | "
                      f"{inside} ({s.best['measured_ms']:.0f} in {low:.0f} to {high:.0f}) | "
                      f"{s.median_abs_error:.0%} | {s.worst['error']:+.0%} ({s.worst['describe']}) |")
+    with_memory = [r for s in scored for r in s.rows if r.get("measured_bytes")]
+    if with_memory:
+        ratios = sorted(r["measured_bytes"] / r["predicted_bytes"] for r in with_memory)
+        near = sum(1 for x in ratios if abs(x - 1) <= 0.1)
+        lines += ["", f"Memory per rank, the census's most (state and activations' peak) over the planner's: "
+                  f"{near} of {len(ratios)} within 10%, median {statistics.median(ratios):.2f}, from "
+                  f"{ratios[0]:.2f} to {ratios[-1]:.2f}."]
     for s in scored:
         lines += ["", f"{s.gpus} ranks, fastest measured first (ms per step; terms predicted):", "",
                   "| layout | measured | predicted | error | compute | recompute | micro | bubble | p2p | tp | cp | dp "
-                  "| optimizer |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| optimizer | MiB, census / planner |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(s.rows, key=lambda r: r["measured_ms"]):
             t = r["terms"]
             lines.append(f"| {r['describe']} | {r['measured_ms']:.0f} | {r['predicted_ms']:.0f} | {r['error']:+.0%} | "
                          + " | ".join(f"{t[k]:.0f}" for k in ("compute", "recompute", "micro", "bubble", "p2p", "tp",
-                                                                "cp", "dp", "optimizer")) + " |")
+                                                                "cp", "dp", "optimizer")) + f" | {_memory(r)} |")
     return lines
+
+
+def _memory(row: dict) -> str:
+    if not row.get("measured_bytes"):
+        return "-"
+    return f"{row['measured_bytes'] / 2**20:.1f} / {row['predicted_bytes'] / 2**20:.1f}"

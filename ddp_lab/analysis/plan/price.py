@@ -253,7 +253,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     terms = {"compute": compute, "recompute": recompute, "micro": micro_cost, "bubble": bubble, "p2p": p2p, "tp": tp,
              "cp": cp, "dp": dp, "optimizer": optimizer}
     step = sum(terms.values())
-    memory = memory_bytes(shape, lay, micro, stage_params, shards)
+    memory = memory_bytes(shape, lay, micro, stage_params, shards, wire)
     memory["capacity"] = capacity
     per_gpu = sequences * shape.context / (step / 1e3) / lay.gpus
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
@@ -338,21 +338,25 @@ def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float,
     return lay.microbatches * per_micro
 
 
-def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int) -> dict:
+def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int,
+                 element: int = BF16) -> dict:
     """The first stage's memory (module docstring): model state, activations in flight, the last stage's logits
-    (counted on every stage: a bound)."""
+    (counted on every stage: a bound). `element`: the bytes of a weight, a gradient and an activation: bf16 on a GPU
+    (with an fp32 master copy in the optimizer's state), fp32 on this machine (the weights are the master: the
+    optimizer keeps AdamW's two moments only, as the lab's census counts them)."""
     stage = STRATEGIES[lay.strategy]
+    optimizer_bytes = STATE_BYTES["optimizer"] - (FP32 if element == FP32 else 0)  # no master copy in fp32
     whole_across_microbatches = stage >= 3 and lay.pp > 1  # FSDP under a pipeline: gathered once, reduced once
-    weights = STATE_BYTES["weights"] * stage_params / (shards if stage >= 3 and not whole_across_microbatches else 1)
-    grads = STATE_BYTES["grads"] * stage_params / (shards if stage >= 2 and not whole_across_microbatches else 1)
+    weights = element * stage_params / (shards if stage >= 3 and not whole_across_microbatches else 1)
+    grads = element * stage_params / (shards if stage >= 2 and not whole_across_microbatches else 1)
     if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
         weights += FP32 * stage_params / shards
-    optimizer = STATE_BYTES["optimizer"] * stage_params / (shards if stage >= 1 else 1)
+    optimizer = optimizer_bytes * stage_params / (shards if stage >= 1 else 1)
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
-    whole_block = shape.saved_bytes_per_token * s * micro / lay.tp
+    whole_block = shape.saved_bytes_per_token * s * micro / lay.tp * element / BF16
     if lay.checkpointing == "full":
-        per_micro = blocks * 2 * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
+        per_micro = blocks * element * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block
     else:
         per_micro = blocks * whole_block

@@ -10,9 +10,11 @@ that kind (tokens per second per GPU with the same range inverted):
   MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
 
-This machine's memory has no check yet (the census's measured peak against the planner's figure): printed without a
-range, saying so. tests/unit/test_plan.py recomputes every range from those rows: a change to the pricing that moves
-one fails there until the figures here are made again.
+- this machine's memory: the census's most a rank held (its model state and activations' peak) over the planner's
+  figure, on the 28 layouts of the unseen check (docs/measured/plan.md, 2026-11-29), 10th to 90th percentile.
+
+tests/unit/test_plan.py recomputes every range from those rows: a change to the pricing that moves one fails there
+until the figures here are made again.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ STEP = {
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
 
-MEMORY = {"gpu": Range(1.27, 1.94, "11 published torchtitan runs")}
+MEMORY = {"this-machine": Range(0.64, 1.10, "8 in 10 of 28 layouts' census here"),
+          "gpu": Range(1.27, 1.94, "11 published torchtitan runs")}
 """Measured memory per GPU over predicted, where a check exists."""
 
 
@@ -68,6 +71,6 @@ def said(system: System, step_ms: float, tokens_per_s: float, memory_gb: float) 
             f"{tokens_per_s / step.high:,.0f} to {tokens_per_s / step.low:,.0f}; ")
     memory = memory_range(system)
     if memory is None:
-        return text + f"memory {memory_gb:.1f} GB per GPU (no check of it on this machine yet)"
+        return text + f"memory {memory_gb:.1f} GB per GPU (no check of it yet)"
     mlo, mhi = memory.of(memory_gb)
     return text + f"memory {memory_gb:.1f} GB per GPU, {mlo:.1f} to {mhi:.1f} ({memory.source})"
