@@ -71,14 +71,18 @@ def test_recompute_by_hand():
 
 
 def test_buckets_overlapping_backward_by_hand():
-    """Gradients produced as (bytes, ms): 30 bytes over 3 ms, 20 over 2, then 50 at once (an embedding: no FLOPs);
-    buckets of 10 first, then 40; a bucket's collective takes bytes / 10 ms. At 3 ms the first 10 go (done at 4); at
-    5 ms 40 are ready (sent at 5, done at 9); the embedding's fills another 40 (sent at 9, done at 13) and leaves 10
-    (done at 14): 9 ms after backward ends. With nothing under backward (this machine's full cores) every bucket
-    runs after it: 1 + 4 + 4 + 1 = 10 ms."""
+    """Gradients produced as (bytes, ms), evenly over each: 30 bytes over 3 ms, 20 over 2, then 50 at once (an
+    embedding: no FLOPs); buckets of 10 first, then 40; a bucket's collective takes bytes / 10 ms. At 1 ms the first
+    10 go (done at 2); at 5 ms 40 more are ready (sent at 5, done at 9); the embedding's fills another 40 (sent at 9,
+    done at 13) and leaves 10 (done at 14): 9 ms after backward ends. With nothing under backward (this machine's
+    full cores) every bucket runs after it: 1 + 4 + 4 + 1 = 10 ms. And a stream of 400 bytes over 10 ms into buckets
+    of 40, one full every ms: taking 0.5 ms each they keep up, the last (full at 10) done at 10.5; taking 8 ms each,
+    the queue falls behind from the first (full at 1): 1 + 10 x 8 = 81, 71 after backward."""
     segments = [(30, 3.0), (20, 2.0), (50, 0.0)]
     assert bucketed_exposed_ms(segments, lambda n: n / 10, first=10, cap=40) == pytest.approx(9.0)
     assert bucketed_exposed_ms(segments, lambda n: n / 10, first=10, cap=40, hide=0.0) == pytest.approx(10.0)
+    assert bucketed_exposed_ms([(400, 10.0)], lambda n: n / 80, first=40, cap=40) == pytest.approx(0.5)
+    assert bucketed_exposed_ms([(400, 10.0)], lambda n: n / 5, first=40, cap=40) == pytest.approx(71.0)
 
 
 def test_ddps_all_reduce_is_what_its_buckets_leave_exposed():

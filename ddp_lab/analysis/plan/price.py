@@ -296,18 +296,32 @@ def gradient_segments(shape: Shape, lay: Layout, blocks: int, backward_ms: float
 
 def bucketed_exposed_ms(segments: list[tuple], collective, first: float = BUCKET_BYTES,
                         cap: float = BUCKET_BYTES, hide: float = 1.0) -> float:
-    """What a bucketed all-reduce leaves after backward ends, ms: `segments` (bytes, ms) as backward produces them,
-    bucketed in order (`first` bytes, then `cap` each; bytes taken as divisible, as buckets of at most the cap
-    are), each bucket's `collective(bytes)` started once backward has filled it and the one before is done.
-    `hide` 0: nothing runs under backward (this machine's full cores), every bucket's collective after it."""
+    """What a bucketed all-reduce leaves after backward ends, ms. `segments`: (bytes, ms) as backward produces them,
+    each segment's bytes arriving evenly over its ms (at its end where ms is 0); bucketed in order, `first` bytes,
+    then `cap` each (bytes taken as divisible, as buckets of at most the cap are); each bucket's `collective(bytes)`
+    runs once it is full and the one before is done (first in, first out). `hide` 0: nothing runs under backward
+    (this machine's full cores): every bucket's collective after it. In closed form per segment: of n equal buckets
+    closing evenly a gap apart, the last finishes at the latest of the queue's end plus n collectives, the first's
+    close plus n, and the last's close plus one (a queue's finish is the latest of each arrival plus the service of
+    those after it)."""
     now = free = pending = 0.0
     limit = first
     for nbytes, ms in segments:
-        now += ms
-        pending += nbytes
-        while pending >= limit:
-            free = max(free, now * hide) + collective(limit)
-            pending, limit = pending - limit, cap
+        rate = nbytes / ms if ms > 0 else math.inf
+        start, left = now, nbytes
+        if pending + left >= limit:  # the open bucket closes in this segment
+            needed = limit - pending
+            close = start + (needed / rate if ms > 0 else 0.0)
+            free = max(free, close * hide) + collective(limit)
+            left, pending, limit = left - needed, 0.0, cap
+            n = int(left // cap)
+            if n:
+                gap = cap / rate if ms > 0 else 0.0
+                one = collective(cap)
+                free = max(free + n * one, (close + gap) * hide + n * one, (close + n * gap) * hide + one)
+                left -= n * cap
+        pending += left
+        now = start + ms
     if pending > 0:
         free = max(free, now * hide) + collective(pending)
     return max(0.0, free - now * hide)
