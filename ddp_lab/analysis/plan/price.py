@@ -50,13 +50,14 @@ yields (DDP's all-reduce measured 550 of 555 ms exposed at dp 4, docs/measured/p
 then every collective whole.
 
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
-AdamW's two moments), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al., SC'20); activations
-34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept:
-a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them), 2 x s x b x h / tp under full
-recomputation plus one block's whole set while it recomputes; 1F1B and
-ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all
-m; the last stage's fp32 logits and their gradient. A layout fits when its total is within the device's memory less
-10% (the allocator's fragments, NCCL's buffers, the CUDA context).
+AdamW's two moments; on this machine fp32 weights that are their own master, fp32 gradients and the two moments,
+4 + 4 + 8, as the lab's census counts them), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al.,
+SC'20); activations 34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with
+attention's scores not kept: a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them;
+twice that in fp32 here), 2 x s x b x h / tp under full recomputation plus one block's whole set while it
+recomputes; 1F1B and ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and
+(p - 1) / v more, GPipe all m; the last stage's fp32 logits and their gradient. A layout fits when its total is
+within the device's memory less 10% (the allocator's fragments, NCCL's buffers, the CUDA context).
 """
 
 from __future__ import annotations
