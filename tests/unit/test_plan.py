@@ -83,6 +83,12 @@ def test_buckets_overlapping_backward_by_hand():
     assert bucketed_exposed_ms(segments, lambda n: n / 10, first=10, cap=40, hide=0.0) == pytest.approx(10.0)
     assert bucketed_exposed_ms([(400, 10.0)], lambda n: n / 80, first=40, cap=40) == pytest.approx(0.5)
     assert bucketed_exposed_ms([(400, 10.0)], lambda n: n / 5, first=40, cap=40) == pytest.approx(71.0)
+    # one stream of equal buckets is the bucket-size model's queue (analysis/cost_model.py), in its units
+    from ddp_lab.analysis.cost_model import pipeline_exposed
+
+    for per_byte in (1 / 80, 1 / 5):
+        assert bucketed_exposed_ms([(400, 10.0)], lambda n, b=per_byte: 0.3 + n * b, first=40, cap=40) == \
+            pytest.approx(pipeline_exposed(10, 400, 0.3, 1 / per_byte, 10.0))
 
 
 def test_ddps_all_reduce_is_what_its_buckets_leave_exposed():

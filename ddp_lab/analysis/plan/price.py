@@ -304,7 +304,7 @@ def bucketed_exposed_ms(segments: list[tuple], collective, first: float = BUCKET
     (this machine's full cores): every bucket's collective after it. In closed form per segment: of n equal buckets
     closing evenly a gap apart, the last finishes at the latest of the queue's end plus n collectives, the first's
     close plus n, and the last's close plus one (a queue's finish is the latest of each arrival plus the service of
-    those after it)."""
+    those after it): for one even stream, the bucket-size model's `pipeline_exposed` (analysis/cost_model.py)."""
     now = free = pending = 0.0
     limit = first
     for nbytes, ms in segments:
