@@ -41,6 +41,7 @@ from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
 from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_machine  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
+from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
 
 MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
 SIZE_MB, LATENCY_MB = 16, 1 / 1024
@@ -137,12 +138,17 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
+def setting(unseen: bool = False) -> tuple:
+    """(shape, sequences a step) of a check: tiny as configured, or `--unseen`'s context and batch."""
+    if unseen:
+        return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
+    return load_shape(MODEL), SEQUENCES
+
+
 def unseen_layouts(gpus: int) -> list:
     """`--unseen`'s layouts at `gpus` ranks (module docstring), the planner's order."""
-    from dataclasses import replace
-
-    shape, system = load_shape(MODEL), this_machine(gpus)
-    ranked = plan(replace(shape, context=UNSEEN["context"]), system, gpus, UNSEEN["sequences"], lab=True).ranked
+    shape, sequences = setting(unseen=True)
+    ranked = plan(shape, this_machine(gpus), gpus, sequences, lab=True).ranked
     rest = ranked[UNSEEN_TOP:]
     step = max(1, len(rest) // UNSEEN_SPREAD)
     return [p.layout for p in ranked[:UNSEEN_TOP] + rest[step - 1::step][:UNSEEN_SPREAD]]
@@ -201,11 +207,7 @@ def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen:
     else:
         rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
-    shape, sequences = load_shape(MODEL), SEQUENCES
-    if unseen:
-        from dataclasses import replace
-
-        shape, sequences = replace(shape, context=UNSEEN["context"]), UNSEEN["sequences"]
+    shape, sequences = setting(unseen)
     scored = score(shape, this_machine, sequences, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)
     if failed:

@@ -160,7 +160,7 @@ def as_json(p: Priced, system: System) -> dict:
             "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
             "tokens_per_s_per_gpu_range": (p.tokens_per_s_per_gpu / step.high, p.tokens_per_s_per_gpu / step.low),
             "range_from": step.source, "mfu": p.mfu, "memory_bytes": p.memory,
-            "memory_range_bytes": memory.of(p.memory["total"]) if memory else None, "fits": p.fits,
+            "memory_range_bytes": memory.of(p.memory["total"]), "fits": p.fits,
             "binding": p.binding}
 
 

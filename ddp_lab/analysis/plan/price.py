@@ -75,7 +75,7 @@ from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
 from ddp_lab.units import MiB
 
 BF16, FP32 = 2, 4
-STATE_BYTES = {"weights": 2, "grads": 2, "optimizer": 12}  # per parameter: ZeRO's 2 + 2 + 12 (fp32 master, m, v)
+MOMENTS_BYTES = 8  # per parameter: AdamW's m and v in fp32 (ZeRO's 12 of optimizer state with a bf16 run's fp32 master)
 OPTIMIZER_BYTES = 28  # per updated parameter (read master, m, v, gradient; write master, m, v, weight)
 HEADROOM = 0.9  # of the device's memory a layout may use
 P2P_LATENCY_S = 10e-6
@@ -360,7 +360,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     (with an fp32 master copy in the optimizer's state), fp32 on this machine (the weights are the master: the
     optimizer keeps AdamW's two moments only, as the lab's census counts them)."""
     stage = STRATEGIES[lay.strategy]
-    optimizer_bytes = STATE_BYTES["optimizer"] - (FP32 if element == FP32 else 0)  # no master copy in fp32
+    optimizer_bytes = MOMENTS_BYTES + (FP32 if element < FP32 else 0)  # and an fp32 master below fp32
     whole_across_microbatches = stage >= 3 and lay.pp > 1  # FSDP under a pipeline: gathered once, reduced once
     weights = element * stage_params / (shards if stage >= 3 and not whole_across_microbatches else 1)
     grads = element * stage_params / (shards if stage >= 2 and not whole_across_microbatches else 1)

@@ -43,7 +43,7 @@ STEP = {
 
 MEMORY = {"this-machine": Range(0.64, 1.10, "8 in 10 of 28 layouts' census here"),
           "gpu": Range(1.27, 1.94, "11 published torchtitan runs")}
-"""Measured memory per GPU over predicted, where a check exists."""
+"""Measured memory per GPU over predicted, by the kind of system."""
 
 
 def kind_of(system: System) -> str:
@@ -54,8 +54,8 @@ def step_range(system: System) -> Range:
     return STEP[kind_of(system)]
 
 
-def memory_range(system: System) -> Range | None:
-    return MEMORY.get(kind_of(system))
+def memory_range(system: System) -> Range:
+    return MEMORY[kind_of(system)]
 
 
 def a_tie(system: System, pick_ms: float, runner_up_ms: float) -> bool:
@@ -70,7 +70,5 @@ def said(system: System, step_ms: float, tokens_per_s: float, memory_gb: float) 
     text = (f"step {step_ms:,.1f} ms, {lo:,.1f} to {hi:,.1f} ({step.source}); tokens/s/GPU {tokens_per_s:,.0f}, "
             f"{tokens_per_s / step.high:,.0f} to {tokens_per_s / step.low:,.0f}; ")
     memory = memory_range(system)
-    if memory is None:
-        return text + f"memory {memory_gb:.1f} GB per GPU (no check of it yet)"
     mlo, mhi = memory.of(memory_gb)
     return text + f"memory {memory_gb:.1f} GB per GPU, {mlo:.1f} to {mhi:.1f} ({memory.source})"
