@@ -6,15 +6,15 @@ Each of the rank's chunks is a PipelineStage (its submodule a view of the rank's
 ScheduleInterleavedZeroBubble). The loss is the lab's, divided by the micro-batch count once, so the schedule's
 own scaling is off (`scale_grads=False`: with it, gradients would be divided by m twice). torch's stage knows
 torch's DDP and FSDP2 but not the lab's strategies, so the whole schedule runs inside the strategy's `no_sync()`
-and `finish_gradient_synchronization()` follows it: each strategy reduces the micro-batches' sum once, after the
-schedule (the lab's schedules reduce during the last backward where a strategy can). FSDP2's strategies (fsdp_torch,
-replicate_torch) reduce only in backward (`reduces_after_no_sync` False): they synchronize every micro-batch's.
+after its `before_pipeline_step()`, and `finish_gradient_synchronization()` follows it: each strategy reduces the
+micro-batches' sum once, after the schedule (the lab's schedules reduce during the last backward where a strategy
+can). FSDP2's strategies (fsdp_torch, replicate_torch) turn gradient sync off for the whole step there and reduce
+in `finish_gradient_synchronization()`, as torch's stage does for an FSDP2 module (`perform_reduce_grad`).
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -115,7 +115,8 @@ class TorchPipeline:
         targets = torch.cat([y for _, y in micro_batches])
         losses: list = []
         self.timeline, self.begin = [], time.perf_counter()
-        with model.no_sync() if model.reduces_after_no_sync else nullcontext(), loss.context(), precision.autocast():
+        model.before_pipeline_step()
+        with model.no_sync(), loss.context(), precision.autocast():
             self.runner.step(*([inputs] if self.first else []), target=targets if self.last else None,
                              losses=losses if self.last else None)
         self.figures = {"busy_s": sum(end - start for *_, start, end in self.timeline),

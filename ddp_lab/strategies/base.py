@@ -24,8 +24,8 @@ each with its default here, so nothing is probed with getattr:
 - `no_sync()` is a context in which backward must not communicate (gradient accumulation), as in
   torch's DistributedDataParallel; `reduces_after_no_sync`: whether `finish_gradient_synchronization()` reduces
   gradients every backward of the step accumulated inside it (True for all but FSDP2's, which reduce only in a
-  backward outside it: a torch pipeline schedule, which runs whole inside `no_sync()`, leaves those synchronizing
-  every micro-batch instead);
+  backward outside it; under a pipeline they turn sync off for the whole step in `before_pipeline_step()` and
+  reduce in `finish_gradient_synchronization()` instead, and a weight tied across stages is summed after that);
 - `comm` is a `CommStats`: the trainer pops one step's figures from it;
 - `facts()`: what to record once per run (a bucket plan), `{}` when nothing;
 - `compile_model(backend)`: `train.compile`, in place (each unit's forward by default, `compile_units`; torch's
@@ -129,10 +129,11 @@ class DataParallelBase(nn.Module):
         return self.module(*args, **kwargs)
 
     def before_pipeline_step(self) -> None:
-        """Called by a pipeline schedule run by hand (pipeline_parallel/lab.py) as each step begins; its forwards and
-        backwards but the last run under `no_sync()`. A strategy that gathers its parameters may gather them now,
+        """Called by a pipeline schedule (pipeline_parallel/lab.py, torch_schedule.py) as each step begins, before
+        its forwards and backwards under `no_sync()`. A strategy that gathers its parameters may gather them now,
         under the schedule's first waits, and keep them until the step's last backward, as torchtitan runs FSDP
-        under a pipeline (fsdp_torch). Nothing by default."""
+        under a pipeline (fsdp_torch); one that reduces in backward hooks may turn them off for the step and reduce
+        in `finish_gradient_synchronization()` (fsdp_torch, replicate_torch). Nothing by default."""
 
     @contextmanager
     def no_sync(self):

@@ -35,6 +35,8 @@ waits; on CUDA they order streams, as fsdp's waits do, and are not host waits.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -131,7 +133,7 @@ def counted_collectives():
 class TorchFSDP(DataParallelBase):
     """torch's FSDP2 behind the strategy contract (module docstring)."""
 
-    reduces_after_no_sync = False  # FSDP2 reduce-scatters in backward hooks, never after
+    reduces_after_no_sync = False  # FSDP2's: in backward hooks, or under a pipeline after it (base.py)
 
     collectives: str | None = None
     """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
@@ -186,26 +188,32 @@ class TorchFSDP(DataParallelBase):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    keep_gathered = False
-    """Under a pipeline run by hand: each unit gathered once a step, kept through every micro-batch's forward and
-    backward under `no_sync()`, resharded after the step's last backward (`before_pipeline_step`)."""
+    pipelined = False
+    """Under a pipeline run by hand (`before_pipeline_step`): each unit gathered once a step and kept through every
+    micro-batch's forward and backward, every backward accumulating the unsharded gradients, and one reduce-scatter
+    and reshard a unit after the schedule (`finish_gradient_synchronization`), as torch's PipelineStage runs FSDP2."""
 
     def before_pipeline_step(self) -> None:
         """Every unit's gather issued at once as the step begins (FSDP2's `unshard(async_op=True)`, which each
-        unit's forward waits for), so a later stage's gathers run while it waits for its first activation; kept
-        until the step's last backward. The first step gathers as its forwards come (FSDP2 sets itself up there)."""
-        if self.keep_gathered:
+        unit's forward waits for), so a later stage's gathers run while it waits for its first activation; the
+        first step gathers as its forwards come (FSDP2 sets itself up there). Gradient sync is off for every
+        backward of the step, the last included: reducing inside the last backward would hold the input's gradient
+        the previous stage waits for behind this stage's reduce-scatters (blocking on CPU)."""
+        if self.pipelined:
             for unit in [*self._units, self.module]:
                 unit.unshard(async_op=True)
-            return
-        self.keep_gathered = True
-        self.module.set_reshard_after_forward(False)
+        else:
+            self.pipelined = True
+            self.module.set_reshard_after_forward(False)
+        sync_off_for_the_step(self.module)
 
     def no_sync(self):
-        return GradientSyncOff(self.module, keep_gathered=self.keep_gathered)
+        return nullcontext() if self.pipelined else GradientSyncOff(self.module)
 
     def finish_gradient_synchronization(self) -> None:
         with self.comm.exposed():
+            if self.pipelined:
+                reduce_after_backward(self.module)
             close_stamps(self._stamps, self.comm)
 
     def compile_model(self, backend: str) -> None:
@@ -238,20 +246,37 @@ def full_dtensor_state(module: nn.Module) -> dict:
             for k, v in module.state_dict().items()}
 
 
+def sync_off_for_the_step(module) -> None:
+    """FSDP2 (fully_shard or replicate()) told that every backward until `reduce_after_backward` accumulates: no
+    reduction, no reshard, no end-of-backward wait, as torch's PipelineStage sets it for each backward."""
+    module.set_is_last_backward(False)
+    module.set_reshard_after_backward(False)
+    module.set_requires_gradient_sync(False)
+
+
+def reduce_after_backward(module) -> None:
+    """FSDP2's post-backward, run by hand after backwards that all ran with gradient sync off (the unsharded
+    gradients accumulated): each parameter group's reduce-scatter and reshard, then the root's end-of-backward
+    callback, as torch's pipelining does it (`_PipelineStageBase.perform_reduce_grad`)."""
+    module.set_is_last_backward(True)
+    module.set_reshard_after_backward(True)
+    module.set_requires_gradient_sync(True)
+    state = module._get_fsdp_state()
+    for unit_state in state._state_ctx.all_states:
+        for group in unit_state._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
+
+
 class GradientSyncOff:
     """FSDP2's way to skip gradient reduction for accumulation (fully_shard's and replicate()'s no_sync),
-    restored on exit; `keep_gathered`: nor reshard after backward (FSDP2's `set_reshard_after_backward`, for
-    accumulation without gathering again), so the gathered parameters last until a backward outside it."""
+    restored on exit."""
 
-    def __init__(self, module, keep_gathered: bool = False):
-        self.module, self.keep_gathered = module, keep_gathered
+    def __init__(self, module):
+        self.module = module
 
     def __enter__(self):
         self.module.set_requires_gradient_sync(False)
-        if self.keep_gathered:
-            self.module.set_reshard_after_backward(False)
 
     def __exit__(self, *exc):
         self.module.set_requires_gradient_sync(True)
-        if self.keep_gathered:
-            self.module.set_reshard_after_backward(True)

@@ -174,7 +174,6 @@ CASES = {  # overrides -> a phrase the message must contain (it says what to cha
     "parallel.pp=2 parallel.pp_impl=torch parallel.microbatches=1": "torch's Schedule1F1B needs "
                                                                     "parallel.microbatches >= its 2 stages",
     "parallel.pp=2 world_size=4 strategy=fsdp": "strategy=fsdp does not run under a pipeline",
-    "parallel.pp=2 world_size=4 strategy=fsdp_torch parallel.pp_schedule=zero_bubble": "zero_bubble",
     "parallel.pp=2 task=allreduce": "task=allreduce has no model",
     # context parallelism (spec/context.py)
     "parallel.cp=3": "parallel.cp=3 does not divide world_size=2",

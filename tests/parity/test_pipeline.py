@@ -80,9 +80,10 @@ def _pp4_cases() -> dict:
         cases[f"dp2 {strategy}"] = ("transformer", strategy, _pp(2, "1f1b", "lab", 4))
     for strategy in ("bucketed", "zero2", "torch_ddp", "fsdp_torch"):
         cases[f"dp2 {strategy} torch"] = ("transformer", strategy, _pp(2, "1f1b", "torch", 4))
-    for strategy in ("overlap", "zero2", "zero1_torch"):
+    for strategy in ("overlap", "zero2", "zero1_torch", "fsdp_torch", "replicate_torch"):
         cases[f"dp2 {strategy} zero bubble"] = ("transformer", strategy, _pp(2, "zero_bubble", "lab", 4))
     cases["dp2 bucketed zero bubble torch"] = ("transformer", "bucketed", _pp(2, "zero_bubble", "torch", 4))
+    cases["dp2 fsdp_torch zero bubble torch"] = ("transformer", "fsdp_torch", _pp(2, "zero_bubble", "torch", 4))
     for strategy, impl in (("zero2", "lab"), ("fsdp_torch", "lab"), ("bucketed", "torch")):
         cases[f"dp2 {strategy} interleaved {impl}"] = ("deep_transformer", strategy, _pp(2, "interleaved_1f1b",
                                                                                          impl, 2, v=2))

@@ -34,8 +34,8 @@ class FSDPSpec(StrategySpec):
                       "their own on their edp group (as torchtitan gives FSDP2 the experts' own mesh)")
     pipeline_refusal = ("its units free their gathered parameters after each forward and expect that unit's "
                         "backward next, where a pipeline runs several micro-batches' forwards first (measured: the "
-                        "second backward finds the storage freed); fsdp_torch shards under every schedule but "
-                        "zero_bubble")
+                        "second backward finds the storage freed); fsdp_torch shards under every schedule, gathered "
+                        "once a step")
     torch_reference = "fsdp_torch"
     zero_stage = 3
     whole_parameter_optimizer = False  # its optimizer updates flat slices: no Muon

@@ -9,11 +9,6 @@ from ddp_lab.spec.choices import Dtype
 from ddp_lab.spec.strategies.fsdp_units import plan_units
 from ddp_lab.spec.strategy import StrategySpec, knob_at_least, mesh_keys, require
 
-SPLIT_BACKWARD = ("FSDP2 reduces in its post-backward hooks, and parallel.pp_schedule=zero_bubble splits each "
-                  "backward into its input and weight halves, run apart (measured: both pipelines, the lab's and "
-                  "torch's, hang or fail at the first weight half): use another schedule or strategy")
-"""Why FSDP2's strategies (fsdp_torch, replicate_torch) refuse the zero-bubble schedule."""
-
 
 @dataclass
 class TorchFSDPSpec(StrategySpec):
@@ -48,7 +43,6 @@ class TorchFSDPSpec(StrategySpec):
         require(tp * pp * cp == 1 or self.shard_size is None, f"{mesh_keys(tp, pp, cp)}: strategy.shard_size "
                 "(FSDP2's hybrid sharding) lays its own 2-D mesh over every rank: on a mesh fsdp_torch shards over "
                 "the data-parallel axis")
-        require(pp == 1 or pp_schedule != "zero_bubble", f"strategy={self.name}: {SPLIT_BACKWARD}")
 
     def shard_ranks(self, world_size: int, ranks_per_node: int) -> int:
         return self.shard_size or world_size

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddp_lab.spec.strategies.fsdp_torch import SPLIT_BACKWARD
-from ddp_lab.spec.strategy import StrategySpec, require
+from ddp_lab.spec.strategy import StrategySpec
 
 
 @dataclass
@@ -21,7 +20,3 @@ class TorchReplicateSpec(StrategySpec):
     mesh_refusal = None
     expert_refusal = ("replicate() reduces every parameter over one mesh; the experts would need their own: not "
                       "built yet")
-
-    def check_mesh(self, tp: int, pp: int = 1, pp_schedule: str = "1f1b", cp: int = 1) -> None:
-        super().check_mesh(tp, pp, pp_schedule, cp)
-        require(pp == 1 or pp_schedule != "zero_bubble", f"strategy={self.name}: {SPLIT_BACKWARD}")
