@@ -1,4 +1,4 @@
-"""FSDP2 under the lab's pipeline, gathered once a step against once a micro-batch, beside zero2, timed in one run.
+"""FSDP2 under the lab's pipeline as shipped and as it ran before, beside zero2, timed in one run.
 
     python benchmarks/fsdp_under_pipeline.py                          # tiny, pp 2 x dp 2, 1F1B over 4 micro-batches
     python benchmarks/fsdp_under_pipeline.py --schedule gpipe --rounds 6
@@ -7,10 +7,14 @@ Variants, each on its own pp 2 x dp 2 mesh of the same 4 gloo ranks:
 
 - zero2: the bar the planner prices FSDP against;
 - fsdp_torch (as shipped): each unit gathered in the step's first forward, kept through every micro-batch's forward
-  and backward, resharded after the step's last backward, as torchtitan runs FSDP under a pipeline; from the second
-  step every unit's gather is issued as the step begins (`before_pipeline_step`);
-- fsdp_torch, per micro-batch (before): FSDP2's defaults under `no_sync()`, each micro-batch's forward and backward
-  gathering again.
+  and backward with gradient sync off, reduce-scattered and resharded once after the schedule, as torch's
+  PipelineStage runs an FSDP2 module; from the second step every unit's gather is issued as the step begins
+  (`before_pipeline_step`);
+- fsdp_torch, reduced in the last backward (before 2026-11-29's change): gathered and kept the same way, but the
+  step's last backward ran with sync on, so FSDP2's hooks reduce-scattered inside it, before the input's gradient
+  went back to the previous stage;
+- fsdp_torch, per micro-batch (before that): FSDP2's defaults under `no_sync()`, each micro-batch's forward and
+  backward gathering again.
 
 Built from the same seed and trained in turns (a round runs each variant for `--steps` steps, in a rotated order), so
 machine noise falls on all alike; the first round is warm-up. A step is timed from a barrier to the end of the
@@ -30,7 +34,40 @@ from omegaconf import OmegaConf
 from ddp_lab.check.ranks import run_ranks
 from ddp_lab.config import compose_model
 
-VARIANTS = ("zero2", "fsdp_torch (as shipped)", "fsdp_torch, per micro-batch (before)")
+VARIANTS = ("zero2", "fsdp_torch (as shipped)", "fsdp_torch, reduced in the last backward",
+            "fsdp_torch, per micro-batch")
+
+
+class KeptThroughBackward:
+    """The "reduced in the last backward" variant's `no_sync()`: sync off and no reshard after backward, both
+    restored on exit, so the backward outside it reduce-scatters in FSDP2's hooks."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        self.module.set_requires_gradient_sync(False)
+        self.module.set_reshard_after_backward(False)
+
+    def __exit__(self, *exc):
+        self.module.set_requires_gradient_sync(True)
+        self.module.set_reshard_after_backward(True)
+
+
+def reduced_in_the_last_backward(model) -> None:
+    """`model` (fsdp_torch) as it ran under a pipeline before it reduced after the schedule."""
+    kept = []
+
+    def before_pipeline_step():
+        if kept:
+            for unit in [*model._units, model.module]:
+                unit.unshard(async_op=True)
+            return
+        kept.append(True)
+        model.module.set_reshard_after_forward(False)
+
+    model.before_pipeline_step = before_pipeline_step
+    model.no_sync = lambda: KeptThroughBackward(model.module)
 
 
 def build(variant: str, args, model_cfg, world_size: int):
@@ -55,18 +92,27 @@ def build(variant: str, args, model_cfg, world_size: int):
     model, optimizer, precision = wrap(spec, module, "fp32", "cpu", 1e-3, 0.0, "adamw", parallel.group())
     if "per micro-batch" in variant:
         model.before_pipeline_step = lambda: None  # FSDP2's defaults: gathered per micro-batch
+    if "last backward" in variant:
+        reduced_in_the_last_backward(model)
     data = BatchSource(cfg, *parallel.data_shard, torch.device("cpu"), parallel.splits, parallel.columns())
     return parallel, model, optimizer, precision, data
 
 
+def variants_of(schedule: str) -> tuple:
+    """Under zero bubble only zero2 and fsdp_torch as shipped: FSDP2 reducing inside the split backward's halves
+    hangs (why it was refused before it reduced after the schedule)."""
+    return VARIANTS[:2] if schedule == "zero_bubble" else VARIANTS
+
+
 def rank_main(rank: int, world_size: int, args) -> dict:
     model_cfg = compose_model(args.model)
-    built = {variant: build(variant, args, model_cfg, world_size) for variant in VARIANTS}
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    variants = variants_of(args.schedule)
+    built = {variant: build(variant, args, model_cfg, world_size) for variant in variants}
+    times: dict[str, list[float]] = {v: [] for v in variants}
     comm: dict[str, dict] = {}
     step = 0
     for round_ in range(args.rounds + 1):
-        order = VARIANTS[round_ % len(VARIANTS):] + VARIANTS[:round_ % len(VARIANTS)]
+        order = variants[round_ % len(variants):] + variants[:round_ % len(variants)]
         for variant in order:
             parallel, model, optimizer, precision, data = built[variant]
             for _ in range(args.steps):
@@ -89,7 +135,7 @@ def rank_main(rank: int, world_size: int, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="a conf/model/*.yaml name (a Transformer)")
-    parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "zero_bubble"])
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--rounds", type=int, default=8)

@@ -1,6 +1,7 @@
 """What composes with what: each feature a job can turn on (activation checkpointing, compile, the gradient-error
-probe, checkpoints across meshes) on each axis (tensor parallelism by either impl and with sequence parallelism, each
-pipeline schedule, each context-parallel impl, expert parallelism), and in each cell one of three things:
+probe, precision on the wire, checkpoints across meshes) on each axis (tensor parallelism by either impl and with
+sequence parallelism, each pipeline schedule, each context-parallel impl, expert parallelism), and in each cell one
+of three things:
 
 - proven: the test that trains it against the same job without the feature, or against one process (`PROOFS`);
 - refused: the launcher's own line, from the same functions it calls (spec/parallel.py);
@@ -56,6 +57,7 @@ FEATURES = {
                                 lambda a: checkpointing_problem("selective", a.pp, a.schedule)),
     "compile": ("train.compile=true", lambda a: compile_problem(a.tp, a.tp_impl, a.cp, a.cp_impl)),
     "grad-error probe": ("measure.grad_error=true", lambda a: grad_error_problem(a.pp, a.schedule)),
+    "precision on the wire": ("strategy.comm_dtype=bf16", lambda a: None),
     "checkpoints across meshes": ("checkpoint.every=N, resumed on another mesh", lambda a: None),
 }
 """Each row: the keys that turn it on, and the launcher's refusal on an axis (None where it runs)."""
@@ -65,6 +67,8 @@ _CKPT = ("tests/parity/test_activation_checkpointing_mesh.py::"
 _CP_MESH = "tests/parity/test_context_parallel.py::test_cp_on_a_mesh_trains_like_one_process"
 _COMPILE = "tests/parity/test_compile_mesh.py::test_compiled_on_a_mesh_trains_like_one_process"
 _PROBE = "tests/parity/test_grad_error_mesh.py::test_an_exact_strategy_measures_zero_on_every_layout"
+_WIRE = ("tests/parity/test_comm_dtype_mesh.py::"
+         "test_bf16_on_the_wire_delivers_the_average_to_its_rounding_on_every_mesh")
 _MOVES = "tests/parity/test_checkpoint.py::test_a_run_moves_between_meshes"
 _CHAIN = "tests/parity/test_checkpoint.py::test_a_run_moves_along_every_schedule_and_context_parallel_impl"
 
@@ -104,6 +108,7 @@ PROOFS: dict[tuple[str, str], str] = {
     ("grad-error probe", "hybrid"): f"{_PROBE}[cp 4 hybrid]",
     ("grad-error probe", "cp torch"): f"{_PROBE}[cp 2 torch]",
     ("grad-error probe", "ep"): f"{_PROBE}[ep 2]",
+    **{("precision on the wire", axis.name): f"{_WIRE}[{axis.name}]" for axis in AXES},
     ("checkpoints across meshes", "tp"): f"{_MOVES}[zero2-2x2-lab-bucketed-4x1-lab]",
     ("checkpoints across meshes", "tp torch"): f"{_MOVES}[bucketed-2x1-lab-fsdp_torch-2x2-torch]",
     ("checkpoints across meshes", "sp"): f"{_MOVES}[zero2-2x2-lab-bucketed-4x1-lab]",
