@@ -28,16 +28,9 @@ class Mesh:
         self.device_mesh = None
         self.dp_group = self.tp_group = self.pp_group = self.cp_group = None  # None: the whole world
         if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            self.device_mesh = DeviceMesh(device_type, torch.tensor(layout.grid()),
-                                          mesh_dim_names=("pp", "dp", "cp", "tp"))
+            self.device_mesh, self.dp_group = _groups(layout, device_type)
             self.tp_group, self.pp_group, self.cp_group = (self.device_mesh.get_group(axis)
                                                            for axis in ("tp", "pp", "cp"))
-            if layout.cp == 1:
-                self.dp_group = self.device_mesh.get_group("dp")
-            else:  # collective: every rank builds every dp x cp group, in the same order
-                self.dp_group, _ = dist.new_subgroups_by_enumeration(layout.dp_groups())
 
     @property
     def dp(self) -> int:
@@ -62,3 +55,29 @@ class Mesh:
 
     def describe(self) -> dict:
         return self.layout.describe()
+
+
+_BUILT: dict[tuple, tuple] = {}
+"""(device type, the grid, world size) -> (DeviceMesh, data-parallel group), per process: a job builds one mesh; a
+parity fixture that trains many jobs in one set of ranks builds each layout once (each gloo group keeps its threads
+for the life of the process: 150 meshes built afresh left 2,000 threads a rank)."""
+
+
+def _groups(layout: MeshLayout, device_type: str) -> tuple:
+    """The layout's DeviceMesh and its data-parallel group: the mesh's `dp` axis, or dp x cp flattened (collective:
+    every rank builds every dp x cp group, in the same order)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    grid = torch.tensor(layout.grid())
+    key = (device_type, tuple(grid.shape), tuple(grid.flatten().tolist()), dist.get_world_size())
+    if key not in _BUILT or not _alive(_BUILT[key][0]):
+        mesh = DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp", "cp", "tp"))
+        dp_group = mesh.get_group("dp") if layout.cp == 1 else dist.new_subgroups_by_enumeration(layout.dp_groups())[0]
+        _BUILT[key] = (mesh, dp_group)
+    return _BUILT[key]
+
+
+def _alive(mesh) -> bool:
+    """Whether the mesh's groups belong to the current default process group (a process that re-initialized its
+    world, as a test's ranks may, builds anew)."""
+    return mesh.get_group("pp") in dist.distributed_c10d._world.pg_map
