@@ -33,6 +33,11 @@ class Axis:
     cp_impl: str = "ring"
     ep: int = 1
 
+    @property
+    def overrides(self) -> list[str]:
+        """`keys` as command-line overrides (the model a column needs is said in brackets)."""
+        return self.keys.replace("(", "").replace(")", "").split()
+
 
 AXES = (
     Axis("tp", "parallel.tp=2", tp=2),
@@ -40,7 +45,8 @@ AXES = (
     Axis("sp", "parallel.tp=2 parallel.sequence_parallel=true", tp=2),
     Axis("gpipe", "parallel.pp=2 parallel.pp_schedule=gpipe", pp=2, schedule="gpipe"),
     Axis("1f1b", "parallel.pp=2", pp=2),
-    Axis("interleaved", "parallel.pp=2 parallel.pp_schedule=interleaved_1f1b", pp=2, schedule="interleaved_1f1b"),
+    Axis("interleaved", "parallel.pp=2 parallel.pp_schedule=interleaved_1f1b parallel.stages_per_rank=2", pp=2,
+         schedule="interleaved_1f1b"),
     Axis("zero bubble", "parallel.pp=2 parallel.pp_schedule=zero_bubble", pp=2, schedule="zero_bubble"),
     Axis("ring", "parallel.cp=2", cp=2),
     Axis("zigzag", "parallel.cp=2 parallel.cp_impl=zigzag", cp=2, cp_impl="zigzag"),
@@ -127,6 +133,55 @@ PROOFS: dict[tuple[str, str], str] = {
 OPEN: dict[tuple[str, str], str] = {}
 """(row, axis) -> what is not proven yet, where it runs unrefused: the work left, in the table for users to see."""
 
+_STRATEGIES = "tests/parity/test_strategy_mesh.py::test_every_strategy_trains_like_one_process_on_every_axis"
+_AGREEING = "tests/parity/test_strategy_mesh.py::test_demo_keeps_its_replicas_equal_on_every_axis"
+_TP2 = "tests/parity/test_tensor_parallel.py::test_tp2_matches_single_process"
+_PP2 = "tests/parity/test_pipeline.py::test_pp2_matches_single_process"
+_FLOOR = {"tp": f"{_TP2}[transformer lab]", "tp torch": f"{_TP2}[transformer torch]",
+          "sp": f"{_TP2}[transformer lab sp]", "gpipe": f"{_PP2}[gpipe m4 lab]", "1f1b": f"{_PP2}[1f1b m4 lab]",
+          "interleaved": f"{_PP2}[interleaved v2 m4 lab]", "zero bubble": f"{_PP2}[zero_bubble m4 lab]"}
+"""`none` synchronizes nothing: it matches one process where the mesh leaves one replica (tp 2 or pp 2 on 2 ranks)."""
+
+STRATEGY_OPEN: dict[tuple[str, str], str] = {
+    ("none", "ep"): "runs: each replica trains alone, as without a mesh; no test holds it to that",
+}
+
+
+def strategy_refusal(strategy: str, axis: Axis) -> str | None:
+    """The launcher's refusal of `strategy` on the data-parallel axis of `axis`'s mesh (its spec's `check_mesh` and
+    `check_experts`, as launcher/config_checks.py calls them), or None."""
+    from ddp_lab.spec.strategies import SPECS
+
+    spec = SPECS[strategy]()
+    try:
+        spec.check_mesh(axis.tp, axis.pp, axis.schedule, axis.cp)
+        spec.check_experts(axis.ep)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def strategy_cases() -> list[tuple[str, Axis]]:
+    """(strategy, axis) of every cell tests/parity/test_strategy_mesh.py trains: each strategy on each axis it runs
+    on, but `none` (its floor proofs, `_FLOOR`)."""
+    from ddp_lab.spec.strategies import SPECS
+
+    return [(name, axis) for name in SPECS for axis in AXES
+            if name != "none" and strategy_refusal(name, axis) is None]
+
+
+def strategy_cell(strategy: str, axis: Axis) -> tuple[str, str]:
+    """As `cell`, for a strategy on the data-parallel axis of a mesh."""
+    refusal = strategy_refusal(strategy, axis)
+    if refusal is not None:
+        return "refused", refusal
+    if strategy == "none":
+        if axis.name in _FLOOR:
+            return "proven", _FLOOR[axis.name]
+        return "open", STRATEGY_OPEN.get((strategy, axis.name), "runs; no test proves it")
+    test = _AGREEING if strategy == "demo" else _STRATEGIES
+    return "proven", f"{test}[{strategy}-{axis.name}]"
+
 
 def cell(row: str, axis: Axis) -> tuple[str, str]:
     """("proven", test), ("refused", the launcher's line) or ("open", what is missing)."""
@@ -156,6 +211,23 @@ def compose_markdown() -> str:
             kind, text = cell(row, axis)
             cells.append(f"{marks[kind]} [{note(text if kind != 'proven' else '`' + text + '`')}]")
         lines.append(f"| {row} (`{keys}`) | " + " | ".join(cells) + " |")
+    from ddp_lab.spec.strategies import SPECS
+
+    lines += ["", "| strategy (`strategy=`) | " + " | ".join(a.name for a in AXES) + " |",
+              "|---" * (len(AXES) + 1) + "|"]
+    for name in SPECS:
+        cells = []
+        for axis in AXES:
+            kind, text = strategy_cell(name, axis)
+            if kind == "proven" and text.startswith((_STRATEGIES, _AGREEING)):
+                cells.append("✓")  # named by the rule under the table
+            elif kind == "refused":  # the line without the column's keys, which open it
+                cells.append(f"✗ [{note(text.split(': ', 1)[1] if text.startswith('parallel.') else text)}]")
+            else:
+                cells.append(f"{marks[kind]} [{note(text if kind != 'proven' else '`' + text + '`')}]")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"A strategy's ✓ without a number: `{_STRATEGIES}[<strategy>-<column>]` (demo's, which changes the "
+              f"average on purpose: `{_AGREEING}[demo-<column>]`)."]
     lines += ["", "✓ proven by the test named, ✗ refused by launch.py with the line quoted, ? runs but not proven yet.",
               "", "The columns: " + "; ".join(f"{a.name}: `{a.keys}`" for a in AXES) + ".", ""]
     lines += [f"{i}. {text}" for i, text in enumerate(notes, 1)]

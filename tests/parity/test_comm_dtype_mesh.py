@@ -18,25 +18,9 @@ import torch
 
 from ddp_lab.check.parity import MODELS, train_on_mesh
 from tests.helpers.distributed import ranks_fixture
-from tests.helpers.moe import tiny_moe
+from tests.helpers.mesh_axes import AXIS_JOBS
 
-PIPE = {"pp": 2, "microbatches": 2}
-CASES = {  # compose.md's columns
-    "tp": ("transformer", dict(tp=2)),
-    "tp torch": ("transformer", dict(tp=2, impl="torch")),
-    "sp": ("transformer", dict(tp=2, sequence_parallel=True)),
-    "gpipe": ("transformer", dict(pipeline={**PIPE, "pp_schedule": "gpipe"})),
-    "1f1b": ("transformer", dict(pipeline=PIPE)),
-    "interleaved": ("deep_transformer", dict(pipeline={**PIPE, "stages_per_rank": 2,
-                                                       "pp_schedule": "interleaved_1f1b"})),
-    "zero bubble": ("transformer", dict(pipeline={**PIPE, "pp_schedule": "zero_bubble"})),
-    "ring": ("transformer", dict(context={"cp": 2, "cp_impl": "ring"})),
-    "zigzag": ("transformer", dict(context={"cp": 2, "cp_impl": "zigzag"})),
-    "ulysses": ("transformer", dict(context={"cp": 2, "cp_impl": "ulysses"})),
-    "hybrid": ("transformer", dict(context={"cp": 4, "cp_impl": "hybrid", "cp_ulysses": 2})),
-    "cp torch": ("transformer", dict(context={"cp": 2, "cp_impl": "torch"})),
-    "ep": (tiny_moe(), dict(experts={"ep": 2})),
-}
+CASES = AXIS_JOBS  # compose.md's columns
 CONTROL = "tp, fp32 on the wire"
 FLOAT32, BF16 = 1e-5, 2.0 ** -6
 

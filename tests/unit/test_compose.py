@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.spec.compose import AXES, FEATURES, OPEN, PROOFS, cell, compose_markdown
+from ddp_lab.spec.compose import AXES, FEATURES, OPEN, PROOFS, STRATEGY_OPEN, cell, compose_markdown, strategy_cell
+from ddp_lab.spec.strategies import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 CELLS = [(row, axis) for row in FEATURES for axis in AXES]
+STRATEGY_CELLS = [(name, axis) for name in SPECS for axis in AXES]
 
 
 def test_the_docs_table_is_the_commands_output():
@@ -36,11 +38,19 @@ def test_every_cell_is_proven_refused_or_listed_open():
     assert set(PROOFS) <= known and set(OPEN) <= known
 
 
+def test_every_strategy_cell_is_proven_refused_or_listed_open():
+    for name, axis in STRATEGY_CELLS:
+        kind, _ = strategy_cell(name, axis)
+        assert (kind == "open") == ((name, axis.name) in STRATEGY_OPEN), f"strategy={name} on {axis.name}: {kind}"
+
+
 def test_every_proof_is_a_test_the_suite_collects():
-    files = sorted({proof.split("::")[0] for proof in PROOFS.values()})
+    strategies = (strategy_cell(*c) for c in STRATEGY_CELLS)
+    proofs = {*PROOFS.values(), *(text for kind, text in strategies if kind == "proven")}
+    files = sorted({proof.split("::")[0] for proof in proofs})
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n0", "-p", "no:cacheprovider",
                                 *files], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
-    missing = sorted({proof for proof in PROOFS.values() if proof not in collected})
+    missing = sorted(proof for proof in proofs if proof not in collected)
     assert not missing, missing
 
 
@@ -60,3 +70,38 @@ def test_a_refused_cell_is_the_launchers_own_refusal(row, axis):
     with pytest.raises(ConfigError) as refused:
         validate(cfg)
     assert str(refused.value) == cell(row, axis)[1]
+
+
+def test_every_refused_strategy_cell_is_the_launchers_own_refusal():
+    """On 4 ranks (2 data-parallel ones beside tp, pp or cp 2), so that the strategy is the one that runs. Hydra
+    composes each choice of strategy and model once; the column's plain keys are set on a copy (as test_plan.py's
+    ranked layouts), which the schema still types."""
+    import copy
+
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from ddp_lab.config import register_configs
+    from ddp_lab.launcher.config_checks import ConfigError, validate
+
+    register_configs()
+    composed, wrong = {}, []
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        for name, axis in STRATEGY_CELLS:
+            kind, line = strategy_cell(name, axis)
+            if kind != "refused":
+                continue
+            choices = (f"strategy={name}", *(o for o in axis.overrides if o.startswith("model=")))
+            if choices not in composed:
+                composed[choices] = compose("config", overrides=[*choices, "world_size=4"])
+            cfg = copy.deepcopy(composed[choices])
+            for key, value in (o.split("=", 1) for o in axis.overrides if not o.startswith("model=")):
+                OmegaConf.update(cfg, key, yaml.safe_load(value))
+            try:
+                validate(cfg)
+                wrong.append(f"strategy={name} on {axis.name}: accepted")
+            except ConfigError as refused:
+                if str(refused) != line:
+                    wrong.append(f"strategy={name} on {axis.name}: {refused}")
+    assert not wrong, "\n".join(wrong)
