@@ -58,7 +58,7 @@ class Mesh:
 
 
 _BUILT: dict[tuple, tuple] = {}
-"""(device type, the grid, world size) -> (DeviceMesh, data-parallel group), per process: a job builds one mesh; a
+"""(device type, layout) -> (DeviceMesh, data-parallel group), per process: a job builds one mesh; a
 parity fixture that trains many jobs in one set of ranks builds each layout once (each gloo group keeps its threads
 for the life of the process: 150 meshes built afresh left 2,000 threads a rank)."""
 
@@ -68,10 +68,9 @@ def _groups(layout: MeshLayout, device_type: str) -> tuple:
     every rank builds every dp x cp group, in the same order)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    grid = torch.tensor(layout.grid())
-    key = (device_type, tuple(grid.shape), tuple(grid.flatten().tolist()), dist.get_world_size())
+    key = (device_type, layout)
     if key not in _BUILT or not _alive(_BUILT[key][0]):
-        mesh = DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp", "cp", "tp"))
+        mesh = DeviceMesh(device_type, torch.tensor(layout.grid()), mesh_dim_names=("pp", "dp", "cp", "tp"))
         dp_group = mesh.get_group("dp") if layout.cp == 1 else dist.new_subgroups_by_enumeration(layout.dp_groups())[0]
         _BUILT[key] = (mesh, dp_group)
     return _BUILT[key]

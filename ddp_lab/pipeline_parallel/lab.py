@@ -13,10 +13,10 @@ boundary once, as a header before the first.
 
 Data parallelism on the stage: every forward and every backward but the rank's last runs inside the strategy's
 `no_sync()`; the last runs outside it, and `finish_gradient_synchronization()` follows the schedule, so each
-strategy reduces the sum of the micro-batches' gradients once, over its stage's dp group (FSDP2's strategies turn
-sync off for the whole step in `before_pipeline_step()` and reduce after the schedule) (a weight tied across
-stages keeps the last backward under `no_sync()` too, where its copies are summed before the reduction:
-stages.TiedAcrossStages).
+strategy reduces the sum of the micro-batches' gradients once, over its stage's dp group. FSDP2's strategies turn
+sync off for the whole step in `before_pipeline_step()` and reduce after the schedule. A weight tied across stages
+keeps the last backward under `no_sync()` too, where its copies are summed before the reduction
+(stages.TiedAcrossStages).
 
 Each step is clocked per action: the compute (what the bubble is not), the waits for a receive, and the
 timeline of the last step; on the first step the activations autograd saves are counted per micro-batch, and the

@@ -130,10 +130,46 @@ def counted_collectives():
     return CountedAllGather, CountedReduceScatter
 
 
-class TorchFSDP(DataParallelBase):
-    """torch's FSDP2 behind the strategy contract (module docstring)."""
+class FSDP2Strategy(DataParallelBase):
+    """What fsdp_torch and replicate_torch share, both built on FSDP2's machinery: gradients reduced in its
+    post-backward hooks, outside `no_sync()`, or under a pipeline once after the schedule; `stamps` of what it
+    issued; compiled unit by unit; DTensor parameters made whole for `full_state_dict()`."""
 
     reduces_after_no_sync = False  # FSDP2's: in backward hooks, or under a pipeline after it (base.py)
+
+    stamps: list
+    _units: list
+
+    pipelined = False
+    """Under a pipeline (`before_pipeline_step`): every backward of the step accumulates with gradient sync off, and
+    one reduction a unit follows the schedule (`finish_gradient_synchronization`), as torch's PipelineStage runs an
+    FSDP2 module: reducing inside the last backward would hold the input's gradient the previous stage waits for
+    behind this stage's collectives (blocking on CPU)."""
+
+    def before_pipeline_step(self) -> None:
+        self.pipelined = True
+        sync_off_for_the_step(self.module)
+
+    def no_sync(self):
+        return nullcontext() if self.pipelined else GradientSyncOff(self.module)
+
+    def finish_gradient_synchronization(self) -> None:
+        with self.comm.exposed():
+            if self.pipelined:
+                reduce_after_backward(self.module)
+            close_stamps(self.stamps, self.comm)
+
+    def compile_model(self, backend: str) -> None:
+        """`train.compile` per unit, as torchtitan compiles FSDP2's blocks (`compile_units`): each unit's own forward,
+        FSDP2's hooks around it eager, so each unit's reduction still starts when its backward is done."""
+        compile_units(self.module, backend, self._units)
+
+    def full_state_dict(self) -> dict:
+        return full_dtensor_state(self.module)
+
+
+class TorchFSDP(FSDP2Strategy):
+    """torch's FSDP2 behind the strategy contract (module docstring)."""
 
     collectives: str | None = None
     """ring or native (strategies/collectives.py); None: what `backend.collectives` chose, read when built."""
@@ -173,13 +209,13 @@ class TorchFSDP(DataParallelBase):
         for earlier, later in zip(units, units[1:]):
             earlier.set_modules_to_forward_prefetch([later])
             later.set_modules_to_backward_prefetch([earlier])
-        self._stamps: list[Stamp] = []
+        self.stamps: list[Stamp] = []
         self.collectives = self.collectives or collectives_in_use(process_group)
         CountedAllGather, CountedReduceScatter = counted_collectives()
         for fsdp_module in [*units, module]:
             fsdp_module._set_unshard_async_op(True)
-            fsdp_module.set_custom_all_gather(CountedAllGather(self._stamps, self.comm, self.collectives))
-            fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self._stamps, self.comm, self.collectives))
+            fsdp_module.set_custom_all_gather(CountedAllGather(self.stamps, self.comm, self.collectives))
+            fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self.stamps, self.comm, self.collectives))
         for plan in plans:
             if not plan.needed_in_backward:  # fsdp's rule (spec/strategies/fsdp_units.py): a unit of embeddings only
                 plan.module.set_unshard_in_backward(False)
@@ -188,38 +224,16 @@ class TorchFSDP(DataParallelBase):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    pipelined = False
-    """Under a pipeline run by hand (`before_pipeline_step`): each unit gathered once a step and kept through every
-    micro-batch's forward and backward, every backward accumulating the unsharded gradients, and one reduce-scatter
-    and reshard a unit after the schedule (`finish_gradient_synchronization`), as torch's PipelineStage runs FSDP2."""
-
     def before_pipeline_step(self) -> None:
         """Every unit's gather issued at once as the step begins (FSDP2's `unshard(async_op=True)`, which each
-        unit's forward waits for), so a later stage's gathers run while it waits for its first activation; the
-        first step gathers as its forwards come (FSDP2 sets itself up there). Gradient sync is off for every
-        backward of the step, the last included: reducing inside the last backward would hold the input's gradient
-        the previous stage waits for behind this stage's reduce-scatters (blocking on CPU)."""
+        unit's forward waits for), so a later stage's gathers run while it waits for its first activation, and kept
+        through every micro-batch; the first step gathers as its forwards come (FSDP2 sets itself up there)."""
         if self.pipelined:
             for unit in [*self._units, self.module]:
                 unit.unshard(async_op=True)
         else:
-            self.pipelined = True
             self.module.set_reshard_after_forward(False)
-        sync_off_for_the_step(self.module)
-
-    def no_sync(self):
-        return nullcontext() if self.pipelined else GradientSyncOff(self.module)
-
-    def finish_gradient_synchronization(self) -> None:
-        with self.comm.exposed():
-            if self.pipelined:
-                reduce_after_backward(self.module)
-            close_stamps(self._stamps, self.comm)
-
-    def compile_model(self, backend: str) -> None:
-        """`train.compile` per unit, as torchtitan compiles FSDP2's blocks (`compile_units`): each unit's own forward,
-        FSDP2's unshard and reshard hooks around it eager."""
-        compile_units(self.module, backend, self._units)
+        super().before_pipeline_step()
 
     def facts(self) -> dict:
         uncounted = self.shard_size < self.dp_size  # FSDP2 all-reduces across replicas itself
@@ -232,10 +246,6 @@ class TorchFSDP(DataParallelBase):
                                "comm_figures": figures,
                                "compute_dtype": str(self.compute_dtype or "parameters'").replace("torch.", ""),
                                "reshard_after_forward": self.reshard_after_forward}}
-
-    def full_state_dict(self) -> dict:
-        return full_dtensor_state(self.module)
-
 
 def full_dtensor_state(module: nn.Module) -> dict:
     """An FSDP2-managed module's state dict with every DTensor made whole (collective: every rank calls

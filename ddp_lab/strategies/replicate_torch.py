@@ -17,20 +17,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from ddp_lab.spec.strategies.fsdp_units import unit_modules
-from ddp_lab.strategies.base import DataParallelBase, compile_units
-from ddp_lab.strategies.comm_stats import Stamp, close_stamps
-from ddp_lab.strategies.fsdp_torch import (
-    GradientSyncOff,
-    full_dtensor_state,
-    reduce_after_backward,
-    sync_off_for_the_step,
-)
+from ddp_lab.strategies.comm_stats import Stamp
+from ddp_lab.strategies.fsdp_torch import FSDP2Strategy
 from ddp_lab.units import tensor_bytes
 
 
@@ -65,10 +58,8 @@ def _count_all_reduce(strategy) -> None:
     collectives.dist.strategy = weakref.ref(strategy)
 
 
-class TorchReplicate(DataParallelBase):
+class TorchReplicate(FSDP2Strategy):
     """torch's replicate() behind the strategy contract (module docstring)."""
-
-    reduces_after_no_sync = False  # FSDP2's: in backward hooks, or under a pipeline after it (base.py)
 
     def __init__(self, module: nn.Module, process_group=None):
         from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -86,32 +77,6 @@ class TorchReplicate(DataParallelBase):
         self._units, self.stamps = units, []
         _count_all_reduce(self)
 
-    pipelined = False
-    """Under a pipeline run by hand: every backward of the step accumulates, and one all-reduce a unit follows the
-    schedule (`finish_gradient_synchronization`), as torch's PipelineStage runs replicate() (fsdp_torch's
-    `before_pipeline_step` says why)."""
-
-    def before_pipeline_step(self) -> None:
-        self.pipelined = True
-        sync_off_for_the_step(self.module)
-
-    def no_sync(self):
-        return nullcontext() if self.pipelined else GradientSyncOff(self.module)
-
-    def finish_gradient_synchronization(self) -> None:
-        with self.comm.exposed():
-            if self.pipelined:
-                reduce_after_backward(self.module)
-            close_stamps(self.stamps, self.comm)
-
-    def compile_model(self, backend: str) -> None:
-        """`train.compile` per unit (`compile_units`): each unit's own forward, replicate()'s hooks around it eager, so
-        each unit's all-reduce still starts when its backward is done."""
-        compile_units(self.module, backend, self._units)
-
     def facts(self) -> dict:
         return {"replicate_torch": {"units": len(self._units) + 1,
                                     "comm_figures": "measured" if not torch.cuda.is_available() else "launch only"}}
-
-    def full_state_dict(self) -> dict:
-        return full_dtensor_state(self.module)

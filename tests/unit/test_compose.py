@@ -73,33 +73,23 @@ def test_a_refused_cell_is_the_launchers_own_refusal(row, axis):
 
 
 def test_every_refused_strategy_cell_is_the_launchers_own_refusal():
-    """On 4 ranks (2 data-parallel ones beside tp, pp or cp 2), so that the strategy is the one that runs. Hydra
-    composes each choice of strategy and model once; the column's plain keys are set on a copy (as test_plan.py's
-    ranked layouts), which the schema still types."""
-    import copy
-
-    import yaml
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    """On 4 ranks (2 data-parallel ones beside tp, pp or cp 2), so that the strategy is the one that runs, each
+    choice of strategy and model composed once (tests/helpers/composing.py)."""
+    from hydra import initialize_config_dir
 
     from ddp_lab.config import register_configs
     from ddp_lab.launcher.config_checks import ConfigError, validate
+    from tests.helpers.composing import ComposedOnce
 
     register_configs()
-    composed, wrong = {}, []
+    composed, wrong = ComposedOnce(), []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         for name, axis in STRATEGY_CELLS:
             kind, line = strategy_cell(name, axis)
             if kind != "refused":
                 continue
-            choices = (f"strategy={name}", *(o for o in axis.overrides if o.startswith("model=")))
-            if choices not in composed:
-                composed[choices] = compose("config", overrides=[*choices, "world_size=4"])
-            cfg = copy.deepcopy(composed[choices])
-            for key, value in (o.split("=", 1) for o in axis.overrides if not o.startswith("model=")):
-                OmegaConf.update(cfg, key, yaml.safe_load(value))
             try:
-                validate(cfg)
+                validate(composed([f"strategy={name}", *axis.overrides, "world_size=4"]))
                 wrong.append(f"strategy={name} on {axis.name}: accepted")
             except ConfigError as refused:
                 if str(refused) != line:

@@ -454,16 +454,14 @@ def test_every_layout_ranked_for_a_lab_model_is_one_launch_py_runs_as_priced(tmp
     zero-bubble schedule, which launch.py refused then (FSDP2 reduced in its post-backward hooks), and the pick's line
     dropped `model.context_length=256`, so it ran another job than the one priced. Every ranked layout's line now
     composes and passes the launcher's checks, the context and any checkpointing in it; the refused are counted."""
-    import copy
     from dataclasses import fields
 
-    import yaml
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra import initialize_config_dir
 
     from ddp_lab.analysis.plan.cli import launch_line
     from ddp_lab.config import register_configs
     from ddp_lab.launcher.config_checks import validate
+    from tests.helpers.composing import ComposedOnce
 
     register_configs()
 
@@ -480,18 +478,10 @@ def test_every_layout_ranked_for_a_lab_model_is_one_launch_py_runs_as_priced(tmp
         kinds.setdefault((lay.strategy, lay.tp, lay.pp, lay.cp, lay.schedule, lay.checkpointing), []).append(lay)
     chosen = [(min if i % 2 else max)(group, key=lambda x: x.microbatches) for i, group in enumerate(kinds.values())]
     system = this_machine(4)
-    groups = {p.name for p in (ROOT / "conf").iterdir() if p.is_dir()}
-    composed = {}  # Hydra composes each choice of config groups once (a third of a second each); the lines' plain
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):  # keys are set on a copy of it
+    composed = ComposedOnce()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for lay in chosen:
-            overrides = launch_line("tiny", lay, 8, system, 256).split()[2:]
-            choices = tuple(o for o in overrides if o.split("=")[0] in groups)
-            if choices not in composed:
-                composed[choices] = compose("config", overrides=list(choices))
-            cfg = copy.deepcopy(composed[choices])
-            for key, value in (o.split("=", 1) for o in overrides if o not in choices):
-                OmegaConf.update(cfg, key, yaml.safe_load(value))  # the schema refuses a key it lacks or a bad type
-            validate(cfg)  # raises ConfigError, naming the key, where refused
+            validate(composed(launch_line("tiny", lay, 8, system, 256).split()[2:]))  # ConfigError where refused
     assert len(ranked) > len(chosen) > 10
     assert main([*argv, "--layout", "dp=2,pp=2,strategy=zero2,schedule=zero_bubble,microbatches=4,"
                  "checkpointing=selective", "--json", str(out)]) == 0
