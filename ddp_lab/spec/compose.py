@@ -142,9 +142,7 @@ _FLOOR = {"tp": f"{_TP2}[transformer lab]", "tp torch": f"{_TP2}[transformer tor
           "interleaved": f"{_PP2}[interleaved v2 m4 lab]", "zero bubble": f"{_PP2}[zero_bubble m4 lab]"}
 """`none` synchronizes nothing: it matches one process where the mesh leaves one replica (tp 2 or pp 2 on 2 ranks)."""
 
-STRATEGY_OPEN: dict[tuple[str, str], str] = {
-    ("none", "ep"): "runs: each replica trains alone, as without a mesh; no test holds it to that",
-}
+STRATEGY_OPEN: dict[tuple[str, str], str] = {}
 
 
 def strategy_refusal(strategy: str, axis: Axis) -> str | None:

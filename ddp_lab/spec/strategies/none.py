@@ -18,7 +18,10 @@ class NoneSpec(StrategySpec):
 
     runtime = "ddp_lab.strategies.NoSync"
     mesh_refusal = None
-    expert_refusal = None
+    expert_refusal = ("it synchronizes nothing, yet no rank trains alone: an expert's gradient sums the tokens "
+                      "of every rank of its expert-parallel group (the combine's backward brings them), ep times "
+                      "the mean, and nothing divides it; use a strategy that averages (flat, bucketed, naive, "
+                      "overlap)")
     reduces_gradients = False
     synchronizes = False
 
