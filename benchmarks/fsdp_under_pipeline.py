@@ -2,6 +2,7 @@
 
     python benchmarks/fsdp_under_pipeline.py                          # tiny, pp 2 x dp 2, 1F1B over 4 micro-batches
     python benchmarks/fsdp_under_pipeline.py --schedule gpipe --rounds 6
+    python benchmarks/fsdp_under_pipeline.py --profile                # where FSDP2's extra time goes (torch.profiler)
 
 Variants, each on its own pp 2 x dp 2 mesh of the same 4 gloo ranks:
 
@@ -132,6 +133,56 @@ def rank_main(rank: int, world_size: int, args) -> dict:
     return {"times": times, "comm": comm}
 
 
+PROFILED = {"gather copy-in": ("fsdp::all_gather_copy_in",), "gather copy-out": ("fsdp::split_with_sizes_copy",),
+            "reduce-scatter copy-in": ("fsdp::chunk_cat",),
+            "optimizer step": ("Optimizer.step#Zero2Optimizer.step", "Optimizer.step#AdamW.step"),
+            "DTensor dispatch": ("PythonSubclass",)}
+"""`--profile`'s rows, each the first of its torch.profiler names a variant has: FSDP2's copies around its
+collectives (torch's _fully_shard/_fsdp_collectives.py), the optimizer's step (zero2's with its all-gather inside),
+and the DTensor dispatch FSDP2's parameters go through (most of it inside its optimizer step)."""
+
+
+def run_steps(built: tuple, first: int, count: int) -> None:
+    """`count` steps of one variant (`build`'s tuple) from step `first`, figures popped and dropped."""
+    parallel, model, optimizer, precision, data = built
+    for step in range(first, first + count):
+        batches = list(data.micro_batches(step))
+        dist.barrier()
+        parallel.step(model, optimizer, batches, precision=precision)
+        model.comm.pop()
+        parallel.pop()
+
+
+def profile_main(rank: int, world_size: int, args) -> dict:
+    """ms a step of each `PROFILED` row on this rank, zero2 and fsdp_torch as shipped, over `args.steps` steps
+    profiled after as many unprofiled (torch.profiler, CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model_cfg = compose_model(args.model)
+    out = {}
+    for variant in VARIANTS[:2]:
+        built = build(variant, args, model_cfg, world_size)
+        run_steps(built, 0, args.steps)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run_steps(built, args.steps, args.steps)
+        totals = {e.key: e.cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
+        out[variant] = {row: next((totals[name] for name in names if name in totals), 0.0)
+                        for row, names in PROFILED.items()}
+    return out
+
+
+def print_profile(args) -> None:
+    out = run_ranks(profile_main, 4, args)
+    print(f"torch {torch.__version__}, model={args.model}, pp 2 x dp 2 on 4 gloo ranks, {args.schedule} over "
+          f"{args.microbatches} micro-batches; ms a step over {args.steps} profiled steps (torch.profiler, CPU), "
+          "ranks 0 and 1 run stage 0, ranks 2 and 3 stage 1")
+    print("| | " + " | ".join(f"zero2, rank {r} | fsdp_torch, rank {r}" for r in range(4)) + " |")
+    print("|---|" + "---|" * 8)
+    for row in PROFILED:
+        cells = [f"{out[r][v][row]:.1f}" for r in range(4) for v in VARIANTS[:2]]
+        print(f"| {row} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="a conf/model/*.yaml name (a Transformer)")
@@ -140,7 +191,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="steps per variant per round")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: where FSDP2's extra time goes, per rank (torch.profiler), zero2 beside it")
     args = parser.parse_args()
+    if args.profile:
+        return print_profile(args)
     out = run_ranks(rank_main, 4, args)
     first = out[0]
     print(f"torch {torch.__version__}, model={args.model}, pp 2 x dp 2 on 4 gloo ranks, {args.schedule} over "
