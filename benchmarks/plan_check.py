@@ -7,6 +7,8 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_held_out --gpus 4 --held-out   # one choice apart
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen --unseen      # another context and batch
     python benchmarks/plan_check.py table outputs/bench/plan_unseen --unseen
+    python benchmarks/plan_check.py sweep outputs/bench/plan_fsdp_pipeline --fsdp-pipeline    # FSDP2 under pp, 12 jobs
+    python benchmarks/plan_check.py table outputs/bench/plan_fsdp_pipeline --fsdp-pipeline
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), a micro-batch's fixed cost
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
 from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_machine  # noqa: E402
+from ddp_lab.analysis.plan.price import Layout  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
 
@@ -154,17 +157,28 @@ def unseen_layouts(gpus: int) -> list:
     return [p.layout for p in ranked[:UNSEEN_TOP] + rest[step - 1::step][:UNSEEN_SPREAD]]
 
 
-def jobs(gpus: int, held_out: bool = False, unseen: bool = False) -> tuple[list, int, int | None]:
+def fsdp_pipeline_layouts(gpus: int) -> list:
+    """`--fsdp-pipeline`'s layouts at `gpus` ranks: FSDP2 under a pipeline as the lab runs it (gathered once a step,
+    reduced once after the schedule), beside zero2 on the same split, under each schedule both run: the check of
+    `price.py`'s `fsdp_copies_ms`, at `--unseen`'s context and batch (the term was drawn from context 64)."""
+    return [Layout(dp=gpus // 2, pp=2, strategy=strategy, schedule=schedule, microbatches=2)
+            for schedule in ("gpipe", "1f1b", "zero_bubble") for strategy in ("zero2", "fsdp_torch")]
+
+
+def jobs(gpus: int, held_out: bool = False, unseen: bool = False, fsdp_pipeline: bool = False) -> tuple:
     """(layouts, sequences, context) of a sweep at `gpus` ranks."""
+    if fsdp_pipeline:
+        return fsdp_pipeline_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
     if unseen:
         return unseen_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
     return list(checked_layouts(gpus, held_out)), SEQUENCES, None
 
 
-def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool = False) -> None:
+def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool = False,
+          fsdp_pipeline: bool = False) -> None:
     for gpus in gpus_list:
         system = this_machine(gpus)
-        todo, sequences, context = jobs(gpus, held_out, unseen)
+        todo, sequences, context = jobs(gpus, held_out, unseen, fsdp_pipeline)
         for i, lay in enumerate(todo, 1):
             line = launch_line(MODEL, lay, sequences, system, context)
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
@@ -173,12 +187,12 @@ def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool 
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
 
-def measured_rows(out: Path, held_out: bool = False, unseen: bool = False) -> list[dict]:
+def measured_rows(out: Path, held_out: bool = False, unseen: bool = False, fsdp_pipeline: bool = False) -> list[dict]:
     """Every job under OUT with its layout and p50 step; failed ones with their status."""
     rows = []
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {job_name(lay): lay for lay in jobs(gpus, held_out, unseen)[0]}
+        by_name = {job_name(lay): lay for lay in jobs(gpus, held_out, unseen, fsdp_pipeline)[0]}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
@@ -200,14 +214,15 @@ def census_peak(res: dict) -> int | None:
     return max(totals) if totals else None
 
 
-def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen: bool = False) -> None:
+def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen: bool = False,
+          fsdp_pipeline: bool = False) -> None:
     if out.is_dir():
-        rows = measured_rows(out, held_out, unseen)
+        rows = measured_rows(out, held_out, unseen, fsdp_pipeline)
         (out / "measured.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
     else:
         rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
-    shape, sequences = setting(unseen)
+    shape, sequences = setting(unseen or fsdp_pipeline)
     scored = score(shape, this_machine, sequences, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)
     if failed:
@@ -229,13 +244,15 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--held-out", action="store_true", help="the layouts one choice apart from the checked ones")
     ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
+    ap.add_argument("--fsdp-pipeline", action="store_true",
+                    help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
     args = ap.parse_args()
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")
     elif args.what == "sweep":
-        sweep(args.out, args.gpus, args.held_out, args.unseen)
+        sweep(args.out, args.gpus, args.held_out, args.unseen, args.fsdp_pipeline)
     else:
-        table(args.out, args.markdown, args.held_out, args.unseen)
+        table(args.out, args.markdown, args.held_out, args.unseen, args.fsdp_pipeline)
 
 
 if __name__ == "__main__":

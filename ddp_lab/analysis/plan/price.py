@@ -37,9 +37,12 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   every updated parameter from its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to
   1.34x zero2's step on every split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): parameters
   gathered for every micro-batch's forward and backward and gradients reduce-scattered, each micro-batch's hidden
-  under its own compute; under a pipeline, as torchtitan runs it, gathered once a step and reduced once (the
-  stage's weights and gradients held whole across the micro-batches, in memory too). Only what is not hidden is
-  added;
+  under its own compute; under a pipeline, as torchtitan and the lab run it, gathered once a step and reduced once
+  (the stage's weights and gradients held whole across the micro-batches, in memory too), plus FSDP2's copies
+  around those two collectives, at the memory bandwidth (`fsdp_copies_ms`: the shard into the gather's flat input,
+  the gathered buffer out into each parameter, every gradient into the reduce-scatter's flat input; the profiled
+  part of its measured 1.13x to 1.15x zero2's step at pp 2 x dp 2 on this machine, docs/pipelines.md). Only what
+  is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
 On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and, where
@@ -249,6 +252,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     stage = STRATEGIES[lay.strategy]
     segments = gradient_segments(shape, lay, blocks, busy / lay.microbatches * 2 / 3, wire)
     dp = dp_ms(system, lay, segments, busy / lay.microbatches, stage_params * FP32) if shards > 1 else 0.0
+    if shards > 1 and stage >= 3 and lay.pp > 1:
+        dp += fsdp_copies_ms(system, stage_params, shards, wire) * share
     updated = stage_params / (shards if stage >= 1 else 1)
     optimizer = OPTIMIZER_BYTES * updated / system.hbm_Bps * 1e3 * share
     terms = {"compute": compute, "recompute": recompute, "micro": micro_cost, "bubble": bubble, "p2p": p2p, "tp": tp,
@@ -351,6 +356,17 @@ def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float,
         return max(0.0, gather - under / 3) + max(0.0, scatter - under * 2 / 3)
     per_micro = max(0.0, gather - under / 3) + max(0.0, gather + scatter - under * 2 / 3)
     return lay.microbatches * per_micro
+
+
+def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: int) -> float:
+    """FSDP2's copies around one gather and one reduce-scatter of a stage's `stage_params` parameters of `element`
+    bytes, ms at the system's memory bandwidth, each read and written once: the rank's shard into the all-gather's
+    flat input (`foreach_all_gather_copy_in`), the gathered buffer out into each parameter
+    (`split_with_sizes_copy`), each gradient into the reduce-scatter's flat input (`chunk_cat`). torch's
+    _fully_shard/_fsdp_collectives.py; zero2 gathers and reduces in place in its buckets and copies none of them.
+    Under a pipeline, where FSDP gathers once a step (`price`); one core's share of the host where ranks share it."""
+    moved = 2 * element * stage_params * (1 / shards + 1 + 1)
+    return moved / system.hbm_Bps * 1e3
 
 
 def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int,
