@@ -438,6 +438,19 @@ def test_fsdp2_under_a_pipeline_is_priced_above_zero2_as_it_measured():
     assert [round(s.pick_over_best, 2) for s in scored] == [1.08, 1.0]
 
 
+def test_the_unseen_check_run_again_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_rerun.md: the unseen check run again after FSDP2's copies were priced, scored by the
+    planner as it prices now (rank correlation, the pick over the best)."""
+    from ddp_lab.analysis.plan.against_runs import score
+    from ddp_lab.analysis.plan.cli import load_shape
+
+    rows = json.loads((ROOT / "docs" / "measured" / "plan_unseen_rerun_2026-11-29.json").read_text())
+    scored = score(replace(load_shape("tiny"), context=128), this_machine, 8, rows)
+    assert [len(s.rows) for s in scored] == [14, 14]
+    assert [round(s.rho, 2) for s in scored] == [0.92, 0.97]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.06, 1.04]
+
+
 def test_each_range_is_what_the_checks_measured():
     """ranges.py's figures, recomputed: this machine's step from the 166 measured rows (10th to 90th percentile of
     measured over predicted) and its memory from the unseen check's census, a GPU system's step and memory from the

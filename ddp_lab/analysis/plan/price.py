@@ -364,7 +364,7 @@ def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: in
     flat input (`foreach_all_gather_copy_in`), the gathered buffer out into each parameter
     (`split_with_sizes_copy`), each gradient into the reduce-scatter's flat input (`chunk_cat`). torch's
     _fully_shard/_fsdp_collectives.py; zero2 gathers and reduces in place in its buckets and copies none of them.
-    Under a pipeline, where FSDP gathers once a step (`price`); one core's share of the host where ranks share it."""
+    `price` adds it under a pipeline, where FSDP gathers once a step, stretched where ranks share the host's cores."""
     moved = 2 * element * stage_params * (1 / shards + 1 + 1)
     return moved / system.hbm_Bps * 1e3
 
