@@ -30,7 +30,9 @@ CUDA by events on the stream FSDP2 issues from and on the collective's stream, n
 synchronization). Waits count as fsdp's do (`CommStats.waited`): FSDP2's wait for an all-gather
 before a unit's forward or backward (the work it gets back is wrapped to time its `wait()`) and
 its blocking reduce-scatter inside backward are exposed communication on CPU, where the host
-waits; on CUDA they order streams, as fsdp's waits do, and are not host waits.
+waits; on CUDA they order streams, as fsdp's waits do, and are not host waits. `peak_gathered_bytes` is
+fsdp's: the most gathered parameter bytes held at once, each unit's all-gather output counted from its launch
+while FSDP2 holds the unit unsharded.
 """
 
 from __future__ import annotations
@@ -58,15 +60,18 @@ def counted_collectives():
 
     class CountedWait(dist.distributed_c10d.Work):
         """An all-gather's work whose `wait()` (FSDP2's, before the unit's forward or backward) is a
-        wait for communication: exposed on CPU, where the host waits; on CUDA a stream order, as fsdp's."""
+        wait for communication: exposed on CPU, where the host waits; on CUDA a stream order, as fsdp's.
+        `gathered()` is called after it: FSDP2 holds the unit's parameters gathered from then on."""
 
-        def __init__(self, work, comm: CommStats):
+        def __init__(self, work, comm: CommStats, gathered):
             super().__init__()
-            self.work, self.comm = work, comm
+            self.work, self.comm, self.gathered = work, comm, gathered
 
         def wait(self, timeout=None):
             with self.comm.waited():
-                return self.work.wait() if timeout is None else self.work.wait(timeout)
+                done = self.work.wait() if timeout is None else self.work.wait(timeout)
+            self.gathered()
+            return done
 
         def get_future(self):
             return self.work.get_future()
@@ -75,14 +80,21 @@ def counted_collectives():
             return self.work.is_completed()
 
     class CountedAllGather(DefaultAllGather):
-        """FSDP2's all-gather on the chosen collectives, its bytes (the gathered output) and interval recorded."""
+        """FSDP2's all-gather of one unit on the chosen collectives, its bytes (the gathered output) and interval
+        recorded; `gathered(self)` called as it launches (its output exists from then on) and after its wait."""
 
-        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str):
+        gathered_bytes = 0
+        """The unit's gathered parameters, as its last all-gather's output (0 before its first)."""
+
+        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str, gathered=None):
             self.stamps, self.comm, self.collectives = stamps, comm, collectives
+            self.gathered = (lambda launching=None: None) if gathered is None else gathered
 
         def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
             on_cuda = output_tensor.is_cuda
-            stamp = begin_stamp(tensor_bytes(output_tensor), on_cuda)
+            self.gathered_bytes = tensor_bytes(output_tensor)
+            self.gathered(self)
+            stamp = begin_stamp(self.gathered_bytes, on_cuda)
             self.stamps.append(stamp)
             work = all_gather(output_tensor, input_tensor, group=group, async_op=async_op,
                               implementation=self.collectives)
@@ -90,7 +102,7 @@ def counted_collectives():
                 end_blocking(stamp, on_cuda)
                 return work
             end_when_done(stamp, work, on_cuda)
-            return CountedWait(work, self.comm)
+            return CountedWait(work, self.comm, self.gathered)
 
     class CountedReduceScatter(DefaultReduceScatter):
         """FSDP2's reduce-scatter on the chosen collectives, its bytes (the reduced input) and interval
@@ -212,10 +224,14 @@ class TorchFSDP(FSDP2Strategy):
         self.stamps: list[Stamp] = []
         self.collectives = self.collectives or collectives_in_use(process_group)
         CountedAllGather, CountedReduceScatter = counted_collectives()
+        self.peak_gathered_bytes = 0 if self.dp_size > 1 else None  # at one rank FSDP2 gathers nothing (it copies)
+        self._gathers = []  # (FSDP2 module, its counted all-gather): what `_note_gathered` sums
         for fsdp_module in [*units, module]:
             fsdp_module._set_unshard_async_op(True)
-            fsdp_module.set_custom_all_gather(CountedAllGather(self.stamps, self.comm, self.collectives))
+            gather = CountedAllGather(self.stamps, self.comm, self.collectives, self._note_gathered)
+            fsdp_module.set_custom_all_gather(gather)
             fsdp_module.set_custom_reduce_scatter(CountedReduceScatter(self.stamps, self.comm, self.collectives))
+            self._gathers.append((fsdp_module, gather))
         for plan in plans:
             if not plan.needed_in_backward:  # fsdp's rule (spec/strategies/fsdp_units.py): a unit of embeddings only
                 plan.module.set_unshard_in_backward(False)
@@ -223,6 +239,16 @@ class TorchFSDP(FSDP2Strategy):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def _note_gathered(self, launching=None) -> None:
+        """The high-water mark of gathered parameters, as fsdp's (`peak_gathered_bytes`): every unit FSDP2 holds
+        unsharded or has an all-gather in flight for, and `launching`'s, whose output exists from its launch."""
+        held = 0
+        for fsdp_module, gather in self._gathers:
+            groups = fsdp_module._get_fsdp_state()._fsdp_param_groups
+            if gather is launching or any(g.is_unsharded or g._all_gather_result is not None for g in groups):
+                held += gather.gathered_bytes
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, held)
 
     def before_pipeline_step(self) -> None:
         """Every unit's gather issued at once as the step begins (FSDP2's `unshard(async_op=True)`, which each

@@ -46,7 +46,10 @@ class FSDPNative(FSDP):
 
 
 def inspect(ddp, optimizer) -> dict | None:
-    """What the wrapper holds after the last step, for the assertions below (fsdp's only)."""
+    """What the wrapper holds after the last step, for the assertions below: fsdp's units and figures; fsdp_torch's
+    gathered peak and each unit's gathered bytes."""
+    if isinstance(ddp, TorchFSDP):
+        return {"peak_gathered": ddp.peak_gathered_bytes, "torch_units": [g.gathered_bytes for _, g in ddp._gathers]}
     if not isinstance(ddp, FSDP):
         return None
     n = ddp.units[0].world_size
@@ -103,6 +106,7 @@ TWO = {
                   {"optimizer_cls": torch.optim.SGD, "opt_kwargs": {"lr": 0.1}}),
     "torch": (TorchFSDP, "transformer", {}),
     "torch_accumulate": (TorchFSDP, "transformer", {"grad_accum_steps": 2}),
+    "torch_keep_gathered": (partial(TorchFSDP, reshard_after_forward=False), "transformer", {}),
     "torch_bf16": (partial(TorchFSDP, compute_dtype=torch.bfloat16), "transformer",
                    {"exact_reference": True, "reference_wrapper": partial(CastSingleProcess, dtype=torch.bfloat16)}),
 }
@@ -148,9 +152,9 @@ def many(request, two):
 
 
 def _scenarios(results, names):
-    """The fsdp scenarios (those `inspect` looked into)."""
+    """The fsdp scenarios (those whose units `inspect` looked into)."""
     for name, per_rank in per_scenario(results, names):
-        if per_rank[0][-1] is not None:
+        if per_rank[0][-1] is not None and "units" in per_rank[0][-1]:
             yield name, per_rank
 
 
@@ -207,6 +211,17 @@ def test_state_is_sharded(two, many):
     for results, names in ((two, TWO), (many, ALL_MANY)):
         for name, per_rank in _scenarios(results, names):
             _assert_sharded(name, per_rank)
+
+
+def test_fsdp_torch_records_the_most_it_held_gathered(two):
+    """As fsdp's `peak_gathered_bytes`: resharding after forward, the unit computing and the next one prefetched,
+    never every unit at once; keeping them gathered (as under a pipeline), every unit at the end of the forward."""
+    for rank, r in enumerate(two):
+        resharded, kept = r["torch"][-1], r["torch_keep_gathered"][-1]
+        sizes = sorted(resharded["torch_units"], reverse=True)
+        assert len(sizes) >= 4 and kept["torch_units"] == resharded["torch_units"], (rank, sizes)
+        assert sizes[0] < resharded["peak_gathered"] < sum(sizes), (rank, resharded["peak_gathered"], sizes)
+        assert kept["peak_gathered"] == sum(sizes), (rank, kept["peak_gathered"], sizes)
 
 
 def test_replicated_gradients_are_identical_on_every_rank(two, many):
