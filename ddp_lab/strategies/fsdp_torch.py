@@ -52,32 +52,33 @@ from ddp_lab.strategies.rings import work_from_future
 from ddp_lab.units import tensor_bytes
 
 
+class CountedWait(dist.distributed_c10d.Work):
+    """An all-gather's work whose `wait()` (FSDP2's, before the unit's forward or backward) is a
+    wait for communication: exposed on CPU, where the host waits; on CUDA a stream order, as fsdp's.
+    `gathered()` is called after it: FSDP2 holds the unit's parameters gathered from then on."""
+
+    def __init__(self, work, comm: CommStats, gathered):
+        super().__init__()
+        self.work, self.comm, self.gathered = work, comm, gathered
+
+    def wait(self, timeout=None):
+        with self.comm.waited():
+            done = self.work.wait() if timeout is None else self.work.wait(timeout)
+        self.gathered()
+        return done
+
+    def get_future(self):
+        return self.work.get_future()
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+
 def counted_collectives():
     """FSDP2's default all-gather and reduce-scatter, subclassed to record what they move (imported
     here, not at module level: torch's FSDP2 and DTensor add a second to every rank's start), and the
     all-gather's work wrapped so that FSDP2's wait for it counts as fsdp's does (`CommStats.waited`)."""
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-
-    class CountedWait(dist.distributed_c10d.Work):
-        """An all-gather's work whose `wait()` (FSDP2's, before the unit's forward or backward) is a
-        wait for communication: exposed on CPU, where the host waits; on CUDA a stream order, as fsdp's.
-        `gathered()` is called after it: FSDP2 holds the unit's parameters gathered from then on."""
-
-        def __init__(self, work, comm: CommStats, gathered):
-            super().__init__()
-            self.work, self.comm, self.gathered = work, comm, gathered
-
-        def wait(self, timeout=None):
-            with self.comm.waited():
-                done = self.work.wait() if timeout is None else self.work.wait(timeout)
-            self.gathered()
-            return done
-
-        def get_future(self):
-            return self.work.get_future()
-
-        def is_completed(self):
-            return self.work.is_completed()
 
     class CountedAllGather(DefaultAllGather):
         """FSDP2's all-gather of one unit on the chosen collectives, its bytes (the gathered output) and interval
