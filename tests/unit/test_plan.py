@@ -12,7 +12,15 @@ import pytest
 
 from ddp_lab.analysis.plan.cli import main
 from ddp_lab.analysis.plan.host import this_machine
-from ddp_lab.analysis.plan.price import Layout, bucketed_exposed_ms, collective_ms, fsdp_copies_ms, price
+from ddp_lab.analysis.plan.price import (
+    BUCKET_BYTES,
+    Layout,
+    bucketed_exposed_ms,
+    collective_ms,
+    fsdp_copies_ms,
+    price,
+    zero2_pool_bytes,
+)
 from ddp_lab.analysis.plan.search import layout_problem, layouts, plan
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape
 from ddp_lab.analysis.predict.nccl import collective_s
@@ -159,6 +167,19 @@ def test_model_state_and_activations_in_fp32_on_this_machine():
     assert memory("zero1_torch")["state"] == pytest.approx((8 + 8 / 4) * stage)
     assert memory("zero2")["state"] == pytest.approx((4 + 12 / 4) * stage)
     assert memory("torch_ddp")["activations"] == 2 * price(SHAPE, SYSTEM, Layout(dp=4), 8).memory["activations"]
+
+
+def test_zero2s_kept_buckets_by_hand():
+    """The lab's zero2 keeps freed buckets for the next step: the largest first, within two buckets' bytes, always
+    fewer than the step has (strategies/zero2.py). 0.8 of a bucket: one bucket, none kept; 1.5: two, the full one
+    kept; 2.5 and 5: two full ones kept. On this machine, a vocabulary of 100000 puts 2 x 100000 x 64 + 4 x 65664
+    fp32 parameters (52.3 MB) in two 25 MiB buckets: one kept, in the state beside ZeRO-2's 4 + 12 / 4 bytes."""
+    bucket = BUCKET_BYTES
+    assert [zero2_pool_bytes(f * bucket) for f in (0.8, 1.5, 2.5, 5)] == [0, bucket, 2 * bucket, 2 * bucket]
+    wide = replace(SHAPE, vocab=100000)
+    stage = 4 * SHAPE.block_params + 2 * 100000 * 64
+    state = price(wide, this_machine(4, CALIBRATED), Layout(dp=4, strategy="zero2"), 8).memory["state"]
+    assert state == pytest.approx((4 + 12 / 4) * stage + bucket)
 
 
 def test_zero_redundancy_optimizers_broadcast_by_hand():

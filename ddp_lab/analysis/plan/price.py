@@ -59,7 +59,8 @@ SC'20); activations 34 x s x b x h / tp bytes per block and micro-batch (Korthik
 attention's scores not kept: a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them;
 twice that in fp32 here), 2 x s x b x h / tp under full recomputation plus one block's whole set while it
 recomputes; 1F1B and ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and
-(p - 1) / v more, GPipe all m; the last stage's fp32 logits and their gradient. A layout fits when its total is
+(p - 1) / v more, GPipe all m; the last stage's fp32 logits and their gradient; zero2's freed buckets it keeps for
+the next step (`zero2_pool_bytes`, in the state: the census counts them there). A layout fits when its total is
 within the device's memory less 10% (the allocator's fragments, NCCL's buffers, the CUDA context).
 """
 
@@ -383,6 +384,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
         weights += FP32 * stage_params / shards
     optimizer = optimizer_bytes * stage_params / (shards if stage >= 1 else 1)
+    pool = zero2_pool_bytes(element * stage_params) if lay.strategy == "zero2" and shards > 1 else 0.0
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
     whole_block = shape.saved_bytes_per_token * s * micro / lay.tp * element / BF16
@@ -394,5 +396,18 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
         extra = 0.0
     activations = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
     logits = 2 * FP32 * s * micro * shape.vocab / lay.tp
-    total = weights + grads + optimizer + activations + logits
-    return {"state": weights + grads + optimizer, "activations": activations, "logits": logits, "total": total}
+    total = weights + grads + optimizer + pool + activations + logits
+    return {"state": weights + grads + optimizer + pool, "activations": activations, "logits": logits, "total": total}
+
+
+def zero2_pool_bytes(grad_bytes: float, bucket: float = BUCKET_BYTES) -> float:
+    """The lab's zero2 keeps freed gradient buckets from one step to the next for the next step's first ones
+    (strategies/zero2.py's `_trim_pool`): the largest first, within 2 x bucket_mb, always fewer than the step has
+    buckets. `grad_bytes` of gradients in buckets of `bucket` bytes (the last one the rest), bytes kept."""
+    count = max(1, math.ceil(grad_bytes / bucket))
+    sizes = [bucket] * (count - 1) + [grad_bytes - bucket * (count - 1)]
+    kept, held = 0, 0.0
+    for size in sorted(sizes, reverse=True):
+        if kept + 1 < count and held + size <= 2 * bucket:
+            kept, held = kept + 1, held + size
+    return held
