@@ -141,16 +141,21 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-def setting(unseen: bool = False) -> tuple:
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline")
+"""The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
+`--fsdp-pipeline`; the last two at `--unseen`'s context and batch."""
+
+
+def setting(check: str = "checked") -> tuple:
     """(shape, sequences a step) of a check: tiny as configured, or `--unseen`'s context and batch."""
-    if unseen:
+    if check in ("unseen", "fsdp_pipeline"):
         return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
     return load_shape(MODEL), SEQUENCES
 
 
 def unseen_layouts(gpus: int) -> list:
     """`--unseen`'s layouts at `gpus` ranks (module docstring), the planner's order."""
-    shape, sequences = setting(unseen=True)
+    shape, sequences = setting("unseen")
     ranked = plan(shape, this_machine(gpus), gpus, sequences, lab=True).ranked
     rest = ranked[UNSEEN_TOP:]
     step = max(1, len(rest) // UNSEEN_SPREAD)
@@ -165,20 +170,19 @@ def fsdp_pipeline_layouts(gpus: int) -> list:
             for schedule in ("gpipe", "1f1b", "zero_bubble") for strategy in ("zero2", "fsdp_torch")]
 
 
-def jobs(gpus: int, held_out: bool = False, unseen: bool = False, fsdp_pipeline: bool = False) -> tuple:
+def jobs(gpus: int, check: str = "checked") -> tuple:
     """(layouts, sequences, context) of a sweep at `gpus` ranks."""
-    if fsdp_pipeline:
+    if check == "fsdp_pipeline":
         return fsdp_pipeline_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
-    if unseen:
+    if check == "unseen":
         return unseen_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
-    return list(checked_layouts(gpus, held_out)), SEQUENCES, None
+    return list(checked_layouts(gpus, check == "held_out")), SEQUENCES, None
 
 
-def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool = False,
-          fsdp_pipeline: bool = False) -> None:
+def sweep(out: Path, gpus_list: list[int], check: str = "checked") -> None:
     for gpus in gpus_list:
         system = this_machine(gpus)
-        todo, sequences, context = jobs(gpus, held_out, unseen, fsdp_pipeline)
+        todo, sequences, context = jobs(gpus, check)
         for i, lay in enumerate(todo, 1):
             line = launch_line(MODEL, lay, sequences, system, context)
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
@@ -187,12 +191,12 @@ def sweep(out: Path, gpus_list: list[int], held_out: bool = False, unseen: bool 
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
 
-def measured_rows(out: Path, held_out: bool = False, unseen: bool = False, fsdp_pipeline: bool = False) -> list[dict]:
+def measured_rows(out: Path, check: str = "checked") -> list[dict]:
     """Every job under OUT with its layout and p50 step; failed ones with their status."""
     rows = []
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {job_name(lay): lay for lay in jobs(gpus, held_out, unseen, fsdp_pipeline)[0]}
+        by_name = {job_name(lay): lay for lay in jobs(gpus, check)[0]}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
@@ -214,15 +218,14 @@ def census_peak(res: dict) -> int | None:
     return max(totals) if totals else None
 
 
-def table(out: Path, markdown_file: Path | None, held_out: bool = False, unseen: bool = False,
-          fsdp_pipeline: bool = False) -> None:
+def table(out: Path, markdown_file: Path | None, check: str = "checked") -> None:
     if out.is_dir():
-        rows = measured_rows(out, held_out, unseen, fsdp_pipeline)
+        rows = measured_rows(out, check)
         (out / "measured.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
     else:
         rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
-    shape, sequences = setting(unseen or fsdp_pipeline)
+    shape, sequences = setting(check)
     scored = score(shape, this_machine, sequences, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)
     if failed:
@@ -247,12 +250,14 @@ def main() -> None:
     ap.add_argument("--fsdp-pipeline", action="store_true",
                     help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
     args = ap.parse_args()
+    # one check: --fsdp-pipeline over --unseen over --held-out, as before
+    check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")
     elif args.what == "sweep":
-        sweep(args.out, args.gpus, args.held_out, args.unseen, args.fsdp_pipeline)
+        sweep(args.out, args.gpus, check)
     else:
-        table(args.out, args.markdown, args.held_out, args.unseen, args.fsdp_pipeline)
+        table(args.out, args.markdown, check)
 
 
 if __name__ == "__main__":

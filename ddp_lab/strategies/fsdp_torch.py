@@ -87,9 +87,8 @@ def counted_collectives():
         gathered_bytes = 0
         """The unit's gathered parameters, as its last all-gather's output (0 before its first)."""
 
-        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str, gathered=None):
-            self.stamps, self.comm, self.collectives = stamps, comm, collectives
-            self.gathered = (lambda launching=None: None) if gathered is None else gathered
+        def __init__(self, stamps: list[Stamp], comm: CommStats, collectives: str, gathered):
+            self.stamps, self.comm, self.collectives, self.gathered = stamps, comm, collectives, gathered
 
         def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
             on_cuda = output_tensor.is_cuda
