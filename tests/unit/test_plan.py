@@ -434,21 +434,28 @@ def _measured_rows() -> list:
 def test_the_measured_rows_keep_the_order_the_docs_report():
     """A change to the planner's pricing that moves the measured rows' scores (Spearman's rho and the pick over the
     best, docs/measured/plan.md) fails here; the docs' tables and ranges.py are then to be made again."""
-    checked, _, held_4, held_8 = _measured_rows()
+    scored = _measured_rows()
+    checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in _measured_rows()] == [0.97, 0.96, 0.89, 0.87]
-    assert [round(s.pick_over_best, 2) for s in _measured_rows()] == [1.19, 1.23, 1.03, 1.05]
+    assert [round(s.rho, 2) for s in scored] == [0.97, 0.96, 0.89, 0.87]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.19, 1.23, 1.03, 1.05]
+
+
+def _scored_at_context_128(name: str) -> list:
+    """A docs/measured/ file of rows run at the unseen check's setting (tiny at context 128, 8 sequences a step),
+    its ok rows scored as the planner prices them now, one score per rank count."""
+    from ddp_lab.analysis.plan.against_runs import score
+    from ddp_lab.analysis.plan.cli import load_shape
+
+    rows = [r for r in json.loads((ROOT / "docs" / "measured" / name).read_text()) if r["status"] == "ok"]
+    return score(replace(load_shape("tiny"), context=128), this_machine, 8, rows)
 
 
 def test_fsdp2_under_a_pipeline_is_priced_above_zero2_as_it_measured():
     """docs/measured/plan_fsdp_pipeline.md's 12 jobs (context 128, 8 sequences, dp x pp 2 at 4 and 8 ranks, each
     schedule): FSDP2 measured slower than zero2 on every split and schedule, and its copies (`fsdp_copies_ms`) now
     price it so; before them the two were priced the same."""
-    from ddp_lab.analysis.plan.against_runs import score
-    from ddp_lab.analysis.plan.cli import load_shape
-
-    rows = json.loads((ROOT / "docs" / "measured" / "plan_fsdp_pipeline_2026-11-29.json").read_text())
-    scored = score(replace(load_shape("tiny"), context=128), this_machine, 8, rows)
+    scored = _scored_at_context_128("plan_fsdp_pipeline_2026-11-29.json")
     for check in scored:
         by = {(r["strategy"], r["schedule"]): r for r in check.rows}
         for schedule in ("gpipe", "1f1b", "zero_bubble"):
@@ -462,11 +469,7 @@ def test_fsdp2_under_a_pipeline_is_priced_above_zero2_as_it_measured():
 def test_the_unseen_check_run_again_scores_as_the_docs_report():
     """docs/measured/plan_unseen_rerun.md: the unseen check run again after FSDP2's copies were priced, scored by the
     planner as it prices now (rank correlation, the pick over the best)."""
-    from ddp_lab.analysis.plan.against_runs import score
-    from ddp_lab.analysis.plan.cli import load_shape
-
-    rows = json.loads((ROOT / "docs" / "measured" / "plan_unseen_rerun_2026-11-29.json").read_text())
-    scored = score(replace(load_shape("tiny"), context=128), this_machine, 8, rows)
+    scored = _scored_at_context_128("plan_unseen_rerun_2026-11-29.json")
     assert [len(s.rows) for s in scored] == [14, 14]
     assert [round(s.rho, 2) for s in scored] == [0.92, 0.97]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.06, 1.04]
@@ -478,8 +481,6 @@ def test_each_range_is_what_the_checks_measured():
     published torchtitan rows (least to most)."""
     import statistics
 
-    from ddp_lab.analysis.plan.against_runs import score
-    from ddp_lab.analysis.plan.cli import load_shape
     from ddp_lab.analysis.plan.ranges import MEMORY, STEP
     from ddp_lab.analysis.predict.published import load, multi_axis_rows
 
@@ -487,10 +488,8 @@ def test_each_range_is_what_the_checks_measured():
     deciles = statistics.quantiles(ratios, n=10)
     assert len(ratios) == 166
     assert (STEP["this-machine"].low, STEP["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]), abs=0.01)
-    unseen = [r for r in json.loads((ROOT / "docs" / "measured" / "plan_unseen_2026-11-29.json").read_text())
-              if r["status"] == "ok"]
-    memory = [r["measured_bytes"] / r["predicted_bytes"] for s in score(replace(load_shape("tiny"), context=128),
-                                                                       this_machine, 8, unseen) for r in s.rows]
+    memory = [r["measured_bytes"] / r["predicted_bytes"]
+              for s in _scored_at_context_128("plan_unseen_2026-11-29.json") for r in s.rows]
     deciles = statistics.quantiles(memory, n=10)
     assert len(memory) == 28
     assert (MEMORY["this-machine"].low, MEMORY["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]),
