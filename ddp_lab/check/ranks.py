@@ -16,6 +16,7 @@ with torch alone; benchmarks/teardown_repeat.py repeats this harness to count it
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -52,6 +53,8 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         sys.stderr.flush()
         os.dup2(log, 1)
         os.dup2(log, 2)
+    # a rank that dies of a signal (a native abort: SIGABRT, SIGSEGV) prints every thread's Python stack first
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)  # 2 to 5 ranks share 2 cores: oversubscription makes them crawl
     try:  # joining the group inside: a rank that dies joining (a bad GLOO_SOCKET_IFNAME) says so, not a hang
         store = dist.FileStore(store_path, world_size)

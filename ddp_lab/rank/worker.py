@@ -13,6 +13,7 @@ collective returns; the launcher kills it after a grace period.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import platform
 import signal
@@ -83,6 +84,14 @@ def quiet_non_zero_ranks(job_dir: Path, rank: int) -> None:
         os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
 
 
+def dump_stacks_on_a_fatal_signal(job_dir: Path, rank: int) -> None:
+    """A rank killed by a native fault (SIGSEGV, SIGABRT: a C++ abort, heap corruption) writes every thread's
+    Python stack to its log before it dies, so what it was doing is on record beside the signal the launcher names.
+    The log stays open for the process's life (faulthandler writes to its descriptor)."""
+    (job_dir / jobdir.LOGS).mkdir(exist_ok=True)
+    faulthandler.enable(open(job_dir / jobdir.rank_log(rank), "a", buffering=1), all_threads=True)
+
+
 def record_error(job_dir: Path, rank: int, exc: BaseException) -> None:
     (job_dir / jobdir.ERRORS).mkdir(exist_ok=True)
     (job_dir / jobdir.LOGS).mkdir(exist_ok=True)
@@ -97,6 +106,7 @@ def main(job_dir: Path) -> None:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         quiet_non_zero_ranks(job_dir, rank)
+        dump_stacks_on_a_fatal_signal(job_dir, rank)
         cfg = OmegaConf.load(job_dir / jobdir.CONFIG)
         backend = resolve_backend(cfg.backend.name, int(os.environ["LOCAL_WORLD_SIZE"]))
         device = init_from_env(backend, cfg.backend.timeout_s)

@@ -6,6 +6,7 @@ test_failures.py checks the same path end to end with a real SIGKILL.
 
 import json
 import os
+import signal
 import time
 
 from omegaconf import OmegaConf
@@ -128,3 +129,26 @@ def test_a_rerun_goes_on_from_its_own_newest_checkpoint_while_steps_are_left(tmp
         ["model=toy", f"checkpoint.load={job}"]
     OmegaConf.save({"train": {"steps": 10, "warmup_steps": 2}}, job / "config.yaml")
     assert own_checkpoint(job) == []  # no measured step would be left: from step 0
+
+
+def _abort_in_a_named_place(job_dir):
+    import resource
+
+    from ddp_lab.rank.worker import dump_stacks_on_a_fatal_signal
+
+    dump_stacks_on_a_fatal_signal(job_dir, 1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    os.abort()  # what glibc does on a corrupted heap ("malloc(): unaligned tcache chunk detected")
+
+
+def test_a_rank_that_dies_of_a_native_abort_leaves_its_python_stack_in_its_log(tmp_path):
+    import multiprocessing
+
+    from ddp_lab import jobdir
+
+    child = multiprocessing.get_context("fork").Process(target=_abort_in_a_named_place, args=(tmp_path,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == -signal.SIGABRT
+    log = (tmp_path / jobdir.rank_log(1)).read_text()
+    assert "Fatal Python error: Aborted" in log and "_abort_in_a_named_place" in log
