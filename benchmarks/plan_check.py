@@ -9,6 +9,7 @@
     python benchmarks/plan_check.py table outputs/bench/plan_unseen --unseen
     python benchmarks/plan_check.py sweep outputs/bench/plan_fsdp_pipeline --fsdp-pipeline    # FSDP2 under pp, 12 jobs
     python benchmarks/plan_check.py table outputs/bench/plan_fsdp_pipeline --fsdp-pipeline
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_batch --unseen-batch   # 16 sequences of 128
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), a micro-batch's fixed cost
@@ -21,7 +22,8 @@ nodes joined by the calibrated link. A job already measured under OUT is kept. `
 with the planner and scores it (ddp_lab/analysis/plan/against_runs.py); it writes OUT/measured.json, the rows the
 docs keep. `--unseen`: a job the planner was not tuned on, scored as it ran (context 128, a global batch of 8
 sequences: the same tokens a step), at each rank count the planner's top UNSEEN_TOP and UNSEEN_SPREAD more spread
-evenly down the rest of its ranking, every strategy, schedule and checkpointing it ranks.
+evenly down the rest of its ranking, every strategy, schedule and checkpointing it ranks. `--unseen-batch`: the same
+choice at context 128 and 16 sequences a step (twice the tokens), a setting no change to the pricing was drawn from.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
 MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
 SIZE_MB, LATENCY_MB = 16, 1 / 1024
 UNSEEN = {"context": 128, "sequences": 8}
+UNSEEN_BATCH = {"context": 128, "sequences": 16}
+"""`--unseen-batch`: the unseen check's context at twice its global batch, a setting no pricing change has seen."""
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 
@@ -141,21 +145,24 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline")
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch")
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
-`--fsdp-pipeline`; the last two at `--unseen`'s context and batch."""
+`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch` (`--unseen`'s choice of layouts at
+UNSEEN_BATCH)."""
 
 
 def setting(check: str = "checked") -> tuple:
-    """(shape, sequences a step) of a check: tiny as configured, or `--unseen`'s context and batch."""
+    """(shape, sequences a step) of a check: tiny as configured, or an unseen check's context and batch."""
+    if check == "unseen_batch":
+        return with_context(load_shape(MODEL), UNSEEN_BATCH["context"]), UNSEEN_BATCH["sequences"]
     if check in ("unseen", "fsdp_pipeline"):
         return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
     return load_shape(MODEL), SEQUENCES
 
 
-def unseen_layouts(gpus: int) -> list:
-    """`--unseen`'s layouts at `gpus` ranks (module docstring), the planner's order."""
-    shape, sequences = setting("unseen")
+def unseen_layouts(gpus: int, check: str = "unseen") -> list:
+    """An unseen check's layouts at `gpus` ranks (module docstring), the planner's order."""
+    shape, sequences = setting(check)
     ranked = plan(shape, this_machine(gpus), gpus, sequences, lab=True).ranked
     rest = ranked[UNSEEN_TOP:]
     step = max(1, len(rest) // UNSEEN_SPREAD)
@@ -174,8 +181,9 @@ def jobs(gpus: int, check: str = "checked") -> tuple:
     """(layouts, sequences, context) of a sweep at `gpus` ranks."""
     if check == "fsdp_pipeline":
         return fsdp_pipeline_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
-    if check == "unseen":
-        return unseen_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
+    if check in ("unseen", "unseen_batch"):
+        shape, sequences = setting(check)
+        return unseen_layouts(gpus, check), sequences, shape.context
     return list(checked_layouts(gpus, check == "held_out")), SEQUENCES, None
 
 
@@ -249,8 +257,10 @@ def main() -> None:
     ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
     ap.add_argument("--fsdp-pipeline", action="store_true",
                     help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
+    ap.add_argument("--unseen-batch", action="store_true",
+                    help="--unseen's choice of layouts at its context and twice its global batch")
     args = ap.parse_args()
-    # one check: --fsdp-pipeline over --unseen over --held-out, as before
+    # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")

@@ -476,17 +476,20 @@ def test_the_unseen_check_run_again_scores_as_the_docs_report():
 
 
 def test_each_range_is_what_the_checks_measured():
-    """ranges.py's figures, recomputed: this machine's step from the 166 measured rows (10th to 90th percentile of
-    measured over predicted) and its memory from the unseen check's census, a GPU system's step and memory from the
+    """ranges.py's figures, recomputed: this machine's step from the 234 measured rows of both days (10th to 90th
+    percentile of measured over predicted) and its memory from the unseen check's census, a GPU system's step and memory from the
     published torchtitan rows (least to most)."""
     import statistics
 
     from ddp_lab.analysis.plan.ranges import MEMORY, STEP
     from ddp_lab.analysis.predict.published import load, multi_axis_rows
 
-    ratios = [r["measured_ms"] / r["predicted_ms"] for s in _measured_rows() for r in s.rows]
+    later = ("plan_unseen_2026-11-29.json", "plan_unseen_rerun_2026-11-29.json", "plan_fsdp_pipeline_2026-11-29.json")
+    rows = [r for s in _measured_rows() for r in s.rows]
+    rows += [r for name in later for s in _scored_at_context_128(name) for r in s.rows]
+    ratios = [r["measured_ms"] / r["predicted_ms"] for r in rows]
     deciles = statistics.quantiles(ratios, n=10)
-    assert len(ratios) == 166
+    assert len(ratios) == 234
     assert (STEP["this-machine"].low, STEP["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]), abs=0.01)
     memory = [r["measured_bytes"] / r["predicted_bytes"]
               for s in _scored_at_context_128("plan_unseen_2026-11-29.json") for r in s.rows]
