@@ -15,6 +15,7 @@ tests/unit/test_config_search_*.py hold every numeric key of every schema to an 
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,11 +236,17 @@ def _validate_tensor_parallel(cfg: DictConfig, module: torch.nn.Module) -> None:
              "sequence shards (its class sets tp_sequence_parallel = False)")
 
 
+@cache
+def _schema() -> DictConfig:
+    """The run's schema, built once a process (a sweep's or a test's many checks merge into it; merge copies it)."""
+    return OmegaConf.structured(Config)
+
+
 def _validate_keys(cfg: DictConfig) -> None:
     """Every key is one the schema has: Hydra refuses `train.stepz=3`, but lets `+train.stepz=3` add one."""
     try:
         plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), enum_to_str=True)
-        OmegaConf.merge(OmegaConf.structured(Config), plain)
+        OmegaConf.merge(_schema(), plain)
     except ConfigKeyError as exc:
         raise ConfigError(f"unknown key {exc.full_key}: ddp_lab/config.py has no such key (mistyped, or added "
                           "with '+'?)") from None
