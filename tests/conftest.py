@@ -1,9 +1,9 @@
 """The suite runs on 2 workers (pytest-xdist, `-n auto --dist loadfile` in pyproject.toml): a launch.py job
 leaves a core idle while one process imports torch (the launcher, then torchrun), and waits for timeouts leave
 both idle. On this project's 2-core VM (2026-11-30) the whole suite took 19 min 55 s on 2 workers with 12% of the
-cores idle, and 19 min 55 s on 3 with 0.2% idle: the cores are the limit, a third worker only contends. Most of the
-CPU is processes starting: a 2-rank launch.py job of 3 steps costs 13.6 s of CPU, each rank 3.9 s importing torch,
-torch._dynamo (which every optimizer imports on first use) and the lab.
+cores idle, and 19 min 55 s on 3 with 0.2% idle: the cores are the limit, a third worker only contends. The e2e
+tests' launch.py jobs (about 65) spend most of their CPU starting processes: a 2-rank job of 3 steps costs 13.6 s of
+CPU, each rank 3.9 s importing torch, torch._dynamo (which every optimizer imports on first use) and the lab.
 
 What tests share must be built once, on one worker: a file's module-scoped fixtures (a set of rank
 processes) keep its tests together (one file, one unit of work), and the files reading one of
