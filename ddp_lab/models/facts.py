@@ -275,7 +275,7 @@ def counting_saved(module: nn.Module):
     def pack(tensor):
         if id(tensor) not in params and id(getattr(tensor, "_base", None)) not in params:
             saved.append(tensor.numel() * max(4, tensor.element_size()))
-        return tensor
+        return tensor.detach()  # not the tensor itself, a cycle through its node (rank/activations.py says why)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield saved

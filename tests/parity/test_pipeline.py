@@ -119,10 +119,19 @@ def _untied_sum(rank, world_size):
     return train_on_mesh(rank, world_size, "tied_toy", **_pp(2, "1f1b", "lab", 2))
 
 
+def _graph_left() -> int:
+    """Autograd nodes and tensors that carry one, alive in this process: what is left of the steps' graphs."""
+    import gc
+
+    gc.collect()
+    return sum(isinstance(o, torch.autograd.graph.Node) or (isinstance(o, torch.Tensor) and o.grad_fn is not None)
+               for o in gc.get_objects())
+
+
 def _counted(parallel, ddp, optimizer):
-    """The lab's activation count (the first step's) and the last step's bytes sent."""
+    """The lab's activation count (the first step's), the last step's bytes sent, and what is left of the graphs."""
     runner = parallel.pipeline.runner
-    return runner.activations.peak, runner.activations.largest, runner.figures["sent_bytes"]
+    return runner.activations.peak, runner.activations.largest, runner.figures["sent_bytes"], _graph_left()
 
 
 def _memory(rank, world_size):
@@ -182,10 +191,19 @@ def test_activation_peak_is_the_schedules_micro_batches_in_flight(memory):
     micro-batches' and 1F1B (zero bubble too) at most p on the first stage, as the schedule simulated on paper
     says; the bytes per micro-batch do not depend on the schedule."""
     for rank, counted in enumerate(memory):
-        for (schedule, m), (peak, per_microbatch, _) in counted.items():
+        for (schedule, m), (peak, per_microbatch, _, _) in counted.items():
             assert per_microbatch > 0 and per_microbatch == counted["gpipe", m][1], (schedule, m, rank)
             assert peak == simulate(schedule, 2, m).peak_in_flight[rank] * per_microbatch, (schedule, m, rank)
         assert counted["gpipe", 8][0] > counted["1f1b", 8][0]
+
+
+def test_no_graph_outlives_its_step(memory):
+    """Counting the first step's activations keeps none of its graphs: under zero bubble (whose input half keeps the
+    graph for the weights' half) the counted micro-batches' graphs stayed alive for the rest of the run on the last
+    stage (rank/activations.py says why)."""
+    for rank, counted in enumerate(memory):
+        for (schedule, m), (_, _, _, left) in counted.items():
+            assert left == 0, (schedule, m, rank, left)
 
 
 def test_p2p_bytes_are_the_schedules_sends_of_one_activation(memory):
@@ -193,7 +211,7 @@ def test_p2p_bytes_are_the_schedules_sends_of_one_activation(memory):
     backward (but the first stage's), each one micro-batch's residual stream: rows x context x d_model fp32."""
     d_model = MODELS["transformer"]().embed.weight.shape[1]
     for rank, counted in enumerate(memory):
-        for (schedule, m), (_, _, sent) in counted.items():
+        for (schedule, m), (_, _, sent, _) in counted.items():
             sends = sum((a.kind == "F" and stage_index(rank, a.chunk, 2) < 1) or
                         (a.kind in ("B", "I") and stage_index(rank, a.chunk, 2) > 0)
                         for a in schedule_actions(schedule, 2, m, rank))

@@ -50,3 +50,29 @@ def test_a_forward_that_raises_leaves_no_tally_behind():
     with pytest.raises(RuntimeError), hooks:
         raise RuntimeError("a rank's forward failed")
     assert _COUNTING == []
+
+
+@pytest.mark.parametrize("census", ["saved", "held"])
+def test_counting_keeps_no_graph_alive_that_autograd_let_go(census):
+    """A tensor saved as its own node's output (rsqrt's) must not be packed as itself: it holds the node that holds
+    it, a cycle through C++ no collector sees, and the graph of a forward whose backward kept its graph
+    (`retain_graph=True`, as zero bubble's input half runs) stayed alive for good once its tensors were dropped."""
+    import gc
+    import weakref
+
+    from ddp_lab.rank.activations import HeldActivations
+
+    x = torch.randn(8, requires_grad=True)
+    if census == "saved":
+        hooks, done = SavedActivations().counting("forward")
+    else:
+        hooks, done = HeldActivations().counting(), None
+    with hooks:
+        out = x.exp().rsqrt()  # both save their own output
+    if done is not None:
+        done()
+    out.sum().backward(retain_graph=True)
+    alive = weakref.ref(out)
+    del out
+    gc.collect()
+    assert alive() is None
