@@ -6,10 +6,11 @@ runs this rank's chunk, and sends the output on (the last stage computes the mic
 micro-batch count once, so the step's gradients are the mean over the global batch whatever the schedule); B
 receives the output's gradient from the next stage, runs backward, and sends the input's gradient back; I and W
 (zero bubble) are B's two halves, the input's gradient first and sent on at once, the weights' later (torch's
-autograd split of a backward, `stage_backward_input` / `stage_backward_weight`, does the arithmetic; the order
-is the lab's). Sends are asynchronous and waited for at the end of the step; a receive blocks, and its wait is
-timed. Messages are tagged by micro-batch, stage and direction; an activation's shape and dtype cross each stage
-boundary once, as a header before the first.
+autograd split of a backward, `stage_backward_input`, keeps what W needs; W runs every weight's backward at once,
+`backward_weights_at_once`, where torch's `stage_backward_weight` runs one per weight and recomputes a checkpointed
+block in each; the order is the lab's). Sends are asynchronous and waited for at the end of the step; a receive
+blocks, and its wait is timed. Messages are tagged by micro-batch, stage and direction; an activation's shape and
+dtype cross each stage boundary once, as a header before the first.
 
 Data parallelism on the stage: every forward and every backward but the rank's last runs inside the strategy's
 `no_sync()`; the last runs outside it, and `finish_gradient_synchronization()` follows the schedule, so each
@@ -30,7 +31,8 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.autograd.graph import GradientEdge
+from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc, stage_backward_input
 
 from ddp_lab.rank.activations import SavedActivations
 from ddp_lab.spec.pipeline import schedule_actions, stage_index
@@ -99,6 +101,41 @@ class Messages:
         out = {"sent_bytes": self.sent_bytes, "wait_s": self.wait_s}
         self.sends, self.sent_bytes, self.wait_s = [], 0, 0.0
         return out
+
+
+def backward_weights_at_once(weights: list, param_groups: list[dict]) -> None:
+    """W: the weights' gradients from what `stage_backward_input` kept, in one backward over every parameter group.
+
+    torch's `stage_backward_weight` runs one backward per group, and under activation checkpointing each backward
+    recomputes the checkpointed block again: 7 forwards of a block of the lab's Transformer in one W (a group per
+    weight), where this runs 1. Each group's intermediates get the gradient I saw them receive (a pre-hook replaces
+    what flows in, as torch clamps within a group), so a node below several is not counted twice; each weight's
+    gradient is accumulated as torch's does."""
+    by_node = {_get_grad_fn_or_grad_acc(w): w for w in weights}
+    edges, grads, accumulators, handles = [], [], [], []
+    try:
+        for group in param_groups:
+            for saved, node in zip(group["grads"], group["intermediates"]):
+                handles.append(node.register_prehook(lambda grad_outputs, saved=saved: saved))
+                for i, grad in enumerate(saved):
+                    if grad is not None:
+                        edges.append(GradientEdge(node, i))
+                        grads.append(grad)
+            accumulators.extend(group["params"])
+        dweights = torch.autograd.grad(edges, [GradientEdge(a, 0) for a in accumulators], grad_outputs=grads) \
+            if edges else ()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for group in param_groups:  # the hooks' closures and the nodes they sit on: no cycle left behind
+            group.pop("intermediates", None)
+            group.pop("grads", None)
+    for accumulator, dw in zip(accumulators, dweights):
+        weight = by_node[accumulator]
+        if weight.grad is None:
+            weight.grad = dw
+        else:
+            weight.grad += dw
 
 
 class LabPipeline:
@@ -187,7 +224,7 @@ class LabPipeline:
                 if groups is None:  # the first stage: its I had no input to give a gradient to
                     torch.autograd.backward(out, grad)
                 else:
-                    stage_backward_weight(iter(self._chunk_params(model.module, act.chunk)), groups)
+                    backward_weights_at_once(self._chunk_params(model.module, act.chunk), groups)
             if self.activations is not None:
                 self.activations.freed(key)
             return start

@@ -1,0 +1,63 @@
+"""Zero bubble's weight half (W) in the lab's pipeline: every weight's gradient in one backward
+(pipeline_parallel/lab.py's `backward_weights_at_once`), equal to a whole backward's, and a checkpointed block
+recomputed once in it, where torch's `stage_backward_weight` (one backward per weight) recomputes it 7 times."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from ddp_lab.models.transformer import Block, RotaryEmbedding
+from ddp_lab.pipeline_parallel.lab import backward_weights_at_once
+from ddp_lab.rank.recompute import apply_activation_checkpointing
+
+D, D_FF, HEADS, CONTEXT = 32, 64, 4, 8
+
+
+def _stage(mode: str) -> nn.Module:
+    torch.manual_seed(0)
+    stage = nn.Module()
+    stage.blocks = nn.ModuleList([Block(D, HEADS, D_FF, RotaryEmbedding(D // HEADS, CONTEXT, 10000.0))
+                                  for _ in range(2)])
+    apply_activation_checkpointing(stage, mode)
+    return stage
+
+
+def _forward(stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    for block in stage.blocks:
+        x = block(x)
+    return x.pow(2).mean()
+
+
+def _split(stage: nn.Module, weights_pass, ran: list | None = None) -> tuple[dict, int]:
+    """I then W as the lab's pipeline runs them: (each weight's gradient, the blocks' forwards W ran, counted into
+    `ran` by a counting `Block.forward`)."""
+    ran = [] if ran is None else ran
+    x = torch.randn(2, CONTEXT, D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    params = [p for p in stage.parameters() if p.requires_grad]
+    _, groups = stage_backward_input([_forward(stage, x)], None, [x], iter(params))
+    before = len(ran)
+    weights_pass(params, groups)
+    return {n: p.grad for n, p in stage.named_parameters()}, len(ran) - before
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_one_backward_gives_every_weight_a_whole_backwards_gradient(mode):
+    stage = _stage(mode)
+    whole = copy.deepcopy(stage)
+    _forward(whole, torch.randn(2, CONTEXT, D, generator=torch.Generator().manual_seed(1),
+                                requires_grad=True)).backward()
+    grads, _ = _split(stage, backward_weights_at_once)
+    for name, p in whole.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=0, msg=name)
+
+
+def test_a_checkpointed_block_is_recomputed_once_in_w_not_once_a_weight(monkeypatch):
+    ran, forward = [], Block.forward  # the recompute calls the block's forward, not the module (no module hooks)
+    monkeypatch.setattr(Block, "forward", lambda self, x: ran.append(1) or forward(self, x))
+    _, ours = _split(_stage("full"), backward_weights_at_once, ran)
+    _, torchs = _split(_stage("full"), lambda params, groups: stage_backward_weight(iter(params), groups), ran)
+    assert ours == 2  # each of the 2 blocks once
+    assert torchs == 2 * 7  # a block's 7 weights (2 norms, qkv, proj, w1, w2, w3): a backward, and a recompute, each
