@@ -244,7 +244,7 @@ def grad_error_problem(pp: int = 1, pp_schedule: str = "1f1b") -> str | None:
     proves every other axis)."""
     if pp > 1 and pp_schedule == "zero_bubble":
         return ("measure.grad_error=true with parallel.pp_schedule=zero_bubble: the schedule's weight half sets each "
-                ".grad itself (torch's stage_backward_weight), so no post-accumulate-grad hook fires and the probe "
+                ".grad itself (the lab's and torch's alike), so no post-accumulate-grad hook fires and the probe "
                 "cannot see the rank's own gradient (it measured 0.5 for an exact strategy): use another schedule")
     return None
 
