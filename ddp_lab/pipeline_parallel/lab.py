@@ -108,7 +108,7 @@ def backward_weights_at_once(weights: list, param_groups: list[dict]) -> None:
 
     torch's `stage_backward_weight` runs one backward per group, and under activation checkpointing each backward
     recomputes the checkpointed block again: 7 forwards of a block of the lab's Transformer in one W (a group per
-    weight), where this runs 1. Each group's intermediates get the gradient I saw them receive (a pre-hook replaces
+    weight), where this runs 1. Each group's intermediates get the gradient they received in I (a pre-hook replaces
     what flows in, as torch clamps within a group), so a node below several is not counted twice; each weight's
     gradient is accumulated as torch's does."""
     by_node = {_get_grad_fn_or_grad_acc(w): w for w in weights}
