@@ -188,11 +188,13 @@ class LabPipeline:
                 x = inputs if first else self.messages.recv_activation(act.microbatch, s)
                 start = time.perf_counter()
                 hooks, done = self.activations.counting(key) if counting else (nullcontext(), None)
-                with model.no_sync(), hooks, precision.autocast():
-                    out = model(x, chunk=act.chunk)
+                with model.no_sync(), hooks:
+                    with precision.autocast():
+                        out = model(x, chunk=act.chunk)
+                    if last:  # what the loss saves (its log-softmax, the logits' size) is the stage's too
+                        with loss.context():
+                            out = loss(out.float(), targets) / len(micro_batches)
                 if last:
-                    with loss.context():
-                        out = loss(out.float(), targets) / len(micro_batches)
                     losses.append(out.detach())
                 if done is not None:
                     done()

@@ -197,6 +197,35 @@ def test_activation_peak_is_the_schedules_micro_batches_in_flight(memory):
         assert counted["gpipe", 8][0] > counted["1f1b", 8][0]
 
 
+def _one_process_count(rows: int) -> int:
+    """What one process's autograd saves for a micro-batch of `rows` sequences: the model's forward and its loss."""
+    from ddp_lab.rank.activations import SavedActivations
+    from ddp_lab.tensor_parallel.loss import CrossEntropy
+
+    model = MODELS["transformer"]()
+    tokens, targets = torch.randint(0, model.lm_head.weight.shape[0], (2, rows, CONTEXT))
+    census = SavedActivations()
+    hooks, done = census.counting("micro-batch")
+    with hooks:
+        CrossEntropy()(model(tokens).float(), targets)
+    done()
+    return census.largest
+
+
+def test_the_stages_counts_add_up_to_one_process_count(memory):
+    """Each micro-batch's saved bytes, the first stage's and the last's together, are what one process saves for it:
+    the loss is the last stage's forward too (its log-softmax and targets were left out under a pipeline, 16 KiB
+    short at one micro-batch). Beyond one process's count, only what each stage counts of its own: the rotary
+    tables (a buffer both stages hold), and the global batch's inputs and targets, whose storage a micro-batch's
+    slice is counted by (the census counts a storage whole)."""
+    rope = sum(b.untyped_storage().nbytes() for b in MODELS["transformer"]().buffers())
+    tokens = GLOBAL_BATCH * CONTEXT * 8  # int64
+    for (schedule, m), (_, first, _, _) in memory[0].items():
+        last = memory[1][schedule, m][1]
+        beyond = first + last - _one_process_count(GLOBAL_BATCH // m)
+        assert 0 <= beyond <= rope + 2 * tokens, (schedule, m, first, last, beyond)
+
+
 def test_no_graph_outlives_its_step(memory):
     """Counting the first step's activations keeps none of its graphs: under zero bubble (whose input half keeps the
     graph for the weights' half) the counted micro-batches' graphs stayed alive for the rest of the run on the last
