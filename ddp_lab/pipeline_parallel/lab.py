@@ -6,11 +6,11 @@ runs this rank's chunk, and sends the output on (the last stage computes the mic
 micro-batch count once, so the step's gradients are the mean over the global batch whatever the schedule); B
 receives the output's gradient from the next stage, runs backward, and sends the input's gradient back; I and W
 (zero bubble) are B's two halves, the input's gradient first and sent on at once, the weights' later (torch's
-autograd split of a backward, `stage_backward_input`, keeps what W needs; W runs every weight's backward at once,
-`backward_weights_at_once`, where torch's `stage_backward_weight` runs one per weight and recomputes a checkpointed
-block in each; the order is the lab's). Sends are asynchronous and waited for at the end of the step; a receive
-blocks, and its wait is timed. Messages are tagged by micro-batch, stage and direction; an activation's shape and
-dtype cross each stage boundary once, as a header before the first.
+autograd split of a backward, `stage_backward_input`, keeps what W needs; W is torch's `stage_backward_weight`, a
+backward per weight, except on a stage whose blocks are checkpointed, where each of those backwards would recompute
+the block: there W is one backward, `backward_weights_at_once`; the order is the lab's). Sends are asynchronous
+and waited for at the end of the step; a receive blocks, and its wait is timed. Messages are tagged by micro-batch,
+stage and direction; an activation's shape and dtype cross each stage boundary once, as a header before the first.
 
 Data parallelism on the stage: every forward and every backward but the rank's last runs inside the strategy's
 `no_sync()`; the last runs outside it, and `finish_gradient_synchronization()` follows the schedule, so each
@@ -32,9 +32,10 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 from torch.autograd.graph import GradientEdge
-from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc, stage_backward_input
+from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc, stage_backward_input, stage_backward_weight
 
 from ddp_lab.rank.activations import SavedActivations
+from ddp_lab.rank.recompute import recomputes
 from ddp_lab.spec.pipeline import schedule_actions, stage_index
 from ddp_lab.units import tensor_bytes
 
@@ -110,7 +111,10 @@ def backward_weights_at_once(weights: list, param_groups: list[dict]) -> None:
     recomputes the checkpointed block again: 7 forwards of a block of the lab's Transformer in one W (a group per
     weight), where this runs 1. Each group's intermediates get the gradient they received in I (a pre-hook replaces
     what flows in, as torch clamps within a group), so a node below several is not counted twice; each weight's
-    gradient is accumulated as torch's does."""
+    gradient is accumulated as torch's does. The price: autograd runs the input's path between the groups again
+    (its result replaced by the pre-hooks), so without a recompute to save it is the slower one (a W of model=tiny's
+    last 2 blocks at context 128: 101 to 104 ms here, torch's 44 to 45; with full checkpointing 123 to 127 against
+    225 to 238)."""
     by_node = {_get_grad_fn_or_grad_acc(w): w for w in weights}
     edges, grads, accumulators, handles = [], [], [], []
     try:
@@ -136,6 +140,14 @@ def backward_weights_at_once(weights: list, param_groups: list[dict]) -> None:
             weight.grad = dw
         else:
             weight.grad += dw
+
+
+def weights_pass(module):
+    """W's arithmetic for a stage (module docstring): one backward where its blocks are checkpointed, else torch's,
+    one per weight (`backward_weights_at_once` says what each costs)."""
+    if recomputes(module):
+        return backward_weights_at_once
+    return lambda weights, groups: stage_backward_weight(iter(weights), groups)
 
 
 class LabPipeline:
@@ -226,7 +238,7 @@ class LabPipeline:
                 if groups is None:  # the first stage: its I had no input to give a gradient to
                     torch.autograd.backward(out, grad)
                 else:
-                    backward_weights_at_once(self._chunk_params(model.module, act.chunk), groups)
+                    weights_pass(model.module)(self._chunk_params(model.module, act.chunk), groups)
             if self.activations is not None:
                 self.activations.freed(key)
             return start

@@ -64,6 +64,12 @@ def blocks_of(module: nn.Module) -> list[nn.Module]:
     return list(blocks) if isinstance(blocks, nn.ModuleList) else []
 
 
+def recomputes(module: nn.Module) -> bool:
+    """Whether any block of `module` runs under checkpointing (`apply_activation_checkpointing`): its backward
+    recomputes the block's forward, once per backward call."""
+    return any(getattr(block.forward, "func", None) is _checkpointed for block in blocks_of(module))
+
+
 def apply_activation_checkpointing(module: nn.Module, mode: str) -> int:
     """Checkpoint every block of `module` in `mode` (MODES), in place; returns how many blocks."""
     if mode not in MODES:

@@ -1,6 +1,7 @@
-"""Zero bubble's weight half (W) in the lab's pipeline: every weight's gradient in one backward
-(pipeline_parallel/lab.py's `backward_weights_at_once`), equal to a whole backward's, and a checkpointed block
-recomputed once in it, where torch's `stage_backward_weight` (one backward per weight) recomputes it 7 times."""
+"""Zero bubble's weight half (W) in the lab's pipeline on a checkpointed stage: every weight's gradient in one
+backward (pipeline_parallel/lab.py's `backward_weights_at_once`), equal to a whole backward's, and a checkpointed
+block recomputed once in it, where torch's `stage_backward_weight` (one backward per weight) recomputes it 7 times;
+on a stage without checkpointing W stays torch's (one backward would run the input's path again)."""
 
 import copy
 
@@ -10,7 +11,7 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from ddp_lab.models.transformer import Block, RotaryEmbedding
-from ddp_lab.pipeline_parallel.lab import backward_weights_at_once
+from ddp_lab.pipeline_parallel.lab import backward_weights_at_once, weights_pass
 from ddp_lab.rank.recompute import apply_activation_checkpointing
 
 D, D_FF, HEADS, CONTEXT = 32, 64, 4, 8
@@ -61,3 +62,8 @@ def test_a_checkpointed_block_is_recomputed_once_in_w_not_once_a_weight(monkeypa
     _, torchs = _split(_stage("full"), lambda params, groups: stage_backward_weight(iter(params), groups), ran)
     assert ours == 2  # each of the 2 blocks once
     assert torchs == 2 * 7  # a block's 7 weights (2 norms, qkv, proj, w1, w2, w3): a backward, and a recompute, each
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "selective"])
+def test_w_is_one_backward_only_where_the_blocks_are_checkpointed(mode):
+    assert (weights_pass(_stage(mode)) is backward_weights_at_once) == (mode != "none")
