@@ -51,7 +51,8 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
         for r in (r for r in measured if r["gpus"] == gpus):
             p = price(shape, system, layout_of(r), sequences)
             rows.append({**r, "predicted_ms": p.step_ms, "error": p.step_ms / r["measured_ms"] - 1,
-                         "terms": p.terms, "describe": p.layout.describe(), "predicted_bytes": p.memory["total"]})
+                         "terms": p.terms, "describe": p.layout.describe(), "predicted_bytes": p.memory["held"],
+                         "predicted_total_bytes": p.memory["total"]})
             order.append(simplest_first(p))
         if not rows:
             continue
@@ -79,9 +80,10 @@ def markdown(scored: list[Scored]) -> list[str]:
     if with_memory:
         ratios = sorted(r["measured_bytes"] / r["predicted_bytes"] for r in with_memory)
         near = sum(1 for x in ratios if abs(x - 1) <= 0.1)
-        lines += ["", f"Memory per rank, the census's most (state and activations' peak) over the planner's: "
-                  f"{near} of {len(ratios)} within 10%, median {statistics.median(ratios):.2f}, from "
-                  f"{ratios[0]:.2f} to {ratios[-1]:.2f}."]
+        lines += ["", f"Memory per rank, the census's most (state and activations' peak) over the planner's held "
+                  f"figure (its busier stage's state and saved activations; its total, which decides a fit, adds "
+                  f"the log-softmax's gradient): {near} of {len(ratios)} within 10%, median "
+                  f"{statistics.median(ratios):.2f}, from {ratios[0]:.2f} to {ratios[-1]:.2f}."]
     for s in scored:
         lines += ["", f"{s.gpus} ranks, fastest measured first (ms per step; terms predicted):", "",
                   "| layout | measured | predicted | error | compute | recompute | micro | bubble | p2p | tp | cp | dp "

@@ -59,9 +59,12 @@ SC'20); activations 34 x s x b x h / tp bytes per block and micro-batch (Korthik
 attention's scores not kept: a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them;
 twice that in fp32 here), 2 x s x b x h / tp under full recomputation plus one block's whole set while it
 recomputes; 1F1B and ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and
-(p - 1) / v more, GPipe all m; the last stage's fp32 logits and their gradient; zero2's freed buckets it keeps for
-the next step (`zero2_pool_bytes`, in the state: the census counts them there). A layout fits when its total is
-within the device's memory less 10% (the allocator's fragments, NCCL's buffers, the CUDA context).
+(p - 1) / v more, GPipe all m; the loss's fp32 log-softmax of each micro-batch the last stage holds (GPipe all m,
+the others one); zero2's freed buckets it keeps for the next step (`zero2_pool_bytes`, in the state: the census
+counts them there). `held` is the busier of the first and the last stage, what the lab's census counts (model state
+and what autograd saved: the measured checks hold it to the census); `total` adds the log-softmax's gradient, alive
+while the head's backward runs, and a layout fits when its total is within the device's memory less 10% (the
+allocator's fragments, NCCL's buffers, the CUDA context).
 """
 
 from __future__ import annotations
@@ -189,6 +192,26 @@ def in_flight(schedule: str, pp: int, m: int, stages_per_rank: int = 1) -> float
         return float(m)
     held = float(min(m, pp))
     return held + (pp - 1) / stages_per_rank if schedule == "interleaved_1f1b" else held
+
+
+def in_flight_last(schedule: str, pp: int, m: int, stages_per_rank: int = 1) -> float:
+    """Micro-batches whose activations the last rank holds at once (in micro-batches of its blocks): GPipe all m, 1F1B
+    and zero bubble one (its backward follows each forward), interleaved 1F1B as the schedule simulated on paper has
+    it (spec/pipeline.py's `simulate`, which the lab's measured peaks equal: tests/parity/test_pipeline.py)."""
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule != "interleaved_1f1b":
+        return 1.0
+    return _simulated_peaks(schedule, pp, m, stages_per_rank)[-1] / stages_per_rank
+
+
+@lru_cache(maxsize=1024)
+def _simulated_peaks(schedule: str, pp: int, m: int, chunks: int) -> tuple:
+    from ddp_lab.spec.pipeline import simulate
+
+    return tuple(simulate(schedule, pp, m, chunks).peak_in_flight)
 
 
 def stage_blocks(shape: Shape, pp: int) -> int:
@@ -395,9 +418,16 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
         per_micro = blocks * whole_block
         extra = 0.0
     activations = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
-    logits = 2 * FP32 * s * micro * shape.vocab / lay.tp
-    total = weights + grads + optimizer + pool + activations + logits
-    return {"state": weights + grads + optimizer + pool, "activations": activations, "logits": logits, "total": total}
+    log_probs = FP32 * s * micro * shape.vocab / lay.tp  # the loss's log-softmax of one micro-batch, kept for backward
+    if lay.pp == 1:
+        saved = activations + log_probs
+    else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
+        last = per_micro * in_flight_last(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
+        saved = max(activations, last + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
+    state = weights + grads + optimizer + pool
+    held = state + saved
+    return {"state": state, "activations": activations, "logits": 2 * log_probs, "held": held,
+            "total": held + log_probs}
 
 
 def zero2_pool_bytes(grad_bytes: float, bucket: float = BUCKET_BYTES) -> float:

@@ -14,7 +14,9 @@ that kind (tokens per second per GPU with the same range inverted):
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
 
 - this machine's memory: the census's most a rank held (its model state and activations' peak) over the planner's
-  figure, on the 28 layouts of the unseen check (docs/measured/plan.md, 2026-11-29), 10th to 90th percentile.
+  printed figure (its total: what the census counts and the log-softmax's gradient, which the census cannot see), on
+  the 28 layouts of the unseen check at twice the batch run again with the census and the memory pricing of
+  2026-11-30 (docs/measured/plan_unseen_batch.md), 10th to 90th percentile.
 
 tests/unit/test_plan.py recomputes every range from those rows: a change to the pricing that moves one fails there
 until the figures here are made again.
@@ -44,8 +46,8 @@ STEP = {
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
 
-MEMORY = {"this-machine": Range(0.64, 1.06, "8 in 10 of 28 layouts' census here"),
-          "gpu": Range(1.27, 1.94, "11 published torchtitan runs")}
+MEMORY = {"this-machine": Range(0.81, 1.0, "8 in 10 of 28 layouts' census here"),
+          "gpu": Range(1.32, 1.96, "11 published torchtitan runs")}
 """Measured memory per GPU over predicted, by the kind of system."""
 
 

@@ -26,6 +26,8 @@ class Shape:
     context: int
     source: str = ""
     kind: str = "transformer"
+    lab_block: bool = False
+    """A conf model's Transformer, whose block saves what the lab's block saves (`saved_bytes_per_token`)."""
 
     @property
     def ffn(self) -> bool:
@@ -75,9 +77,14 @@ class Shape:
     @property
     def saved_bytes_per_token(self) -> int:
         """Activation bytes one block keeps for backward per token (bf16), before TP splits them: 34 x d for a
-        Transformer block (Korthikanti et al., MLSys'23, with a flash kernel: no scores kept), the two linears'
-        inputs (d + d_ff) x 2 for a feed-forward one."""
-        return 2 * (self.d_model + self.d_ff) if self.ffn else 34 * self.d_model
+        Transformer block (Korthikanti et al., MLSys'23: GPT's, a GELU MLP of 4 x d, with a flash kernel: no scores
+        kept), the two linears' inputs (d + d_ff) x 2 for a feed-forward one. The lab's own block keeps 13 x d + 4 x
+        d_ff elements a token (its census counts them, tests/unit/test_plan.py: the norms' fp32 inputs and outputs,
+        q, k and v, the rotary embedding's halves, attention's output, and SwiGLU's two projections, their SiLU and
+        product, 4 x d_ff), 1.7x the 34 x d of model=tiny; counted here at 2 bytes each."""
+        if self.ffn:
+            return 2 * (self.d_model + self.d_ff)
+        return 2 * (13 * self.d_model + 4 * self.d_ff) if self.lab_block else 34 * self.d_model
 
     @property
     def tp_regions(self) -> int:
@@ -116,7 +123,7 @@ def from_conf(cfg) -> Shape:
                      int(cfg.context_length), f"conf/model/{cfg.get('name', 'model')}.yaml", kind="ffn")
     return Shape(str(cfg.get("name", "model")), int(cfg.num_layers), int(cfg.d_model), int(cfg.num_heads),
                  int(cfg.num_heads), int(cfg.d_ff), int(cfg.vocab_size), int(cfg.context_length),
-                 f"conf/model/{cfg.get('name', 'model')}.yaml")
+                 f"conf/model/{cfg.get('name', 'model')}.yaml", lab_block=True)
 
 
 def with_context(shape: Shape, context: int | None) -> Shape:
