@@ -79,9 +79,10 @@ class Shape:
         """Activation bytes one block keeps for backward per token (bf16), before TP splits them: 34 x d for a
         Transformer block (Korthikanti et al., MLSys'23: GPT's, a GELU MLP of 4 x d, with a flash kernel: no scores
         kept), the two linears' inputs (d + d_ff) x 2 for a feed-forward one. The lab's own block keeps 13 x d + 4 x
-        d_ff elements a token (its census counts them, tests/unit/test_plan.py: the norms' fp32 inputs and outputs,
-        q, k and v, the rotary embedding's halves, attention's output, and SwiGLU's two projections, their SiLU and
-        product, 4 x d_ff), 1.7x the 34 x d of model=tiny; counted here at 2 bytes each."""
+        d_ff elements a token, as its census counts them (tests/unit/test_plan.py, two sizes, to 1%): SwiGLU's four
+        d_ff-wide tensors (its two projections, their SiLU and product) and 13 d-wide ones for the rest (the norms in
+        fp32, attention with its rotary embedding; counted, not itemized), 1.7x the 34 x d of model=tiny; counted here
+        at 2 bytes each."""
         if self.ffn:
             return 2 * (self.d_model + self.d_ff)
         return 2 * (13 * self.d_model + 4 * self.d_ff) if self.lab_block else 34 * self.d_model
