@@ -184,27 +184,22 @@ def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1) -> float:
     return float(pp - 1)
 
 
-def in_flight(schedule: str, pp: int, m: int, stages_per_rank: int = 1) -> float:
-    """Micro-batches whose activations the first stage holds at once."""
+def in_flight(schedule: str, pp: int, m: int, stages_per_rank: int = 1, last: bool = False) -> float:
+    """Micro-batches whose activations the first rank (`last`: the last rank) holds at once, in micro-batches of its
+    blocks: GPipe all m on both; 1F1B and zero bubble min(m, p) on the first and one on the last (its backward
+    follows each forward); interleaved 1F1B (p - 1) / v more on the first, and on the last what the schedule
+    simulated on paper has it hold (spec/pipeline.py's `simulate`, which the lab's measured peaks equal:
+    tests/parity/test_pipeline.py)."""
     if pp == 1:
         return 1.0
     if schedule == "gpipe":
         return float(m)
+    if last:
+        if schedule != "interleaved_1f1b":
+            return 1.0
+        return _simulated_peaks(schedule, pp, m, stages_per_rank)[-1] / stages_per_rank
     held = float(min(m, pp))
     return held + (pp - 1) / stages_per_rank if schedule == "interleaved_1f1b" else held
-
-
-def in_flight_last(schedule: str, pp: int, m: int, stages_per_rank: int = 1) -> float:
-    """Micro-batches whose activations the last rank holds at once (in micro-batches of its blocks): GPipe all m, 1F1B
-    and zero bubble one (its backward follows each forward), interleaved 1F1B as the schedule simulated on paper has
-    it (spec/pipeline.py's `simulate`, which the lab's measured peaks equal: tests/parity/test_pipeline.py)."""
-    if pp == 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    if schedule != "interleaved_1f1b":
-        return 1.0
-    return _simulated_peaks(schedule, pp, m, stages_per_rank)[-1] / stages_per_rank
 
 
 @lru_cache(maxsize=1024)
@@ -422,7 +417,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     if lay.pp == 1:
         saved = activations + log_probs
     else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
-        last = per_micro * in_flight_last(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
+        last = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, last=True) + extra
         saved = max(activations, last + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
     state = weights + grads + optimizer + pool
     held = state + saved
