@@ -109,7 +109,7 @@ class HeldActivations:
         def pack(tensor):
             found = _saved(tensor)
             if found is None:
-                return tensor
+                return tensor.detach()  # model state is not counted, and not packed as itself either
             key, size = found
             holder = _Held(tensor.detach())  # not the tensor itself: see the module docstring
             entry = self.refs.setdefault(key, [size, 0])
