@@ -3,6 +3,7 @@
 import sys
 
 from ddp_lab.analysis.predict.cli import main
+from ddp_lab.piped import exit_code
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))

@@ -71,6 +71,7 @@ from ddp_lab.check.tensor_parallel import TP_CASES, check_pair
 from ddp_lab.check.tensor_parallel import header as pair_header
 from ddp_lab.check.verdict import Tolerance, ended_by, verdict
 from ddp_lab.config import key_values
+from ddp_lab.piped import exit_code
 
 
 def _world_sizes(text: str, flag: str = "--world-size") -> list[int]:
@@ -392,4 +393,4 @@ def _report(lines: list[tuple], log_dir: str, ours: bool, traceback: bool, unit:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ddp_lab.piped import exit_code
 from ddp_lab.spec.compose import compose_markdown
 from ddp_lab.spec.docs import knob_rows, strategy_rows
 from ddp_lab.spec.figures import figures_markdown
@@ -64,4 +65,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))
