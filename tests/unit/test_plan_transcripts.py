@@ -1,0 +1,45 @@
+"""docs/plan.md's example outputs are what the planner prints today: each fenced block opening with
+`$ python -m ddp_lab.plan ...` is run and its output compared line for line (the planner is arithmetic, the same on
+any machine). When a change to the planner moves a figure, the page's transcript is regenerated with it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.analysis.plan.cli import main
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "plan.md"
+PROMPT = "$ python -m ddp_lab.plan "
+
+
+def transcripts(text: str) -> list[tuple[str, list[str]]]:
+    """(command, its printed lines) of every fenced block that opens with the planner's prompt."""
+    blocks, lines, fenced = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if fenced and lines and lines[0].startswith(PROMPT):
+                blocks.append((lines[0][2:], lines[1:]))
+            fenced, lines = not fenced, []
+        elif fenced:
+            lines.append(line)
+    return blocks
+
+
+CASES = transcripts(PAGE.read_text())
+
+
+def test_the_page_has_its_transcripts():
+    assert len(CASES) >= 3
+
+
+@pytest.mark.parametrize("command, printed", CASES, ids=[c for c, _ in CASES])
+def test_each_transcript_is_what_the_planner_prints(command, printed):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(shlex.split(command)[3:]) == 0
+    assert out.getvalue().splitlines() == printed, f"regenerate docs/plan.md's output of: {command}"
