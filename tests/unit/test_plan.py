@@ -78,6 +78,40 @@ def test_recompute_by_hand():
     assert selective == pytest.approx(1024 * 4 * 16384 / 1e9 + traffic)
 
 
+def test_zero_bubble_recomputes_twice_by_hand():
+    """Full checkpointing under zero bubble: I and W each run a backward through every checkpointed block, so its
+    forward runs twice again (tests/unit/test_zero_bubble_weights.py counts W's), and with it the block's recomputed
+    tp all-reduce: 6 a block where 1F1B runs 5. pp 2, m 2: the last stage's 2 blocks, 1024 tokens, micro-batches of
+    512 tokens (65,536 bytes an all-reduce)."""
+    def terms(schedule):
+        return price(SHAPE, SYSTEM, Layout(dp=1, tp=2, pp=2, schedule=schedule, microbatches=2,
+                                           checkpointing="full"), 8).terms
+
+    one_f, zero = terms("1f1b"), terms("zero_bubble")
+    assert one_f["recompute"] == pytest.approx(1024 * 2 * 147456 / 2 / 1e9)  # tp 2 splits the blocks' FLOPs
+    assert zero["recompute"] == pytest.approx(2 * one_f["recompute"])
+    half = collective_s(SYSTEM, "all_reduce", 65536, 2)[0] * 1e3
+    assert zero["tp"] - one_f["tp"] == pytest.approx(2 * 2 * half)  # one more a block (2) and micro-batch (2)
+
+
+def test_a_context_exchange_by_hand():
+    """cp 2, 8 sequences of 128 (512 tokens a GPU): each block's ring gathers K and V of the whole sequence, 2 x
+    1024 x 64 values (bf16), in forward and again in backward, and reduce-scatters dK and dV (fp32); checkpointing,
+    full or selective, gathers them once more in the recompute (counted in the lab:
+    tests/parity/test_activation_checkpointing_mesh.py). Hidden under the block's attention, 3 x 512 x 16,384 FLOPs
+    (4 x with the recompute) at 1e12 FLOPs per ms (a GPU fast enough for the exchange to outlast it): only what
+    outlasts it is added, for 4 blocks."""
+    fast = replace(SYSTEM, peak_flops=1e15)
+    kv = 2 * 1024 * 64
+    gather = collective_ms(fast, "all_gather", kv * 2, 2, 1, "cp")
+    scatter = collective_ms(fast, "reduce_scatter", kv * 4, 2, 1, "cp")
+    for checkpointing, again in (("none", 0), ("full", 1), ("selective", 1)):
+        attention = (3 + again) * 512 * 16384 / 1e12
+        p = price(SHAPE, fast, Layout(dp=1, cp=2, checkpointing=checkpointing), 8)
+        assert p.terms["cp"] == pytest.approx(4 * max(0.0, (2 + again) * gather + scatter - attention))
+        assert p.terms["cp"] > 0, checkpointing
+
+
 def test_buckets_overlapping_backward_by_hand():
     """Gradients produced as (bytes, ms), evenly over each: 30 bytes over 3 ms, 20 over 2, then 50 at once (an
     embedding: no FLOPs); buckets of 10 first, then 40; a bucket's collective takes bytes / 10 ms. At 1 ms the first

@@ -12,7 +12,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   at the system's peak x MFU, split by tp and cp; `recompute`: activation checkpointing's second forward (full: the
   blocks' whole forward; selective: attention's scores and weighted sum by their FLOPs, and the memory-bound rest,
   norms, rotary embedding, SiLU and adds, as the elements they read and write at the GPU's memory bandwidth:
-  shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured);
+  shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured),
+  twice under the zero-bubble schedule, whose input and weight halves each recompute (`recomputes`);
 - micro: on this machine, each micro-batch's fixed cost beyond the first (host.py; the accumulation's and the
   pipeline's alike, v chunks each under interleaving), stretched as compute; no term on a GPU system yet;
 - bubble: the pipeline's idle share, compute x slots / m, with slots p - 1 for GPipe and 1F1B, (p - 1) / v for
@@ -23,11 +24,14 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
   all-gather move the same bytes), 5 under full recomputation (torch's checkpoint stops recomputing once the tensors
   backward needs are back, so a block's last all-reduce is not run again: counted in the lab,
-  tests/parity/test_activation_checkpointing_mesh.py), of the micro-batch's activation (bf16) over the tp
+  tests/parity/test_activation_checkpointing_mesh.py), 6 under zero bubble's two recomputes, of the micro-batch's
+  activation (bf16) over the tp
   group, blocking: added whole; per micro-batch also the vocabulary's (the head's input gradient, the embedding's
   output on a pipeline's only stage, and the vocabulary-parallel loss's three of one fp32 value a token);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
-  prices it, hidden under the block's attention: only what outlasts it is added;
+  prices it, and the forward's again in each recompute, full or selective (both recompute attention and its
+  exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
+  attention: only what outlasts it is added;
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
   node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch
   DDP's first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients
@@ -243,6 +247,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     elif lay.checkpointing == "selective":  # attention's FLOPs, and the rest as memory traffic
         recompute = (tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
                      + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
+    recompute *= recomputes(lay)
     busy = compute + recompute
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
     stretch = 1.0
@@ -261,9 +266,12 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     if lay.cp > 1:
         kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
         stride = lay.tp
-        per_block = (2 * collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
-                     + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, stride, "cp"))
-        attention = 3 * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms * stretch
+        gather = collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
+        # forward, backward and each recompute's forward gather K and V; backward reduce-scatters dK and dV
+        per_block = (2 + recomputes(lay)) * gather + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp,
+                                                                     stride, "cp")
+        attention = ((3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
+                     / flops_per_ms * stretch)
         cp = blocks * lay.microbatches * max(0.0, per_block - attention * hides(system, lay))
     # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
@@ -290,7 +298,7 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     """TP's all-reduces of a step (module docstring): the blocks', and per micro-batch the vocabulary's (the head's
     input gradient, and the embedding's output without a pipeline: both split by rows of the vocabulary; the loss's
     max, sum of exponentials and target logit over the split rows)."""
-    recomputed = shape.tp_regions - 1 if lay.checkpointing == "full" else 0  # all but the block's last
+    recomputed = (shape.tp_regions - 1) * recomputes(lay) if lay.checkpointing == "full" else 0  # all but the last
     per_block = 2 * shape.tp_regions + recomputed
     one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
     vocab = 0.0
@@ -298,6 +306,16 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
         loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
         vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
     return lay.microbatches * (per_block * blocks * one + vocab)
+
+
+def recomputes(lay: Layout) -> int:
+    """How often each checkpointed block's forward runs again a micro-batch: once, in its backward; twice under the
+    zero-bubble schedule, whose input half (I) and weight half (W) each run a backward through the block (the lab's
+    W is one backward for all the stage's weights: tests/unit/test_zero_bubble_weights.py counts one recompute in
+    it). Selective checkpointing under zero bubble is refused (torch allows one backward per region)."""
+    if lay.checkpointing == "none":
+        return 0
+    return 2 if lay.pp > 1 and lay.schedule == "zero_bubble" else 1
 
 
 def hides(system: System, lay: Layout) -> float:
