@@ -60,6 +60,10 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+        # every rank has joined before any runs `fn`: a rank whose work needs no collective (a case its layers
+        # refused when built) would otherwise end, and close its connections, while a peer still completes gloo's
+        # full mesh, which then dies "joining" (seen once in CI under load: the verdict blamed the wrong rank)
+        dist.barrier()
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
