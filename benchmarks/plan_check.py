@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
-from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_machine  # noqa: E402
+from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_host, this_machine  # noqa: E402
 from ddp_lab.analysis.plan.price import Layout  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
@@ -83,12 +82,6 @@ def p50(res: dict, key: str) -> float:
     return res["summary"][key]["p50"]
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{os.cpu_count()}-core {cpu}, torch {__import__('torch').__version__}, gloo"
-
-
 def calibrate(out: Path) -> None:
     shape = load_shape(MODEL)
     floor = launch(out / "floor", f"model={MODEL}", "strategy=none", "world_size=2", f"train.batch_size={SEQUENCES}",
@@ -106,7 +99,7 @@ def calibrate(out: Path) -> None:
     tokens = SEQUENCES // 2 * shape.context  # one rank's
     flops = 3 * tokens * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     cal = {
-        "machine": machine(), "date": datetime.date.today().isoformat(),
+        "machine": this_host(), "date": datetime.date.today().isoformat(),
         "command": "python benchmarks/plan_check.py calibrate",
         "cores": os.cpu_count(), "nodes": NODES, "gbps": GBPS,
         "core_flops": flops / (p50(floor, "fwd_bwd_ms") / 1e3),

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPE = Shape("t", layers=4, d_model=64, heads=4, kv_heads=4, d_ff=256, vocab=1000, context=128)
 # per block: 2 x (2 x 64^2 + 2 x 64 x 64 + 3 x 64 x 256) + 2 x 128 x 64 = 147456 forward FLOPs per token; head 128000
 SYSTEM = replace(SYSTEMS["h100-nvlink"], peak_flops=1e12, mfu=1.0)  # 1e9 FLOPs per ms
+HEADER_START = " #   dp"  # the table's header line
 
 
 def test_the_shapes_count_as_published_and_as_the_lab_builds():
@@ -380,6 +381,21 @@ def test_the_design_notes_command_lines(capsys):
 CALIBRATED = {"machine": "a test host", "date": "2026-11-28", "command": "by hand", "cores": 2, "nodes": 2,
               "gbps": 1.0, "core_flops": 1e9, "optimizer_Bps": 1e9, "loopback_busbw_Bps": 1e9,
               "link_busbw_Bps": 1e8, "latency_s": 1e-4, "memory_bytes": 16e9}
+
+
+def test_a_calibration_from_another_machine_says_so(capsys, monkeypatch):
+    """this-machine's figures are the calibration's machine's: where the planner runs on another one, its output
+    says so under the head and names the command that calibrates this one; on the same machine it says nothing."""
+    from ddp_lab.analysis.plan import cli, host
+
+    assert host.calibrated_elsewhere(this_machine(2, {**CALIBRATED, "machine": host.this_host()})) is None
+    elsewhere = host.calibrated_elsewhere(this_machine(2, CALIBRATED))
+    assert elsewhere.startswith(f"calibrated on a test host, not this host ({host.this_host()})")
+    assert elsewhere.endswith("`python benchmarks/plan_check.py calibrate` runs here")
+    monkeypatch.setattr(cli, "this_machine", lambda gpus: this_machine(gpus, CALIBRATED))
+    assert main(["--model", "tiny", "--system", "this-machine", "--gpus", "2", "--top", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "calibrated on a test host, not this host" in printed.split(HEADER_START)[0]
 
 
 def test_this_machines_gloo_ring_by_hand():

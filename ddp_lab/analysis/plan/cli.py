@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ddp_lab.analysis.plan.described import described
-from ddp_lab.analysis.plan.host import HostSystem, this_machine
+from ddp_lab.analysis.plan.host import HostSystem, calibrated_elsewhere, this_machine
 from ddp_lab.analysis.plan.price import CHECKPOINTING, HEADROOM, SCHEDULES, STRATEGIES, Layout, Priced, price
 from ddp_lab.analysis.plan.ranges import a_tie, memory_range, said, step_range
 from ddp_lab.analysis.plan.search import PlanError, lab_refusal, layout_problem, plan, why_runner_up_lost
@@ -232,6 +232,8 @@ def run(args) -> int:
             f"{system.mfu if args.mfu is None else args.mfu:g} (docs/plan.md); ms per step: the step, the "
             "bubble, tp's and dp's exposed collectives, other = recompute + micro-batches' cost + pipeline sends + "
             "cp + optimizer")
+    elsewhere = calibrated_elsewhere(system) if isinstance(system, HostSystem) else None
+    head += f"\n{elsewhere}" if elsewhere else ""
     head = "\n".join(textwrap.fill(line, WIDTH) for line in head.splitlines())
     if args.layout:
         layout = parse_layout(args.layout, args.gpus)

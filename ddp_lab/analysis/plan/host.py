@@ -24,7 +24,10 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
 from __future__ import annotations
 
 import json
+import os
+import platform
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from ddp_lab.analysis.predict.costs import PredictError
@@ -44,6 +47,7 @@ class HostSystem(System):
     latency_s: float = 1e-4      # one gloo ring step's fixed cost
     element_bytes: int = 4       # fp32 on the wire
     microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
+    calibrated_on: str = ""      # the machine the calibration measured (`this_host()` there)
 
     def compute_share(self, ranks: int) -> float:
         """How many times longer a rank's work takes with `ranks` ranks busy at once on the host's cores."""
@@ -58,6 +62,26 @@ class HostSystem(System):
         all_work = busy * work_fraction * ranks / self.cores
         done = max(busy, all_work)
         return (done / busy if busy else 1.0), max(0.0, busy + bubble - done)
+
+
+def this_host() -> str:
+    """This machine as a calibration names the one it measured: its cores, its CPU, torch's version, gloo."""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+    except OSError:  # no /proc (macOS)
+        cpu = platform.processor()
+    return f"{os.cpu_count()}-core {cpu}, torch {version('torch')}, gloo"
+
+
+def calibrated_elsewhere(system: HostSystem) -> str | None:
+    """A line saying the calibration was measured on another machine than this one, or None: its figures are that
+    machine's, whatever this one does."""
+    here = this_host()
+    if system.calibrated_on == here:
+        return None
+    return (f"calibrated on {system.calibrated_on or 'an unnamed machine'}, not this host ({here}): the figures are "
+            "that machine's until `python benchmarks/plan_check.py calibrate` runs here")
 
 
 def load_calibration(path: Path | str = CALIBRATION) -> dict:
@@ -81,7 +105,8 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         inter_busbw_Bps=cal["link_busbw_Bps"], link_Bps=cal["loopback_busbw_Bps"], mfu=1.0,
         sources=(f"calibrated on {cal['machine']}, {cal['date']}: {cal['command']}",),
         generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
-        nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0))
+        nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0),
+        calibrated_on=cal.get("machine", ""))
 
 
 RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}
