@@ -17,10 +17,11 @@ bucketed's and DDP's gradient buckets, zero2's pooled buckets, PowerSGD's error 
 buffers, local SGD's anchor and outer momentum), each storage once and none that already holds a
 parameter, gradient or optimizer state (bucketed's gradients *are* its bucket slices). Activations
 and the buffers of a collective in flight are not kept between steps; fsdp reports the peak of
-what it gathered at once as `peak_gathered_bytes`, and on CUDA `torch.cuda.max_memory_allocated`
-covers everything. After the last step the snapshot also takes a census, `live_tensor_bytes`:
-every tensor storage alive in the process, found through the garbage collector, each once. It is
-what the accounting must explain (tests/parity/test_memory_census.py holds every strategy to it).
+what it gathered at once as `peak_gathered_bytes`, FSDP2 under a pipeline what it holds whole through the step
+(`unsharded_bytes`: the gathered parameters and the gradients accumulated whole, before its one reduction), and on
+CUDA `torch.cuda.max_memory_allocated` covers everything. After the last step the snapshot also takes a
+census, `live_tensor_bytes`: every tensor storage alive in the process, found through the garbage collector, each
+once. It is what the accounting must explain (tests/parity/test_memory_census.py holds every strategy to it).
 
 The expected figures follow what the implementation keeps. Under autocast (train.precision bf16 or
 fp16) parameters, gradients and AdamW's moments all stay fp32 here, and fsdp's compute dtype casts
@@ -212,6 +213,8 @@ def memory_snapshot(model, optimizer, device: torch.device, census: bool = False
         snapshot["live_tensor_bytes"] = live_tensor_bytes()
     if model.peak_gathered_bytes is not None:
         snapshot["peak_gathered_bytes"] = int(model.peak_gathered_bytes)
+    if getattr(model, "unsharded_bytes", None) is not None:
+        snapshot["unsharded_bytes"] = int(model.unsharded_bytes)
     if device.type == "cuda":
         snapshot["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
     return snapshot
@@ -251,7 +254,9 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
 
     A rank's model state is the largest params + grads + optimizer state of its three points (in
     practice before the last step, when all three are held); its `state_total` the largest model
-    state + strategy_state, and `strategy_state` the latter's part there. `model_state_ratio` = the
+    state + strategy_state, and `strategy_state` the latter's part there; where the strategy held whole copies
+    through a step (`unsharded_bytes`), `state_total` is at least the shards' parameters, optimizer state and kept
+    state with those copies (`state_total_at`: "before_reduction"). `model_state_ratio` = the
     largest rank's model state / the expected figure for the stage (fp32 state, module doc): 1.0
     when the shards are exactly 1/N, above it by padding, whole-parameter shards or state the
     paper does not count (Adam's step counters). `precision` bf16/fp16 adds the paper's mixed
@@ -270,6 +275,12 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
         snapshots["strategy_state"] = points[kept_at].get("strategy_state", 0)
         snapshots["state_total"] = model_state(points[kept_at]) + snapshots["strategy_state"]
         snapshots["state_total_at"] = kept_at
+        whole = max((points[p].get("unsharded_bytes", 0) for p in points), default=0)
+        if whole and "before_step" in points:  # the shards' parameters and optimizer state, and the whole copies
+            at_peak = (points["before_step"]["params"] + points["before_step"]["optimizer_state"]
+                       + points["before_step"].get("strategy_state", 0) + whole)
+            if at_peak > snapshots["state_total"]:
+                snapshots["state_total"], snapshots["state_total_at"] = at_peak, "before_reduction"
     largest = max(per_rank, key=lambda s: s["model_state"])
     out = {"per_rank": per_rank, "zero_stage": stage, "dtype": STATE_DTYPE, "precision": precision,
            "num_params": num_params, "expected": expected, "expected_total": expected_total, "full": full,
@@ -283,7 +294,7 @@ def summarize_memory(per_rank: list[dict], num_params: int, world_size: int, sta
     if precision != STATE_DTYPE:
         out["paper_mixed"] = expected_zero_bytes(num_params, precision, world_size, stage)
         out["paper_mixed_total"] = sum(out["paper_mixed"].values())
-    for key in ("peak_gathered_bytes", "max_memory_allocated", "live_tensor_bytes"):
+    for key in ("peak_gathered_bytes", "unsharded_bytes", "max_memory_allocated", "live_tensor_bytes"):
         values = [s[p][key] for s in per_rank for p in POINTS if key in s.get(p, {})]
         if values:
             out[f"{key}_max_rank"] = max(values)

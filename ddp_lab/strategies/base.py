@@ -38,6 +38,9 @@ each with its default here, so nothing is probed with getattr:
   (rank/memory.py counts each storage once, and none that holds model state); `[]` when nothing;
 - `peak_gathered_bytes`: the most bytes of gathered parameters held at once (ZeRO-3), None where
   nothing is gathered;
+- `unsharded_bytes`: the most bytes of whole parameters and gradients held beside the shards through a step (FSDP2
+  under a pipeline, gathered once a step and reduced once after it), None where nothing whole outlives a unit's
+  use; the memory accounting adds it to the shards' state at that peak (rank/memory.py);
 - `checkpoint_params()` and `checkpoint_optimizer(optimizer)`: where this rank keeps each piece of the
   parameters and of the optimizer state (strategies/checkpoint_layout.py), which rank/checkpoint.py
   saves where it lies and loads any other layout's checkpoint into; whole parameters and the optimizer's
@@ -102,6 +105,7 @@ class DataParallelBase(nn.Module):
     train step before each backward (PowerSGD keeps its error feedback in unscaled units with it)."""
 
     peak_gathered_bytes: int | None = None
+    unsharded_bytes: int | None = None
     reduces_after_no_sync = True
 
     def __init__(self, module: nn.Module, comm_dtype: str = "fp32", broadcast: bool = True, process_group=None,

@@ -240,6 +240,28 @@ class TorchFSDP(FSDP2Strategy):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def finish_gradient_synchronization(self) -> None:
+        if self.pipelined:
+            self._note_unsharded()
+        super().finish_gradient_synchronization()
+
+    def _note_unsharded(self) -> None:
+        """What FSDP2 holds whole beside its shards at a pipeline's peak, just before its one reduction
+        (`unsharded_bytes`): every unit's gathered parameters, kept through the micro-batches, and the gradients
+        accumulated whole over them."""
+        held = 0
+        for fsdp_module, gather in self._gathers:
+            groups = fsdp_module._get_fsdp_state()._fsdp_param_groups
+            if any(g.is_unsharded for g in groups):
+                held += gather.gathered_bytes
+            for param in (p for g in groups for p in g.fsdp_params):
+                grad = param.unsharded_accumulated_grad  # kept apart where the reduce dtype differs
+                if grad is None:
+                    unsharded = getattr(param, "_unsharded_param", None)
+                    grad = None if unsharded is None else unsharded.grad
+                held += 0 if grad is None else tensor_bytes(grad)
+        self.unsharded_bytes = max(self.unsharded_bytes or 0, held)
+
     def _note_gathered(self, launching=None) -> None:
         """The high-water mark of gathered parameters, as fsdp's (`peak_gathered_bytes`): every unit FSDP2 holds
         unsharded or has an all-gather in flight for, and `launching`'s, whose output exists from its launch."""

@@ -100,11 +100,13 @@ def _agreeing_cases() -> dict:
 
 
 def _fsdp_collectives(parallel, ddp, optimizer):
-    """(FSDP2's collectives over the run, its units holding parameters on this rank)."""
+    """(FSDP2's collectives over the run, its units holding parameters on this rank, what it reported holding whole
+    beside its shards, the stage's parameter bytes whole: a DTensor's numel is its global one)."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in ddp.module.modules() if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_groups]
-    return ddp.comm.pop()["collectives"], len(units)
+    whole = sum(p.numel() * p.element_size() for p in ddp.module.parameters())
+    return ddp.comm.pop()["collectives"], len(units), ddp.unsharded_bytes, whole
 
 
 def _run(rank, world_size, cases):
@@ -174,8 +176,18 @@ def test_fsdp2_under_the_labs_pipeline_gathers_each_unit_once_a_step(pp4):
     `no_sync()` gathered twice a micro-batch (20 collectives a step on the first stage, 6 now:
     benchmarks/fsdp_under_pipeline.py)."""
     for rank in pp4:
-        collectives, units = rank["dp2 fsdp_torch gpipe gathered once a step"][2]
+        collectives, units, _, _ = rank["dp2 fsdp_torch gpipe gathered once a step"][2]
         assert units > 0 and collectives == STEPS * 2 * units, (collectives, units)
+
+
+def test_fsdp2_under_the_labs_pipeline_reports_what_it_holds_whole(pp4):
+    """Gathered once a step and reduced once after it, FSDP2 holds the stage's whole parameters and its whole
+    gradients (fp32) beside its shards until the reduction: `unsharded_bytes`, which the memory accounting adds to
+    the shards' state (rank/memory.py), is twice the stage's parameter bytes (the tiny Transformer's sizes split
+    evenly over dp 2: no padding)."""
+    for rank in pp4:
+        _, _, held, whole = rank["dp2 fsdp_torch gpipe gathered once a step"][2]
+        assert whole > 0 and held == 2 * whole, (held, whole)
 
 
 def test_parity_check_catches_tied_copies_left_unsummed():

@@ -122,6 +122,31 @@ def test_strategy_state_is_summed_with_model_state_where_their_sum_peaks():
     assert summary["model_state_max_rank"] == 16 * psi
 
 
+def test_whole_copies_held_through_a_step_count_with_the_shards_before_the_reduction():
+    """FSDP2 under a pipeline, Psi = 1 Mi parameters over 2 ranks (fp32 AdamW, stage 3): at rest a rank holds its
+    shard's 4 + 4 + 8 bytes a parameter, 8 MiB before its step; through the step it holds the stage's whole
+    parameters and whole gradients beside the shards (unsharded_bytes, 8 MiB) while the gradient shards are not yet
+    written: 2 + 4 + 8 = 14 MiB at that peak, which is the rank's state_total. Without whole copies, unchanged."""
+    psi = MiB
+    rank = _rank(2 * psi, 2 * psi, 4 * psi)
+    for point in ("before_step", "after_step"):
+        rank[point]["unsharded_bytes"] = 8 * psi
+    summary = summarize_memory([rank], psi, 2, 3)
+    assert summary["per_rank"][0]["state_total"] == 14 * psi
+    assert summary["per_rank"][0]["state_total_at"] == "before_reduction"
+    assert summary["state_total_max_rank"] == 14 * psi and summary["unsharded_bytes_max_rank"] == 8 * psi
+    assert summary["model_state_max_rank"] == 8 * psi  # the ZeRO paper's figure stays the shards'
+    plain = summarize_memory([_rank(2 * psi, 2 * psi, 4 * psi)], psi, 2, 3)
+    assert plain["per_rank"][0]["state_total"] == 8 * psi and "unsharded_bytes_max_rank" not in plain
+
+
+def test_snapshot_records_what_a_strategy_holds_whole():
+    model = _strategy(nn.Linear(4, 4))
+    assert "unsharded_bytes" not in memory_snapshot(model, None, torch.device("cpu"))
+    model.unsharded_bytes = 160
+    assert memory_snapshot(model, None, torch.device("cpu"))["unsharded_bytes"] == 160
+
+
 def test_strategy_state_counts_kept_storages_that_hold_no_model_state():
     """A wrapper that keeps a bucket its gradients are views of (nothing extra) and a pool buffer."""
     bucket, pool = torch.zeros(110), torch.zeros(50)
