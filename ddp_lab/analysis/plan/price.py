@@ -57,18 +57,19 @@ yields (DDP's all-reduce measured 550 of 555 ms exposed at dp 4, docs/measured/p
 then every collective whole.
 
 Memory per GPU (bytes): model state at ZeRO's 16 bytes per parameter (bf16 weights and gradients, fp32 master,
-AdamW's two moments; on this machine fp32 weights that are their own master, fp32 gradients and the two moments,
-4 + 4 + 8, as the lab's census counts them), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al.,
-SC'20); activations 34 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with
-attention's scores not kept: a flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them;
-twice that in fp32 here), 2 x s x b x h / tp under full recomputation plus one block's whole set while it
-recomputes; 1F1B and ZB-H1 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and
-(p - 1) / v more, GPipe all m; the loss's fp32 log-softmax of each micro-batch the last stage holds (GPipe all m,
-the others one); zero2's freed buckets it keeps for the next step (`zero2_pool_bytes`, in the state: the census
-counts them there). `held` is the busier of the first and the last stage, what the lab's census counts (model state
-and what autograd saved: the measured checks hold it to the census); `total` adds the log-softmax's gradient, alive
-while the head's backward runs, and a layout fits when its total is within the device's memory less 10% (the
-allocator's fragments, NCCL's buffers, the CUDA context).
+AdamW's two moments; on this machine fp32 weights that are their own master, fp32 gradients and the two moments, 4 +
+4 + 8, as the lab's census counts them), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al.,
+SC'20), torch's ZeRO-1 by whole tensors (the busiest rank's share of its partition, `busiest_share`); activations 34
+x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept: a
+flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them; twice that in fp32 here), 2 x s x
+b x h / tp under full recomputation plus one block's whole set while it recomputes; 1F1B and ZB-H1 keep min(m, p)
+micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m; the loss's fp32
+log-softmax of each micro-batch the last stage holds (GPipe all m, the others one); zero2's freed buckets it keeps
+for the next step (`zero2_pool_bytes`, in the state: the census counts them there). `held` is the busier of the
+first and the last stage, what the lab's census counts (model state and what autograd saved: the measured checks
+hold it to the census); `total` adds the log-softmax's gradient, alive while the head's backward runs, and a layout
+fits when its total is within the device's memory less 10% (the allocator's fragments, NCCL's buffers, the CUDA
+context).
 """
 
 from __future__ import annotations
@@ -420,6 +421,8 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
         weights += FP32 * stage_params / shards
     optimizer = optimizer_bytes * stage_params / (shards if stage >= 1 else 1)
+    if lay.strategy == "zero1_torch" and shards > 1:  # whole tensors to each rank: the busiest rank's share
+        optimizer = optimizer_bytes * busiest_share(stage_tensors(shape, lay), shards)
     pool = zero2_pool_bytes(element * stage_params) if lay.strategy == "zero2" and shards > 1 else 0.0
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
@@ -441,6 +444,24 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     held = state + saved
     return {"state": state, "activations": activations, "logits": 2 * log_probs, "held": held,
             "total": held + log_probs}
+
+
+def stage_tensors(shape: Shape, lay: Layout) -> list[float]:
+    """The elements of each parameter tensor of the priced (last) stage on one GPU: its blocks', the output head's
+    (vocabulary-parallel under TP) and the final norm's; on a pipeline's only stage also the embedding's."""
+    vocab = [shape.vocab * shape.d_model / lay.tp] * (2 if lay.pp == 1 else 1) if shape.vocab else []
+    norm = [shape.d_model] if shape.vocab else []
+    return stage_blocks(shape, lay.pp) * shape.block_tensors(lay.tp) + vocab + norm
+
+
+def busiest_share(tensors: list[float], ranks: int) -> float:
+    """The elements of the rank torch's ZeroRedundancyOptimizer gives the most optimizer state: each parameter
+    whole, largest first, to the rank holding the fewest elements so far (`_partition_parameters`, over one
+    parameter group; the lab's optimizer has one). A vocabulary's matrix can outweigh an even share by itself."""
+    held = [0.0] * ranks
+    for size in sorted(tensors, reverse=True):
+        held[held.index(min(held))] += size
+    return max(held)
 
 
 def zero2_pool_bytes(grad_bytes: float, bucket: float = BUCKET_BYTES) -> float:

@@ -101,6 +101,17 @@ class Shape:
             return f"tp {tp} does not divide the heads ({self.heads}), kv heads ({self.kv_heads}) and d_ff"
         return None
 
+    def block_tensors(self, tp: int = 1) -> list[float]:
+        """The elements of each of a block's parameter tensors on one GPU, those TP splits over `tp`: q, k and v
+        (the lab's block fuses them into one), attention's output, the MLP's three, and the two norms whole; the
+        feed-forward stack's two linears."""
+        d, d_ff = self.d_model, self.d_ff
+        if self.ffn:
+            return [d * d_ff / tp] * 2
+        attention = [d * (d + 2 * self.d_kv) / tp] if self.lab_block else [d * d / tp, d * self.d_kv / tp,
+                                                                             d * self.d_kv / tp]
+        return attention + [d * d / tp] + [d * d_ff / tp] * 3 + [d, d]
+
     def head_flops(self) -> float:
         """Forward FLOPs per token of the output head (the embedding is a lookup)."""
         return 2 * self.vocab * self.d_model
