@@ -216,6 +216,36 @@ def test_the_lab_blocks_saved_bytes_are_what_its_census_counts(d, d_ff, heads):
     assert 2 * shape.saved_bytes_per_token == pytest.approx(census.largest / (2 * 32), rel=0.01)
 
 
+@pytest.mark.parametrize("d, d_ff, heads", [(64, 256, 4), (256, 1024, 8)])
+def test_the_lab_blocks_selective_bytes_are_what_its_census_counts(d, d_ff, heads):
+    """Under selective checkpointing a conf model's block keeps its input and its matmuls' outputs, 4 x d + 2 x d_kv
+    + 2 x d_ff elements a token (6 x d + 2 x d_ff with as many kv heads as heads): what the census counts of the
+    lab's block under rank/recompute.py's policy, in fp32, to 1%. It was priced as keeping everything (2.1x
+    model=tiny's count)."""
+    import torch
+    from torch import nn
+
+    from ddp_lab.models.transformer import Block, RotaryEmbedding
+    from ddp_lab.rank.activations import SavedActivations
+    from ddp_lab.rank.recompute import apply_activation_checkpointing
+
+    holder = nn.Module()
+    holder.blocks = nn.ModuleList([Block(d, heads, d_ff, RotaryEmbedding(d // heads, 32, 10000.0))])
+    apply_activation_checkpointing(holder, "selective")
+    census = SavedActivations()
+    hooks, done = census.counting("block")
+    with hooks:
+        out = holder.blocks[0](torch.randn(2, 32, d, requires_grad=True))
+    done()
+    out.sum().backward()
+    shape = Shape("lab", layers=1, d_model=d, heads=heads, kv_heads=heads, d_ff=d_ff, vocab=0, context=32,
+                  lab_block=True)
+    assert shape.selective_saved_bytes_per_token == 2 * (6 * d + 2 * d_ff)
+    assert 2 * shape.selective_saved_bytes_per_token == pytest.approx(census.largest / (2 * 32), rel=0.01)
+    published = replace(shape, lab_block=False)
+    assert published.selective_saved_bytes_per_token == published.saved_bytes_per_token == 34 * d
+
+
 def test_model_state_by_zero_stage():
     """16 bytes per parameter of the stage (its blocks, and without a pipeline both embedding and head), sharded as
     ZeRO shards it over dp x cp: ZeRO-1 the optimizer's 12, ZeRO-2 also the gradients' 2, FSDP all 16. torch's

@@ -62,14 +62,15 @@ AdamW's two moments; on this machine fp32 weights that are their own master, fp3
 SC'20), torch's ZeRO-1 by whole tensors (the busiest rank's share of its partition, `busiest_share`); activations 34
 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept: a
 flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them; twice that in fp32 here), 2 x s x
-b x h / tp under full recomputation plus one block's whole set while it recomputes; 1F1B and ZB-H1 keep min(m, p)
-micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m; the loss's fp32
-log-softmax of each micro-batch the last stage holds (GPipe all m, the others one); zero2's freed buckets it keeps
-for the next step (`zero2_pool_bytes`, in the state: the census counts them there). `held` is the busier of the
-first and the last stage, what the lab's census counts (model state and what autograd saved: the measured checks
-hold it to the census); `total` adds the log-softmax's gradient, alive while the head's backward runs, and a layout
-fits when its total is within the device's memory less 10% (the allocator's fragments, NCCL's buffers, the CUDA
-context).
+b x h / tp under full recomputation plus one block's whole set while it recomputes, under selective what its policy
+keeps (shapes.py's `selective_saved_bytes_per_token`) plus the rest of one block while it recomputes; 1F1B and ZB-H1
+keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m;
+the loss's fp32 log-softmax of each micro-batch the last stage holds (GPipe all m, the others one); zero2's freed
+buckets it keeps for the next step (`zero2_pool_bytes`, in the state: the census counts them there). `held` is the
+busier of the first and the last stage, what the lab's census counts (model state and what autograd saved: the
+measured checks hold it to the census); `total` adds the log-softmax's gradient, alive while the head's backward
+runs, and a layout fits when its total is within the device's memory less 10% (the allocator's fragments, NCCL's
+buffers, the CUDA context).
 """
 
 from __future__ import annotations
@@ -430,6 +431,10 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     if lay.checkpointing == "full":
         per_micro = blocks * element * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block
+    elif lay.checkpointing == "selective":  # what the policy keeps, and the rest of one block while it recomputes
+        kept_block = shape.selective_saved_bytes_per_token * s * micro / lay.tp * element / BF16
+        per_micro = blocks * kept_block
+        extra = whole_block - kept_block
     else:
         per_micro = blocks * whole_block
         extra = 0.0

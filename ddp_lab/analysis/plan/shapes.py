@@ -88,6 +88,17 @@ class Shape:
         return 2 * (13 * self.d_model + 4 * self.d_ff) if self.lab_block else 34 * self.d_model
 
     @property
+    def selective_saved_bytes_per_token(self) -> int:
+        """What one block keeps per token under selective checkpointing (bf16), before TP splits it: the lab's block
+        its input and its matmuls' outputs, as rank/recompute.py's policy keeps them (q, k and v, attention's
+        projection, the MLP's three: 4 x d + 2 x d_kv + 2 x d_ff elements; tests/unit/test_recompute_census.py
+        counts them on one block); a published shape keeps what it keeps without checkpointing (34 x d already
+        leaves out attention's scores, which is what Korthikanti et al.'s selective recomputation drops)."""
+        if self.ffn or not self.lab_block:
+            return self.saved_bytes_per_token
+        return 2 * (4 * self.d_model + 2 * self.d_kv + 2 * self.d_ff)
+
+    @property
     def tp_regions(self) -> int:
         """Row-parallel layers per block, each one all-reduce forward and one backward under TP: attention's output
         and the MLP's second linear; the feed-forward block's second linear alone."""
