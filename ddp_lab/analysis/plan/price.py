@@ -25,9 +25,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   all-gather move the same bytes), 5 under full recomputation (torch's checkpoint stops recomputing once the tensors
   backward needs are back, so a block's last all-reduce is not run again: counted in the lab,
   tests/parity/test_activation_checkpointing_mesh.py), 6 under zero bubble's two recomputes, of the micro-batch's
-  activation (bf16) over the tp
-  group, blocking: added whole; per micro-batch also the vocabulary's (the head's input gradient, the embedding's
-  output on a pipeline's only stage, and the vocabulary-parallel loss's three of one fp32 value a token);
+  activation (bf16) over the tp group, blocking: added whole; per micro-batch also the vocabulary's (the head's
+  input gradient, the embedding's output on a pipeline's only stage, and the vocabulary-parallel loss's three of one
+  fp32 value a token);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, and the forward's again in each recompute, full or selective (both recompute attention and its
   exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
