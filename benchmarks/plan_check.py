@@ -10,6 +10,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_fsdp_pipeline --fsdp-pipeline    # FSDP2 under pp, 12 jobs
     python benchmarks/plan_check.py table outputs/bench/plan_fsdp_pipeline --fsdp-pipeline
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_batch --unseen-batch   # 16 sequences of 128
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_context --unseen-context   # 8 sequences of 256
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), a micro-batch's fixed cost
@@ -24,6 +25,8 @@ docs keep. `--unseen`: a job the planner was not tuned on, scored as it ran (con
 sequences: the same tokens a step), at each rank count the planner's top UNSEEN_TOP and UNSEEN_SPREAD more spread
 evenly down the rest of its ranking, every strategy, schedule and checkpointing it ranks. `--unseen-batch`: the same
 choice at context 128 and 16 sequences a step (twice the tokens), a setting no change to the pricing was drawn from.
+`--unseen-context`: the same choice at context 256 and 8 sequences (the tokens of `--unseen-batch`), after the
+changes of 2026-11-30 that the unseen batch's rows showed.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ SIZE_MB, LATENCY_MB = 16, 1 / 1024
 UNSEEN = {"context": 128, "sequences": 8}
 UNSEEN_BATCH = {"context": 128, "sequences": 16}
 """`--unseen-batch`: the unseen check's context at twice its global batch, a setting no pricing change has seen."""
+UNSEEN_CONTEXT = {"context": 256, "sequences": 8}
+"""`--unseen-context`: twice the unseen check's context, the unseen batch's tokens a step."""
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 
@@ -138,16 +143,17 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch")
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context")
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
-`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch` (`--unseen`'s choice of layouts at
-UNSEEN_BATCH)."""
+`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch` and `--unseen-context` (`--unseen`'s choice of
+layouts at UNSEEN_BATCH, UNSEEN_CONTEXT)."""
 
 
 def setting(check: str = "checked") -> tuple:
     """(shape, sequences a step) of a check: tiny as configured, or an unseen check's context and batch."""
-    if check == "unseen_batch":
-        return with_context(load_shape(MODEL), UNSEEN_BATCH["context"]), UNSEEN_BATCH["sequences"]
+    if check in ("unseen_batch", "unseen_context"):
+        chosen = UNSEEN_BATCH if check == "unseen_batch" else UNSEEN_CONTEXT
+        return with_context(load_shape(MODEL), chosen["context"]), chosen["sequences"]
     if check in ("unseen", "fsdp_pipeline"):
         return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
     return load_shape(MODEL), SEQUENCES
@@ -174,7 +180,7 @@ def jobs(gpus: int, check: str = "checked") -> tuple:
     """(layouts, sequences, context) of a sweep at `gpus` ranks."""
     if check == "fsdp_pipeline":
         return fsdp_pipeline_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
-    if check in ("unseen", "unseen_batch"):
+    if check in ("unseen", "unseen_batch", "unseen_context"):
         shape, sequences = setting(check)
         return unseen_layouts(gpus, check), sequences, shape.context
     return list(checked_layouts(gpus, check == "held_out")), SEQUENCES, None
@@ -252,6 +258,8 @@ def main() -> None:
                     help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
     ap.add_argument("--unseen-batch", action="store_true",
                     help="--unseen's choice of layouts at its context and twice its global batch")
+    ap.add_argument("--unseen-context", action="store_true",
+                    help="--unseen's choice of layouts at twice its context, --unseen-batch's tokens a step")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")
