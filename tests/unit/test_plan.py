@@ -595,16 +595,22 @@ def test_the_check_at_twice_the_context_scores_as_the_docs_report():
     """docs/measured/plan_unseen_context.md (2026-11-30, after that day's changes, nothing changed after): at 8 ranks
     the bar met; at 4 the pick the measured best but the rank correlation +0.87, under the bar of 0.9; memory
     within 10% of the census on 26 of 28."""
+    scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
+    _assert_scored(scored, rho=[0.87, 0.97], picks=[1.0, 1.08], memory_near=(26, 28))
+
+
+def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple) -> None:
+    """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
+    (rounded as printed), the best inside the pick's range, and how many rows' memory is within 10% of the census."""
     from ddp_lab.analysis.plan.ranges import STEP
 
-    scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
-    assert [round(s.rho, 2) for s in scored] == [0.87, 0.97]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.08]
+    assert [round(s.rho, 2) for s in scored] == rho
+    assert [round(s.pick_over_best, 2) for s in scored] == picks
     for s in scored:
         low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
         assert low <= s.best["measured_ms"] <= high
     near = [abs(r["measured_bytes"] / r["predicted_bytes"] - 1) <= 0.1 for s in scored for r in s.rows]
-    assert (sum(near), len(near)) == (26, 28)
+    assert (sum(near), len(near)) == memory_near
 
 
 def test_fsdp2_under_a_pipeline_is_priced_above_zero2_as_it_measured():
@@ -650,16 +656,8 @@ def test_the_check_at_twice_the_batch_run_again_meets_the_bar_and_the_memory_as_
     """docs/measured/plan_unseen_batch.md's second run (2026-11-30, after the census and the memory pricing were
     mended): the bar met at both rank counts, and the census within 10% of the planner's held figure on 26 of 28
     (23 before torch's ZeRO-1 was priced by its partition, a change made after these rows showed it)."""
-    from ddp_lab.analysis.plan.ranges import STEP
-
     scored = _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16)
-    assert [round(s.rho, 2) for s in scored] == [0.98, 0.98]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.05, 1.0]
-    for s in scored:
-        low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
-        assert low <= s.best["measured_ms"] <= high
-    near = [abs(r["measured_bytes"] / r["predicted_bytes"] - 1) <= 0.1 for s in scored for r in s.rows]
-    assert (sum(near), len(near)) == (26, 28)
+    _assert_scored(scored, rho=[0.98, 0.98], picks=[1.05, 1.0], memory_near=(26, 28))
 
 
 def test_each_range_is_what_the_checks_measured():
