@@ -39,10 +39,7 @@ class Shape:
 
     @property
     def block_params(self) -> int:
-        d = self.d_model
-        if self.ffn:
-            return 2 * d * self.d_ff
-        return 2 * d * d + 2 * d * self.d_kv + 3 * d * self.d_ff + 2 * d
+        return int(sum(self.block_tensors()))
 
     @property
     def params(self) -> int:
