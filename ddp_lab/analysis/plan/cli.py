@@ -187,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mfu", type=float, default=None, help="the fraction of peak compute reaches (default: the "
                     "system's assumption)")
     ap.add_argument("--attention-mfu", type=float, default=None, help="the fraction of peak attention's scores "
-                    "and weighted sum reach (default: --mfu's; 0.26 against torchtitan's runs: docs/plan.md)")
+                    "and weighted sum reach (default: --mfu's; 0.26 against torchtitan's runs: docs/plan_accuracy.md)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--layout", default=None, help="price one layout: dp=..,tp=..,pp=..,cp=..,strategy=..,"
                     "schedule=..,microbatches=..,checkpointing=..")
