@@ -1,6 +1,6 @@
 """The planner against layouts measured on this machine (issue 66; docs/measured/plan.md).
 
-    python benchmarks/plan_check.py calibrate               # ddp_lab/analysis/plan/this_machine.json (about 1 min)
+    python benchmarks/plan_check.py calibrate               # ddp_lab/analysis/plan/this_machine.json (about 4 min)
     python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
     python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
     python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
@@ -11,11 +11,15 @@
     python benchmarks/plan_check.py table outputs/bench/plan_fsdp_pipeline --fsdp-pipeline
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_batch --unseen-batch   # 16 sequences of 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_context --unseen-context   # 8 sequences of 256
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_long --unseen-long   # 4 sequences of 512
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
-and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), a micro-batch's fixed cost
-from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), gloo's all-reduce on loopback
-(16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined by the link.
+and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
+and weighted sum from the floor at contexts 64 and 256 (the median of ROUNDS jobs each, alternating), a micro-batch's
+fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), a context-parallel
+ring step's wait with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner does not rank),
+gloo's all-reduce on loopback (16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined
+by the link.
 `sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
 activation checkpointing and the 1F1B schedule (the other strategies, checkpointing and schedules multiply the jobs,
 about 25 s each here, by 16), and the fewest and the most micro-batches the planner tries; each job on two emulated
@@ -26,7 +30,8 @@ sequences: the same tokens a step), at each rank count the planner's top UNSEEN_
 evenly down the rest of its ranking, every strategy, schedule and checkpointing it ranks. `--unseen-batch`: the same
 choice at context 128 and 16 sequences a step (twice the tokens), a setting no change to the pricing was drawn from.
 `--unseen-context`: the same choice at context 256 and 8 sequences (the tokens of `--unseen-batch`), after the
-changes of 2026-11-30 that the unseen batch's rows showed.
+changes of 2026-11-30 that the unseen batch's rows showed. `--unseen-long`: context 512 and 4 sequences (the same
+tokens), after attention's own rate and the ring's wait were calibrated (2026-11-30).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -45,10 +51,11 @@ sys.path.insert(0, str(ROOT))
 
 from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
-from ddp_lab.analysis.plan.host import CALIBRATION, NODES, this_host, this_machine  # noqa: E402
+from ddp_lab.analysis.plan.host import CALIBRATION, NODES, compute_rates, ring_wait_s, this_host, this_machine  # noqa: E402
 from ddp_lab.analysis.plan.price import Layout  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
+from ddp_lab.analysis.predict.costs import PredictError  # noqa: E402
 
 MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
 SIZE_MB, LATENCY_MB = 16, 1 / 1024
@@ -57,8 +64,16 @@ UNSEEN_BATCH = {"context": 128, "sequences": 16}
 """`--unseen-batch`: the unseen check's context at twice its global batch, a setting no pricing change has seen."""
 UNSEEN_CONTEXT = {"context": 256, "sequences": 8}
 """`--unseen-context`: twice the unseen check's context, the unseen batch's tokens a step."""
+UNSEEN_LONG = {"context": 512, "sequences": 4}
+"""`--unseen-long`: twice `--unseen-context`'s context, the same tokens a step: a context no calibration or pricing
+change has seen (the calibration measures the floor at 64 and 256), after attention's rate and the ring's wait."""
+UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
+LONG_CONTEXT = 256  # the floor's second context, for attention's own rate: 3.7 % of tiny's FLOPs there, 1 % at 64
+ROUNDS = 3  # each floor's jobs, their median taken: one slow spell of the host moved a floor by a quarter
+RING_RANKS, RING_CP, RING_STRATEGY, RING_STEPS = 4, 2, "flat", 24  # a ring's wait: 2 ranks a core, a strategy
+# the planner does not rank, more steps than a layout's job for a steadier mean
 
 
 def launch(out: Path, *overrides: str) -> dict:
@@ -89,36 +104,59 @@ def p50(res: dict, key: str) -> float:
 
 def calibrate(out: Path) -> None:
     shape = load_shape(MODEL)
-    floor = launch(out / "floor", f"model={MODEL}", "strategy=none", "world_size=2", f"train.batch_size={SEQUENCES}",
-                   f"train.steps={STEPS}")
-    accumulated = launch(out / "floor_accumulated", f"model={MODEL}", "strategy=none", "world_size=2",
-                         f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}", f"train.grad_accum_steps={MICRO}")
+    base = (f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}")
+    floors, long_floors = [], []
+    for r in range(1, ROUNDS + 1):  # alternating, so that a slow spell of the host falls on both contexts
+        floors.append(launch(out / f"floor_{r}", *base, "strategy=none", "world_size=2"))
+        long_floors.append(launch(out / f"floor_{LONG_CONTEXT}_{r}", *base, "strategy=none", "world_size=2",
+                                  f"model.context_length={LONG_CONTEXT}"))
+    accumulated = launch(out / "floor_accumulated", *base, "strategy=none", "world_size=2",
+                         f"train.grad_accum_steps={MICRO}")
+    ring = launch(out / "ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
+                  f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}",
+                  "parallel.cp_impl=zigzag")
     loop = launch(out / "loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
     tick = launch(out / "latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
     link = launch(out / "link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
                   f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
-    for name, res in (("floor", floor), ("floor_accumulated", accumulated), ("loopback", loop), ("latency", tick),
-                      ("link", link)):
+    named = [(f"floor_{r}", res) for r, res in enumerate(floors, 1)]
+    named += [(f"floor_{LONG_CONTEXT}_{r}", res) for r, res in enumerate(long_floors, 1)]
+    for name, res in named + [("floor_accumulated", accumulated), ("ring", ring), ("loopback", loop),
+                              ("latency", tick), ("link", link)]:
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
-    tokens = SEQUENCES // 2 * shape.context  # one rank's
-    flops = 3 * tokens * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
+    floor = {key: statistics.median(p50(res, key) for res in floors) for key in ("fwd_bwd_ms", "optimizer_ms")}
+    long_fwd_bwd = statistics.median(p50(res, "fwd_bwd_ms") for res in long_floors)
+    try:
+        core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, {shape.context: floor["fwd_bwd_ms"],
+                                                                            LONG_CONTEXT: long_fwd_bwd})
+    except PredictError as exc:
+        sys.exit(f"calibrate: {exc}; measure again on an idle machine")
+    context = ring["summary"]["mesh"]["context"]["per_rank"]
+    most = max(context, key=lambda r: r["exposed_ms"])  # the most-waiting cp rank
+    steps = 3 * (RING_CP - 1) * shape.layers  # a zigzag ring's 3 collectives a block, each cp - 1 steps
+    wait_s = ring_wait_s(most["exposed_ms"], most["exchange_alone_ms"], steps)
+    waited = {"ranks": RING_RANKS, "cp": RING_CP, "strategy": RING_STRATEGY, "exposed_ms": most["exposed_ms"],
+              "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps}
     cal = {
         "machine": this_host(), "date": datetime.date.today().isoformat(),
         "command": "python benchmarks/plan_check.py calibrate",
         "cores": os.cpu_count(), "nodes": NODES, "gbps": GBPS,
-        "core_flops": flops / (p50(floor, "fwd_bwd_ms") / 1e3),
-        "optimizer_Bps": 28 * shape.params / (p50(floor, "optimizer_ms") / 1e3),
+        "core_flops": core_flops, "attention_flops": attention_flops,
+        "optimizer_Bps": 28 * shape.params / (floor["optimizer_ms"] / 1e3),
         "loopback_busbw_Bps": loop["summary"]["busbw_GBps"] * 1e9,
         "link_busbw_Bps": link["summary"]["busbw_GBps"] * 1e9,
         "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
+        "ring_wait_s": wait_s,
         # the same FLOPs in MICRO micro-batches: what each beyond the first adds
-        "microbatch_s": (p50(accumulated, "fwd_bwd_ms") - p50(floor, "fwd_bwd_ms")) / (MICRO - 1) / 1e3,
+        "microbatch_s": (p50(accumulated, "fwd_bwd_ms") - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        "from": {"model": MODEL, "sequences": SEQUENCES, "floor_fwd_bwd_ms": p50(floor, "fwd_bwd_ms"),
-                 "floor_optimizer_ms": p50(floor, "optimizer_ms"), "all_reduce_MiB": SIZE_MB,
+        "from": {"model": MODEL, "sequences": SEQUENCES, "floor_rounds": ROUNDS,
+                 "floor_fwd_bwd_ms": [p50(res, "fwd_bwd_ms") for res in floors], "long_context": LONG_CONTEXT,
+                 "floor_long_fwd_bwd_ms": [p50(res, "fwd_bwd_ms") for res in long_floors],
+                 "floor_optimizer_ms": floor["optimizer_ms"], "all_reduce_MiB": SIZE_MB,
                  "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": p50(accumulated, "fwd_bwd_ms"),
-                 "latency_all_reduce_ms": p50(tick, "latency_ms")},
+                 "latency_all_reduce_ms": p50(tick, "latency_ms"), "ring_job": waited},
     }
     CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
     print(json.dumps(cal, indent=1))
@@ -143,16 +181,16 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context")
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context", "unseen_long")
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
-`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch` and `--unseen-context` (`--unseen`'s choice of
-layouts at UNSEEN_BATCH, UNSEEN_CONTEXT)."""
+`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch`, `--unseen-context` and `--unseen-long`
+(`--unseen`'s choice of layouts at UNSEEN_BATCH, UNSEEN_CONTEXT, UNSEEN_LONG)."""
 
 
 def setting(check: str = "checked") -> tuple:
     """(shape, sequences a step) of a check: tiny as configured, or an unseen check's context and batch."""
-    if check in ("unseen_batch", "unseen_context"):
-        chosen = UNSEEN_BATCH if check == "unseen_batch" else UNSEEN_CONTEXT
+    if check in UNSEEN_SETTINGS:
+        chosen = UNSEEN_SETTINGS[check]
         return with_context(load_shape(MODEL), chosen["context"]), chosen["sequences"]
     if check in ("unseen", "fsdp_pipeline"):
         return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
@@ -180,7 +218,7 @@ def jobs(gpus: int, check: str = "checked") -> tuple:
     """(layouts, sequences, context) of a sweep at `gpus` ranks."""
     if check == "fsdp_pipeline":
         return fsdp_pipeline_layouts(gpus), UNSEEN["sequences"], UNSEEN["context"]
-    if check in ("unseen", "unseen_batch", "unseen_context"):
+    if check == "unseen" or check in UNSEEN_SETTINGS:
         shape, sequences = setting(check)
         return unseen_layouts(gpus, check), sequences, shape.context
     return list(checked_layouts(gpus, check == "held_out")), SEQUENCES, None
@@ -260,6 +298,8 @@ def main() -> None:
                     help="--unseen's choice of layouts at its context and twice its global batch")
     ap.add_argument("--unseen-context", action="store_true",
                     help="--unseen's choice of layouts at twice its context, --unseen-batch's tokens a step")
+    ap.add_argument("--unseen-long", action="store_true",
+                    help="--unseen's choice of layouts at context 512 and 4 sequences, --unseen-batch's tokens a step")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")

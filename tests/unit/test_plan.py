@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddp_lab.analysis.plan.cli import main
-from ddp_lab.analysis.plan.host import this_machine
+from ddp_lab.analysis.plan.host import compute_rates, ring_wait_s, this_machine
 from ddp_lab.analysis.plan.price import (
     BUCKET_BYTES,
     Layout,
@@ -25,6 +25,7 @@ from ddp_lab.analysis.plan.price import (
 )
 from ddp_lab.analysis.plan.search import layout_problem, layouts, plan
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape
+from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.systems import SYSTEMS
 
@@ -446,6 +447,48 @@ def test_a_calibration_from_another_machine_says_so(capsys, monkeypatch):
     assert main(["--model", "tiny", "--system", "this-machine", "--gpus", "2", "--top", "1"]) == 0
     printed = capsys.readouterr().out
     assert "calibrated on a test host, not this host" in printed.split(HEADER_START)[0]
+
+
+def test_attentions_own_rate_on_this_machine_by_hand():
+    """SHAPE's block does 147,456 forward FLOPs a token, 16,384 of them attention's scores and weighted sum (2 x 128
+    x 64). Calibrated at 1e9 FLOP/s for the rest and 1e8 for attention, dp 2 on 2 ranks (a core each, 512 tokens):
+    3 x 512 x (4 x 131,072 + 128,000) FLOPs at 1e6 a ms and 3 x 512 x 4 x 16,384 at 1e5. And the calibration's fit
+    gives those rates back from the two times at contexts 64 and 128; times no two positive rates explain (the
+    longer context faster a token) are refused."""
+    cal = {**CALIBRATED, "attention_flops": 1e8}
+    by_hand = 3 * 512 * (4 * 131072 + 128000) / 1e6 + 3 * 512 * 4 * 16384 / 1e5
+    assert price(SHAPE, this_machine(2, cal), Layout(dp=2), 8).terms["compute"] == pytest.approx(by_hand)
+    assert price(SHAPE, this_machine(2, CALIBRATED), Layout(dp=2), 8).terms["compute"] == pytest.approx(
+        3 * 512 * (4 * 147456 + 128000) / 1e6)  # uncalibrated: attention at the rest's rate
+
+    def floor_ms(context):  # 4 sequences on one rank
+        attention = 3 * 4 * context * 4 * 2 * context * 64
+        rest = 3 * 4 * context * (4 * 2 * (2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 256) + 128000)
+        return rest / 1e6 + attention / 1e5
+
+    assert compute_rates(SHAPE, 4, {128: floor_ms(128), 64: floor_ms(64)}) == pytest.approx((1e9, 1e8))
+    with pytest.raises(PredictError, match="no positive rate"):
+        compute_rates(SHAPE, 4, {64: floor_ms(64), 128: 1.5 * floor_ms(64)})
+
+
+def test_a_rings_wait_with_more_ranks_than_cores_by_hand():
+    """Calibrated at 5 ms a ring step: cp 2 on 4 ranks of 2 cores runs 3 ring collectives a block and micro-batch (K
+    and V forward and backward, dK and dV), one step each, 4 with full checkpointing's recompute: 4 blocks x 3 x 5 ms
+    more than uncalibrated, 4 x 4 x 5 checkpointed, twice that at 2 micro-batches; cp 4 runs 3 steps each: 4 x 9 x
+    5. With a core a rank (2 ranks) no wait is added. The calibration's figure: a cp rank waited 106 ms a step on
+    its ring, 34 of them the exchange alone, over 12 ring steps: 6 ms a step."""
+    cal = {**CALIBRATED, "ring_wait_s": 0.005}
+
+    def added(gpus, **kw):
+        return (price(SHAPE, this_machine(gpus, cal), Layout(**kw), 8).terms["cp"]
+                - price(SHAPE, this_machine(gpus, CALIBRATED), Layout(**kw), 8).terms["cp"])
+
+    assert added(4, dp=2, cp=2) == pytest.approx(4 * 3 * 5)
+    assert added(4, dp=2, cp=2, checkpointing="full") == pytest.approx(4 * 4 * 5)
+    assert added(4, dp=2, cp=2, microbatches=2) == pytest.approx(2 * 4 * 3 * 5)
+    assert added(4, dp=1, cp=4) == pytest.approx(4 * 9 * 5)
+    assert added(2, dp=1, cp=2) == 0.0
+    assert ring_wait_s(106.0, 34.0, 12) == pytest.approx(0.006)
 
 
 def test_this_machines_gloo_ring_by_hand():

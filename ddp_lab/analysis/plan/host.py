@@ -4,16 +4,22 @@ The lab's emulated cluster: `nodes` network namespaces on this machine joined by
 the ranks split evenly over them, every rank sharing the host's cores. Four things differ from a GPU system, each
 priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
 
-- compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core). Ranks share
-  the cores: with more ranks than cores a step's compute takes all the ranks' work over the cores, unless the
-  busiest rank's own schedule (its work and its pipeline's bubble, at a core of its own) is longer
-  (`shared_cores`); the optimizer, every rank's at once, ranks / cores as long;
+- compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core), and apart
+  from it attention's scores and weighted sum, which on a CPU run several times slower a FLOP than the matmuls (the
+  floor at two contexts: docs/measured/plan_context_wait.md). Ranks share the cores: with more ranks than cores a
+  step's compute takes all the ranks' work over the cores, unless the busiest rank's own schedule (its work and its
+  pipeline's bubble, at a core of its own) is longer (`shared_cores`); the optimizer, every rank's at once, ranks /
+  cores as long;
 - gloo's collectives: a ring of alpha-beta steps, all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
   all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (shared by
   the ranks beyond the cores) or, when the group crosses nodes, at the link's measured bandwidth shared by the
   groups crossing it at once; each step's latency, measured with a core per rank, ranks / cores as long beyond
   the cores (a step waits for its peer to be scheduled: the predictor's held-out check found collectives slow so,
   docs/notebook/predict_measured.md);
+- a ring step's wait: with more ranks than cores, each step of the context-parallel ring (a rendezvous of its
+  ranks' sends and receives) waits beyond its exchange until the peer is scheduled and has reached it, about a
+  scheduler's time slice whatever the ranks a core (measured on a context-parallel job that is no layout the
+  planner ranks: docs/measured/plan_context_wait.md);
 - a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
   Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
   over its step at one, and stretched as compute is where the ranks share the cores;
@@ -47,6 +53,8 @@ class HostSystem(System):
     latency_s: float = 1e-4      # one gloo ring step's fixed cost
     element_bytes: int = 4       # fp32 on the wire
     microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
+    attention_flops: float = 0.0  # one core's FLOP/s on attention's scores and weighted sum; 0: `peak_flops`
+    ring_wait_s: float = 0.0     # a context-parallel ring step's wait beyond its exchange, ranks outnumbering cores
     calibrated_on: str = ""      # the machine the calibration measured (`this_host()` there)
 
     def compute_share(self, ranks: int) -> float:
@@ -62,6 +70,15 @@ class HostSystem(System):
         all_work = busy * work_fraction * ranks / self.cores
         done = max(busy, all_work)
         return (done / busy if busy else 1.0), max(0.0, busy + bubble - done)
+
+    def attention_weight(self) -> float:
+        """How many of the matmuls' FLOPs one FLOP of attention's scores and weighted sum costs here."""
+        return self.peak_flops / self.attention_flops if self.attention_flops else 1.0
+
+    def ring_wait_ms(self, ranks: int) -> float:
+        """A context-parallel ring step's wait beyond its exchange with `ranks` ranks on the host's cores: none while
+        each rank has a core of its own."""
+        return self.ring_wait_s * 1e3 if ranks > self.cores else 0.0
 
 
 def this_host() -> str:
@@ -106,7 +123,34 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         sources=(f"calibrated on {cal['machine']}, {cal['date']}: {cal['command']}",),
         generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
         nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0),
+        attention_flops=cal.get("attention_flops", 0.0), ring_wait_s=cal.get("ring_wait_s", 0.0),
         calibrated_on=cal.get("machine", ""))
+
+
+def compute_rates(shape, sequences: int, fwd_bwd_ms: dict) -> tuple[float, float]:
+    """(one core's FLOP/s on all but attention's scores and weighted sum, its FLOP/s on those) from one rank's
+    forward and backward of `sequences` sequences at two contexts ({context: ms}): each context's time is the
+    rest's FLOPs at the first rate plus attention's at the second, two equations in two unknowns."""
+    (c1, t1), (c2, t2) = sorted(fwd_bwd_ms.items())
+
+    def flops(context):  # (rest, attention) FLOPs of the step, forward and backward
+        tokens = sequences * context
+        attention = 3 * tokens * shape.layers * shape.attention_flops(context)
+        return 3 * tokens * (shape.layers * shape.block_flops(context) + shape.head_flops()) - attention, attention
+
+    (x1, y1), (x2, y2) = flops(c1), flops(c2)
+    det = x1 * y2 - x2 * y1
+    per_rest, per_attention = (t1 * y2 - t2 * y1) / det, (x1 * t2 - x2 * t1) / det  # ms a FLOP
+    if per_rest <= 0 or per_attention <= 0:
+        raise PredictError(f"the floor at contexts {c1} and {c2} ({t1:.0f} and {t2:.0f} ms) gives no positive rate "
+                           "for attention and the rest")
+    return 1e3 / per_rest, 1e3 / per_attention
+
+
+def ring_wait_s(exposed_ms: float, alone_ms: float, ring_steps: int) -> float:
+    """A ring step's wait beyond its exchange: what a cp rank waited on its ring a step, less the exchange timed
+    alone, over the ring steps it ran."""
+    return max(0.0, exposed_ms - alone_ms) / ring_steps / 1e3
 
 
 RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}

@@ -31,7 +31,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, and the forward's again in each recompute, full or selective (both recompute attention and its
   exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
-  attention: only what outlasts it is added;
+  attention: only what outlasts it is added; on this machine with more ranks than cores each of those collectives'
+  cp - 1 ring steps also waits the calibrated `ring_wait_s` for its peer (host.py), never hidden;
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
   node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch
   DDP's first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients
@@ -49,7 +50,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   is not hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
-On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, and, where
+On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, attention's
+scores and weighted sum at the rate calibrated for them, and, where
 the ranks outnumber the host's cores, compute that takes all the ranks' work over the cores unless the busiest
 rank's own schedule (its work and its pipeline's bubble) is longer: the cores idle only then. Nothing hides there
 while the ranks fill the cores: gloo copies and sums on the CPU, so a collective only runs on a core compute
@@ -233,7 +235,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     wire = system.element_bytes if host else BF16  # an activation's, a gradient's
     flops_per_ms = system.peak_flops * mfu / 1e3  # one GPU's, or one core's
     # attention's FLOPs weighed as matmul FLOPs at `mfu`: attention_flops x `attend` costs what they take
-    attend = 1.0 if attention_mfu is None else mfu / attention_mfu
+    attend = mfu / attention_mfu if attention_mfu is not None else system.attention_weight() if host else 1.0
     per_replica = sequences / lay.dp
     micro = per_replica / lay.microbatches               # sequences per micro-batch
     tokens = per_replica * shape.context / lay.cp        # tokens this GPU's stage processes per step
@@ -274,7 +276,9 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
                                                                      stride, "cp")
         attention = ((3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
                      / flops_per_ms * stretch)
-        cp = blocks * lay.microbatches * max(0.0, per_block - attention * hides(system, lay))
+        # each ring step of those collectives a rendezvous: its wait beyond the exchange, ranks outnumbering cores
+        waits = (3 + recomputes(lay)) * (lay.cp - 1) * system.ring_wait_ms(lay.gpus) if host else 0.0
+        cp = blocks * lay.microbatches * (max(0.0, per_block - attention * hides(system, lay)) + waits)
     # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
