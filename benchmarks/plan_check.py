@@ -4,6 +4,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
     python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
     python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
+    python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json --calibration OLD.json  # by another
     python benchmarks/plan_check.py sweep outputs/bench/plan_held_out --gpus 4 --held-out   # one choice apart
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen --unseen      # another context and batch
     python benchmarks/plan_check.py table outputs/bench/plan_unseen --unseen
@@ -44,6 +45,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +53,15 @@ sys.path.insert(0, str(ROOT))
 
 from ddp_lab.analysis.plan.against_runs import markdown, score  # noqa: E402
 from ddp_lab.analysis.plan.cli import launch_line, load_shape  # noqa: E402
-from ddp_lab.analysis.plan.host import CALIBRATION, NODES, compute_rates, ring_wait_s, this_host, this_machine  # noqa: E402
+from ddp_lab.analysis.plan.host import (  # noqa: E402
+    CALIBRATION,
+    NODES,
+    compute_rates,
+    load_calibration,
+    ring_wait_s,
+    this_host,
+    this_machine,
+)
 from ddp_lab.analysis.plan.price import Layout  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
@@ -263,7 +273,7 @@ def census_peak(res: dict) -> int | None:
     return max(totals) if totals else None
 
 
-def table(out: Path, markdown_file: Path | None, check: str = "checked") -> None:
+def table(out: Path, markdown_file: Path | None, check: str = "checked", calibration: Path | None = None) -> None:
     if out.is_dir():
         rows = measured_rows(out, check)
         (out / "measured.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")  # a row a line
@@ -271,7 +281,8 @@ def table(out: Path, markdown_file: Path | None, check: str = "checked") -> None
         rows = json.loads(out.read_text())
     failed = [r for r in rows if r["status"] != "ok"]
     shape, sequences = setting(check)
-    scored = score(shape, this_machine, sequences, [r for r in rows if r["status"] == "ok"])
+    system = this_machine if calibration is None else partial(this_machine, calibration=load_calibration(calibration))
+    scored = score(shape, system, sequences, [r for r in rows if r["status"] == "ok"])
     lines = markdown(scored)
     if failed:
         lines += ["", "Not measured (the job did not end ok): " + "; ".join(
@@ -290,6 +301,9 @@ def main() -> None:
                     help="the jobs' folder (table: or a measured.json)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="table: price with this calibration instead of the shipped this_machine.json (an older one: "
+                         "git show COMMIT:ddp_lab/analysis/plan/this_machine.json > FILE)")
     ap.add_argument("--held-out", action="store_true", help="the layouts one choice apart from the checked ones")
     ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
     ap.add_argument("--fsdp-pipeline", action="store_true",
@@ -308,7 +322,7 @@ def main() -> None:
     elif args.what == "sweep":
         sweep(args.out, args.gpus, check)
     else:
-        table(args.out, args.markdown, check)
+        table(args.out, args.markdown, check, args.calibration)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_lab.analysis.plan.against_runs import layout_of
 from ddp_lab.analysis.plan.cli import main
 from ddp_lab.analysis.plan.host import compute_rates, ring_wait_s, this_machine
 from ddp_lab.analysis.plan.price import (
@@ -616,12 +617,13 @@ def _measured_rows() -> list:
 
 def test_the_measured_rows_keep_the_order_the_docs_report():
     """A change to the planner's pricing that moves the measured rows' scores (Spearman's rho and the pick over the
-    best, docs/measured/plan.md) fails here; the docs' tables and ranges.py are then to be made again."""
+    best) fails here; the docs' table of every check as the planner prices now (docs/measured/plan_rescored.md) and
+    ranges.py are then to be made again."""
     scored = _measured_rows()
     checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in scored] == [0.97, 0.96, 0.89, 0.87]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.19, 1.23, 1.03, 1.05]
+    assert [round(s.rho, 2) for s in scored] == [0.96, 0.96, 0.92, 0.9]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.05]
 
 
 def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
@@ -635,11 +637,36 @@ def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
 
 
 def test_the_check_at_twice_the_context_scores_as_the_docs_report():
-    """docs/measured/plan_unseen_context.md (2026-11-30, after that day's changes, nothing changed after): at 8 ranks
-    the bar met; at 4 the pick the measured best but the rank correlation +0.87, under the bar of 0.9; memory
-    within 10% of the census on 26 of 28."""
+    """docs/measured/plan_unseen_context.md's rows (2026-11-30), as the planner prices now (docs/measured/
+    plan_rescored.md): at 8 ranks the bar met; at 4 the pick 1.03x the best but the rank correlation +0.85, under
+    the bar of 0.9; memory within 10% of the census on 26 of 28."""
     scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
-    _assert_scored(scored, rho=[0.87, 0.97], picks=[1.0, 1.08], memory_near=(26, 28))
+    _assert_scored(scored, rho=[0.85, 0.97], picks=[1.03, 1.0], memory_near=(26, 28))
+
+
+def test_the_check_at_context_512_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_long.md (2026-11-30, run after the calibration on the AMD VM with attention's rate
+    and the ring's wait, nothing changed after), and the same 28 jobs run again: the bar met at 8 ranks on the first
+    run (+0.95, pick 1.06x), missed at 4 (+0.77, pick 1.42x); the second run orders worse (+0.73 and +0.88) with
+    picks 1.16x and 1.01x; memory within 10% of the census on 27 of 28 in both."""
+    scored = _scored_unseen("plan_unseen_long_2026-11-30.json", sequences=4, context=512)
+    _assert_scored(scored, rho=[0.77, 0.95], picks=[1.42, 1.06], memory_near=(27, 28))
+    again = _scored_unseen("plan_unseen_long_again_2026-11-30.json", sequences=4, context=512)
+    _assert_scored(again, rho=[0.73, 0.88], picks=[1.16, 1.01], memory_near=(27, 28))
+
+
+def test_the_checks_pick_is_the_planners_own_between_equal_prices():
+    """Where the planner prices layouts the same and calls them equally simple (one split under GPipe, 1F1B and zero
+    bubble, the bubble absorbed by shared cores), its pick is the first it enumerates (GPipe), and the check scores
+    that one, whatever order the measured rows come in (it scored the first row: 1F1B's job, first by name)."""
+    from ddp_lab.analysis.plan.against_runs import score
+
+    host = this_machine(4, CALIBRATED)
+    rows = [{**Layout(dp=2, pp=2, strategy="zero2", schedule=schedule, microbatches=2).__dict__, "gpus": 4,
+             "measured_ms": ms} for schedule, ms in (("1f1b", 100.0), ("zero_bubble", 90.0), ("gpipe", 120.0))]
+    assert len({round(price(SHAPE, host, layout_of(r), 8).step_ms, 6) for r in rows}) == 1  # priced the same
+    (scored,) = score(SHAPE, lambda gpus: this_machine(gpus, CALIBRATED), 8, rows)
+    assert scored.pick["schedule"] == "gpipe" and scored.pick_over_best == pytest.approx(120 / 90)
 
 
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple) -> None:
@@ -659,48 +686,51 @@ def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple) -> 
 def test_fsdp2_under_a_pipeline_is_priced_above_zero2_as_it_measured():
     """docs/measured/plan_fsdp_pipeline.md's 12 jobs (context 128, 8 sequences, dp x pp 2 at 4 and 8 ranks, each
     schedule): FSDP2 measured slower than zero2 on every split and schedule, and its copies (`fsdp_copies_ms`) now
-    price it so; before them the two were priced the same."""
+    price it so, though low: 1.05x and 1.08x under this VM's calibration (1.11x to 1.16x under the Intel VM's, whose
+    memory bandwidth, which the copies run at, measured half this one's); before them the two were priced the same.
+    Scores as the planner prices now (docs/measured/plan_rescored.md)."""
     scored = _scored_unseen("plan_fsdp_pipeline_2026-11-29.json")
     for check in scored:
         by = {(r["strategy"], r["schedule"]): r for r in check.rows}
         for schedule in ("gpipe", "1f1b", "zero_bubble"):
             fsdp, zero2 = by[("fsdp_torch", schedule)], by[("zero2", schedule)]
             assert fsdp["measured_ms"] > 1.15 * zero2["measured_ms"]
-            assert fsdp["predicted_ms"] > 1.1 * zero2["predicted_ms"]
-    assert [round(s.rho, 2) for s in scored] == [0.62, 0.88]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.08, 1.0]
+            assert fsdp["predicted_ms"] > 1.04 * zero2["predicted_ms"]  # 1.05x and 1.08x, where it measured 1.18x+
+    assert [round(s.rho, 2) for s in scored] == [0.88, 0.88]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.07, 1.07]
 
 
 def test_the_unseen_check_run_again_scores_as_the_docs_report():
     """docs/measured/plan_unseen_rerun.md: the unseen check run again after FSDP2's copies were priced, scored by the
-    planner as it prices now (rank correlation, the pick over the best)."""
+    planner as it prices now (rank correlation, the pick over the best; docs/measured/plan_rescored.md)."""
     scored = _scored_unseen("plan_unseen_rerun_2026-11-29.json")
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.92, 0.97]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.06, 1.04]
+    assert [round(s.rho, 2) for s in scored] == [0.93, 0.98]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0]
 
 
 def test_the_check_at_twice_the_batch_meets_the_bar_as_the_docs_report():
-    """docs/measured/plan_unseen_batch.md: 16 sequences of 128 a step, a setting no pricing change was drawn from.
-    At both rank counts the pick is within 1.10x of the measured best, the ranks correlate at 0.9 or more, and the
-    best lies inside the pick's range."""
+    """docs/measured/plan_unseen_batch.md: 16 sequences of 128 a step, as the planner prices now (docs/measured/
+    plan_rescored.md): at both rank counts the pick is within 1.10x of the measured best, the ranks correlate at
+    0.9 or more, and the best lies inside the pick's range."""
     from ddp_lab.analysis.plan.ranges import STEP
 
     scored = _scored_unseen("plan_unseen_batch_2026-11-29.json", sequences=16)
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.95, 0.94]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.01]
+    assert [round(s.rho, 2) for s in scored] == [0.96, 0.98]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.06, 1.0]
     for s in scored:
         low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
         assert low <= s.best["measured_ms"] <= high
 
 
-def test_the_check_at_twice_the_batch_run_again_meets_the_bar_and_the_memory_as_the_docs_report():
+def test_the_check_at_twice_the_batch_run_again_meets_the_bar_as_the_docs_report():
     """docs/measured/plan_unseen_batch.md's second run (2026-11-30, after the census and the memory pricing were
-    mended): the bar met at both rank counts, and the census within 10% of the planner's held figure on 26 of 28
-    (23 before torch's ZeRO-1 was priced by its partition, a change made after these rows showed it)."""
+    mended), as the planner prices now (docs/measured/plan_rescored.md): rank correlation +0.99 at both rank counts,
+    the pick 1.00x and 1.05x the best, and the census within 10% of the planner's held figure on 26 of 28 (23 before
+    torch's ZeRO-1 was priced by its partition, a change made after these rows showed it)."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16)
-    _assert_scored(scored, rho=[0.98, 0.98], picks=[1.05, 1.0], memory_near=(26, 28))
+    _assert_scored(scored, rho=[0.99, 0.99], picks=[1.0, 1.05], memory_near=(26, 28))
 
 
 def test_each_range_is_what_the_checks_measured():

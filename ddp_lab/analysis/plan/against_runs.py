@@ -3,7 +3,9 @@
 Each measured row is a layout the planner enumerates, run by launch.py on the lab's emulated nodes, with its p50 step.
 Per rank count: the planner's predicted step beside the measured one, the rank correlation of the two orders, what
 running the planner's pick costs against the measured best (measured step of the pick over the best's; the pick is
-the first in the planner's own order, which lists layouts it cannot tell apart simplest first), and the median and
+the first in the planner's own order, which lists layouts it cannot tell apart simplest first and, where even that
+ties, in the order it enumerates them: until 2026-11-30 the rows' order decided those, so a tie of schedules went to
+1F1B's job, first by name, where the planner picks GPipe), and the median and
 worst error. Nothing here is fitted to these rows: the predictions come from this_machine.json, measured
 before the sweep ran.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from ddp_lab.analysis.plan.host import HostSystem
 from ddp_lab.analysis.plan.price import Layout, price
 from ddp_lab.analysis.plan.ranges import STEP
-from ddp_lab.analysis.plan.search import simplest_first
+from ddp_lab.analysis.plan.search import layouts, simplest_first
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.validate import spearman
 
@@ -48,16 +50,18 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
     for gpus in sorted({r["gpus"] for r in measured}):
         system: HostSystem = system_for(gpus)
         rows, order = [], []
+        # between layouts simplest_first cannot tell apart, the planner keeps its enumeration's order (a stable sort)
+        enumerated = {lay: i for i, lay in enumerate(layouts(shape, system, gpus, sequences))}
         for r in (r for r in measured if r["gpus"] == gpus):
             p = price(shape, system, layout_of(r), sequences)
             rows.append({**r, "predicted_ms": p.step_ms, "error": p.step_ms / r["measured_ms"] - 1,
                          "terms": p.terms, "describe": p.layout.describe(), "predicted_bytes": p.memory["held"],
                          "predicted_total_bytes": p.memory["total"]})
-            order.append(simplest_first(p))
+            order.append((simplest_first(p), enumerated.get(p.layout, len(enumerated))))
         if not rows:
             continue
         rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]) if len(rows) > 1 else 1.0
-        pick = rows[min(range(len(rows)), key=order.__getitem__)]  # first in the planner's own order, ties too
+        pick = rows[min(range(len(rows)), key=order.__getitem__)]  # first in the planner's own order
         best = min(rows, key=lambda r: r["measured_ms"])
         worst = max(rows, key=lambda r: abs(r["error"]))
         out.append(Scored(gpus, rows, rho, pick, best, statistics.median(abs(r["error"]) for r in rows), worst))
