@@ -1,7 +1,7 @@
 """`--system this-machine`: this CPU host and gloo as the planner sees it, from its calibration (this_machine.json).
 
 The lab's emulated cluster: `nodes` network namespaces on this machine joined by a shaped link (docs/network.md),
-the ranks split evenly over them, every rank sharing the host's cores. Four things differ from a GPU system, each
+the ranks split evenly over them, every rank sharing the host's cores. Six things differ from a GPU system, each
 priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
 
 - compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core), and apart
@@ -19,7 +19,8 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
 - a ring step's wait: with more ranks than cores, each step of the context-parallel ring (a rendezvous of its
   ranks' sends and receives) waits beyond its exchange until the peer is scheduled and has reached it, about a
   scheduler's time slice whatever the ranks a core (measured on a context-parallel job that is no layout the
-  planner ranks: docs/measured/plan_context_wait.md);
+  planner ranks: docs/measured/plan_context_wait.md). Priced as an addition to each step; at context 512 it measured
+  as a floor under a step, almost all of it hidden behind a long exchange (docs/measured/plan_unseen_long.md);
 - a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
   Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
   over its step at one, and stretched as compute is where the ranks share the cores;
