@@ -13,12 +13,14 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_batch --unseen-batch   # 16 sequences of 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_context --unseen-context   # 8 sequences of 256
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_long --unseen-long   # 4 sequences of 512
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_384 --unseen-384   # 4 sequences of 384
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
 and weighted sum from the floor at contexts 64 and 256 (the median of ROUNDS jobs each, alternating), a micro-batch's
-fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), a context-parallel
-ring step's wait with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner does not rank),
+fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), the least a
+context-parallel ring step takes with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner
+does not rank: its exposed ring time over its ring steps),
 gloo's all-reduce on loopback (16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined
 by the link.
 `sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
@@ -32,7 +34,8 @@ evenly down the rest of its ranking, every strategy, schedule and checkpointing 
 choice at context 128 and 16 sequences a step (twice the tokens), a setting no change to the pricing was drawn from.
 `--unseen-context`: the same choice at context 256 and 8 sequences (the tokens of `--unseen-batch`), after the
 changes of 2026-11-30 that the unseen batch's rows showed. `--unseen-long`: context 512 and 4 sequences (the same
-tokens), after attention's own rate and the ring's wait were calibrated (2026-11-30).
+tokens), after attention's own rate and the ring's wait were calibrated (2026-11-30). `--unseen-384`: context 384 and 4
+sequences, after the ring's wait was priced as a floor (2026-11-30).
 """
 
 from __future__ import annotations
@@ -77,7 +80,11 @@ UNSEEN_CONTEXT = {"context": 256, "sequences": 8}
 UNSEEN_LONG = {"context": 512, "sequences": 4}
 """`--unseen-long`: twice `--unseen-context`'s context, the same tokens a step: a context no calibration or pricing
 change has seen (the calibration measures the floor at 64 and 256), after attention's rate and the ring's wait."""
-UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG}
+UNSEEN_384 = {"context": 384, "sequences": 4}
+"""`--unseen-384`: between `--unseen-context` and `--unseen-long`, a context no calibration or pricing change has seen,
+after the ring's wait was priced as a floor under each ring step (drawn from `--unseen-long`'s rows)."""
+UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
+                   "unseen_384": UNSEEN_384}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 LONG_CONTEXT = 256  # the floor's second context, for attention's own rate: 3.7 % of tiny's FLOPs there, 1 % at 64
@@ -145,7 +152,7 @@ def calibrate(out: Path) -> None:
     context = ring["summary"]["mesh"]["context"]["per_rank"]
     most = max(context, key=lambda r: r["exposed_ms"])  # the most-waiting cp rank
     steps = 3 * (RING_CP - 1) * shape.layers  # a zigzag ring's 3 collectives a block, each cp - 1 steps
-    wait_s = ring_wait_s(most["exposed_ms"], most["exchange_alone_ms"], steps)
+    wait_s = ring_wait_s(most["exposed_ms"], steps)
     waited = {"ranks": RING_RANKS, "cp": RING_CP, "strategy": RING_STRATEGY, "exposed_ms": most["exposed_ms"],
               "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps}
     cal = {
@@ -191,10 +198,11 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context", "unseen_long")
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context", "unseen_long",
+          "unseen_384")
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
-`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch`, `--unseen-context` and `--unseen-long`
-(`--unseen`'s choice of layouts at UNSEEN_BATCH, UNSEEN_CONTEXT, UNSEEN_LONG)."""
+`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch`, `--unseen-context`, `--unseen-long` and
+`--unseen-384` (`--unseen`'s choice of layouts at UNSEEN_BATCH, UNSEEN_CONTEXT, UNSEEN_LONG, UNSEEN_384)."""
 
 
 def setting(check: str = "checked") -> tuple:
@@ -314,6 +322,8 @@ def main() -> None:
                     help="--unseen's choice of layouts at twice its context, --unseen-batch's tokens a step")
     ap.add_argument("--unseen-long", action="store_true",
                     help="--unseen's choice of layouts at context 512 and 4 sequences, --unseen-batch's tokens a step")
+    ap.add_argument("--unseen-384", action="store_true",
+                    help="--unseen's choice of layouts at context 384 and 4 sequences")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")

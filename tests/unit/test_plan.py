@@ -472,24 +472,28 @@ def test_attentions_own_rate_on_this_machine_by_hand():
         compute_rates(SHAPE, 4, {64: floor_ms(64), 128: 1.5 * floor_ms(64)})
 
 
-def test_a_rings_wait_with_more_ranks_than_cores_by_hand():
-    """Calibrated at 5 ms a ring step: cp 2 on 4 ranks of 2 cores runs 3 ring collectives a block and micro-batch (K
-    and V forward and backward, dK and dV), one step each, 4 with full checkpointing's recompute: 4 blocks x 3 x 5 ms
-    more than uncalibrated, 4 x 4 x 5 checkpointed, twice that at 2 micro-batches; cp 4 runs 3 steps each: 4 x 9 x
-    5. With a core a rank (2 ranks) no wait is added. The calibration's figure: a cp rank waited 106 ms a step on
-    its ring, 34 of them the exchange alone, over 12 ring steps: 6 ms a step."""
-    cal = {**CALIBRATED, "ring_wait_s": 0.005}
+def test_a_rings_floor_with_more_ranks_than_cores_by_hand():
+    """cp 2 x dp 2 on 4 ranks of 2 cores, 8 sequences of 128: 256 tokens a rank, K and V of 512 tokens x 64 in fp32
+    (262,144 bytes) a gather or a reduce-scatter, 3 of them a block (forward, backward, the gradients), one ring step
+    each. Calibrated at 5 ms a ring step: each block takes 3 x 5 ms where its exchange alone is shorter (4 blocks:
+    60 ms, twice that at 2 micro-batches); where the exchange is longer (loopback at 1 MB/s) it covers the floor
+    and nothing is added; where the peer computes less between two ring steps than the floor (a floor of 1 s), the
+    block's own compute bounds it: 2 x 3 x 256 x 147,456 FLOPs a block at 1e6 a ms, stretched twice (4 ranks on 2
+    cores), over its 3 steps, each of the 4 blocks. With a core a rank (2 ranks) no floor. The calibration's figure:
+    a cp rank waited 106 ms a step on its ring over 12 ring steps: 8.8 ms a step."""
+    def cp(gpus, cal, **kw):
+        return price(SHAPE, this_machine(gpus, cal), Layout(**kw), 8).terms["cp"]
 
-    def added(gpus, **kw):
-        return (price(SHAPE, this_machine(gpus, cal), Layout(**kw), 8).terms["cp"]
-                - price(SHAPE, this_machine(gpus, CALIBRATED), Layout(**kw), 8).terms["cp"])
-
-    assert added(4, dp=2, cp=2) == pytest.approx(4 * 3 * 5)
-    assert added(4, dp=2, cp=2, checkpointing="full") == pytest.approx(4 * 4 * 5)
-    assert added(4, dp=2, cp=2, microbatches=2) == pytest.approx(2 * 4 * 3 * 5)
-    assert added(4, dp=1, cp=4) == pytest.approx(4 * 9 * 5)
-    assert added(2, dp=1, cp=2) == 0.0
-    assert ring_wait_s(106.0, 34.0, 12) == pytest.approx(0.006)
+    floor = {**CALIBRATED, "ring_wait_s": 0.005}
+    assert cp(4, floor, dp=2, cp=2) == pytest.approx(4 * 3 * 5)
+    assert cp(4, floor, dp=2, cp=2, microbatches=2) == pytest.approx(2 * 4 * 3 * 5)
+    slow = {**CALIBRATED, "loopback_busbw_Bps": 1e6}
+    assert cp(4, {**slow, "ring_wait_s": 0.005}, dp=2, cp=2) == pytest.approx(cp(4, slow, dp=2, cp=2))
+    assert cp(4, slow, dp=2, cp=2) > 4 * 3 * 5
+    one_block = 2 * 3 * 256 * 147456 / 1e6
+    assert cp(4, {**CALIBRATED, "ring_wait_s": 1.0}, dp=2, cp=2) == pytest.approx(4 * one_block)
+    assert cp(2, floor, dp=1, cp=2) == cp(2, CALIBRATED, dp=1, cp=2)
+    assert ring_wait_s(106.0, 12) == pytest.approx(0.00883, abs=1e-5)
 
 
 def test_this_machines_gloo_ring_by_hand():
@@ -622,7 +626,7 @@ def test_the_measured_rows_keep_the_order_the_docs_report():
     scored = _measured_rows()
     checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in scored] == [0.96, 0.96, 0.92, 0.9]
+    assert [round(s.rho, 2) for s in scored] == [0.99, 0.97, 0.91, 0.9]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.05]
 
 
@@ -648,11 +652,13 @@ def test_the_check_at_context_512_scores_as_the_docs_report():
     """docs/measured/plan_unseen_long.md (2026-11-30, run after the calibration on the AMD VM with attention's rate
     and the ring's wait, nothing changed after), and the same 28 jobs run again: the bar met at 8 ranks on the first
     run (+0.95, pick 1.06x), missed at 4 (+0.77, pick 1.42x); the second run orders worse (+0.73 and +0.88) with
-    picks 1.16x and 1.01x; memory within 10% of the census on 27 of 28 in both."""
+    picks 1.16x and 1.01x; memory within 10% of the census on 27 of 28 in both. As the planner prices now (the ring's
+    wait a floor, drawn from these rows: docs/measured/plan_rescored.md) the same, but the best of each falls under
+    the pick's range."""
     scored = _scored_unseen("plan_unseen_long_2026-11-30.json", sequences=4, context=512)
-    _assert_scored(scored, rho=[0.77, 0.95], picks=[1.42, 1.06], memory_near=(27, 28))
+    _assert_scored(scored, rho=[0.77, 0.95], picks=[1.42, 1.06], memory_near=(27, 28), inside=(False, False))
     again = _scored_unseen("plan_unseen_long_again_2026-11-30.json", sequences=4, context=512)
-    _assert_scored(again, rho=[0.73, 0.88], picks=[1.16, 1.01], memory_near=(27, 28))
+    _assert_scored(again, rho=[0.73, 0.88], picks=[1.16, 1.01], memory_near=(27, 28), inside=(False, False))
 
 
 def test_the_checks_pick_is_the_planners_own_between_equal_prices():
@@ -669,16 +675,16 @@ def test_the_checks_pick_is_the_planners_own_between_equal_prices():
     assert scored.pick["schedule"] == "gpipe" and scored.pick_over_best == pytest.approx(120 / 90)
 
 
-def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple) -> None:
+def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple, inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
-    (rounded as printed), the best inside the pick's range, and how many rows' memory is within 10% of the census."""
+    (rounded as printed), whether the best lies inside the pick's range, and how many rows' memory is within 10% of
+    the census."""
     from ddp_lab.analysis.plan.ranges import STEP
 
     assert [round(s.rho, 2) for s in scored] == rho
     assert [round(s.pick_over_best, 2) for s in scored] == picks
-    for s in scored:
-        low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
-        assert low <= s.best["measured_ms"] <= high
+    ranges = [STEP["this-machine"].of(s.pick["predicted_ms"]) for s in scored]
+    assert tuple(low <= s.best["measured_ms"] <= high for s, (low, high) in zip(scored, ranges)) == inside
     near = [abs(r["measured_bytes"] / r["predicted_bytes"] - 1) <= 0.1 for s in scored for r in s.rows]
     assert (sum(near), len(near)) == memory_near
 
@@ -705,7 +711,7 @@ def test_the_unseen_check_run_again_scores_as_the_docs_report():
     planner as it prices now (rank correlation, the pick over the best; docs/measured/plan_rescored.md)."""
     scored = _scored_unseen("plan_unseen_rerun_2026-11-29.json")
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.93, 0.98]
+    assert [round(s.rho, 2) for s in scored] == [0.94, 0.97]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0]
 
 
@@ -717,20 +723,21 @@ def test_the_check_at_twice_the_batch_meets_the_bar_as_the_docs_report():
 
     scored = _scored_unseen("plan_unseen_batch_2026-11-29.json", sequences=16)
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.96, 0.98]
+    assert [round(s.rho, 2) for s in scored] == [0.95, 0.96]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.06, 1.0]
     for s in scored:
         low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
         assert low <= s.best["measured_ms"] <= high
 
 
-def test_the_check_at_twice_the_batch_run_again_meets_the_bar_as_the_docs_report():
+def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
     """docs/measured/plan_unseen_batch.md's second run (2026-11-30, after the census and the memory pricing were
-    mended), as the planner prices now (docs/measured/plan_rescored.md): rank correlation +0.99 at both rank counts,
-    the pick 1.00x and 1.05x the best, and the census within 10% of the planner's held figure on 26 of 28 (23 before
-    torch's ZeRO-1 was priced by its partition, a change made after these rows showed it)."""
+    mended), as the planner prices now (docs/measured/plan_rescored.md): rank correlation +0.98 and +0.99, the pick
+    1.00x and 1.05x the best, the best inside the pick's range at 8 ranks and 1% under it at 4, and the census
+    within 10% of the planner's held figure on 26 of 28 (23 before torch's ZeRO-1 was priced by its partition, a
+    change made after these rows showed it)."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16)
-    _assert_scored(scored, rho=[0.99, 0.99], picks=[1.0, 1.05], memory_near=(26, 28))
+    _assert_scored(scored, rho=[0.98, 0.99], picks=[1.0, 1.05], memory_near=(26, 28), inside=(False, True))
 
 
 def test_each_range_is_what_the_checks_measured():

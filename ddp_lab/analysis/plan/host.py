@@ -17,10 +17,10 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
   the cores (a step waits for its peer to be scheduled: the predictor's held-out check found collectives slow so,
   docs/notebook/predict_measured.md);
 - a ring step's wait: with more ranks than cores, each step of the context-parallel ring (a rendezvous of its
-  ranks' sends and receives) waits beyond its exchange until the peer is scheduled and has reached it, about a
-  scheduler's time slice whatever the ranks a core (measured on a context-parallel job that is no layout the
-  planner ranks: docs/measured/plan_context_wait.md). Priced as an addition to each step; at context 512 it measured
-  as a floor under a step, almost all of it hidden behind a long exchange (docs/measured/plan_unseen_long.md);
+  ranks' sends and receives) waits until the peer is scheduled and has reached it, about a scheduler's time slice
+  whatever the ranks a core (measured on a context-parallel job that is no layout the planner ranks:
+  docs/measured/plan_context_wait.md). A floor under each step, not an addition: a long exchange covers it, and a
+  peer with little compute between its steps reaches the next sooner (docs/measured/plan_unseen_long.md);
 - a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
   Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
   over its step at one, and stretched as compute is where the ranks share the cores;
@@ -55,7 +55,7 @@ class HostSystem(System):
     element_bytes: int = 4       # fp32 on the wire
     microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
     attention_flops: float = 0.0  # one core's FLOP/s on attention's scores and weighted sum; 0: `peak_flops`
-    ring_wait_s: float = 0.0     # a context-parallel ring step's wait beyond its exchange, ranks outnumbering cores
+    ring_wait_s: float = 0.0     # the least a context-parallel ring step takes, ranks outnumbering cores
     calibrated_on: str = ""      # the machine the calibration measured (`this_host()` there)
 
     def compute_share(self, ranks: int) -> float:
@@ -77,8 +77,8 @@ class HostSystem(System):
         return self.peak_flops / self.attention_flops if self.attention_flops else 1.0
 
     def ring_wait_ms(self, ranks: int) -> float:
-        """A context-parallel ring step's wait beyond its exchange with `ranks` ranks on the host's cores: none while
-        each rank has a core of its own."""
+        """The least a context-parallel ring step takes with `ranks` ranks on the host's cores: no floor while each
+        rank has a core of its own."""
         return self.ring_wait_s * 1e3 if ranks > self.cores else 0.0
 
 
@@ -148,10 +148,11 @@ def compute_rates(shape, sequences: int, fwd_bwd_ms: dict) -> tuple[float, float
     return 1e3 / per_rest, 1e3 / per_attention
 
 
-def ring_wait_s(exposed_ms: float, alone_ms: float, ring_steps: int) -> float:
-    """A ring step's wait beyond its exchange: what a cp rank waited on its ring a step, less the exchange timed
-    alone, over the ring steps it ran."""
-    return max(0.0, exposed_ms - alone_ms) / ring_steps / 1e3
+def ring_wait_s(exposed_ms: float, ring_steps: int) -> float:
+    """The least a ring step takes with more ranks than cores: what the most-waiting cp rank waited on its ring a step
+    over the ring steps it ran, on a job whose exchange is short beside it and whose ranks compute long between
+    steps (so neither covers nor cuts the wait: price.py's `cp_block_ms`)."""
+    return exposed_ms / ring_steps / 1e3
 
 
 RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}

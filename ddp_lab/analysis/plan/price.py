@@ -32,7 +32,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   prices it, and the forward's again in each recompute, full or selective (both recompute attention and its
   exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
   attention: only what outlasts it is added; on this machine with more ranks than cores each of those collectives'
-  cp - 1 ring steps also waits the calibrated `ring_wait_s` for its peer (host.py), never hidden;
+  cp - 1 ring steps takes at least the calibrated `ring_wait_s` (host.py) or the peer's compute between two of its
+  steps, whichever is less (`cp_block_ms`);
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
   node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch
   DDP's first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients
@@ -268,17 +269,10 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     tp = tp_ms(shape, system, lay, blocks, activation, micro_tokens) if lay.tp > 1 else 0.0
     cp = 0.0
     if lay.cp > 1:
-        kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
-        stride = lay.tp
-        gather = collective_ms(system, "all_gather", kv * wire, lay.cp, stride, "cp")
-        # forward, backward and each recompute's forward gather K and V; backward reduce-scatters dK and dV
-        per_block = (2 + recomputes(lay)) * gather + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp,
-                                                                     stride, "cp")
-        attention = ((3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
-                     / flops_per_ms * stretch)
-        # each ring step of those collectives a rendezvous: its wait beyond the exchange, ranks outnumbering cores
-        waits = (3 + recomputes(lay)) * (lay.cp - 1) * system.ring_wait_ms(lay.gpus) if host else 0.0
-        cp = blocks * lay.microbatches * (max(0.0, per_block - attention * hides(system, lay)) + waits)
+        # a block's compute a micro-batch, forward, backward and recompute: a ring's peer does it between its steps
+        block_ms = busy * (blocks * block / last_stage) / (blocks * lay.microbatches)
+        cp = blocks * lay.microbatches * cp_block_ms(shape, system, lay, micro_tokens, attend, flops_per_ms / stretch,
+                                                     block_ms)
     # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
     stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
     shards = lay.dp * lay.cp
@@ -298,6 +292,27 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
                   memory["total"] <= headroom * capacity)
+
+
+def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, attend: float, flops_per_ms: float,
+                block_ms: float) -> float:
+    """The cp term of one block and micro-batch (module docstring): the ring's K/V exchange, less what the block's
+    attention hides of it. On this machine with more ranks than cores each ring step takes at least the calibrated
+    `ring_wait_s` (host.py): a rank's step waits until its peer is scheduled and reaches it, which a long exchange
+    covers, and which never outlasts the peer's compute since its last ring step (`block_ms` over the steps).
+    `flops_per_ms`: the rate attention's FLOPs run at, stretched where ranks share the cores."""
+    wire = system.element_bytes if isinstance(system, HostSystem) else BF16
+    kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
+    gather = collective_ms(system, "all_gather", kv * wire, lay.cp, lay.tp, "cp")
+    # forward, backward and each recompute's forward gather K and V; backward reduce-scatters dK and dV
+    exchange = (2 + recomputes(lay)) * gather + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, lay.tp, "cp")
+    attention = (3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
+    attention /= flops_per_ms
+    exposed = max(0.0, exchange - attention * hides(system, lay))
+    if not isinstance(system, HostSystem) or not system.ring_wait_ms(lay.gpus):
+        return exposed
+    steps = (3 + recomputes(lay)) * (lay.cp - 1)
+    return max(exposed, steps * min(system.ring_wait_ms(lay.gpus), block_ms / steps))
 
 
 def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float) -> float:

@@ -9,9 +9,10 @@ that kind (tokens per second per GPU with the same range inverted):
   layouts fell inside). Every run here, not one day's: the same command measured up to a third apart from one run to
   the next (docs/measured/plan_unseen_rerun.md), and a range drawn from the 166 alone (0.90x to 1.31x) missed the
   best layout of the unseen check run again at 8 ranks. Recomputed on 2026-11-30 with the calibration measured
-  again on the AMD VM and attention's rate and the ring's wait priced (0.93x to 1.47x before), before the check at
-  context 512 ran (docs/measured/plan_unseen_long.md). Of the 23 rows above it, 18 are the 68 of 2026-11-29 (the
-  Intel VM, contexts 128: median 1.13x); of the 23 below, 18 are the 166 of 2026-11-28 (median 0.96x);
+  again on the AMD VM, attention's rate and the ring's floor priced (0.93x to 1.47x before; 0.77x to 1.25x with the
+  ring's wait added to each step instead, which the check at context 512 showed wrong: docs/measured/
+  plan_unseen_long.md), before the check at context 384 ran. Of the 23 rows above it, 16 are the 68 of 2026-11-29
+  (the Intel VM, context 128: median 1.17x); of the 23 below, 21 are the 166 of 2026-11-28 (median 1.02x);
 - a GPU system: the 11 published torchtitan Llama 3.1 rows (`python -m ddp_lab.predict published`, at its calibrated
   MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
@@ -44,7 +45,7 @@ class Range:
 
 
 STEP = {
-    "this-machine": Range(0.77, 1.25, "8 in 10 of 234 layouts measured here"),
+    "this-machine": Range(0.85, 1.31, "8 in 10 of 234 layouts measured here"),
     "gpu": Range(0.83, 2.64, "11 published torchtitan runs"),
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
