@@ -675,6 +675,14 @@ def test_the_checks_pick_is_the_planners_own_between_equal_prices():
     assert scored.pick["schedule"] == "gpipe" and scored.pick_over_best == pytest.approx(120 / 90)
 
 
+def test_the_check_at_context_384_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_384.md (2026-11-30, after the ring's floor, nothing changed after): the bar met at 8
+    ranks (+0.92, the pick the best, inside its range); at 4 ranks +0.96 and the pick 1.02x, but the best under the
+    pick's range (steps priced high); memory within 10% of the census on 24 of 28."""
+    scored = _scored_unseen("plan_unseen_384_2026-11-30.json", sequences=4, context=384)
+    _assert_scored(scored, rho=[0.96, 0.92], picks=[1.02, 1.0], memory_near=(24, 28), inside=(False, True))
+
+
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple, inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
     (rounded as printed), whether the best lies inside the pick's range, and how many rows' memory is within 10% of
