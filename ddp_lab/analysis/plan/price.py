@@ -300,7 +300,7 @@ def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, 
     attention hides of it. On this machine with more ranks than cores each ring step takes at least the calibrated
     `ring_wait_s` (host.py): a rank's step waits until its peer is scheduled and reaches it, which a long exchange
     covers, and which never outlasts the peer's compute since its last ring step (`block_ms` over the steps).
-    `flops_per_ms`: the rate attention's FLOPs run at, stretched where ranks share the cores."""
+    `flops_per_ms`: the rate attention's FLOPs run at, slowed where ranks share the cores."""
     wire = system.element_bytes if isinstance(system, HostSystem) else BF16
     kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
     gather = collective_ms(system, "all_gather", kv * wire, lay.cp, lay.tp, "cp")
