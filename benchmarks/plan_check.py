@@ -65,7 +65,7 @@ from ddp_lab.analysis.plan.host import (  # noqa: E402
     this_host,
     this_machine,
 )
-from ddp_lab.analysis.plan.price import Layout  # noqa: E402
+from ddp_lab.analysis.plan.price import Layout, ring_steps  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
 from ddp_lab.analysis.predict.costs import PredictError  # noqa: E402
@@ -151,7 +151,7 @@ def calibrate(out: Path) -> None:
         sys.exit(f"calibrate: {exc}; measure again on an idle machine")
     context = ring["summary"]["mesh"]["context"]["per_rank"]
     most = max(context, key=lambda r: r["exposed_ms"])  # the most-waiting cp rank
-    steps = 3 * (RING_CP - 1) * shape.layers  # a zigzag ring's 3 collectives a block, each cp - 1 steps
+    steps = ring_steps(Layout(dp=RING_RANKS // RING_CP, cp=RING_CP)) * shape.layers  # one micro-batch a step
     wait_s = ring_wait_s(most["exposed_ms"], steps)
     waited = {"ranks": RING_RANKS, "cp": RING_CP, "strategy": RING_STRATEGY, "exposed_ms": most["exposed_ms"],
               "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps}

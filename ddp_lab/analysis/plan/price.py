@@ -309,10 +309,17 @@ def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, 
     attention = (3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
     attention /= flops_per_ms
     exposed = max(0.0, exchange - attention * hides(system, lay))
-    if not isinstance(system, HostSystem) or not system.ring_wait_ms(lay.gpus):
+    floor = system.ring_wait_ms(lay.gpus) if isinstance(system, HostSystem) else 0.0
+    if not floor:
         return exposed
-    steps = (3 + recomputes(lay)) * (lay.cp - 1)
-    return max(exposed, steps * min(system.ring_wait_ms(lay.gpus), block_ms / steps))
+    steps = ring_steps(lay)
+    return max(exposed, steps * min(floor, block_ms / steps))
+
+
+def ring_steps(lay: Layout) -> int:
+    """A context-parallel ring's steps a block and micro-batch: its 3 collectives (K and V forward and backward, dK
+    and dV) and one more forward a recompute, each cp - 1 steps."""
+    return (3 + recomputes(lay)) * (lay.cp - 1)
 
 
 def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float) -> float:
