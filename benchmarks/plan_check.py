@@ -121,27 +121,30 @@ def p50(res: dict, key: str) -> float:
 
 def calibrate(out: Path) -> None:
     shape = load_shape(MODEL)
-    base = (f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}")
-    floors, long_floors = [], []
+    floor_job = (f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}", "strategy=none",
+                 "world_size=2")
+    done = {}  # job name, its folder under `out`: its results
+
+    def run(name: str, *overrides: str) -> None:
+        done[name] = launch(out / name, *overrides)
+
     for r in range(1, ROUNDS + 1):  # alternating, so that a slow spell of the host falls on both contexts
-        floors.append(launch(out / f"floor_{r}", *base, "strategy=none", "world_size=2"))
-        long_floors.append(launch(out / f"floor_{LONG_CONTEXT}_{r}", *base, "strategy=none", "world_size=2",
-                                  f"model.context_length={LONG_CONTEXT}"))
-    accumulated = launch(out / "floor_accumulated", *base, "strategy=none", "world_size=2",
-                         f"train.grad_accum_steps={MICRO}")
-    ring = launch(out / "ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
-                  f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}",
-                  "parallel.cp_impl=zigzag")
-    loop = launch(out / "loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
-    tick = launch(out / "latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
-    link = launch(out / "link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
-                  f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
-    named = [(f"floor_{r}", res) for r, res in enumerate(floors, 1)]
-    named += [(f"floor_{LONG_CONTEXT}_{r}", res) for r, res in enumerate(long_floors, 1)]
-    for name, res in named + [("floor_accumulated", accumulated), ("ring", ring), ("loopback", loop),
-                              ("latency", tick), ("link", link)]:
+        run(f"floor_{r}", *floor_job)
+        run(f"floor_{LONG_CONTEXT}_{r}", *floor_job, f"model.context_length={LONG_CONTEXT}")
+    run("floor_accumulated", *floor_job, f"train.grad_accum_steps={MICRO}")
+    run("ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
+        f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}", "parallel.cp_impl=zigzag")
+    run("loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
+    run("latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
+    run("link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
+        f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
+    for name, res in done.items():
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
+    floors = [done[f"floor_{r}"] for r in range(1, ROUNDS + 1)]
+    long_floors = [done[f"floor_{LONG_CONTEXT}_{r}"] for r in range(1, ROUNDS + 1)]
+    accumulated, ring, loop, tick, link = (done[k] for k in ("floor_accumulated", "ring", "loopback", "latency",
+                                                              "link"))
     floor = {key: statistics.median(p50(res, key) for res in floors) for key in ("fwd_bwd_ms", "optimizer_ms")}
     long_fwd_bwd = statistics.median(p50(res, "fwd_bwd_ms") for res in long_floors)
     try:
