@@ -14,10 +14,13 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_context --unseen-context   # 8 sequences of 256
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_long --unseen-long   # 4 sequences of 512
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_384 --unseen-384   # 4 sequences of 384
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_192 --unseen-192   # 12 sequences of 192
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_320 --unseen-320   # 6 sequences of 320
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
-and weighted sum from the floor at contexts 64 and 256 (the median of ROUNDS jobs each, alternating), a micro-batch's
+and weighted sum from the floor at CONTEXTS (the least of ROUNDS jobs each, alternating; the rates fitted to them
+all: docs/measured/plan_floor_curve.md), a micro-batch's
 fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), the least a
 context-parallel ring step takes with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner
 does not rank: its exposed ring time over its ring steps),
@@ -35,7 +38,9 @@ choice at context 128 and 16 sequences a step (twice the tokens), a setting no c
 `--unseen-context`: the same choice at context 256 and 8 sequences (the tokens of `--unseen-batch`), after the
 changes of 2026-11-30 that the unseen batch's rows showed. `--unseen-long`: context 512 and 4 sequences (the same
 tokens), after attention's own rate and the ring's wait were calibrated (2026-11-30). `--unseen-384`: context 384 and 4
-sequences, after the ring's wait was priced as a floor (2026-11-30).
+sequences, after the ring's wait was priced as a floor (2026-11-30). `--unseen-192`: context 192 and 12 sequences,
+after the floor's contexts were fitted together (2026-11-30). `--unseen-320`: context 320 and 6 sequences, after the
+bubble was priced as the fill and drain through the other stages and the step range recomputed (2026-11-30).
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ import datetime
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 from functools import partial
@@ -79,16 +83,23 @@ UNSEEN_CONTEXT = {"context": 256, "sequences": 8}
 """`--unseen-context`: twice the unseen check's context, the unseen batch's tokens a step."""
 UNSEEN_LONG = {"context": 512, "sequences": 4}
 """`--unseen-long`: twice `--unseen-context`'s context, the same tokens a step: a context no calibration or pricing
-change has seen (the calibration measures the floor at 64 and 256), after attention's rate and the ring's wait."""
+change had seen (the calibration then measured the floor at 64 and 256), after attention's rate and the ring's wait."""
 UNSEEN_384 = {"context": 384, "sequences": 4}
 """`--unseen-384`: between `--unseen-context` and `--unseen-long`, a context no calibration or pricing change has seen,
 after the ring's wait was priced as a floor under each ring step (drawn from `--unseen-long`'s rows)."""
+UNSEEN_192 = {"context": 192, "sequences": 12}
+"""`--unseen-192`: a context and a global batch no check has run (12 sequences: a batch 8 ranks cannot split), after
+the floor's contexts were fitted together (docs/measured/plan_floor_curve.md)."""
+UNSEEN_320 = {"context": 320, "sequences": 6}
+"""`--unseen-320`: another context and global batch no check has run (6 sequences: dp 1, 2, 3 or 6), after the bubble
+was priced as the fill and drain through the other stages and the step range recomputed from every row on record."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
-                   "unseen_384": UNSEEN_384}
+                   "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
-LONG_CONTEXT = 256  # the floor's second context, for attention's own rate: 3.7 % of tiny's FLOPs there, 1 % at 64
-ROUNDS = 3  # each floor's jobs, their median taken: one slow spell of the host moved a floor by a quarter
+CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
+# 512; fitted to all of them, since one pair of contexts lets one floor's noise decide the rate (it did, threefold)
+ROUNDS = 3  # each floor's jobs, the least taken: a slow spell of the host only adds, and moved a floor by a quarter
 RING_RANKS, RING_CP, RING_STRATEGY, RING_STEPS = 4, 2, "flat", 24  # a ring's wait: 2 ranks a core, a strategy
 # the planner does not rank, more steps than a layout's job for a steadier mean
 
@@ -128,9 +139,9 @@ def calibrate(out: Path) -> None:
     def run(name: str, *overrides: str) -> None:
         done[name] = launch(out / name, *overrides)
 
-    for r in range(1, ROUNDS + 1):  # alternating, so that a slow spell of the host falls on both contexts
-        run(f"floor_{r}", *floor_job)
-        run(f"floor_{LONG_CONTEXT}_{r}", *floor_job, f"model.context_length={LONG_CONTEXT}")
+    for r in range(1, ROUNDS + 1):  # alternating, so that a slow spell of the host falls on every context
+        for context in CONTEXTS:
+            run(f"floor_{context}_{r}", *floor_job, f"model.context_length={context}")
     run("floor_accumulated", *floor_job, f"train.grad_accum_steps={MICRO}")
     run("ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
         f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}", "parallel.cp_impl=zigzag")
@@ -141,15 +152,14 @@ def calibrate(out: Path) -> None:
     for name, res in done.items():
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
-    floors = [done[f"floor_{r}"] for r in range(1, ROUNDS + 1)]
-    long_floors = [done[f"floor_{LONG_CONTEXT}_{r}"] for r in range(1, ROUNDS + 1)]
+    floors = {c: [done[f"floor_{c}_{r}"] for r in range(1, ROUNDS + 1)] for c in CONTEXTS}
     accumulated, ring, loop, tick, link = (done[k] for k in ("floor_accumulated", "ring", "loopback", "latency",
                                                               "link"))
-    floor = {key: statistics.median(p50(res, key) for res in floors) for key in ("fwd_bwd_ms", "optimizer_ms")}
-    long_fwd_bwd = statistics.median(p50(res, "fwd_bwd_ms") for res in long_floors)
+    least = {c: min(p50(res, "fwd_bwd_ms") for res in floors[c]) for c in CONTEXTS}
+    floor = {"fwd_bwd_ms": least[shape.context],
+             "optimizer_ms": min(p50(res, "optimizer_ms") for res in floors[shape.context])}
     try:
-        core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, {shape.context: floor["fwd_bwd_ms"],
-                                                                            LONG_CONTEXT: long_fwd_bwd})
+        core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, least)
     except PredictError as exc:
         sys.exit(f"calibrate: {exc}; measure again on an idle machine")
     context = ring["summary"]["mesh"]["context"]["per_rank"]
@@ -172,8 +182,7 @@ def calibrate(out: Path) -> None:
         "microbatch_s": (p50(accumulated, "fwd_bwd_ms") - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "from": {"model": MODEL, "sequences": SEQUENCES, "floor_rounds": ROUNDS,
-                 "floor_fwd_bwd_ms": [p50(res, "fwd_bwd_ms") for res in floors], "long_context": LONG_CONTEXT,
-                 "floor_long_fwd_bwd_ms": [p50(res, "fwd_bwd_ms") for res in long_floors],
+                 "floor_fwd_bwd_ms": {c: [p50(res, "fwd_bwd_ms") for res in floors[c]] for c in CONTEXTS},
                  "floor_optimizer_ms": floor["optimizer_ms"], "all_reduce_MiB": SIZE_MB,
                  "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": p50(accumulated, "fwd_bwd_ms"),
                  "latency_all_reduce_ms": p50(tick, "latency_ms"), "ring_job": waited},
@@ -201,11 +210,11 @@ def checked_layouts(gpus: int, held_out: bool = False):
             yield lay
 
 
-CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", "unseen_batch", "unseen_context", "unseen_long",
-          "unseen_384")
+CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", *UNSEEN_SETTINGS)
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
-`--fsdp-pipeline` (at `--unseen`'s context and batch), `--unseen-batch`, `--unseen-context`, `--unseen-long` and
-`--unseen-384` (`--unseen`'s choice of layouts at UNSEEN_BATCH, UNSEEN_CONTEXT, UNSEEN_LONG, UNSEEN_384)."""
+`--fsdp-pipeline` (at `--unseen`'s context and batch), and `--unseen`'s choice of layouts at each of
+UNSEEN_SETTINGS (`--unseen-batch`, `--unseen-context`, `--unseen-long`, `--unseen-384`, `--unseen-192`,
+`--unseen-320`)."""
 
 
 def setting(check: str = "checked") -> tuple:
@@ -258,11 +267,14 @@ def sweep(out: Path, gpus_list: list[int], check: str = "checked") -> None:
 
 
 def measured_rows(out: Path, check: str = "checked") -> list[dict]:
-    """Every job under OUT with its layout and p50 step; failed ones with their status."""
+    """Every job under OUT with its layout and p50 step; failed ones with their status. A job is known by its name
+    among every layout the planner enumerates at the check's setting, not among those it would choose now: a check
+    scored again after a pricing change keeps every row it ran."""
     rows = []
+    shape, sequences = setting(check)
     for gpus_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name.isdigit()):
         gpus = int(gpus_dir.name)
-        by_name = {job_name(lay): lay for lay in jobs(gpus, check)[0]}
+        by_name = {job_name(lay): lay for lay in layouts(shape, this_machine(gpus), gpus, sequences)}
         for job in sorted(gpus_dir.iterdir()):
             lay = by_name.get(job.name)
             if lay is None:
@@ -327,6 +339,10 @@ def main() -> None:
                     help="--unseen's choice of layouts at context 512 and 4 sequences, --unseen-batch's tokens a step")
     ap.add_argument("--unseen-384", action="store_true",
                     help="--unseen's choice of layouts at context 384 and 4 sequences")
+    ap.add_argument("--unseen-192", action="store_true",
+                    help="--unseen's choice of layouts at context 192 and 12 sequences")
+    ap.add_argument("--unseen-320", action="store_true",
+                    help="--unseen's choice of layouts at context 320 and 6 sequences")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")

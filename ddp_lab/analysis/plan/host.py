@@ -5,8 +5,8 @@ the ranks split evenly over them, every rank sharing the host's cores. Six thing
 priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
 
 - compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core), and apart
-  from it attention's scores and weighted sum, which on a CPU run several times slower a FLOP than the matmuls (the
-  floor at two contexts: docs/measured/plan_context_wait.md). Ranks share the cores: with more ranks than cores a
+  from it attention's scores and weighted sum, which on a CPU run slower a FLOP than the matmuls (both fitted to the
+  floor at four contexts: docs/measured/plan_floor_curve.md). Ranks share the cores: with more ranks than cores a
   step's compute takes all the ranks' work over the cores, unless the busiest rank's own schedule (its work and its
   pipeline's bubble, at a core of its own) is longer (`shared_cores`); the optimizer, every rank's at once, ranks /
   cores as long;
@@ -130,21 +130,29 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
 
 def compute_rates(shape, sequences: int, fwd_bwd_ms: dict) -> tuple[float, float]:
     """(one core's FLOP/s on all but attention's scores and weighted sum, its FLOP/s on those) from one rank's
-    forward and backward of `sequences` sequences at two contexts ({context: ms}): each context's time is the
-    rest's FLOPs at the first rate plus attention's at the second, two equations in two unknowns."""
-    (c1, t1), (c2, t2) = sorted(fwd_bwd_ms.items())
+    forward and backward of `sequences` sequences at two or more contexts ({context: ms}): each context's time is the
+    rest's FLOPs at the first rate plus attention's at the second. Two contexts: two equations in two unknowns; more:
+    the rates whose times miss the measured ones by the least squared relative error, so that no one context's noise
+    decides attention's rate (docs/measured/plan_floor_curve.md)."""
+    if len(fwd_bwd_ms) < 2:
+        raise PredictError("attention's rate needs the floor at two contexts or more")
 
     def flops(context):  # (rest, attention) FLOPs of the step, forward and backward
         tokens = sequences * context
         attention = 3 * tokens * shape.layers * shape.attention_flops(context)
         return 3 * tokens * (shape.layers * shape.block_flops(context) + shape.head_flops()) - attention, attention
 
-    (x1, y1), (x2, y2) = flops(c1), flops(c2)
-    det = x1 * y2 - x2 * y1
-    per_rest, per_attention = (t1 * y2 - t2 * y1) / det, (x1 * t2 - x2 * t1) / det  # ms a FLOP
+    rows = [(*flops(c), t) for c, t in sorted(fwd_bwd_ms.items())]
+    aa = sum((x / t) ** 2 for x, _, t in rows)  # the normal equations of sum((x p + y q) / t - 1)^2
+    ab = sum(x * y / t ** 2 for x, y, t in rows)
+    bb = sum((y / t) ** 2 for _, y, t in rows)
+    a1, b1 = sum(x / t for x, _, t in rows), sum(y / t for _, y, t in rows)
+    det = aa * bb - ab * ab
+    per_rest, per_attention = (a1 * bb - ab * b1) / det, (aa * b1 - ab * a1) / det  # ms a FLOP
     if per_rest <= 0 or per_attention <= 0:
-        raise PredictError(f"the floor at contexts {c1} and {c2} ({t1:.0f} and {t2:.0f} ms) gives no positive rate "
-                           "for attention and the rest")
+        times = ", ".join(f"{t:.0f}" for *_, t in rows)
+        raise PredictError(f"the floor at contexts {', '.join(str(c) for c in sorted(fwd_bwd_ms))} ({times} ms) gives "
+                           "no positive rate for attention and the rest")
     return 1e3 / per_rest, 1e3 / per_attention
 
 
