@@ -48,11 +48,13 @@ def test_the_shapes_count_as_published_and_as_the_lab_builds():
                                                 ("zero_bubble", 1, 1 / 3)])
 def test_a_bubble_by_hand(schedule, v, slots):
     """pp 2, m 4, 8 sequences of 128: the last stage does 2 blocks and the head, 1024 tokens: 3 x 1024 x (2 x 147456 +
-    128000) / 1e9 = 1.299 ms; the bubble is that x slots / m (slots p - 1, (p - 1) / v, (p - 1) / 3)."""
+    128000) / 1e9 = 1.299 ms; the first stage's 2 blocks are 294,912 / 422,912 of that, the fill and drain the last
+    waits through, so the bubble is that x 294,912 / 422,912 x (1, 1 / v, 1 / 3) / m (p - 1 stages' worth on even
+    stages)."""
     p = price(SHAPE, SYSTEM, Layout(dp=1, pp=2, schedule=schedule, microbatches=4, stages_per_rank=v), 8)
     compute = 3 * 1024 * (2 * 147456 + 128000) / 1e9
     assert p.terms["compute"] == pytest.approx(compute)
-    assert p.terms["bubble"] == pytest.approx(compute * slots / 4)
+    assert p.terms["bubble"] == pytest.approx(compute * 294912 / 422912 * slots / 4)
 
 
 def test_a_tp_all_reduce_by_hand():
@@ -470,6 +472,29 @@ def test_attentions_own_rate_on_this_machine_by_hand():
     assert compute_rates(SHAPE, 4, {128: floor_ms(128), 64: floor_ms(64)}) == pytest.approx((1e9, 1e8))
     with pytest.raises(PredictError, match="no positive rate"):
         compute_rates(SHAPE, 4, {64: floor_ms(64), 128: 1.5 * floor_ms(64)})
+    with pytest.raises(PredictError, match="two contexts or more"):
+        compute_rates(SHAPE, 4, {64: floor_ms(64)})
+
+
+def test_attentions_rate_fitted_to_every_context_of_the_floor():
+    """With the floor at more than two contexts the rates are the least squares of the relative misses: times that
+    fit exactly give the rates back whatever the contexts; one time 10% slow moves the fit so that the misses are
+    orthogonal to both FLOP columns (the normal equations), and no context's time is met exactly."""
+    def flops(context):  # (rest, attention) FLOPs of 4 sequences on one rank, as in the test above
+        attention = 3 * 4 * context * 4 * 2 * context * 64
+        return 3 * 4 * context * (4 * 2 * (2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 256) + 128000), attention
+
+    contexts = (64, 128, 256, 512)
+    exact = {c: flops(c)[0] / 1e6 + flops(c)[1] / 1e5 for c in contexts}
+    assert compute_rates(SHAPE, 4, exact) == pytest.approx((1e9, 1e8))
+    slow = {**exact, 256: 1.1 * exact[256]}
+    rest_rate, attention_rate = compute_rates(SHAPE, 4, slow)
+    assert (rest_rate, attention_rate) != pytest.approx((1e9, 1e8))
+    misses = {c: (flops(c)[0] / rest_rate + flops(c)[1] / attention_rate) * 1e3 / slow[c] - 1 for c in contexts}
+    for column in (0, 1):
+        weights = {c: flops(c)[column] / slow[c] for c in contexts}
+        assert sum(misses[c] * weights[c] for c in contexts) / sum(weights.values()) == pytest.approx(0, abs=1e-9)
+    assert min(abs(m) for m in misses.values()) > 1e-3
 
 
 def test_a_rings_floor_with_more_ranks_than_cores_by_hand():
@@ -523,15 +548,16 @@ def test_this_machines_ranks_share_its_cores_and_send_fp32():
 
 def test_a_pipeline_on_shared_cores_by_hand():
     """4 ranks on 2 cores, pp 4, 1F1B, m 4: the last stage's block and head (147456 + 128000 FLOPs a token) at a core
-    of its own take 3 x 1024 x 275456 / 1e6 = 846 ms and idle 3/4 of that in the bubble; all four stages' work (4
-    blocks and the head, 717824 a token) over 2 cores takes 1103 ms: longer than the stage's work, shorter than its
-    work and bubble, so the bubble is what outlasts it. Data parallel on the same 4 ranks: twice a core's time, no
-    bubble."""
+    of its own take 3 x 1024 x 275456 / 1e6 = 846 ms and idle while the other three stages' blocks (442,368 a token)
+    fill and drain, over m: 846 x 442368 / 275456 / 4 ms; all four stages' work (4 blocks and the head, 717824 a
+    token) over 2 cores takes 1103 ms: longer than the stage's work, shorter than its work and bubble, so the bubble
+    is what outlasts it. Data parallel on the same 4 ranks: twice a core's time, no bubble."""
     host = this_machine(4, CALIBRATED)
     p = price(SHAPE, host, Layout(dp=1, pp=4, schedule="1f1b", microbatches=4), 8)
     own, everything = 3 * 1024 * 275456 / 1e6, 3 * 1024 * 717824 / 1e6 / 2
     assert p.terms["compute"] == pytest.approx(everything)
-    assert p.terms["bubble"] == pytest.approx(own * 7 / 4 - everything)
+    assert own * (1 + 442368 / 275456 / 4) > everything
+    assert p.terms["bubble"] == pytest.approx(own * (1 + 442368 / 275456 / 4) - everything)
     dp = price(SHAPE, host, Layout(dp=4), 8)
     assert dp.terms["compute"] == pytest.approx(3 * 256 * (4 * 147456 + 128000) / 1e6 * 2) and dp.terms["bubble"] == 0
 
@@ -626,8 +652,8 @@ def test_the_measured_rows_keep_the_order_the_docs_report():
     scored = _measured_rows()
     checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in scored] == [0.99, 0.97, 0.91, 0.9]
-    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.05]
+    assert [round(s.rho, 2) for s in scored] == [0.98, 0.97, 0.91, 0.9]
+    assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.01]
 
 
 def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
@@ -642,10 +668,10 @@ def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
 
 def test_the_check_at_twice_the_context_scores_as_the_docs_report():
     """docs/measured/plan_unseen_context.md's rows (2026-11-30), as the planner prices now (docs/measured/
-    plan_rescored.md): at 8 ranks the bar met; at 4 the pick 1.03x the best but the rank correlation +0.85, under
+    plan_rescored.md): at 8 ranks the bar met; at 4 the pick 1.03x the best but the rank correlation +0.86, under
     the bar of 0.9; memory within 10% of the census on 26 of 28."""
     scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
-    _assert_scored(scored, rho=[0.85, 0.97], picks=[1.03, 1.0], memory_near=(26, 28))
+    _assert_scored(scored, rho=[0.86, 0.97], picks=[1.03, 1.0], memory_near=(26, 28))
 
 
 def test_the_check_at_context_512_scores_as_the_docs_report():
@@ -653,12 +679,13 @@ def test_the_check_at_context_512_scores_as_the_docs_report():
     and the ring's wait, nothing changed after), and the same 28 jobs run again: the bar met at 8 ranks on the first
     run (+0.95, pick 1.06x), missed at 4 (+0.77, pick 1.42x); the second run orders worse (+0.73 and +0.88) with
     picks 1.16x and 1.01x; memory within 10% of the census on 27 of 28 in both. As the planner prices now (the ring's
-    wait a floor, drawn from these rows: docs/measured/plan_rescored.md) the same, but the best of each falls under
-    the pick's range."""
+    wait a floor and the 1F1B bubble the other stages' fill and drain, both drawn from these rows, and the floor's
+    contexts fitted together: docs/measured/plan_rescored.md) the picks the same, the order +0.80 and +0.95, +0.74
+    and +0.95, and the best of each inside the pick's range."""
     scored = _scored_unseen("plan_unseen_long_2026-11-30.json", sequences=4, context=512)
-    _assert_scored(scored, rho=[0.77, 0.95], picks=[1.42, 1.06], memory_near=(27, 28), inside=(False, False))
+    _assert_scored(scored, rho=[0.8, 0.95], picks=[1.42, 1.06], memory_near=(27, 28))
     again = _scored_unseen("plan_unseen_long_again_2026-11-30.json", sequences=4, context=512)
-    _assert_scored(again, rho=[0.73, 0.88], picks=[1.16, 1.01], memory_near=(27, 28), inside=(False, False))
+    _assert_scored(again, rho=[0.74, 0.95], picks=[1.16, 1.01], memory_near=(27, 28))
 
 
 def test_the_checks_pick_is_the_planners_own_between_equal_prices():
@@ -676,11 +703,32 @@ def test_the_checks_pick_is_the_planners_own_between_equal_prices():
 
 
 def test_the_check_at_context_384_scores_as_the_docs_report():
-    """docs/measured/plan_unseen_384.md (2026-11-30, after the ring's floor, nothing changed after): the bar met at 8
-    ranks (+0.92, the pick the best, inside its range); at 4 ranks +0.96 and the pick 1.02x, but the best under the
-    pick's range (steps priced high); memory within 10% of the census on 24 of 28."""
+    """docs/measured/plan_unseen_384.md (2026-11-30, after the ring's floor): as it ran, the bar met at 8 ranks (+0.92,
+    the pick the best, inside its range), at 4 ranks +0.96 and the pick 1.02x, but the best under the pick's range
+    (steps priced high). As the planner prices now (the floor's contexts fitted together, drawn from the floor at
+    six contexts after these rows were seen: docs/measured/plan_floor_curve.md) the bar met at both, +0.96 and
+    +0.99; memory within 10% of the census on 24 of 28."""
     scored = _scored_unseen("plan_unseen_384_2026-11-30.json", sequences=4, context=384)
-    _assert_scored(scored, rho=[0.96, 0.92], picks=[1.02, 1.0], memory_near=(24, 28), inside=(False, True))
+    _assert_scored(scored, rho=[0.96, 0.99], picks=[1.02, 1.0], memory_near=(24, 28))
+
+
+def test_the_check_at_context_192_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_192.md (2026-11-30, 12 sequences of 192, after the floor's contexts were fitted
+    together): as it ran, the bar met at 4 ranks (+0.97, pick 1.02x, the best inside its range) and missed at 8
+    (+0.87, pick 1.14x: tp 2 x pp 4 priced under dp 2 x pp 4); as the planner prices now (the bubble as the other
+    stages' fill and drain, drawn from the context-512 rows) the 4-rank pick is the best; memory within 10% of the
+    census on 21 of 28."""
+    scored = _scored_unseen("plan_unseen_192_2026-11-30.json", sequences=12, context=192)
+    _assert_scored(scored, rho=[0.97, 0.87], picks=[1.0, 1.14], memory_near=(21, 28))
+
+
+def test_the_check_at_context_320_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_320.md (2026-11-30, 6 sequences of 320, after every change of that day, nothing
+    changed after; its rows are not among those ranges.py is drawn from): the bar met at 8 ranks (+0.96, pick 1.04x,
+    the best inside its range); at 4 ranks +0.96 and the pick the best, but 1.5% under its range; memory within
+    10% of the census on 24 of 28."""
+    scored = _scored_unseen("plan_unseen_320_2026-11-30.json", sequences=6, context=320)
+    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28), inside=(False, True))
 
 
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple | None = None,
@@ -721,7 +769,7 @@ def test_the_unseen_check_run_again_scores_as_the_docs_report():
     planner as it prices now (rank correlation, the pick over the best; docs/measured/plan_rescored.md)."""
     scored = _scored_unseen("plan_unseen_rerun_2026-11-29.json")
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.94, 0.97]
+    assert [round(s.rho, 2) for s in scored] == [0.98, 0.97]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0]
 
 
@@ -731,21 +779,30 @@ def test_the_check_at_twice_the_batch_meets_the_bar_as_the_docs_report():
     0.9 or more, and the best lies inside the pick's range."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-29.json", sequences=16)
     assert [len(s.rows) for s in scored] == [14, 14]
-    _assert_scored(scored, rho=[0.95, 0.96], picks=[1.06, 1.0])
+    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.06, 1.0])
 
 
 def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
     """docs/measured/plan_unseen_batch.md's second run (2026-11-30, after the census and the memory pricing were
     mended), as the planner prices now (docs/measured/plan_rescored.md): rank correlation +0.98 and +0.99, the pick
-    1.00x and 1.05x the best, the best inside the pick's range at 8 ranks and 1% under it at 4, and the census
+    1.00x and 1.05x the best, the best inside the pick's range at 8 ranks and under it at 4, and the census
     within 10% of the planner's held figure on 26 of 28 (23 before torch's ZeRO-1 was priced by its partition, a
     change made after these rows showed it)."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16)
     _assert_scored(scored, rho=[0.98, 0.99], picks=[1.0, 1.05], memory_near=(26, 28), inside=(False, True))
 
 
+UNSEEN_ROWS = {  # every unseen check's rows on record: (sequences, context)
+    "plan_unseen_2026-11-29.json": (8, 128), "plan_unseen_rerun_2026-11-29.json": (8, 128),
+    "plan_fsdp_pipeline_2026-11-29.json": (8, 128), "plan_unseen_batch_2026-11-29.json": (16, 128),
+    "plan_unseen_batch_2026-11-30.json": (16, 128), "plan_unseen_context_2026-11-30.json": (8, 256),
+    "plan_unseen_long_2026-11-30.json": (4, 512), "plan_unseen_long_again_2026-11-30.json": (4, 512),
+    "plan_unseen_384_2026-11-30.json": (4, 384), "plan_unseen_192_2026-11-30.json": (12, 192),
+}
+
+
 def test_each_range_is_what_the_checks_measured():
-    """ranges.py's figures, recomputed: this machine's step from the 234 measured rows of both days (10th to 90th
+    """ranges.py's figures, recomputed: this machine's step from the 430 rows of every check on record (10th to 90th
     percentile of measured over predicted) and its memory from the census of the unseen check at twice the batch
     run again (over the printed total), a GPU system's step and
     memory from the published torchtitan rows (least to most)."""
@@ -754,12 +811,12 @@ def test_each_range_is_what_the_checks_measured():
     from ddp_lab.analysis.plan.ranges import MEMORY, STEP
     from ddp_lab.analysis.predict.published import load, multi_axis_rows
 
-    later = ("plan_unseen_2026-11-29.json", "plan_unseen_rerun_2026-11-29.json", "plan_fsdp_pipeline_2026-11-29.json")
     rows = [r for s in _measured_rows() for r in s.rows]
-    rows += [r for name in later for s in _scored_unseen(name) for r in s.rows]
+    rows += [r for name, (sequences, context) in UNSEEN_ROWS.items()
+             for s in _scored_unseen(name, sequences, context) for r in s.rows]
     ratios = [r["measured_ms"] / r["predicted_ms"] for r in rows]
     deciles = statistics.quantiles(ratios, n=10)
-    assert len(ratios) == 234
+    assert len(ratios) == 430
     assert (STEP["this-machine"].low, STEP["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]), abs=0.01)
     memory = [r["measured_bytes"] / r["predicted_total_bytes"]
               for s in _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16) for r in s.rows]

@@ -16,9 +16,11 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   twice under the zero-bubble schedule, whose input and weight halves each recompute (`recomputes`);
 - micro: on this machine, each micro-batch's fixed cost beyond the first (host.py; the accumulation's and the
   pipeline's alike, v chunks each under interleaving), stretched as compute; no term on a GPU system yet;
-- bubble: the pipeline's idle share, compute x slots / m, with slots p - 1 for GPipe and 1F1B, (p - 1) / v for
-  interleaved 1F1B with v virtual stages per rank (Narayanan et al., SC'21), (p - 1) / 3 for ZB-H1 (Qi et al.,
-  ICLR'24: its bubble is about a third of 1F1B's);
+- bubble: the busiest stage's idle share, compute x slots / m, with slots the other stages' work in the busiest's
+  (the first micro-batch fills through the stages before it, the last drains through those after: p - 1 on even
+  stages, fewer where the head makes the last stage the busiest) for GPipe and 1F1B, that over v for interleaved
+  1F1B with v virtual stages per rank (Narayanan et al., SC'21), over 3 for ZB-H1 (Qi et al., ICLR'24: its bubble
+  is about a third of 1F1B's);
 - p2p: each micro-batch's activation sent forward and its gradient back at every stage boundary (bf16), priced on
   the link between neighbouring stages (NVLink inside a node, a GPU's NIC across), not hidden (an upper bound);
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
@@ -183,14 +185,18 @@ def p2p_ms(system: System, nbytes: float, apart: int) -> float:
     return (latency + nbytes / bandwidth) * 1e3
 
 
-def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1) -> float:
+def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1, others: float | None = None) -> float:
+    """The busiest stage's idle time a step, in its own micro-batches: the fill and drain through the other stages,
+    `others` of the busiest stage's work (pp - 1 where the stages are even), over v under interleaving and over 3
+    under zero bubble (module docstring)."""
     if pp == 1:
         return 0.0
+    others = float(pp - 1) if others is None else others
     if schedule == "interleaved_1f1b":
-        return (pp - 1) / stages_per_rank
+        return others / stages_per_rank
     if schedule == "zero_bubble":
-        return (pp - 1) / 3
-    return float(pp - 1)
+        return others / 3
+    return others
 
 
 def in_flight(schedule: str, pp: int, m: int, stages_per_rank: int = 1, last: bool = False) -> float:
@@ -254,11 +260,12 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
                      + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
     recompute *= recomputes(lay)
     busy = compute + recompute
-    bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank) / lay.microbatches
+    all_stages = shape.layers * block + shape.head_flops()
+    others = all_stages / last_stage - 1  # the other stages' work, in the busiest's
+    bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank, others) / lay.microbatches
     stretch = 1.0
     if host:  # the ranks share the cores: all their work over the cores, or the busiest's schedule if longer
-        mean_stage = (shape.layers * block + shape.head_flops()) / lay.pp
-        stretch, bubble = system.shared_cores(busy, bubble, mean_stage / last_stage, lay.gpus)
+        stretch, bubble = system.shared_cores(busy, bubble, all_stages / lay.pp / last_stage, lay.gpus)
         compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
     micro_cost = system.microbatch_s * 1e3 * (lay.microbatches * lay.stages_per_rank - 1) * stretch if host else 0.0
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
