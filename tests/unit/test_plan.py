@@ -199,6 +199,28 @@ def test_a_pipelines_memory_is_its_busier_stage_by_hand():
     assert memory() == (34 * 128 * 8 * 64 * 4 + 4 * log_probs, 4 * log_probs)
 
 
+def test_the_lab_blocks_norms_stay_whole_under_tensor_parallelism():
+    """The lab runs TP without sequence parallelism: its block's two RMSNorms keep their input, scaled input and output
+    (6 x d a token) whole on every TP rank, the rest (7 x d + 4 x d_ff) split. tiny at tp 2: 6 x 256 + (7 x 256 + 4 x
+    1024) / 2 = 4480 elements, 8960 bytes at 2 a token; a published shape splits everything. The census agrees on
+    every row of the unseen checks with TP, a pipeline, no checkpointing and no GPipe (14, tp 2 and tp 4): the
+    census's most within 1% of the planner's held figure, where it was up to 18% over it."""
+    from ddp_lab.analysis.plan.against_runs import score
+    from ddp_lab.analysis.plan.cli import load_shape
+
+    tiny = load_shape("tiny")
+    assert tiny.saved_bytes_per_token_on(2) == 2 * (6 * 256 + (7 * 256 + 4 * 1024) / 2) == 8960
+    assert tiny.saved_bytes_per_token_on(1) == tiny.saved_bytes_per_token
+    assert PUBLISHED["llama3_8b"].saved_bytes_per_token_on(8) == PUBLISHED["llama3_8b"].saved_bytes_per_token / 8
+    near = []
+    for name, (sequences, context) in UNSEEN_ROWS.items():
+        rows = [r for r in json.loads((ROOT / "docs" / "measured" / name).read_text()) if r["status"] == "ok"
+                and r["tp"] > 1 and r["pp"] > 1 and r["checkpointing"] == "none" and r["schedule"] != "gpipe"]
+        scored = score(replace(tiny, context=context), this_machine, sequences, rows)
+        near += [r["measured_bytes"] / r["predicted_bytes"] for s in scored for r in s.rows]
+    assert len(near) == 14 and all(abs(ratio - 1) < 0.01 for ratio in near)
+
+
 @pytest.mark.parametrize("d, d_ff, heads", [(64, 256, 4), (256, 1024, 8)])
 def test_the_lab_blocks_saved_bytes_are_what_its_census_counts(d, d_ff, heads):
     """A conf model's block keeps 13 x d + 4 x d_ff elements a token for backward: what rank/activations.py's census
@@ -669,9 +691,10 @@ def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
 def test_the_check_at_twice_the_context_scores_as_the_docs_report():
     """docs/measured/plan_unseen_context.md's rows (2026-11-30), as the planner prices now (docs/measured/
     plan_rescored.md): at 8 ranks the bar met; at 4 the pick 1.03x the best but the rank correlation +0.86, under
-    the bar of 0.9; memory within 10% of the census on 26 of 28."""
+    the bar of 0.9; memory within 10% of the census on 25 of 28 (26 before the lab's block under TP was counted with
+    its norms whole, which moves a full-checkpointing row the census cannot see into)."""
     scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
-    _assert_scored(scored, rho=[0.86, 0.97], picks=[1.03, 1.0], memory_near=(26, 28))
+    _assert_scored(scored, rho=[0.86, 0.97], picks=[1.03, 1.0], memory_near=(25, 28))
 
 
 def test_the_check_at_context_512_scores_as_the_docs_report():
@@ -707,9 +730,10 @@ def test_the_check_at_context_384_scores_as_the_docs_report():
     the pick the best, inside its range), at 4 ranks +0.96 and the pick 1.02x, but the best under the pick's range
     (steps priced high). As the planner prices now (the floor's contexts fitted together, drawn from the floor at
     six contexts after these rows were seen: docs/measured/plan_floor_curve.md) the bar met at both, +0.96 and
-    +0.99; memory within 10% of the census on 24 of 28."""
+    +0.99; memory within 10% of the census on 23 of 28 (24 before TP's whole norms were counted: the one more off is
+    full checkpointing at tp 4, whose block's whole set while it recomputes the census cannot see)."""
     scored = _scored_unseen("plan_unseen_384_2026-11-30.json", sequences=4, context=384)
-    _assert_scored(scored, rho=[0.96, 0.99], picks=[1.02, 1.0], memory_near=(24, 28))
+    _assert_scored(scored, rho=[0.96, 0.99], picks=[1.02, 1.0], memory_near=(23, 28))
 
 
 def test_the_check_at_context_192_scores_as_the_docs_report():
@@ -717,9 +741,10 @@ def test_the_check_at_context_192_scores_as_the_docs_report():
     together): as it ran, the bar met at 4 ranks (+0.97, pick 1.02x, the best inside its range) and missed at 8
     (+0.87, pick 1.14x: tp 2 x pp 4 priced under dp 2 x pp 4); as the planner prices now (the bubble as the other
     stages' fill and drain, drawn from the context-512 rows) the 4-rank pick is the best; memory within 10% of the
-    census on 21 of 28."""
+    census on 21 of 28 as it ran, 25 since the lab's block under TP is counted with its norms whole (drawn from these
+    rows)."""
     scored = _scored_unseen("plan_unseen_192_2026-11-30.json", sequences=12, context=192)
-    _assert_scored(scored, rho=[0.97, 0.87], picks=[1.0, 1.14], memory_near=(21, 28))
+    _assert_scored(scored, rho=[0.97, 0.87], picks=[1.0, 1.14], memory_near=(25, 28))
 
 
 def test_the_check_at_context_320_scores_as_the_docs_report():

@@ -66,7 +66,9 @@ AdamW's two moments; on this machine fp32 weights that are their own master, fp3
 4 + 8, as the lab's census counts them), sharded by the strategy's ZeRO stage over dp x cp (Rajbhandari et al.,
 SC'20), torch's ZeRO-1 by whole tensors (the busiest rank's share of its partition, `busiest_share`); activations 34
 x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, with attention's scores not kept: a
-flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them; twice that in fp32 here), 2 x s x
+flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them; twice that in fp32 here; a conf
+model's block what the lab's keeps, its norms whole under TP, which the lab runs without sequence parallelism:
+shapes.py's `saved_bytes_per_token_on`), 2 x s x
 b x h / tp under full recomputation plus one block's whole set while it recomputes, under selective what its policy
 keeps (shapes.py's `selective_saved_bytes_per_token`) plus the rest of one block while it recomputes; 1F1B and ZB-H1
 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m;
@@ -460,7 +462,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     pool = zero2_pool_bytes(element * stage_params) if lay.strategy == "zero2" and shards > 1 else 0.0
     s, h = shape.context / lay.cp, shape.d_model
     blocks = stage_blocks(shape, lay.pp)
-    whole_block = shape.saved_bytes_per_token * s * micro / lay.tp * element / BF16
+    whole_block = shape.saved_bytes_per_token_on(lay.tp) * s * micro * element / BF16
     if lay.checkpointing == "full":
         per_micro = blocks * element * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block

@@ -84,6 +84,18 @@ class Shape:
             return 2 * (self.d_model + self.d_ff)
         return 2 * (13 * self.d_model + 4 * self.d_ff) if self.lab_block else 34 * self.d_model
 
+    def saved_bytes_per_token_on(self, tp: int) -> float:
+        """`saved_bytes_per_token` on one of `tp` tensor-parallel GPUs. A published shape's block, run as its source
+        runs it, with sequence parallelism: all of it split. The lab's block, which the lab runs without it
+        (`parallel.sequence_parallel` is false unless set): its two RMSNorms' input, scaled input and output (the
+        column-parallel linears' input), 6 x d a token, whole on every TP rank, the rest split by heads and by d_ff.
+        The census of tp 2 x pp 4's first stage (one block) counted 4499 elements a token at context 192, where this
+        gives 6 x 256 + (7 x 256 + 4 x 1024) / 2 = 4480 (docs/measured/plan_unseen_192.md)."""
+        if self.ffn or not self.lab_block:
+            return self.saved_bytes_per_token / tp
+        whole = 2 * 6 * self.d_model
+        return whole + (self.saved_bytes_per_token - whole) / tp
+
     @property
     def selective_saved_bytes_per_token(self) -> int:
         """What one block keeps per token under selective checkpointing (bf16), before TP splits it: the lab's block
