@@ -756,6 +756,15 @@ def test_the_check_at_context_320_scores_as_the_docs_report():
     _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28), inside=(False, True))
 
 
+def test_the_check_at_context_160_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_160.md (2026-11-30, 10 sequences of 160, after every change of that day and the TP
+    memory count, nothing changed after): the bar met at both rank counts (+0.96 and +0.96, picks 1.03x and 1.10x,
+    each best inside its range); memory within 10% of the census on all 28."""
+    scored = _scored_unseen("plan_unseen_160_2026-11-30.json", sequences=10, context=160)
+    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.03, 1.1], memory_near=(28, 28))
+    assert all(s.pick_over_best <= 1.10 for s in scored)
+
+
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple | None = None,
                    inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
