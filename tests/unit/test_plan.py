@@ -202,8 +202,8 @@ def test_a_pipelines_memory_is_its_busier_stage_by_hand():
 def test_the_lab_blocks_norms_stay_whole_under_tensor_parallelism():
     """The lab runs TP without sequence parallelism: its block's two RMSNorms keep their input, scaled input and output
     (6 x d a token) whole on every TP rank, the rest (7 x d + 4 x d_ff) split. tiny at tp 2: 6 x 256 + (7 x 256 + 4 x
-    1024) / 2 = 4480 elements, 8960 bytes at 2 a token; a published shape splits everything. The census agrees on
-    every row of the unseen checks with TP, a pipeline, no checkpointing and no GPipe (14, tp 2 and tp 4): the
+    1024) / 2 = 4480 elements, 8960 bytes at 2 a token; a published shape splits everything. The census agrees on every
+    row of those unseen checks (UNSEEN_ROWS) with TP, a pipeline, no checkpointing and no GPipe (14, tp 2 and 4): the
     census's most within 1% of the planner's held figure, where it was up to 18% over it."""
     from ddp_lab.analysis.plan.against_runs import score
     from ddp_lab.analysis.plan.cli import load_shape
@@ -692,7 +692,7 @@ def test_the_check_at_twice_the_context_scores_as_the_docs_report():
     """docs/measured/plan_unseen_context.md's rows (2026-11-30), as the planner prices now (docs/measured/
     plan_rescored.md): at 8 ranks the bar met; at 4 the pick 1.03x the best but the rank correlation +0.86, under
     the bar of 0.9; memory within 10% of the census on 25 of 28 (26 before the lab's block under TP was counted with
-    its norms whole, which moves a full-checkpointing row the census cannot see into)."""
+    its norms whole, which counts a full-checkpointing row's recompute set larger, where the census cannot see it)."""
     scored = _scored_unseen("plan_unseen_context_2026-11-30.json", sequences=8, context=256)
     _assert_scored(scored, rho=[0.86, 0.97], picks=[1.03, 1.0], memory_near=(25, 28))
 
@@ -826,7 +826,7 @@ def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
     _assert_scored(scored, rho=[0.98, 0.99], picks=[1.0, 1.05], memory_near=(26, 28), inside=(False, True))
 
 
-UNSEEN_ROWS = {  # every unseen check's rows on record: (sequences, context)
+UNSEEN_ROWS = {  # (sequences, context) of the unseen checks' rows ranges.py is drawn from: all before context 320's
     "plan_unseen_2026-11-29.json": (8, 128), "plan_unseen_rerun_2026-11-29.json": (8, 128),
     "plan_fsdp_pipeline_2026-11-29.json": (8, 128), "plan_unseen_batch_2026-11-29.json": (16, 128),
     "plan_unseen_batch_2026-11-30.json": (16, 128), "plan_unseen_context_2026-11-30.json": (8, 256),
