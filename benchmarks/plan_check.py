@@ -337,20 +337,10 @@ def main() -> None:
     ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
     ap.add_argument("--fsdp-pipeline", action="store_true",
                     help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
-    ap.add_argument("--unseen-batch", action="store_true",
-                    help="--unseen's choice of layouts at its context and twice its global batch")
-    ap.add_argument("--unseen-context", action="store_true",
-                    help="--unseen's choice of layouts at twice its context, --unseen-batch's tokens a step")
-    ap.add_argument("--unseen-long", action="store_true",
-                    help="--unseen's choice of layouts at context 512 and 4 sequences, --unseen-batch's tokens a step")
-    ap.add_argument("--unseen-384", action="store_true",
-                    help="--unseen's choice of layouts at context 384 and 4 sequences")
-    ap.add_argument("--unseen-192", action="store_true",
-                    help="--unseen's choice of layouts at context 192 and 12 sequences")
-    ap.add_argument("--unseen-320", action="store_true",
-                    help="--unseen's choice of layouts at context 320 and 6 sequences")
-    ap.add_argument("--unseen-160", action="store_true",
-                    help="--unseen's choice of layouts at context 160 and 10 sequences")
+    for name, chosen in UNSEEN_SETTINGS.items():  # one flag each: --unseen-batch ... --unseen-160
+        ap.add_argument("--" + name.replace("_", "-"), action="store_true",
+                        help=f"--unseen's choice of layouts at context {chosen['context']} and {chosen['sequences']} "
+                             "sequences")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")
