@@ -748,10 +748,10 @@ def test_the_check_at_context_192_scores_as_the_docs_report():
 
 
 def test_the_check_at_context_320_scores_as_the_docs_report():
-    """docs/measured/plan_unseen_320.md (2026-11-30, 6 sequences of 320, after every change of that day, nothing
-    changed after; its rows are not among those ranges.py is drawn from): the bar met at 8 ranks (+0.96, pick 1.04x,
-    the best inside its range); at 4 ranks +0.96 and the pick the best, but 1.5% under its range; memory within
-    10% of the census on 24 of 28."""
+    """docs/measured/plan_unseen_320.md (2026-11-30, 6 sequences of 320, after every change of that day before it,
+    nothing changed for what it showed; its rows are not among those ranges.py is drawn from): the bar met at 8
+    ranks (+0.96, pick 1.04x, the best inside its range); at 4 ranks +0.96 and the pick the best, but 1.5% under its
+    range; memory within 10% of the census on 24 of 28."""
     scored = _scored_unseen("plan_unseen_320_2026-11-30.json", sequences=6, context=320)
     _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28), inside=(False, True))
 
