@@ -205,19 +205,16 @@ def test_the_lab_blocks_norms_stay_whole_under_tensor_parallelism():
     1024) / 2 = 4480 elements, 8960 bytes at 2 a token; a published shape splits everything. The census agrees on every
     row of those unseen checks (UNSEEN_ROWS) with TP, a pipeline, no checkpointing and no GPipe (14, tp 2 and 4): the
     census's most within 1% of the planner's held figure, where it was up to 18% over it."""
-    from ddp_lab.analysis.plan.against_runs import score
     from ddp_lab.analysis.plan.cli import load_shape
 
     tiny = load_shape("tiny")
     assert tiny.saved_bytes_per_token_on(2) == 2 * (6 * 256 + (7 * 256 + 4 * 1024) / 2) == 8960
     assert tiny.saved_bytes_per_token_on(1) == tiny.saved_bytes_per_token
     assert PUBLISHED["llama3_8b"].saved_bytes_per_token_on(8) == PUBLISHED["llama3_8b"].saved_bytes_per_token / 8
-    near = []
-    for name, (sequences, context) in UNSEEN_ROWS.items():
-        rows = [r for r in json.loads((ROOT / "docs" / "measured" / name).read_text()) if r["status"] == "ok"
-                and r["tp"] > 1 and r["pp"] > 1 and r["checkpointing"] == "none" and r["schedule"] != "gpipe"]
-        scored = score(replace(tiny, context=context), this_machine, sequences, rows)
-        near += [r["measured_bytes"] / r["predicted_bytes"] for s in scored for r in s.rows]
+    near = [r["measured_bytes"] / r["predicted_bytes"]
+            for name, (sequences, context) in UNSEEN_ROWS.items() for s in _scored_unseen(name, sequences, context)
+            for r in s.rows
+            if r["tp"] > 1 and r["pp"] > 1 and r["checkpointing"] == "none" and r["schedule"] != "gpipe"]
     assert len(near) == 14 and all(abs(ratio - 1) < 0.01 for ratio in near)
 
 

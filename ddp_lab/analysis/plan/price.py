@@ -187,13 +187,12 @@ def p2p_ms(system: System, nbytes: float, apart: int) -> float:
     return (latency + nbytes / bandwidth) * 1e3
 
 
-def bubble_slots(schedule: str, pp: int, stages_per_rank: int = 1, others: float | None = None) -> float:
+def bubble_slots(schedule: str, pp: int, stages_per_rank: int, others: float) -> float:
     """The busiest stage's idle time a step, in its own micro-batches: the fill and drain through the other stages,
     `others` of the busiest stage's work (pp - 1 where the stages are even), over v under interleaving and over 3
     under zero bubble (module docstring)."""
     if pp == 1:
         return 0.0
-    others = float(pp - 1) if others is None else others
     if schedule == "interleaved_1f1b":
         return others / stages_per_rank
     if schedule == "zero_bubble":
