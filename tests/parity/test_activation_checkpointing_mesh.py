@@ -100,16 +100,19 @@ def test_the_context_exchange_is_recomputed_and_its_bytes_counted_twice(results,
         assert recomputed[CP_BYTES_BACKWARD.key] == plain[CP_BYTES_BACKWARD.key]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", ["tp lab", "tp lab sp"])
-def test_full_recomputation_runs_each_blocks_tp_collectives_but_its_last_again(results, case):
+def test_recomputation_runs_each_blocks_tp_collectives_but_its_last_again(results, case, mode):
     """What the planner prices (analysis/plan/price.py's tp term): under full checkpointing, each block's all-reduce
     after attention (or sequence parallelism's all-gather and reduce-scatter around it, and the MLP's all-gather) is
     run again in its backward, the one after its MLP is not, as torch's checkpoint stops once backward's tensors are
-    back: 1 more all-reduce per block of the tiny Transformer (2 regions)."""
+    back: 1 more all-reduce per block of the tiny Transformer (2 regions). Selective too: its policy keeps the
+    matmuls' outputs, not the all-reduce's (the lab's record counted 5 a block at context 160 to 384,
+    docs/measured/plan_tp_wait.md)."""
     extra = 3 if case.endswith("sp") else 1  # sp: ag + rs around attention, ag before the MLP
     for rank in results:
-        plain, full = rank[(case, "none")][2], rank[(case, "full")][2]
-        assert full[TP_COLLECTIVES.key] - plain[TP_COLLECTIVES.key] == STEPS * 2 * extra, (plain, full)  # 2 blocks
+        plain, recomputed = rank[(case, "none")][2], rank[(case, mode)][2]
+        assert recomputed[TP_COLLECTIVES.key] - plain[TP_COLLECTIVES.key] == STEPS * 2 * extra, (plain, recomputed)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,9 @@ def test_the_lab_blocks_norms_stay_whole_under_tensor_parallelism():
     """The lab runs TP without sequence parallelism: its block's two RMSNorms keep their input, scaled input and output
     (6 x d a token) whole on every TP rank, the rest (7 x d + 4 x d_ff) split. tiny at tp 2: 6 x 256 + (7 x 256 + 4 x
     1024) / 2 = 4480 elements, 8960 bytes at 2 a token; a published shape splits everything. The census agrees on every
-    row of those unseen checks (UNSEEN_ROWS) with TP, a pipeline, no checkpointing and no GPipe (14, tp 2 and 4): the
-    census's most within 1% of the planner's held figure, where it was up to 18% over it."""
+    row of those unseen checks (UNSEEN_ROWS) with TP, a pipeline, no checkpointing and no GPipe (17, tp 2 and 4): the
+    census's most within 1% of the planner's held figure, where it was up to 18% over it (the 14 before context 320
+    drew the change; context 320's one and 160's two came after)."""
     from ddp_lab.analysis.plan.cli import load_shape
 
     tiny = load_shape("tiny")
@@ -215,7 +217,7 @@ def test_the_lab_blocks_norms_stay_whole_under_tensor_parallelism():
             for name, (sequences, context) in UNSEEN_ROWS.items() for s in _scored_unseen(name, sequences, context)
             for r in s.rows
             if r["tp"] > 1 and r["pp"] > 1 and r["checkpointing"] == "none" and r["schedule"] != "gpipe"]
-    assert len(near) == 14 and all(abs(ratio - 1) < 0.01 for ratio in near)
+    assert len(near) == 17 and all(abs(ratio - 1) < 0.01 for ratio in near)
 
 
 @pytest.mark.parametrize("d, d_ff, heads", [(64, 256, 4), (256, 1024, 8)])
@@ -353,6 +355,20 @@ def test_fsdp2s_copies_under_a_pipeline_by_hand():
                    for name in ("zero2", "fsdp_torch"))
     assert fsdp_copies_ms(host, 195328, 2, 4) == pytest.approx(2 * 4 * 488320 / 1e9 * 1e3)
     assert fsdp.terms["dp"] - zero2.terms["dp"] == pytest.approx(2 * 4 * 488320 / 1e9 * 1e3 * 2)
+
+
+def test_fsdp2s_accumulation_by_hand():
+    """FSDP2 without a pipeline, 4 micro-batches over dp 4 (one rank a core's worth of work, no compute to hide
+    under here: every collective whole): each micro-batch gathers every parameter for its forward and the blocks'
+    again for its backward (the embedding's lookup needs none back, the head, the last unit, stays gathered); the
+    three accumulating micro-batches run under no_sync, so only the last reduce-scatters, as the lab's
+    per-collective record of the context-192 check's job counted (docs/measured/plan_fsdp_accumulation.md)."""
+    host = this_machine(4, CALIBRATED)
+    stage, blocks = 4 * SHAPE.block_params + 2 * 1000 * 64, 4 * SHAPE.block_params  # fp32 on this machine
+    gather, again, scatter = (collective_ms(host, op, n * 4, 4) for op, n in
+                              (("all_gather", stage), ("all_gather", blocks), ("reduce_scatter", stage)))
+    fsdp = price(SHAPE, host, Layout(dp=4, strategy="fsdp_torch", microbatches=4), 8)
+    assert fsdp.terms["dp"] == pytest.approx(4 * gather + 4 * again + scatter)
 
 
 def test_a_strided_group_crosses_nodes():
@@ -540,6 +556,25 @@ def test_a_rings_floor_with_more_ranks_than_cores_by_hand():
     assert ring_wait_s(106.0, 12) == pytest.approx(0.00883, abs=1e-5)
 
 
+def test_a_tp_wait_with_more_ranks_than_cores_by_hand():
+    """dp 2 x tp 2 on 4 ranks of 2 cores, 8 sequences of 128 in one micro-batch: 21 TP all-reduces a step (4 a block
+    x 4 blocks, the embedding's output, the head's input gradient, the loss's three), as the lab's record counts them
+    (docs/measured/plan_tp_wait.md). Calibrated at 5 ms a ring step: each all-reduce waits that once, 105 ms, where
+    their bytes price far less; where the compute between two of them is shorter than the wait (a wait of 1 s), the
+    step's compute bounds it: 3 x 512 x (4 x 147,456 + 128,000) / 2 FLOPs at 1e6 a ms, stretched twice. With a core
+    a rank (tp 2 alone) no wait."""
+    def tp(gpus, cal, **kw):
+        p = price(SHAPE, this_machine(gpus, cal), Layout(**kw), 8)
+        return p.terms["tp"], p.terms["compute"]
+
+    bytes_only, _ = tp(4, CALIBRATED, dp=2, tp=2)
+    assert bytes_only < 21 * 5
+    assert tp(4, {**CALIBRATED, "ring_wait_s": 0.005}, dp=2, tp=2)[0] == pytest.approx(21 * 5)
+    waited, compute = tp(4, {**CALIBRATED, "ring_wait_s": 1.0}, dp=2, tp=2)
+    assert compute == pytest.approx(3 * 512 * (4 * 147456 + 128000) / 2 / 1e6 * 2) and waited == pytest.approx(compute)
+    assert tp(2, {**CALIBRATED, "ring_wait_s": 0.005}, dp=1, tp=2) == tp(2, CALIBRATED, dp=1, tp=2)
+
+
 def test_this_machines_gloo_ring_by_hand():
     """4 ranks on 2 emulated nodes and 2 cores. A 2-rank group inside a node: 2 ring steps of 0.1 ms, each twice as
     long (4 ranks on 2 cores), and the buffer at loopback's 1e9 B/s halved. A 4-rank all-reduce crosses the link: 6
@@ -651,9 +686,10 @@ def test_the_planner_agrees_with_the_calculator_on_the_course_problem():
     assert (p.terms["compute"] / 3) / (p.terms["tp"] / 2) == pytest.approx(report["tp_axis"]["ratio"])
 
 
+@cache
 def _measured_rows() -> list:
     """docs/measured/plan.md's rows of tiny measured on this machine (2026-11-28): the 58 checked and 108 held out,
-    scored as the planner prices them now."""
+    scored as the planner prices them now (once a session: several tests read them, none changes them)."""
     from ddp_lab.analysis.plan.against_runs import score
     from ddp_lab.analysis.plan.cli import load_shape
 
@@ -671,13 +707,14 @@ def test_the_measured_rows_keep_the_order_the_docs_report():
     scored = _measured_rows()
     checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in scored] == [0.98, 0.97, 0.91, 0.9]
+    assert [round(s.rho, 2) for s in scored] == [0.98, 0.97, 0.92, 0.87]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.01]
 
 
+@cache
 def _scored_unseen(name: str, sequences: int = 8, context: int = 128) -> list:
     """A docs/measured/ file of rows run at an unseen check's setting (tiny at context 128, 8 sequences a step unless
-    said), its ok rows scored as the planner prices them now, one score per rank count."""
+    said), its ok rows scored as the planner prices them now, one score per rank count (once a session)."""
     from ddp_lab.analysis.plan.against_runs import score
     from ddp_lab.analysis.plan.cli import load_shape
 
@@ -726,39 +763,43 @@ def test_the_check_at_context_384_scores_as_the_docs_report():
     """docs/measured/plan_unseen_384.md (2026-11-30, after the ring's floor): as it ran, the bar met at 8 ranks (+0.92,
     the pick the best, inside its range), at 4 ranks +0.96 and the pick 1.02x, but the best under the pick's range
     (steps priced high). As the planner prices now (the floor's contexts fitted together, drawn from the floor at
-    six contexts after these rows were seen: docs/measured/plan_floor_curve.md) the bar met at both, +0.96 and
-    +0.99; memory within 10% of the census on 23 of 28 (24 before TP's whole norms were counted: the one more off is
-    full checkpointing at tp 4, whose block's whole set while it recomputes the census cannot see)."""
+    six contexts after these rows were seen: docs/measured/plan_floor_curve.md; TP's wait on shared cores, drawn
+    from these rows among others: docs/measured/plan_tp_wait.md) the bar met at both, +0.97 and +0.98; memory within
+    10% of the census on 23 of 28 (24 before TP's whole norms were counted: the one more off is full checkpointing
+    at tp 4, whose block's whole set while it recomputes the census cannot see)."""
     scored = _scored_unseen("plan_unseen_384_2026-11-30.json", sequences=4, context=384)
-    _assert_scored(scored, rho=[0.96, 0.99], picks=[1.02, 1.0], memory_near=(23, 28))
+    _assert_scored(scored, rho=[0.97, 0.98], picks=[1.02, 1.0], memory_near=(23, 28))
 
 
 def test_the_check_at_context_192_scores_as_the_docs_report():
     """docs/measured/plan_unseen_192.md (2026-11-30, 12 sequences of 192, after the floor's contexts were fitted
     together): as it ran, the bar met at 4 ranks (+0.97, pick 1.02x, the best inside its range) and missed at 8
     (+0.87, pick 1.14x: tp 2 x pp 4 priced under dp 2 x pp 4); as the planner prices now (the bubble as the other
-    stages' fill and drain, drawn from the context-512 rows) the 4-rank pick is the best; memory within 10% of the
-    census on 21 of 28 as it ran, 25 since the lab's block under TP is counted with its norms whole (drawn from these
-    rows)."""
+    stages' fill and drain, drawn from the context-512 rows) the 4-rank pick is the best, and since TP's wait on
+    shared cores is priced (drawn from these rows among others: docs/measured/plan_tp_wait.md) the 8-rank pick too,
+    +0.97: the bar met at both; memory within 10% of the census on 21 of 28 as it ran, 25 since the lab's block under
+    TP is counted with its norms whole (drawn from these rows)."""
     scored = _scored_unseen("plan_unseen_192_2026-11-30.json", sequences=12, context=192)
-    _assert_scored(scored, rho=[0.97, 0.87], picks=[1.0, 1.14], memory_near=(25, 28))
+    _assert_scored(scored, rho=[0.97, 0.97], picks=[1.0, 1.0], memory_near=(25, 28))
 
 
 def test_the_check_at_context_320_scores_as_the_docs_report():
     """docs/measured/plan_unseen_320.md (2026-11-30, 6 sequences of 320, after every change of that day before it,
     nothing changed for what it showed; its rows are not among those ranges.py is drawn from): the bar met at 8
     ranks (+0.96, pick 1.04x, the best inside its range); at 4 ranks +0.96 and the pick the best, but 1.5% under its
-    range; memory within 10% of the census on 24 of 28."""
+    range, inside the range recomputed with these rows among the 486 (0.92x to 1.38x); memory within 10% of the
+    census on 24 of 28."""
     scored = _scored_unseen("plan_unseen_320_2026-11-30.json", sequences=6, context=320)
-    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28), inside=(False, True))
+    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28))
 
 
 def test_the_check_at_context_160_scores_as_the_docs_report():
     """docs/measured/plan_unseen_160.md (2026-11-30, 10 sequences of 160, after every change of that day and the TP
-    memory count, nothing changed after): the bar met at both rank counts (+0.96 and +0.96, picks 1.03x and 1.10x,
-    each best inside its range); memory within 10% of the census on all 28."""
+    memory count): the bar met at both rank counts (+0.96 and +0.96, picks 1.03x and 1.10x, each best inside its
+    range); memory within 10% of the census on all 28. As the planner prices now (FSDP2's accumulation and TP's wait,
+    drawn from these rows among others) +0.93 and +0.95, picks 1.01x and 1.10x: the bar still met at both."""
     scored = _scored_unseen("plan_unseen_160_2026-11-30.json", sequences=10, context=160)
-    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.03, 1.1], memory_near=(28, 28))
+    _assert_scored(scored, rho=[0.93, 0.95], picks=[1.01, 1.1], memory_near=(28, 28))
     assert all(s.pick_over_best <= 1.10 for s in scored)
 
 
@@ -800,7 +841,7 @@ def test_the_unseen_check_run_again_scores_as_the_docs_report():
     planner as it prices now (rank correlation, the pick over the best; docs/measured/plan_rescored.md)."""
     scored = _scored_unseen("plan_unseen_rerun_2026-11-29.json")
     assert [len(s.rows) for s in scored] == [14, 14]
-    assert [round(s.rho, 2) for s in scored] == [0.98, 0.97]
+    assert [round(s.rho, 2) for s in scored] == [0.98, 0.98]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0]
 
 
@@ -810,7 +851,7 @@ def test_the_check_at_twice_the_batch_meets_the_bar_as_the_docs_report():
     0.9 or more, and the best lies inside the pick's range."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-29.json", sequences=16)
     assert [len(s.rows) for s in scored] == [14, 14]
-    _assert_scored(scored, rho=[0.96, 0.96], picks=[1.06, 1.0])
+    _assert_scored(scored, rho=[0.95, 0.96], picks=[1.06, 1.0])
 
 
 def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
@@ -823,20 +864,21 @@ def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
     _assert_scored(scored, rho=[0.98, 0.99], picks=[1.0, 1.05], memory_near=(26, 28), inside=(False, True))
 
 
-UNSEEN_ROWS = {  # (sequences, context) of the unseen checks' rows ranges.py is drawn from: all before context 320's
+UNSEEN_ROWS = {  # (sequences, context) of the unseen checks' rows ranges.py is drawn from: all before context 224's
     "plan_unseen_2026-11-29.json": (8, 128), "plan_unseen_rerun_2026-11-29.json": (8, 128),
     "plan_fsdp_pipeline_2026-11-29.json": (8, 128), "plan_unseen_batch_2026-11-29.json": (16, 128),
     "plan_unseen_batch_2026-11-30.json": (16, 128), "plan_unseen_context_2026-11-30.json": (8, 256),
     "plan_unseen_long_2026-11-30.json": (4, 512), "plan_unseen_long_again_2026-11-30.json": (4, 512),
     "plan_unseen_384_2026-11-30.json": (4, 384), "plan_unseen_192_2026-11-30.json": (12, 192),
+    "plan_unseen_320_2026-11-30.json": (6, 320), "plan_unseen_160_2026-11-30.json": (10, 160),
 }
 
 
 def test_each_range_is_what_the_checks_measured():
-    """ranges.py's figures, recomputed: this machine's step from the 430 rows of every check on record (10th to 90th
-    percentile of measured over predicted) and its memory from the census of the unseen check at twice the batch
-    run again (over the printed total), a GPU system's step and
-    memory from the published torchtitan rows (least to most)."""
+    """ranges.py's figures, recomputed: this machine's step from the 486 rows of every check before context 224's
+    (10th to 90th percentile of measured over predicted) and its memory from the census of the unseen check at twice
+    the batch run again (over the printed total), a GPU system's step and memory from the published torchtitan rows
+    (least to most)."""
     import statistics
 
     from ddp_lab.analysis.plan.ranges import MEMORY, STEP
@@ -847,7 +889,7 @@ def test_each_range_is_what_the_checks_measured():
              for s in _scored_unseen(name, sequences, context) for r in s.rows]
     ratios = [r["measured_ms"] / r["predicted_ms"] for r in rows]
     deciles = statistics.quantiles(ratios, n=10)
-    assert len(ratios) == 430
+    assert len(ratios) == 486
     assert (STEP["this-machine"].low, STEP["this-machine"].high) == pytest.approx((deciles[0], deciles[-1]), abs=0.01)
     memory = [r["measured_bytes"] / r["predicted_total_bytes"]
               for s in _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16) for r in s.rows]

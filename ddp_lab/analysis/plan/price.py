@@ -24,12 +24,15 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - p2p: each micro-batch's activation sent forward and its gradient back at every stage boundary (bf16), priced on
   the link between neighbouring stages (NVLink inside a node, a GPU's NIC across), not hidden (an upper bound);
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
-  all-gather move the same bytes), 5 under full recomputation (torch's checkpoint stops recomputing once the tensors
-  backward needs are back, so a block's last all-reduce is not run again: counted in the lab,
-  tests/parity/test_activation_checkpointing_mesh.py), 6 under zero bubble's two recomputes, of the micro-batch's
+  all-gather move the same bytes), 5 under full or selective recomputation (torch's checkpoint stops recomputing
+  once the tensors backward needs are back, so a block's last all-reduce is not run again; selective keeps matmuls'
+  outputs, not the all-reduce's: both counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), 6
+  under zero bubble's two recomputes, of the micro-batch's
   activation (bf16) over the tp group, blocking: added whole; per micro-batch also the vocabulary's (the head's
   input gradient, the embedding's output on a pipeline's only stage, and the vocabulary-parallel loss's three of one
-  fp32 value a token);
+  fp32 value a token); on this machine with more ranks than cores each all-reduce waits for its peers to be
+  scheduled, at least the calibrated ring wait once or the compute between two of them (`tp_ms`: the lab's record
+  measured 4.5 to 29 ms an all-reduce where their bytes price 1 to 2, docs/measured/plan_tp_wait.md);
 - cp: the ring's K/V exchange per block (forward and again backward, with fp32 dK/dV), as `predict scale --cp`
   prices it, and the forward's again in each recompute, full or selective (both recompute attention and its
   exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
@@ -43,9 +46,12 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   FLOPs); what is exposed is what the last buckets leave after backward ends (`bucketed_exposed_ms`; on a small
   model whose bytes fill one bucket, all of it). torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts
   every updated parameter from its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to
-  1.34x zero2's step on every split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): parameters
-  gathered for every micro-batch's forward and backward and gradients reduce-scattered, each micro-batch's hidden
-  under its own compute; under a pipeline, as torchtitan and the lab run it, gathered once a step and reduced once
+  1.34x zero2's step on every split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): every parameter
+  gathered for each micro-batch's forward, the blocks' again for its backward (the embedding's lookup needs no
+  weight back; the head, FSDP2's last unit, stays gathered), and the gradients reduce-scattered once, in the last
+  micro-batch's backward (the lab accumulates the others under `no_sync`, gradient sync off: counted in the lab's
+  per-collective record, docs/measured/plan_fsdp_accumulation.md), each hidden under its own micro-batch's compute;
+  under a pipeline, as torchtitan and the lab run it, gathered once a step and reduced once
   (the stage's weights and gradients held whole across the micro-batches, in memory too), plus FSDP2's copies
   around those two collectives, at the memory bandwidth (`fsdp_copies_ms`: the shard into the gather's flat input,
   the gathered buffer out into each parameter, every gradient into the reduce-scatter's flat input; the profiled
@@ -274,7 +280,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     if lay.pp > 1:
         hops = 2 * lay.microbatches * lay.stages_per_rank
         p2p = hops * p2p_ms(system, activation, lay.gpus // lay.pp)
-    tp = tp_ms(shape, system, lay, blocks, activation, micro_tokens) if lay.tp > 1 else 0.0
+    tp = tp_ms(shape, system, lay, blocks, activation, micro_tokens, busy) if lay.tp > 1 else 0.0
     cp = 0.0
     if lay.cp > 1:
         # a block's compute a micro-batch, forward, backward and recompute: a ring's peer does it between its steps
@@ -286,7 +292,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
     segments = gradient_segments(shape, lay, blocks, busy / lay.microbatches * 2 / 3, wire)
-    dp = dp_ms(system, lay, segments, busy / lay.microbatches, stage_params * FP32) if shards > 1 else 0.0
+    regathered = blocks * shape.block_params * wire / lay.tp
+    dp = dp_ms(system, lay, segments, busy / lay.microbatches, stage_params * FP32, regathered) if shards > 1 else 0.0
     if shards > 1 and stage >= 3 and lay.pp > 1:
         dp += fsdp_copies_ms(system, stage_params, shards, wire) * share
     updated = stage_params / (shards if stage >= 1 else 1)
@@ -330,18 +337,27 @@ def ring_steps(lay: Layout) -> int:
     return (3 + recomputes(lay)) * (lay.cp - 1)
 
 
-def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float) -> float:
+def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float,
+          busy: float = 0.0) -> float:
     """TP's all-reduces of a step (module docstring): the blocks', and per micro-batch the vocabulary's (the head's
     input gradient, and the embedding's output without a pipeline: both split by rows of the vocabulary; the loss's
-    max, sum of exponentials and target logit over the split rows)."""
-    recomputed = (shape.tp_regions - 1) * recomputes(lay) if lay.checkpointing == "full" else 0  # all but the last
+    max, sum of exponentials and target logit over the split rows). On this machine with more ranks than cores each
+    all-reduce waits for its peers to be scheduled: it takes at least the calibrated ring wait once (its ring steps
+    then follow one another with no compute between them) or the rank's compute between two of its all-reduces
+    (`busy`, the step's, over them), whichever is less."""
+    recomputed = (shape.tp_regions - 1) * recomputes(lay)  # all but the last, full or selective
     per_block = 2 * shape.tp_regions + recomputed
     one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
     vocab = 0.0
     if shape.vocab:
         loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
         vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
-    return lay.microbatches * (per_block * blocks * one + vocab)
+    priced = lay.microbatches * (per_block * blocks * one + vocab)
+    floor = system.ring_wait_ms(lay.gpus) if isinstance(system, HostSystem) else 0.0
+    if not floor:
+        return priced
+    count = lay.microbatches * (per_block * blocks + ((2 if lay.pp == 1 else 1) + 3 if shape.vocab else 0))
+    return max(priced, count * min(floor, busy / count))
 
 
 def recomputes(lay: Layout) -> int:
@@ -406,11 +422,14 @@ def bucketed_exposed_ms(segments: list[tuple], collective, first: float = BUCKET
     return max(0.0, free - now * hide)
 
 
-def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float, params: float = 0.0) -> float:
+def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float, params: float = 0.0,
+          regathered: float = 0.0) -> float:
     """The data-parallel strategy's exposed collectives over the dp x cp ranks, one rank of each TP group (module
     docstring): `segments` the stage's gradients as backward produces them (`gradient_segments`), `micro_busy` one
     micro-batch's compute to hide under, `params` bytes of the stage's fp32 parameters (what torch's
-    ZeroRedundancyOptimizer broadcasts)."""
+    ZeroRedundancyOptimizer broadcasts), `regathered` bytes of the parameters FSDP2 gathers again for backward
+    without a pipeline (the blocks': the embedding's lookup needs no weight back, the head, its last unit, is not
+    resharded after forward)."""
     shards, stride, hide = lay.dp * lay.cp, lay.tp, hides(system, lay)
     grads = sum(nbytes for nbytes, _ in segments)
     if STRATEGIES[lay.strategy] < 3:
@@ -427,8 +446,12 @@ def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float,
     under = micro_busy * hide
     if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
         return max(0.0, gather - under / 3) + max(0.0, scatter - under * 2 / 3)
-    per_micro = max(0.0, gather - under / 3) + max(0.0, gather + scatter - under * 2 / 3)
-    return lay.microbatches * per_micro
+    # every micro-batch gathers the whole stage forward and the blocks again backward; the accumulating ones run
+    # under no_sync (gradient sync off: no reduce-scatter), the last reduce-scatters all
+    again = collective_ms(system, "all_gather", regathered, shards, stride)
+    forward = lay.microbatches * max(0.0, gather - under / 3)
+    return (forward + (lay.microbatches - 1) * max(0.0, again - under * 2 / 3)
+            + max(0.0, again + scatter - under * 2 / 3))
 
 
 def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: int) -> float:

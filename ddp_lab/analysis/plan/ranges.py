@@ -3,16 +3,17 @@
 A predicted step s comes with [s x low, s x high], the measured-over-predicted ratios its checks found for layouts of
 that kind (tokens per second per GPU with the same range inverted):
 
-- `this-machine`: every layout of tiny measured on this project's VMs, 430 of them, priced as the planner prices them
+- `this-machine`: every layout of tiny measured on this project's VMs, 486 of them, priced as the planner prices them
   now with this machine's calibration (docs/measured/plan_rescored.md): the 166 of 2026-11-28 (docs/measured/
   plan.md: the 58 checked and the 108 held out), the 68 of 2026-11-29 (the unseen check twice, FSDP2 under a
-  pipeline) and the 196 of the seven checks since, at contexts 128 to 512; the 10th to the 90th percentile (8 in 10
+  pipeline) and the 252 of the nine checks since, at contexts 128 to 512; the 10th to the 90th percentile (8 in 10
   layouts fell inside). Every run here, not one day's: the same command measured up to a third apart from one run to
   the next (docs/measured/plan_unseen_rerun.md), and this VM's floor at context 256 measured up to 1.3x slower one
-  morning than at noon the same day (docs/measured/plan_floor_curve.md). Recomputed on 2026-11-30 after the floor's
-  contexts were fitted together and a pipeline's bubble priced as the fill and drain through the other stages, from
-  all the rows then on record, before the check at context 320 ran (0.85x to 1.31x from the 234 of the first two
-  days before; the same 234 now give 0.94x to 1.44x: the calibration of a fast hour prices slower hours' rows low);
+  morning than at noon the same day (docs/measured/plan_floor_curve.md). Recomputed on 2026-11-30 after FSDP2's
+  accumulation was priced as the lab issues it and TP's all-reduces with their wait on shared cores
+  (docs/measured/plan_tp_wait.md), from all the rows then on record, before the check at context 224 ran (0.94x to
+  1.42x from the 430 before context 320's and 160's, as priced before those changes; 0.85x to 1.31x from the first
+  two days' 234, as priced then);
 - a GPU system: the 11 published torchtitan Llama 3.1 rows (`python -m ddp_lab.predict published`, at its calibrated
   MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
@@ -46,7 +47,7 @@ class Range:
 
 
 STEP = {
-    "this-machine": Range(0.94, 1.42, "8 in 10 of 430 layouts measured here"),
+    "this-machine": Range(0.92, 1.38, "8 in 10 of 486 layouts measured here"),
     "gpu": Range(0.83, 2.64, "11 published torchtitan runs"),
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
