@@ -338,7 +338,7 @@ def ring_steps(lay: Layout) -> int:
 
 
 def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float,
-          busy: float = 0.0) -> float:
+          busy: float) -> float:
     """TP's all-reduces of a step (module docstring): the blocks', and per micro-batch the vocabulary's (the head's
     input gradient, and the embedding's output without a pipeline: both split by rows of the vocabulary; the loss's
     max, sum of exponentials and target logit over the split rows). On this machine with more ranks than cores each
@@ -347,16 +347,15 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     (`busy`, the step's, over them), whichever is less."""
     recomputed = (shape.tp_regions - 1) * recomputes(lay)  # all but the last, full or selective
     per_block = 2 * shape.tp_regions + recomputed
+    ones = per_block * blocks + ((2 if lay.pp == 1 else 1) if shape.vocab else 0)  # of the activation's bytes
+    losses = 3 if shape.vocab else 0  # of one fp32 value a token
     one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
-    vocab = 0.0
-    if shape.vocab:
-        loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
-        vocab = (2 if lay.pp == 1 else 1) * one + 3 * loss
-    priced = lay.microbatches * (per_block * blocks * one + vocab)
+    loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
+    priced = lay.microbatches * (ones * one + losses * loss)
     floor = system.ring_wait_ms(lay.gpus) if isinstance(system, HostSystem) else 0.0
     if not floor:
         return priced
-    count = lay.microbatches * (per_block * blocks + ((2 if lay.pp == 1 else 1) + 3 if shape.vocab else 0))
+    count = lay.microbatches * (ones + losses)
     return max(priced, count * min(floor, busy / count))
 
 
