@@ -71,8 +71,18 @@ def pytest_xdist_make_scheduler(config, log):
     return FileGroups(config, log)
 
 
+LONG_UNIT_FILES = ("tests/unit/test_plan.py", "tests/unit/test_published.py", "tests/unit/test_config_search_run.py",
+                   "tests/unit/test_config_search_strategy.py")
+"""Unit-test files that each keep a worker busy for half a minute or more (test_plan.py two): started right after the
+e2e files, not where the alphabet puts them, near the end, where one would run on alone while the other worker has
+nothing left (the longest first: the suite's tail is its shortest units)."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test reading a session sweep is in one unit with the others that read it, or collection fails."""
+    """The e2e files and LONG_UNIT_FILES first, the rest in the order collected; and every test reading a session
+    sweep is in one unit with the others that read it, or collection fails."""
+    items.sort(key=lambda item: not (item.nodeid.startswith("tests/e2e/")
+                                     or item.nodeid.split("::")[0] in LONG_UNIT_FILES))
     where: dict[str, set[str]] = {}
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
