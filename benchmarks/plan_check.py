@@ -18,6 +18,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_320 --unseen-320   # 6 sequences of 320
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_160 --unseen-160   # 10 sequences of 160
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_224 --unseen-224   # 8 sequences of 224
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_96 --unseen-96   # 16 sequences of 96
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -45,6 +46,7 @@ after the floor's contexts were fitted together (2026-11-30). `--unseen-320`: co
 bubble was priced as the fill and drain through the other stages and the step range recomputed (2026-11-30).
 `--unseen-160`: context 160 and 10 sequences, after the lab's block under TP was counted with its norms whole.
 `--unseen-224`: context 224 and 8 sequences, after FSDP2's accumulation and TP's wait on shared cores were priced.
+`--unseen-96`: context 96 and 16 sequences, the same pricing again.
 """
 
 from __future__ import annotations
@@ -104,9 +106,13 @@ UNSEEN_224 = {"context": 224, "sequences": 8}
 """`--unseen-224`: a context no check has run (8 sequences: dp up to 8), after FSDP2's accumulation was priced as the
 lab issues it (docs/measured/plan_fsdp_accumulation.md), TP's all-reduces with their wait on shared cores and selective
 checkpointing's recomputed all-reduce (docs/measured/plan_tp_wait.md), and the step range recomputed from 486 rows."""
+UNSEEN_96 = {"context": 96, "sequences": 16}
+"""`--unseen-96`: a context shorter than any check's since the first day's 64, at a global batch of 16 sequences, run
+after `--unseen-224` with nothing changed between them: the second check in a row of the same pricing."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
-                   "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224}
+                   "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
+                   "unseen_96": UNSEEN_96}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
@@ -226,7 +232,7 @@ CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", *UNSEEN_SETTINGS)
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
 `--fsdp-pipeline` (at `--unseen`'s context and batch), and `--unseen`'s choice of layouts at each of
 UNSEEN_SETTINGS (`--unseen-batch`, `--unseen-context`, `--unseen-long`, `--unseen-384`, `--unseen-192`,
-`--unseen-320`, `--unseen-160`, `--unseen-224`)."""
+`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`)."""
 
 
 def setting(check: str = "checked") -> tuple:

@@ -813,6 +813,15 @@ def test_the_check_at_context_224_scores_as_the_docs_report():
     assert all(s.pick is s.best for s in scored)
 
 
+def test_the_check_at_context_96_scores_as_the_docs_report():
+    """docs/measured/plan_unseen_96.md (2026-11-30, 16 sequences of 96, right after the check at context 224, nothing
+    changed between them or after): the bar met at 4 ranks (+0.96, pick 1.01x, inside its range), missed at 8 (+0.88,
+    the pick 1.11x the best, a tie the planner prices within 2% and says so, the best inside its range); memory
+    within 10% of the census on all 28."""
+    scored = _scored_unseen("plan_unseen_96_2026-11-30.json", sequences=16, context=96)
+    _assert_scored(scored, rho=[0.96, 0.88], picks=[1.01, 1.11], memory_near=(28, 28))
+
+
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple | None = None,
                    inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
