@@ -170,3 +170,23 @@ def test_the_rounding_reference_moves_each_gradient_by_one_rounding_at_most():
     moved = (grads[3] - grads[None]) / grads[None].abs().clamp_min(1e-30)
     unit = torch.finfo(torch.float16).eps / 2
     assert moved.abs().max() <= unit * 1.0001 and (moved > 0).any() and (moved < 0).any()
+
+
+def test_a_rank_killed_mid_write_leaves_no_error_file(tmp_path, monkeypatch):
+    """A rank writes its error whole or not at all (ranks.py's `_write_whole`): killed before the rename (torch's spawn
+    context kills the others once one rank has raised), it leaves no `rank{R}.err`, which run_ranks would have read as
+    that rank's error, empty ("rank 0 raised an exception" where rank 1's said why: seen once in CI)."""
+    import os
+
+    from ddp_lab.check import ranks
+
+    ranks._write_whole(str(tmp_path / "rank1.err"), "Traceback ...\nRuntimeError: Unable to find address for: nope\n")
+    assert (tmp_path / "rank1.err").read_text().endswith("for: nope\n")
+
+    def killed(*args):
+        raise KeyboardInterrupt  # what a signal arriving between the write and the rename would raise
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ranks._write_whole(str(tmp_path / "rank0.err"), "Traceback ...")
+    assert sorted(name for name in os.listdir(tmp_path) if name.endswith(".err")) == ["rank1.err"]
