@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddp_lab.jobdir import write_text_atomic
+
 GLOO_TIMEOUT_S = 60
 PRELOAD = ["ddp_lab.check.fork_server"]
 
@@ -67,7 +69,10 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
-        _write_whole(os.path.join(out_dir, f"rank{rank}.err"), traceback.format_exc())
+        # whole or not at all: once one rank has raised, torch's spawn context kills the others, perhaps mid-write,
+        # and an empty rank0.err read as rank 0's error said "rank 0 raised an exception" where rank 1's own error
+        # said why (seen once in CI under load)
+        write_text_atomic(os.path.join(out_dir, f"rank{rank}.err"), traceback.format_exc())
         raise
     finally:
         if dist.is_initialized():
@@ -76,15 +81,6 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, fn, args, 
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _write_whole(path: str, text: str) -> None:
-    """`text` to `path` whole or not at all: written beside it, then renamed. Once one rank has raised, torch's spawn
-    context kills the others, one of them perhaps mid-write: an empty rank0.err read as that rank's error gave the
-    verdict "rank 0 raised an exception" where rank 1's own error said why (seen once in CI under load)."""
-    with open(path + ".part", "w") as f:
-        f.write(text)
-    os.replace(path + ".part", path)
 
 
 def _start_method(finalize: bool) -> str:

@@ -173,14 +173,15 @@ def test_the_rounding_reference_moves_each_gradient_by_one_rounding_at_most():
 
 
 def test_a_rank_killed_mid_write_leaves_no_error_file(tmp_path, monkeypatch):
-    """A rank writes its error whole or not at all (ranks.py's `_write_whole`): killed before the rename (torch's spawn
-    context kills the others once one rank has raised), it leaves no `rank{R}.err`, which run_ranks would have read as
-    that rank's error, empty ("rank 0 raised an exception" where rank 1's said why: seen once in CI)."""
+    """A rank writes its error whole or not at all (ranks.py, with jobdir's `write_text_atomic`): killed before the
+    rename (torch's spawn context kills the others once one rank has raised), it leaves no `rank{R}.err`, which
+    run_ranks would have read as that rank's error, empty ("rank 0 raised an exception" where rank 1's said why: seen
+    once in CI)."""
     import os
 
     from ddp_lab.check import ranks
 
-    ranks._write_whole(str(tmp_path / "rank1.err"), "Traceback ...\nRuntimeError: Unable to find address for: nope\n")
+    ranks.write_text_atomic(tmp_path / "rank1.err", "Traceback ...\nRuntimeError: Unable to find address for: nope\n")
     assert (tmp_path / "rank1.err").read_text().endswith("for: nope\n")
 
     def killed(*args):
@@ -188,5 +189,5 @@ def test_a_rank_killed_mid_write_leaves_no_error_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        ranks._write_whole(str(tmp_path / "rank0.err"), "Traceback ...")
-    assert sorted(name for name in os.listdir(tmp_path) if name.endswith(".err")) == ["rank1.err"]
+        ranks.write_text_atomic(tmp_path / "rank0.err", "Traceback ...")
+    assert sorted(os.listdir(tmp_path)) == ["rank1.err"]
