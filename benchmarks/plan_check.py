@@ -19,6 +19,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_160 --unseen-160   # 10 sequences of 160
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_224 --unseen-224   # 8 sequences of 224
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_96 --unseen-96   # 16 sequences of 96
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_deep --unseen-deep   # 8 blocks of 192, 8 x 128
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -46,7 +47,8 @@ after the floor's contexts were fitted together (2026-11-30). `--unseen-320`: co
 bubble was priced as the fill and drain through the other stages and the step range recomputed (2026-11-30).
 `--unseen-160`: context 160 and 10 sequences, after the lab's block under TP was counted with its norms whole.
 `--unseen-224`: context 224 and 8 sequences, after FSDP2's accumulation and TP's wait on shared cores were priced.
-`--unseen-96`: context 96 and 16 sequences, the same pricing again.
+`--unseen-96`: context 96 and 16 sequences, the same pricing again. `--unseen-deep`: another model shape (8 blocks of
+width 192) at context 128 and 8 sequences, the same pricing again.
 """
 
 from __future__ import annotations
@@ -109,10 +111,16 @@ checkpointing's recomputed all-reduce (docs/measured/plan_tp_wait.md), and the s
 UNSEEN_96 = {"context": 96, "sequences": 16}
 """`--unseen-96`: a context shorter than any check's since the first day's 64, at a global batch of 16 sequences, run
 after `--unseen-224` with nothing changed between them: the second check in a row of the same pricing."""
+UNSEEN_DEEP = {"context": 128, "sequences": 8,
+               "model": {"num_layers": 8, "d_model": 192, "d_ff": 768, "num_heads": 4}}
+"""`--unseen-deep`: another model shape, the first: tiny twice as deep and three quarters as wide (8 blocks of 192,
+4 heads of 48; about tiny's FLOPs a token, in smaller matmuls, twice the TP all-reduces and pipeline stages up to 8),
+at `--unseen`'s context and batch, with the pricing of `--unseen-224` and `--unseen-96` unchanged. The calibration
+measured tiny's floor: whether its rates carry to narrower matmuls is part of what is checked."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
-                   "unseen_96": UNSEEN_96}
+                   "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
@@ -232,14 +240,20 @@ CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", *UNSEEN_SETTINGS)
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
 `--fsdp-pipeline` (at `--unseen`'s context and batch), and `--unseen`'s choice of layouts at each of
 UNSEEN_SETTINGS (`--unseen-batch`, `--unseen-context`, `--unseen-long`, `--unseen-384`, `--unseen-192`,
-`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`)."""
+`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`, `--unseen-deep`)."""
+
+
+def model_keys(check: str) -> dict:
+    """The model keys a check changes (`--set` to the planner, `model.KEY=VALUE` to launch.py): none but
+    `--unseen-deep`'s."""
+    return UNSEEN_SETTINGS.get(check, {}).get("model", {})
 
 
 def setting(check: str = "checked") -> tuple:
-    """(shape, sequences a step) of a check: tiny as configured, or an unseen check's context and batch."""
+    """(shape, sequences a step) of a check: tiny as configured, or an unseen check's context, batch and shape."""
     if check in UNSEEN_SETTINGS:
         chosen = UNSEEN_SETTINGS[check]
-        return with_context(load_shape(MODEL), chosen["context"]), chosen["sequences"]
+        return with_context(load_shape(MODEL, model_keys(check)), chosen["context"]), chosen["sequences"]
     if check in ("unseen", "fsdp_pipeline"):
         return with_context(load_shape(MODEL), UNSEEN["context"]), UNSEEN["sequences"]
     return load_shape(MODEL), SEQUENCES
@@ -277,7 +291,7 @@ def sweep(out: Path, gpus_list: list[int], check: str = "checked") -> None:
         system = this_machine(gpus)
         todo, sequences, context = jobs(gpus, check)
         for i, lay in enumerate(todo, 1):
-            line = launch_line(MODEL, lay, sequences, system, context)
+            line = launch_line(MODEL, lay, sequences, system, context, model_keys(check))
             overrides = shlex.split(line)[2:] + [f"train.steps={STEPS}"]
             res = launch(out / str(gpus) / job_name(lay), *overrides)
             said = f"{p50(res, 'step_time_ms'):.0f} ms" if res.get("status") == "ok" else res.get("status")
@@ -350,9 +364,10 @@ def main() -> None:
     ap.add_argument("--fsdp-pipeline", action="store_true",
                     help="fsdp_torch and zero2 at dp x pp 2 under each schedule, at --unseen's context and batch")
     for name, chosen in UNSEEN_SETTINGS.items():  # one flag each: --unseen-batch ... --unseen-160
+        shape = "".join(f", model.{k}={v}" for k, v in chosen.get("model", {}).items())
         ap.add_argument("--" + name.replace("_", "-"), action="store_true",
                         help=f"--unseen's choice of layouts at context {chosen['context']} and {chosen['sequences']} "
-                             "sequences")
+                             f"sequences{shape}")
     args = ap.parse_args()
     # one check: the last of CHECKS given
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")

@@ -938,6 +938,39 @@ def test_the_pick_comes_with_its_range_and_says_a_tie(capsys):
     assert a_tie(host, 100.0, 100.0 * STEP["this-machine"].high) and not a_tie(host, 100.0, 200.0)
 
 
+def test_set_plans_a_lab_model_with_its_keys_changed_and_the_line_carries_them(capsys):
+    """`--set KEY=VALUE` (the calculator's flag) changes a lab model's keys as launch.py's `model.KEY=VALUE` would:
+    the shape priced is the one composed with them (its parameters those the lab's model builds), and the pick's line
+    carries every key, so the job run is the one priced (docs/measured/plan_unseen_deep.md's shape). A key the model
+    lacks, a published shape, and the context given twice are one-line errors."""
+    import torch
+
+    from ddp_lab.analysis.plan.cli import load_shape
+    from ddp_lab.config import compose_model
+    from ddp_lab.models import build_model
+
+    keys = {"num_layers": 8, "d_model": 192, "d_ff": 768, "num_heads": 4}
+    shape = load_shape("tiny", keys)
+    assert (shape.layers, shape.d_model, shape.d_ff, shape.heads) == (8, 192, 768, 4)
+    with torch.device("meta"):
+        built = build_model(compose_model("tiny", keys))
+    assert shape.params == sum(p.numel() for p in built.parameters())
+    argv = ["--model", "tiny", "--system", "this-machine", "--gpus", "4", "--set", "num_layers=8",
+            "--set", "model.d_model=192", "--set", "d_ff=768", "--set", "num_heads=4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny with num_layers=8 d_model=192 d_ff=768 num_heads=4 ("), out
+    line = out.split("(one line, to copy):\n")[1].splitlines()[0]
+    assert "model=tiny" in line and "model.num_layers=8 model.d_model=192 model.d_ff=768 model.num_heads=4" in line
+    for bad, said in ((["--set", "nope=3"], "--set: model=tiny with {'nope': 3}: Could not override 'model.nope'"),
+                      (["--set", "context_length=128", "--context", "128"], "the context twice"),
+                      (["--set", "num_layers"], "--set takes KEY=VALUE, got 'num_layers'")):
+        assert main(["--model", "tiny", "--system", "this-machine", "--gpus", "4", *bad]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["--model", "llama3_8b", "--system", "h100-nvlink", "--gpus", "8", "--set", "num_layers=3"]) == 2
+    assert "--set changes a lab model's keys, not llama3_8b's" in capsys.readouterr().err
+
+
 def test_every_layout_ranked_for_a_lab_model_is_one_launch_py_runs_as_priced(tmp_path, capsys):
     """Tried as a new user would (issue 75): the third pick for tiny on this machine was fsdp_torch under the
     zero-bubble schedule, which launch.py refused then (FSDP2 reduced in its post-backward hooks), and the pick's line

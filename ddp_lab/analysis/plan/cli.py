@@ -4,11 +4,13 @@
     python -m ddp_lab.plan --model medium --system h200 --gpus 8 --global-batch 262144 --top 10 --json plan.json
     python -m ddp_lab.plan --model llama3_8b --system h100-nvlink --gpus 8 --global-batch 1M \\
         --layout dp=2,tp=4,pp=1,cp=1,strategy=fsdp_torch,microbatches=4,checkpointing=full
+    python -m ddp_lab.plan --model tiny --set num_layers=8 --set d_model=192 --system this-machine --gpus 8
 
-Models: the lab's (conf/model/), the published Llama 3 shapes (llama3_8b, llama3_70b, llama3_405b: shapes only, nothing
-allocated) or a JSON file with a Shape's fields. Systems: the predictor's (ddp_lab/analysis/predict/systems.py),
-this-machine (this host's ranks on two emulated nodes, calibrated: host.py), or one described by `--flops`,
-`--bandwidth` and `--memory` (a TPU-like chip, its collectives counted as the calculator counts them: described.py).
+Models: the lab's (conf/model/; its keys changed with `--set`, which the launch line carries), the published Llama 3
+shapes (llama3_8b, llama3_70b, llama3_405b: shapes only, nothing allocated) or a JSON file with a Shape's fields.
+Systems: the predictor's (ddp_lab/analysis/predict/systems.py), this-machine (this host's ranks on two emulated nodes,
+calibrated: host.py), or one described by `--flops`, `--bandwidth` and `--memory` (a TPU-like chip, its collectives
+counted as the calculator counts them: described.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import json
 import sys
 import textwrap
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ddp_lab.analysis.plan.described import described
@@ -28,6 +30,7 @@ from ddp_lab.analysis.plan.search import PlanError, lab_refusal, layout_problem,
 from ddp_lab.analysis.plan.shapes import PUBLISHED, Shape, from_conf, with_context
 from ddp_lab.analysis.predict.costs import PredictError
 from ddp_lab.analysis.predict.systems import SYSTEMS, System, get_system
+from ddp_lab.config import key_values
 
 GB = 1e9
 DEFAULT_SEQUENCES = 8  # the lab's train.batch_size default (ddp_lab/config.py)
@@ -47,7 +50,11 @@ def tokens(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 4M, 262144)") from None
 
 
-def load_shape(name: str) -> Shape:
+def load_shape(name: str, model_keys: dict | None = None) -> Shape:
+    """The shape of `name`: a published one, a shape's JSON file, or a lab model with `model_keys` (`--set`) changed
+    as launch.py's `model.KEY=VALUE` would change them."""
+    if model_keys and not in_lab(name):
+        raise PlanError(f"--set changes a lab model's keys, not {name}'s: write its shape to a JSON file instead")
     if name in PUBLISHED:
         return PUBLISHED[name]
     if name.endswith(".json"):
@@ -60,9 +67,19 @@ def load_shape(name: str) -> Shape:
     from ddp_lab.config import compose_model
 
     try:
-        return from_conf(compose_model(name))
+        shape = from_conf(compose_model(name, model_keys))
     except ValueError as exc:
+        if model_keys and not str(exc).startswith("unknown model"):
+            raise PlanError(f"--set: {exc}") from None
         raise PlanError(f"{exc}; or one of {', '.join(PUBLISHED)}, or a shape's JSON file") from None
+    if model_keys:
+        shape = replace(shape, name=f"{name} with {set_keys(model_keys, '')}")
+    return shape
+
+
+def set_keys(model_keys: dict | None, prefix: str = "model.") -> str:
+    """`--set`'s keys as launch.py's overrides (`model.num_layers=8 ...`), or as the head line names them."""
+    return " ".join(f"{prefix}{key}={value}" for key, value in (model_keys or {}).items())
 
 
 def parse_layout(text: str, gpus: int) -> Layout:
@@ -117,13 +134,16 @@ def in_lab(model: str) -> bool:
 
 
 def launch_line(model: str, lay: Layout, sequences: int, system: System | None = None,
-                context: int | None = None) -> str | None:
+                context: int | None = None, model_keys: dict | None = None) -> str | None:
     """The lab's command line for a layout of a lab model (None for a published shape), carrying every key the
-    price depends on: `context` where `--context` set one; on `this-machine`, its emulated nodes and link."""
+    price depends on: `context` where `--context` set one, the model's keys `--set` changed; on `this-machine`, its
+    emulated nodes and link."""
     if not in_lab(model):
         return None
     parts = [f"python launch.py model={model} world_size={lay.gpus} strategy={lay.strategy}",
              f"train.batch_size={sequences}"]
+    if model_keys:
+        parts.append(set_keys(model_keys))
     if context is not None:
         parts.append(f"model.context_length={context}")
     if isinstance(system, HostSystem) and system.nodes > 1:
@@ -145,8 +165,8 @@ def launch_line(model: str, lay: Layout, sequences: int, system: System | None =
 
 
 def _print_launch(model: str, shape: Shape, layout: Layout, sequences: int, system: System, what: str = "it",
-                  context: int | None = None) -> None:
-    line = None if shape.ffn else launch_line(model, layout, sequences, system, context)  # the stack takes no tokens
+                  context: int | None = None, model_keys: dict | None = None) -> None:
+    line = None if shape.ffn else launch_line(model, layout, sequences, system, context, model_keys)  # no tokens
     refused = lab_refusal(layout) if line else None
     if refused:
         print(textwrap.fill(f"launch.py refuses {what}: {refused}", WIDTH))
@@ -180,6 +200,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"tokens per step (4M, 262144; default: the lab's train.batch_size, {DEFAULT_SEQUENCES} "
                     "sequences of the context)")
     ap.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="model_keys",
+                    help="change a lab model's key, e.g. num_layers=8 (or model.num_layers=8), as launch.py would; "
+                         "the launch line carries it")
     ap.add_argument("--memory", type=float, default=None, metavar="GB",
                     help="each GPU's memory (default: the system's)")
     ap.add_argument("--headroom", type=float, default=HEADROOM, help=f"the share of each GPU's memory a layout may "
@@ -220,7 +243,13 @@ def run(args) -> int:
         system = described(args.flops, args.bandwidth, args.memory, args.hbm_bandwidth, args.chips_per_node)
     else:
         system = get_system(args.system or "")
-    shape = with_context(load_shape(args.model), args.context)
+    try:
+        model_keys = {k.removeprefix("model."): v for k, v in key_values(args.model_keys, "--set").items()}
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if args.context is not None and "context_length" in model_keys:
+        raise PlanError("the context twice: give --context or --set context_length, not both")
+    shape = with_context(load_shape(args.model, model_keys), args.context)
     if args.global_batch is None:
         args.global_batch = DEFAULT_SEQUENCES * shape.context
     if args.global_batch % shape.context:
@@ -248,7 +277,7 @@ def run(args) -> int:
         print(f"memory per GPU: {p.memory['total'] / GB:.1f} GB of {p.memory['capacity'] / GB:.0f} "
               f"({'fits' if p.fits else 'does not fit'} within {args.headroom:.0%})")
         _print_ranges("with its checks' range", p, system)
-        _print_launch(args.model, shape, layout, sequences, system, context=args.context)
+        _print_launch(args.model, shape, layout, sequences, system, context=args.context, model_keys=model_keys)
         if args.json:
             Path(args.json).write_text(json.dumps([as_json(p, system)], indent=1))
         return 0
@@ -277,7 +306,8 @@ def run(args) -> int:
         tie = (": inside the pick's range, a tie within what the planner can tell"
                if a_tie(system, best.step_ms, runner.step_ms) else "")
         print(textwrap.fill(why_runner_up_lost(best, runner) + tie, WIDTH))
-    _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick", args.context)
+    _print_launch(args.model, shape, result.ranked[0].layout, sequences, system, "the top pick", args.context,
+                  model_keys)
     if args.json:
         Path(args.json).write_text(json.dumps([as_json(p, system) for p in result.ranked], indent=1))
     return 0
