@@ -13,7 +13,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   blocks' whole forward; selective: attention's scores and weighted sum by their FLOPs, and the memory-bound rest,
   norms, rotary embedding, SiLU and adds, as the elements they read and write at the GPU's memory bandwidth:
   shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured),
-  twice under the zero-bubble schedule, whose input and weight halves each recompute (`recomputes`);
+  twice under the zero-bubble schedule, whose input and weight halves each recompute (`recomputes`), and there one
+  forward's FLOPs more: the lab's W, one backward over the stage's weights, runs the input's path again
+  (`reruns_input_path`);
 - micro: on this machine, each micro-batch's fixed cost beyond the first (host.py; the accumulation's and the
   pipeline's alike, v chunks each under interleaving), stretched as compute; no term on a GPU system yet;
 - bubble: the busiest stage's idle share, compute x slots / m, with slots the other stages' work in the busiest's
@@ -26,8 +28,9 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - tp: 4 all-reduces per block and micro-batch (2 forward, 2 backward; sequence parallelism's reduce-scatter and
   all-gather move the same bytes), 5 under full or selective recomputation (torch's checkpoint stops recomputing
   once the tensors backward needs are back, so a block's last all-reduce is not run again; selective keeps matmuls'
-  outputs, not the all-reduce's: both counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), 6
-  under zero bubble's two recomputes, of the micro-batch's
+  outputs, not the all-reduce's: both counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), 8
+  under zero bubble's two recomputes, whose W runs the input path's 2 again (and the head's input gradient's 1:
+  `reruns_input_path`), of the micro-batch's
   activation (bf16) over the tp group, blocking: added whole; per micro-batch also the vocabulary's (the head's
   input gradient, the embedding's output on a pipeline's only stage, and the vocabulary-parallel loss's three of one
   fp32 value a token); on this machine with more ranks than cores each all-reduce waits for its peers to be
@@ -266,6 +269,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         recompute = (tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
                      + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
     recompute *= recomputes(lay)
+    if reruns_input_path(lay):  # W's one backward runs the stage's input path again: a forward's FLOPs
+        recompute += forward
     busy = compute + recompute
     all_stages = shape.layers * block + shape.head_flops()
     others = all_stages / last_stage - 1  # the other stages' work, in the busiest's
@@ -346,8 +351,10 @@ def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: fl
     then follow one another with no compute between them) or the rank's compute between two of its all-reduces
     (`busy`, the step's, over them), whichever is less."""
     recomputed = (shape.tp_regions - 1) * recomputes(lay)  # all but the last, full or selective
-    per_block = 2 * shape.tp_regions + recomputed
-    ones = per_block * blocks + ((2 if lay.pp == 1 else 1) if shape.vocab else 0)  # of the activation's bytes
+    rerun = reruns_input_path(lay)  # W's backward all-reduces again: each region's input's, the head's input's
+    per_block = 2 * shape.tp_regions + recomputed + (shape.tp_regions if rerun else 0)
+    vocab = (2 if lay.pp == 1 else 1 + rerun) if shape.vocab else 0
+    ones = per_block * blocks + vocab  # of the activation's bytes
     losses = 3 if shape.vocab else 0  # of one fp32 value a token
     one = collective_ms(system, "all_reduce", activation, lay.tp, axis="tp")
     loss = collective_ms(system, "all_reduce", micro_tokens * FP32, lay.tp, axis="tp")
@@ -367,6 +374,16 @@ def recomputes(lay: Layout) -> int:
     if lay.checkpointing == "none":
         return 0
     return 2 if lay.pp > 1 and lay.schedule == "zero_bubble" else 1
+
+
+def reruns_input_path(lay: Layout) -> bool:
+    """Whether W runs the stage's input path again: under zero bubble with checkpointing the lab's W is one backward
+    over every weight (`recomputes`), and autograd runs it through the input's path between the weights too, whose
+    gradients I already sent (pipeline_parallel/lab.py's `backward_weights_at_once`). Counted on the lab's block: W
+    runs 2.8 forwards' FLOPs where I runs 1.8 (the recompute, 0.8, in each), and under TP it issues the input path's
+    all-reduces again, a block's 2 and the head's 1: 21 a micro-batch where 1F1B's B and zero bubble without it count
+    16 (tests/unit/test_zero_bubble_weights.py, test_plan.py's by-hand test)."""
+    return lay.pp > 1 and lay.schedule == "zero_bubble" and lay.checkpointing != "none"
 
 
 def hides(system: System, lay: Layout) -> float:
