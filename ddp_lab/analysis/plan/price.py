@@ -91,6 +91,7 @@ buffers, the CUDA context).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -535,21 +536,19 @@ def stage_tensors(shape: Shape, lay: Layout) -> list[float]:
 def busiest_share(tensors: list[float], ranks: int) -> float:
     """The elements of the rank torch's ZeroRedundancyOptimizer gives the most optimizer state: each parameter
     whole, largest first, to the rank holding the fewest elements so far (`_partition_parameters`, over one
-    parameter group; the lab's optimizer has one). A vocabulary's matrix can outweigh an even share by itself."""
-    held = [0.0] * ranks
+    parameter group; the lab's optimizer has one). A vocabulary's matrix can outweigh an even share by itself. The
+    ranks in a heap of (held, rank): the least held, the lowest rank between equals, as torch's `min` finds it."""
+    held = [(0.0, rank) for rank in range(ranks)]  # already a heap
     for size in sorted(tensors, reverse=True):
-        held[held.index(min(held))] += size
-    return max(held)
+        least, rank = held[0]
+        heapq.heapreplace(held, (least + size, rank))
+    return max(least for least, _ in held)
 
 
 def zero2_pool_bytes(grad_bytes: float, bucket: float = BUCKET_BYTES) -> float:
     """The lab's zero2 keeps freed gradient buckets from one step to the next for the next step's first ones
     (strategies/zero2.py's `_trim_pool`): the largest first, within 2 x bucket_mb, always fewer than the step has
-    buckets. `grad_bytes` of gradients in buckets of `bucket` bytes (the last one the rest), bytes kept."""
+    buckets. `grad_bytes` of gradients in buckets of `bucket` bytes (the last one the rest), bytes kept: the largest
+    are whole buckets, so two of them where the step has three or more, one where it has two, none where one."""
     count = max(1, math.ceil(grad_bytes / bucket))
-    sizes = [bucket] * (count - 1) + [grad_bytes - bucket * (count - 1)]
-    kept, held = 0, 0.0
-    for size in sorted(sizes, reverse=True):
-        if kept + 1 < count and held + size <= 2 * bucket:
-            kept, held = kept + 1, held + size
-    return held
+    return bucket * min(2, count - 1)
