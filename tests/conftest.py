@@ -73,7 +73,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 LONG_UNIT_FILES = ("tests/unit/test_plan.py", "tests/unit/test_published.py", "tests/unit/test_config_search_run.py",
                    "tests/unit/test_config_search_strategy.py")
-"""Unit-test files that each keep a worker busy for half a minute or more (test_plan.py over one): started right after
+"""Unit-test files that each keep a worker busy for half a minute or more (test_plan.py 31 s alone): started right after
 the e2e files, not where the alphabet puts them, near the end, where one would run on alone while the other worker has
 nothing left (the longest first: the suite's tail is its shortest units)."""
 
