@@ -88,12 +88,13 @@ def test_recompute_by_hand():
 
 def test_zero_bubble_recomputes_twice_and_w_reruns_the_input_path_by_hand():
     """Full checkpointing under zero bubble: I and W each run a backward through every checkpointed block, so its
-    forward runs twice again (tests/unit/test_zero_bubble_weights.py counts W's), and with it the block's recomputed
-    tp all-reduce; and the lab's W, one backward over the stage's weights, runs the input's path again: one forward's
-    FLOPs of the stage (its 2 blocks, 147,456 a token each, and the head, 2 x 1000 x 64), and each block's 2 backward
+    forward runs twice again (tests/unit/test_zero_bubble_weights.py counts W's), and with it the block's recomputed tp
+    all-reduce; and the lab's W, one backward over the stage's weights, runs the input's path again: one forward's FLOPs
+    of the stage (its 2 blocks, 147,456 a token each, and the head, 2 x 1000 x 64), and each block's 2 backward
     all-reduces and the head's input gradient's 1 again. 8 a block where 1F1B runs 5, and 2 for the head where it runs
-    1: 21 a micro-batch against 14, as the lab's record of tp 2 x pp 2 counted them (plan_accuracy.md). pp 2, m 2:
-    the last stage's 2 blocks, 1024 tokens, micro-batches of 512 tokens (65,536 bytes an all-reduce)."""
+    1: 21 a micro-batch against 14, as the lab's record of tp 2 x pp 2 counted them
+    (docs/measured/plan_zero_bubble_w.md). pp 2, m 2: the last stage's 2 blocks, 1024 tokens, micro-batches of 512
+    tokens (65,536 bytes an all-reduce)."""
     def terms(schedule):
         return price(SHAPE, SYSTEM, Layout(dp=1, tp=2, pp=2, schedule=schedule, microbatches=2,
                                            checkpointing="full"), 8).terms

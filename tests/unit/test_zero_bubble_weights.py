@@ -1,9 +1,8 @@
 """Zero bubble's weight half (W) in the lab's pipeline on a checkpointed stage: every weight's gradient in one
 backward (pipeline_parallel/lab.py's `backward_weights_at_once`), equal to a whole backward's, and a checkpointed
 block recomputed once in it, where torch's `stage_backward_weight` (one backward per weight) recomputes it 7 times;
-the price, the input's path run again (one forward's FLOPs more than torch's W would run without the recomputes,
-which the planner prices: analysis/plan/price.py's `reruns_input_path`); on a stage without checkpointing W stays
-torch's."""
+its price, the input's path run again: one forward's FLOPs more than a W of the weights alone (the planner prices
+it: analysis/plan/price.py's `reruns_input_path`); on a stage without checkpointing W stays torch's."""
 
 import copy
 

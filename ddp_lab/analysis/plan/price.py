@@ -382,8 +382,9 @@ def reruns_input_path(lay: Layout) -> bool:
     over every weight (`recomputes`), and autograd runs it through the input's path between the weights too, whose
     gradients I already sent (pipeline_parallel/lab.py's `backward_weights_at_once`). Counted on the lab's block: W
     runs 2.8 forwards' FLOPs where I runs 1.8 (the recompute, 0.8, in each), and under TP it issues the input path's
-    all-reduces again, a block's 2 and the head's 1: 21 a micro-batch where 1F1B's B and zero bubble without it count
-    16 (tests/unit/test_zero_bubble_weights.py, test_plan.py's by-hand test)."""
+    all-reduces again, a block's 2 and the head's 1: at tp 2 x pp 2 (2 blocks a stage) the lab's record counts 21 a
+    micro-batch, where 1F1B issues 14 and the planner counted 16 without them (tests/unit/test_zero_bubble_weights.py,
+    test_plan.py's by-hand test, docs/measured/plan_zero_bubble_w.md)."""
     return lay.pp > 1 and lay.schedule == "zero_bubble" and lay.checkpointing != "none"
 
 
