@@ -7,9 +7,9 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
 - compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core), and apart
   from it attention's scores and weighted sum, which on a CPU run slower a FLOP than the matmuls (both fitted to the
   floor at four contexts: docs/measured/plan_floor_curve.md). Ranks share the cores: with more ranks than cores a
-  step's compute takes all the ranks' work over the cores, unless the busiest rank's own schedule (its work and its
-  pipeline's bubble, at a core of its own) is longer (`shared_cores`); the optimizer, every rank's at once, ranks /
-  cores as long;
+  step's compute takes all the ranks' work over the cores (`shared_cores`), and a pipeline's schedule runs with its
+  runnable ranks sharing them evenly, as Linux's scheduler shares them (cores.py); the optimizer, every rank's at
+  once, ranks / cores as long;
 - gloo's collectives: a ring of alpha-beta steps, all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
   all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (shared by
   the ranks beyond the cores) or, when the group crosses nodes, at the link's measured bandwidth shared by the
@@ -62,15 +62,14 @@ class HostSystem(System):
         """How many times longer a rank's work takes with `ranks` ranks busy at once on the host's cores."""
         return max(1.0, ranks / self.cores)
 
-    def shared_cores(self, busy: float, bubble: float, work_fraction: float, ranks: int) -> tuple[float, float]:
-        """(stretch, bubble) of the busiest rank's compute `busy` and its pipeline's `bubble`, both priced at a core
-        of its own. The cores are never idle while any rank has work: the step's compute takes at least every
-        rank's work over the cores (`work_fraction`: the mean rank's work over the busiest's), and the bubble is
-        what of the busiest rank's own schedule outlasts that. Data parallel: `ranks / cores` times as long and no
-        bubble; a pipeline: its idle stages lend their cores to the others."""
+    def shared_cores(self, busy: float, work_fraction: float, ranks: int) -> float:
+        """How many times its time at a core of its own the busiest rank's compute `busy` takes: the cores are never
+        idle while any rank has work, so the step's compute takes at least every rank's work over the cores
+        (`work_fraction`: the mean rank's work over the busiest's). Data parallel: `ranks / cores`; a pipeline's
+        idle stages lend their cores to the others, and what its schedule outlasts that by is its bubble (cores.py
+        runs the schedule with the ranks sharing the cores)."""
         all_work = busy * work_fraction * ranks / self.cores
-        done = max(busy, all_work)
-        return (done / busy if busy else 1.0), max(0.0, busy + bubble - done)
+        return max(busy, all_work) / busy if busy else 1.0
 
     def attention_weight(self) -> float:
         """How many of the matmuls' FLOPs one FLOP of attention's scores and weighted sum costs here."""

@@ -63,9 +63,10 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
 On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, attention's
-scores and weighted sum at the rate calibrated for them, and, where
-the ranks outnumber the host's cores, compute that takes all the ranks' work over the cores unless the busiest
-rank's own schedule (its work and its pipeline's bubble) is longer: the cores idle only then. Nothing hides there
+scores and weighted sum at the rate calibrated for them, and, where the ranks outnumber the host's cores, compute
+that takes all the ranks' work over the cores; a pipeline's bubble there is what its schedule, run with the
+runnable ranks sharing the cores evenly as Linux's scheduler shares them (cores.py: a heavy last stage gets no more
+of a core than the others), outlasts that compute by (`stage_costs` its actions' costs). Nothing hides there
 while the ranks fill the cores: gloo copies and sums on the CPU, so a collective only runs on a core compute
 yields (DDP's all-reduce measured 550 of 555 ms exposed at dp 4, docs/measured/plan.md): the dp and cp terms are
 then every collective whole.
@@ -96,12 +97,14 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ddp_lab.analysis.plan.cores import shared_span
 from ddp_lab.analysis.plan.described import DescribedSystem
 from ddp_lab.analysis.plan.host import HostSystem, gloo_collective_ms
 from ddp_lab.analysis.plan.shapes import Shape
 from ddp_lab.analysis.predict.nccl import collective_s
 from ddp_lab.analysis.predict.systems import System
 from ddp_lab.arithmetic.buckets import DEFAULT_BUCKET_MB
+from ddp_lab.spec.pipeline import split_blocks
 from ddp_lab.units import MiB
 
 BF16, FP32 = 2, 4
@@ -270,6 +273,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         recompute = (tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
                      + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
     recompute *= recomputes(lay)
+    recomputed_block = recompute / (tokens * blocks) if blocks else 0.0  # ms a token and block
     if reruns_input_path(lay):  # W's one backward runs the stage's input path again: a forward's FLOPs
         recompute += forward
     busy = compute + recompute
@@ -277,8 +281,15 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     others = all_stages / last_stage - 1  # the other stages' work, in the busiest's
     bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank, others) / lay.microbatches
     stretch = 1.0
-    if host:  # the ranks share the cores: all their work over the cores, or the busiest's schedule if longer
-        stretch, bubble = system.shared_cores(busy, bubble, all_stages / lay.pp / last_stage, lay.gpus)
+    if host:  # the ranks share the cores: all their work over them, a pipeline's schedule as the scheduler shares them
+        stretch = system.shared_cores(busy, all_stages / lay.pp / last_stage, lay.gpus)
+        bubble = 0.0
+        if lay.pp > 1:  # what the schedule, its ranks sharing the cores, outlasts that by (cores.py)
+            per_micro = micro_tokens / lay.tp / flops_per_ms
+            costs = stage_costs(shape, lay, block, per_micro, recomputed_block * micro_tokens)
+            span = shared_span(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, costs,
+                               lay.gpus // lay.pp, system.cores)
+            bubble = span - busy * stretch if span > busy * stretch * (1 + 1e-9) else 0.0  # not float noise
         compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
     micro_cost = system.microbatch_s * 1e3 * (lay.microbatches * lay.stages_per_rank - 1) * stretch if host else 0.0
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
@@ -313,6 +324,21 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
                   memory["total"] <= headroom * capacity)
+
+
+def stage_costs(shape: Shape, lay: Layout, block: float, ms_per_flop: float, recomputed_block: float) -> tuple:
+    """(F, I, W) ms of one micro-batch at a core of its own, by pipeline stage (pp x v of them, the blocks split as
+    the lab splits them, the head on the last): the forward, the input's gradient and the weights' (a forward's FLOPs
+    each; a backward, B, is I and W), each block's recompute (`recomputed_block`, ms, every recompute of the
+    micro-batch) shared between I and W, and under zero bubble with checkpointing W's rerun of the input path, a
+    forward more (`reruns_input_path`)."""
+    counts = [len(r) for r in split_blocks(shape.layers, lay.pp * lay.stages_per_rank)]
+    costs = []
+    for s, count in enumerate(counts):
+        forward = (count * block + (shape.head_flops() if s == len(counts) - 1 else 0.0)) * ms_per_flop
+        recompute = count * recomputed_block / 2
+        costs.append((forward, forward + recompute, forward + recompute + (forward if reruns_input_path(lay) else 0.0)))
+    return tuple(costs)
 
 
 def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, attend: float, flops_per_ms: float,

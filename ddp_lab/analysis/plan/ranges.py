@@ -13,7 +13,8 @@ that kind (tokens per second per GPU with the same range inverted):
   accumulation was priced as the lab issues it and TP's all-reduces with their wait on shared cores
   (docs/measured/plan_tp_wait.md), from all the rows then on record, before the check at context 224 ran (0.94x to
   1.42x from the 430 before context 320's and 160's, as priced before those changes; 0.85x to 1.31x from the first
-  two days' 234, as priced then);
+  two days' 234, as priced then); and again after a pipeline's ranks were priced sharing the cores as the
+  scheduler shares them (cores.py; 0.92x to 1.38x before);
 - a GPU system: the 11 published torchtitan Llama 3.1 rows (`python -m ddp_lab.predict published`, at its calibrated
   MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
@@ -47,7 +48,7 @@ class Range:
 
 
 STEP = {
-    "this-machine": Range(0.92, 1.38, "8 in 10 of 486 layouts measured here"),
+    "this-machine": Range(0.91, 1.36, "8 in 10 of 486 layouts measured here"),
     "gpu": Range(0.83, 2.64, "11 published torchtitan runs"),
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
