@@ -57,8 +57,9 @@ def layout_problem(shape: Shape, layout: Layout, sequences: int) -> str | None:
     lay = layout
     if problem := shape.tp_problem(lay.tp):
         return problem
-    if lay.pp > shape.layers:
-        return f"pp {lay.pp} is more stages than the {shape.layers} blocks"
+    if lay.pp * lay.stages_per_rank > shape.layers:
+        virtual = f" x {lay.stages_per_rank} virtual" if lay.stages_per_rank > 1 else ""
+        return f"pp {lay.pp}{virtual} is more stages than the {shape.layers} blocks"
     if lay.cp > 1 and shape.context % (2 * lay.cp):
         return f"cp {lay.cp}: the context {shape.context} does not split into 2 x cp zigzag chunks"
     if sequences % lay.dp or (sequences // lay.dp) % lay.microbatches:
@@ -97,7 +98,7 @@ def layouts(shape: Shape, system: System, gpus: int, sequences: int, strategies=
                 for m in microbatch_counts(sequences // dp, pp):
                     for schedule in (schedules if pp > 1 else ("1f1b",)):
                         v = 2 if schedule == "interleaved_1f1b" else 1
-                        if v > 1 and (stage_blocks(shape, pp) % v or m % pp):
+                        if v > 1 and (stage_blocks(shape, pp) % v or m % pp or pp * v > shape.layers):
                             continue
                         for strategy in (strategies if dp * cp > 1 else ("torch_ddp",)):
                             for ac in checkpointing:
