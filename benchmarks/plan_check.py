@@ -20,6 +20,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_224 --unseen-224   # 8 sequences of 224
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_96 --unseen-96   # 16 sequences of 96
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_deep --unseen-deep   # 8 blocks of 192, 8 x 128
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_wide --unseen-wide   # 4 blocks of 384, 8 x 64
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -48,7 +49,8 @@ bubble was priced as the fill and drain through the other stages and the step ra
 `--unseen-160`: context 160 and 10 sequences, after the lab's block under TP was counted with its norms whole.
 `--unseen-224`: context 224 and 8 sequences, after FSDP2's accumulation and TP's wait on shared cores were priced.
 `--unseen-96`: context 96 and 16 sequences, the same pricing again. `--unseen-deep`: another model shape (8 blocks of
-width 192) at context 128 and 8 sequences, the same pricing again.
+width 192) at context 128 and 8 sequences, the same pricing again. `--unseen-wide`: the second (4 blocks of width 384)
+at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the cores.
 """
 
 from __future__ import annotations
@@ -117,10 +119,16 @@ UNSEEN_DEEP = {"context": 128, "sequences": 8,
 4 heads of 48; about tiny's FLOPs a token, in smaller matmuls, twice the TP all-reduces and pipeline stages up to 8),
 at `--unseen`'s context and batch, with the pricing of `--unseen-224` and `--unseen-96` unchanged. The calibration
 measured tiny's floor: whether its rates carry to narrower matmuls is part of what is checked."""
+UNSEEN_WIDE = {"context": 64, "sequences": 8,
+               "model": {"num_layers": 4, "d_model": 384, "d_ff": 1536, "num_heads": 6}}
+"""`--unseen-wide`: the second model shape, the other way from `--unseen-deep`: tiny's 4 blocks half as wide again
+(width 384, 6 heads of 64, d_ff 1536: 2.0x tiny's FLOPs a token), at context 64 and 8 sequences (about the tokens'
+FLOPs of `--unseen-deep`'s step), run after a pipeline's ranks were priced sharing the cores (drawn from
+`--unseen-deep`'s rows), nothing changed after. Wider matmuls than any calibration measured."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
-                   "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP}
+                   "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
@@ -240,12 +248,12 @@ CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", *UNSEEN_SETTINGS)
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
 `--fsdp-pipeline` (at `--unseen`'s context and batch), and `--unseen`'s choice of layouts at each of
 UNSEEN_SETTINGS (`--unseen-batch`, `--unseen-context`, `--unseen-long`, `--unseen-384`, `--unseen-192`,
-`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`, `--unseen-deep`)."""
+`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`, `--unseen-deep`, `--unseen-wide`)."""
 
 
 def model_keys(check: str) -> dict:
     """The model keys a check changes (`--set` to the planner, `model.KEY=VALUE` to launch.py): none but
-    `--unseen-deep`'s."""
+    `--unseen-deep`'s and `--unseen-wide`'s."""
     return UNSEEN_SETTINGS.get(check, {}).get("model", {})
 
 
