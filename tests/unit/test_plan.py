@@ -863,6 +863,16 @@ def test_the_check_of_another_model_shape_scores_as_the_docs_report():
     _assert_scored(scored, rho=[0.93, 0.88], picks=[1.06, 1.17], memory_near=(27, 28))
 
 
+def test_the_check_of_a_second_model_shape_meets_the_bar_as_the_docs_report():
+    """docs/measured/plan_unseen_wide.md (2026-11-30): tiny's 4 blocks at width 384 (6 heads, d_ff 1536), 8 sequences
+    of 64, run after a pipeline's ranks were priced sharing the cores, nothing changed after: the bar met at both
+    rank counts (+0.97 and +0.98, picks 1.08x and 1.00x, each best inside the pick's range); memory within 10% of the
+    census on all 28."""
+    wide = (("num_layers", 4), ("d_model", 384), ("d_ff", 1536), ("num_heads", 6))
+    scored = _scored_unseen("plan_unseen_wide_2026-11-30.json", sequences=8, context=64, model_keys=wide)
+    _assert_scored(scored, rho=[0.97, 0.98], picks=[1.08, 1.0], memory_near=(28, 28))
+
+
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple | None = None,
                    inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
