@@ -1023,6 +1023,32 @@ def test_set_plans_a_lab_model_with_its_keys_changed_and_the_line_carries_them(c
     assert "--set changes a lab model's keys, not llama3_8b's" in capsys.readouterr().err
 
 
+def test_every_layout_ranked_for_a_six_block_model_passes_the_launchers_checks(capsys):
+    """A model whose blocks do not fill every stage evenly (6 at pp 4: 2, 2, 1, 1), composed with `--set`: every kind
+    of pipeline the planner ranks at 8 ranks passes launch.py's checks, with the keys in its line. It ranked pp 4 x 2
+    virtual stages, 8 stages for 6 blocks, which launch.py refuses."""
+    from hydra import initialize_config_dir
+
+    from ddp_lab.analysis.plan.cli import launch_line, load_shape
+    from ddp_lab.config import register_configs
+    from ddp_lab.launcher.config_checks import validate
+    from tests.helpers.composing import ComposedOnce
+
+    register_configs()
+    keys = {"num_layers": 6}
+    shape = replace(load_shape("tiny", keys), context=128)
+    system = this_machine(8)
+    ranked = plan(shape, system, 8, 8, lab=True).ranked
+    kinds = {}  # each pipeline of a kind the launcher's checks tell apart
+    for lay in (p.layout for p in ranked if p.layout.pp > 1):
+        kinds.setdefault((lay.strategy, lay.tp, lay.pp, lay.cp, lay.schedule, lay.stages_per_rank), lay)
+    assert any(lay.pp == 4 for lay in kinds.values()) and len(kinds) > 10
+    composed = ComposedOnce()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for lay in kinds.values():
+            validate(composed(launch_line("tiny", lay, 8, system, 128, keys).split()[2:]))  # ConfigError if refused
+
+
 def test_every_layout_ranked_for_a_lab_model_is_one_launch_py_runs_as_priced(tmp_path, capsys):
     """Tried as a new user would (issue 75): the third pick for tiny on this machine was fsdp_torch under the
     zero-bubble schedule, which launch.py refused then (FSDP2 reduced in its post-backward hooks), and the pick's line
