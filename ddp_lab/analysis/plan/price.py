@@ -283,13 +283,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     stretch = 1.0
     if host:  # the ranks share the cores: all their work over them, a pipeline's schedule as the scheduler shares them
         stretch = system.shared_cores(busy, all_stages / lay.pp / last_stage, lay.gpus)
-        bubble = 0.0
-        if lay.pp > 1:  # what the schedule, its ranks sharing the cores, outlasts that by (cores.py)
-            per_micro = micro_tokens / lay.tp / flops_per_ms
-            costs = stage_costs(shape, lay, block, per_micro, recomputed_block * micro_tokens)
-            span = shared_span(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, costs,
-                               lay.gpus // lay.pp, system.cores)
-            bubble = span - busy * stretch if span > busy * stretch * (1 + 1e-9) else 0.0  # not float noise
+        costs = stage_costs(shape, lay, block, micro_tokens / lay.tp / flops_per_ms, recomputed_block * micro_tokens)
+        bubble = shared_bubble(system, lay, costs, busy * stretch) if lay.pp > 1 else 0.0
         compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
     micro_cost = system.microbatch_s * 1e3 * (lay.microbatches * lay.stages_per_rank - 1) * stretch if host else 0.0
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
@@ -324,6 +319,14 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
                   memory["total"] <= headroom * capacity)
+
+
+def shared_bubble(system: HostSystem, lay: Layout, costs: tuple, work_ms: float) -> float:
+    """What a pipeline's schedule, run with its ranks sharing the host's cores (cores.py), outlasts `work_ms`, every
+    rank's work over the cores, by: its bubble on this machine. `costs`: `stage_costs`."""
+    span = shared_span(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, costs, lay.gpus // lay.pp,
+                       system.cores)
+    return span - work_ms if span > work_ms * (1 + 1e-9) else 0.0  # not float noise
 
 
 def stage_costs(shape: Shape, lay: Layout, block: float, ms_per_flop: float, recomputed_block: float) -> tuple:
