@@ -21,6 +21,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_96 --unseen-96   # 16 sequences of 96
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_deep --unseen-deep   # 8 blocks of 192, 8 x 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_wide --unseen-wide   # 4 blocks of 384, 8 x 64
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_eight --unseen-eight   # 8 blocks of 256, 8 x 64
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -50,7 +51,8 @@ bubble was priced as the fill and drain through the other stages and the step ra
 `--unseen-224`: context 224 and 8 sequences, after FSDP2's accumulation and TP's wait on shared cores were priced.
 `--unseen-96`: context 96 and 16 sequences, the same pricing again. `--unseen-deep`: another model shape (8 blocks of
 width 192) at context 128 and 8 sequences, the same pricing again. `--unseen-wide`: the second (4 blocks of width 384)
-at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the cores.
+at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the cores. `--unseen-eight`: a third (8
+blocks of tiny's width) at the same context and batch, the same pricing again.
 """
 
 from __future__ import annotations
@@ -125,10 +127,15 @@ UNSEEN_WIDE = {"context": 64, "sequences": 8,
 (width 384, 6 heads of 64, d_ff 1536: 2.0x tiny's FLOPs a token), at context 64 and 8 sequences (about the tokens'
 FLOPs of `--unseen-deep`'s step), run after a pipeline's ranks were priced sharing the cores (drawn from
 `--unseen-deep`'s rows), nothing changed after. Wider matmuls than any calibration measured."""
+UNSEEN_EIGHT = {"context": 64, "sequences": 8, "model": {"num_layers": 8}}
+"""`--unseen-eight`: a third model shape, tiny twice as deep at its own width (8 blocks of 256: 1.5x tiny's FLOPs a
+token, stages of 1 to 8 blocks), at `--unseen-wide`'s context and batch, with `--unseen-wide`'s pricing unchanged:
+the second check in a row of it."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
-                   "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE}
+                   "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE,
+                   "unseen_eight": UNSEEN_EIGHT}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
@@ -248,12 +255,13 @@ CHECKS = ("checked", "held_out", "unseen", "fsdp_pipeline", *UNSEEN_SETTINGS)
 """The checks a sweep or table runs (module docstring): the checked layouts, `--held-out`, `--unseen`,
 `--fsdp-pipeline` (at `--unseen`'s context and batch), and `--unseen`'s choice of layouts at each of
 UNSEEN_SETTINGS (`--unseen-batch`, `--unseen-context`, `--unseen-long`, `--unseen-384`, `--unseen-192`,
-`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`, `--unseen-deep`, `--unseen-wide`)."""
+`--unseen-320`, `--unseen-160`, `--unseen-224`, `--unseen-96`, `--unseen-deep`, `--unseen-wide`,
+`--unseen-eight`)."""
 
 
 def model_keys(check: str) -> dict:
     """The model keys a check changes (`--set` to the planner, `model.KEY=VALUE` to launch.py): none but
-    `--unseen-deep`'s and `--unseen-wide`'s."""
+    the model-shape checks' (`--unseen-deep`, `--unseen-wide`, `--unseen-eight`)."""
     return UNSEEN_SETTINGS.get(check, {}).get("model", {})
 
 
