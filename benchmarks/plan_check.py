@@ -128,7 +128,7 @@ UNSEEN_WIDE = {"context": 64, "sequences": 8,
 FLOPs of `--unseen-deep`'s step), run after a pipeline's ranks were priced sharing the cores (drawn from
 `--unseen-deep`'s rows), nothing changed after. Wider matmuls than any calibration measured."""
 UNSEEN_EIGHT = {"context": 64, "sequences": 8, "model": {"num_layers": 8}}
-"""`--unseen-eight`: a third model shape, tiny twice as deep at its own width (8 blocks of 256: 1.5x tiny's FLOPs a
+"""`--unseen-eight`: a third model shape, tiny twice as deep at its own width (8 blocks of 256: 1.6x tiny's FLOPs a
 token, stages of 1 to 8 blocks), at `--unseen-wide`'s context and batch, with `--unseen-wide`'s pricing unchanged:
 the second check in a row of it."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
