@@ -193,14 +193,8 @@ def simulate(schedule: str, pp: int, microbatches: int, chunks: int = 1, forward
                 continue
             act = orders[r][at[r]]
             s = stage_index(r, act.chunk, pp)
-            if act.kind == "F":
-                need = [("F", act.microbatch, s - 1)] if s > 0 else []
-            elif act.kind in ("B", "I"):
-                need = [("F", act.microbatch, s)] + ([(_grad_of(done, act.microbatch, s + 1))] if s < stages - 1
-                                                      else [])
-            else:
-                need = [("I", act.microbatch, s)]
-            if any(n is None or n not in done for n in need):
+            need = waits_for(act, s, stages, done)
+            if any(n not in done for n in need):
                 continue
             start = max([clock[r]] + [done[n] for n in need])
             took = cost[act.kind] if stage_costs is None else stage_costs[s][act.kind]
@@ -218,7 +212,19 @@ def simulate(schedule: str, pp: int, microbatches: int, chunks: int = 1, forward
     return Simulated(max(clock), busy, peak)
 
 
-def _grad_of(done: dict, microbatch: int, stage: int) -> tuple | None:
+def waits_for(act: Action, stage: int, stages: int, done) -> list[tuple]:
+    """The (kind, microbatch, stage) actions `act`, run on `stage` of `stages`, waits for (module docstring): F the
+    previous stage's F of its micro-batch; B or I its own F and the next stage's B or I, whichever that stage runs
+    (`done`: the actions finished so far); W its own I."""
+    if act.kind == "F":
+        return [("F", act.microbatch, stage - 1)] if stage > 0 else []
+    if act.kind in ("B", "I"):
+        after = [_grad_of(done, act.microbatch, stage + 1)] if stage < stages - 1 else []
+        return [("F", act.microbatch, stage)] + after
+    return [("I", act.microbatch, stage)]
+
+
+def _grad_of(done, microbatch: int, stage: int) -> tuple:
     """The action of `stage` whose end sends micro-batch's input gradient back: its B, or its I."""
     for kind in ("B", "I"):
         if (kind, microbatch, stage) in done:

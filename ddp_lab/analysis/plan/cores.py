@@ -8,8 +8,9 @@ shape measured dp 1 x pp 4 under zero bubble at 1.45x that (the last stage busy 
 work at a core of its own is 279: docs/measured/plan_unseen_deep.md). A rank waiting on a receive yields its core
 (gloo's receive blocks), so only ranks with an action ready share them.
 
-The actions and what each waits for are spec/pipeline.py's (`schedule_actions`): F the previous stage's F of its
-micro-batch, B or I the next stage's B or I and its own F, W its own I. Sends are free here (price.py prices them
+The actions and what each waits for are spec/pipeline.py's (`schedule_actions`, `waits_for`), as its `simulate`
+runs them with a core a rank: F the previous stage's F of its micro-batch, B or I the next stage's B or I and its
+own F, W its own I. Sends are free here (price.py prices them
 apart). The data-parallel, tensor- and context-parallel ranks of a stage run its actions in step, so a stage
 counts `ranks_per_stage` runnable ranks.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ddp_lab.spec.pipeline import schedule_actions, stage_index
+from ddp_lab.spec.pipeline import schedule_actions, stage_index, waits_for
 
 EPSILON = 1e-9
 
@@ -61,11 +62,5 @@ def shared_span(schedule: str, pp: int, microbatches: int, chunks: int, costs: t
 
 
 def _can_start(act, rank: int, pp: int, stages: int, done: set) -> bool:
-    """Whether what `act` waits for is done (module docstring)."""
-    s = stage_index(rank, act.chunk, pp)
-    if act.kind == "F":
-        return s == 0 or ("F", act.microbatch, s - 1) in done
-    if act.kind == "W":
-        return ("I", act.microbatch, s) in done
-    after = s == stages - 1 or any((k, act.microbatch, s + 1) in done for k in ("B", "I"))
-    return ("F", act.microbatch, s) in done and after
+    """Whether what `act` waits for is done (spec/pipeline.py's `waits_for`)."""
+    return all(n in done for n in waits_for(act, stage_index(rank, act.chunk, pp), stages, done))

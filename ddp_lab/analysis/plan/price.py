@@ -278,14 +278,14 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         recompute += forward
     busy = compute + recompute
     all_stages = shape.layers * block + shape.head_flops()
-    others = all_stages / last_stage - 1  # the other stages' work, in the busiest's
-    bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank, others) / lay.microbatches
-    stretch = 1.0
     if host:  # the ranks share the cores: all their work over them, a pipeline's schedule as the scheduler shares them
         stretch = system.shared_cores(busy, all_stages / lay.pp / last_stage, lay.gpus)
-        costs = stage_costs(shape, lay, block, micro_tokens / lay.tp / flops_per_ms, recomputed_block * micro_tokens)
-        bubble = shared_bubble(system, lay, costs, busy * stretch) if lay.pp > 1 else 0.0
+        bubble = shared_bubble(shape, system, lay, block, micro_tokens / lay.tp / flops_per_ms,
+                               recomputed_block * micro_tokens, busy * stretch)
         compute, recompute, busy = compute * stretch, recompute * stretch, busy * stretch
+    else:
+        stretch, others = 1.0, all_stages / last_stage - 1  # the other stages' work, in the busiest's
+        bubble = busy * bubble_slots(lay.schedule, lay.pp, lay.stages_per_rank, others) / lay.microbatches
     micro_cost = system.microbatch_s * 1e3 * (lay.microbatches * lay.stages_per_rank - 1) * stretch if host else 0.0
     activation = micro_tokens * d * wire  # one micro-batch's activation between stages / in a TP all-reduce
     p2p = 0.0
@@ -321,11 +321,15 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
                   memory["total"] <= headroom * capacity)
 
 
-def shared_bubble(system: HostSystem, lay: Layout, costs: tuple, work_ms: float) -> float:
+def shared_bubble(shape: Shape, system: HostSystem, lay: Layout, block: float, ms_per_flop: float,
+                  recomputed_block: float, work_ms: float) -> float:
     """What a pipeline's schedule, run with its ranks sharing the host's cores (cores.py), outlasts `work_ms`, every
-    rank's work over the cores, by: its bubble on this machine. `costs`: `stage_costs`."""
-    span = shared_span(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, costs, lay.gpus // lay.pp,
-                       system.cores)
+    rank's work over the cores, by: its bubble on this machine (none without a pipeline). The actions cost
+    `stage_costs`."""
+    if lay.pp == 1:
+        return 0.0
+    span = shared_span(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank,
+                       stage_costs(shape, lay, block, ms_per_flop, recomputed_block), lay.gpus // lay.pp, system.cores)
     return span - work_ms if span > work_ms * (1 + 1e-9) else 0.0  # not float noise
 
 
