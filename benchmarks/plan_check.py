@@ -78,6 +78,7 @@ from ddp_lab.analysis.plan.host import (  # noqa: E402
     compute_rates,
     load_calibration,
     ring_wait_s,
+    selective_costs,
     this_host,
     this_machine,
 )
@@ -183,7 +184,10 @@ def calibrate(out: Path) -> None:
     for r in range(1, ROUNDS + 1):  # alternating, so that a slow spell of the host falls on every context
         for context in CONTEXTS:
             run(f"floor_{context}_{r}", *floor_job, f"model.context_length={context}")
-    run("floor_accumulated", *floor_job, f"train.grad_accum_steps={MICRO}")
+        run(f"accumulated_{r}", *floor_job, f"train.grad_accum_steps={MICRO}")
+        run(f"selective_{r}", *floor_job, "train.activation_checkpointing=selective")
+        run(f"selective_accumulated_{r}", *floor_job, "train.activation_checkpointing=selective",
+            f"train.grad_accum_steps={MICRO}")
     run("ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
         f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}", "parallel.cp_impl=zigzag")
     run("loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
@@ -194,13 +198,19 @@ def calibrate(out: Path) -> None:
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
     floors = {c: [done[f"floor_{c}_{r}"] for r in range(1, ROUNDS + 1)] for c in CONTEXTS}
-    accumulated, ring, loop, tick, link = (done[k] for k in ("floor_accumulated", "ring", "loopback", "latency",
-                                                              "link"))
+    ring, loop, tick, link = (done[k] for k in ("ring", "loopback", "latency", "link"))
     least = {c: min(p50(res, "fwd_bwd_ms") for res in floors[c]) for c in CONTEXTS}
+    rounds = {name: [p50(done[f"{name}_{r}"], "fwd_bwd_ms") for r in range(1, ROUNDS + 1)]
+              for name in ("accumulated", "selective", "selective_accumulated")}
     floor = {"fwd_bwd_ms": least[shape.context],
              "optimizer_ms": min(p50(res, "optimizer_ms") for res in floors[shape.context])}
+    accumulated = min(rounds["accumulated"])
     try:
         core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, least)
+        # selective's cost over the floor, in one micro-batch and in MICRO: the same tokens, MICRO times the blocks run
+        block_s, selective_Bps = selective_costs(shape, SEQUENCES // 2, attention_flops, MICRO,
+                                                 min(rounds["selective"]) - floor["fwd_bwd_ms"],
+                                                 min(rounds["selective_accumulated"]) - accumulated)
     except PredictError as exc:
         sys.exit(f"calibrate: {exc}; measure again on an idle machine")
     context = ring["summary"]["mesh"]["context"]["per_rank"]
@@ -220,12 +230,15 @@ def calibrate(out: Path) -> None:
         "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
         "ring_wait_s": wait_s,
         # the same FLOPs in MICRO micro-batches: what each beyond the first adds
-        "microbatch_s": (p50(accumulated, "fwd_bwd_ms") - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3,
+        "microbatch_s": (accumulated - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3,
+        "selective_block_s": block_s, "selective_Bps": selective_Bps,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "from": {"model": MODEL, "sequences": SEQUENCES, "floor_rounds": ROUNDS,
                  "floor_fwd_bwd_ms": {c: [p50(res, "fwd_bwd_ms") for res in floors[c]] for c in CONTEXTS},
                  "floor_optimizer_ms": floor["optimizer_ms"], "all_reduce_MiB": SIZE_MB,
-                 "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": p50(accumulated, "fwd_bwd_ms"),
+                 "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": rounds["accumulated"],
+                 "selective_fwd_bwd_ms": rounds["selective"],
+                 "selective_accumulated_fwd_bwd_ms": rounds["selective_accumulated"],
                  "latency_all_reduce_ms": p50(tick, "latency_ms"), "ring_job": waited},
     }
     CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")

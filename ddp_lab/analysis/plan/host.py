@@ -1,7 +1,7 @@
 """`--system this-machine`: this CPU host and gloo as the planner sees it, from its calibration (this_machine.json).
 
 The lab's emulated cluster: `nodes` network namespaces on this machine joined by a shaped link (docs/network.md),
-the ranks split evenly over them, every rank sharing the host's cores. Six things differ from a GPU system, each
+the ranks split evenly over them, every rank sharing the host's cores. Seven things differ from a GPU system, each
 priced here, and each from `python benchmarks/plan_check.py calibrate`'s measurements:
 
 - compute: one core's fp32 FLOP/s on the lab's model (the floor, `strategy=none`, one rank per core), and apart
@@ -24,6 +24,9 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
 - a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
   Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
   over its step at one, and stretched as compute is where the ranks share the cores;
+- selective checkpointing's cost: a fixed cost a block and micro-batch (torch asks the lab's Python policy about
+  every operation) and its recompute's memory-bound operations at their own rate, both from the floor with and
+  without it in one micro-batch and in 8 (`selective_costs`), stretched as compute is;
 - fp32 everywhere: 4 bytes per activation and gradient element on the wire;
 - memory: each rank's share of the host's memory.
 """
@@ -56,6 +59,8 @@ class HostSystem(System):
     microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
     attention_flops: float = 0.0  # one core's FLOP/s on attention's scores and weighted sum; 0: `peak_flops`
     ring_wait_s: float = 0.0     # the least a context-parallel ring step takes, ranks outnumbering cores
+    selective_block_s: float = 0.0  # selective checkpointing's fixed cost a block and micro-batch, at a core a rank
+    selective_Bps: float = 0.0   # the rate selective's recomputed memory-bound operations move bytes; 0: `hbm_Bps`
     calibrated_on: str = ""      # the machine the calibration measured (`this_host()` there)
 
     def compute_share(self, ranks: int) -> float:
@@ -124,6 +129,7 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
         nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0),
         attention_flops=cal.get("attention_flops", 0.0), ring_wait_s=cal.get("ring_wait_s", 0.0),
+        selective_block_s=cal.get("selective_block_s", 0.0), selective_Bps=cal.get("selective_Bps", 0.0),
         calibrated_on=cal.get("machine", ""))
 
 
@@ -153,6 +159,25 @@ def compute_rates(shape, sequences: int, fwd_bwd_ms: dict) -> tuple[float, float
         raise PredictError(f"the floor at contexts {', '.join(str(c) for c in sorted(fwd_bwd_ms))} ({times} ms) gives "
                            "no positive rate for attention and the rest")
     return 1e3 / per_rest, 1e3 / per_attention
+
+
+def selective_costs(shape, sequences: int, attention_flops: float, micro: int, one_ms: float,
+                    many_ms: float) -> tuple[float, float]:
+    """(selective checkpointing's fixed cost a block and micro-batch, s; the rate its recomputed memory-bound
+    operations move bytes, B/s) from what it adds to one rank's forward and backward of `sequences` sequences at the
+    shape's context in one micro-batch (`one_ms`) and in `micro` (`many_ms`): the same tokens, so the same recompute,
+    with the blocks run `micro` times as often. What grows with the micro-batches is a cost a block runs each time
+    (torch's selective checkpoint asks the lab's Python policy about every operation, forward and recompute); the
+    rest, less attention's recompute at its calibrated rate (`attention_flops`, FLOP/s), is the memory-bound
+    operations' traffic (shapes.py's `recomputed_elements_per_token`, fp32)."""
+    layers, tokens = shape.layers, sequences * shape.context
+    block_ms = (many_ms - one_ms) / ((micro - 1) * layers)
+    attention_ms = tokens * layers * shape.attention_flops(shape.context) / attention_flops * 1e3
+    traffic_ms = one_ms - layers * block_ms - attention_ms
+    if block_ms < 0 or traffic_ms <= 0:
+        raise PredictError(f"selective checkpointing added {one_ms:.0f} ms in one micro-batch and {many_ms:.0f} in "
+                           f"{micro}: no positive cost a block and rate for its recompute")
+    return block_ms / 1e3, tokens * layers * shape.recomputed_elements_per_token * 4 / (traffic_ms / 1e3)
 
 
 def ring_wait_s(exposed_ms: float, ring_steps: int) -> float:

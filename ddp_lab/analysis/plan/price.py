@@ -12,7 +12,8 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   at the system's peak x MFU, split by tp and cp; `recompute`: activation checkpointing's second forward (full: the
   blocks' whole forward; selective: attention's scores and weighted sum by their FLOPs, and the memory-bound rest,
   norms, rotary embedding, SiLU and adds, as the elements they read and write at the GPU's memory bandwidth:
-  shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured),
+  shapes.py's `recomputed_elements_per_token`; by FLOPs alone it was priced at 0.9 ms where 51.7 were measured; on
+  this machine that traffic at its calibrated rate and a fixed cost each block runs a micro-batch: `selective_ms`),
   twice under the zero-bubble schedule, whose input and weight halves each recompute (`recomputes`), and there one
   forward's FLOPs more: the lab's W, one backward over the stage's weights, runs the input's path again
   (`reruns_input_path`);
@@ -269,9 +270,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     recompute = 0.0
     if lay.checkpointing == "full":
         recompute = tokens * blocks * block / lay.tp / flops_per_ms
-    elif lay.checkpointing == "selective":  # attention's FLOPs, and the rest as memory traffic
-        recompute = (tokens * blocks * attend * shape.attention_flops(shape.context) / lay.tp / flops_per_ms
-                     + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / system.hbm_Bps * 1e3)
+    elif lay.checkpointing == "selective":
+        recompute = selective_ms(shape, system, lay, tokens, blocks, attend / flops_per_ms)
     recompute *= recomputes(lay)
     recomputed_block = recompute / (tokens * blocks) if blocks else 0.0  # ms a token and block
     if reruns_input_path(lay):  # W's one backward runs the stage's input path again: a forward's FLOPs
@@ -319,6 +319,18 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
     return Priced(lay, terms, step, per_gpu, per_gpu * model_flops / system.peak_flops, memory,
                   memory["total"] <= headroom * capacity)
+
+
+def selective_ms(shape: Shape, system: System, lay: Layout, tokens: float, blocks: int, ms_per_flop: float) -> float:
+    """Selective checkpointing's recompute, ms a step: attention's FLOPs (`ms_per_flop`: attention's) and the rest as
+    memory traffic at the system's HBM bandwidth; on this machine the traffic at the calibrated rate those small
+    operations reach, and a fixed cost each block runs a micro-batch (host.py's `selective_costs`)."""
+    host = isinstance(system, HostSystem)
+    wire = system.element_bytes if host else BF16
+    traffic_Bps = (system.selective_Bps or system.hbm_Bps) if host else system.hbm_Bps
+    fixed = system.selective_block_s * 1e3 * blocks * lay.microbatches if host else 0.0
+    return (tokens * blocks * shape.attention_flops(shape.context) * ms_per_flop / lay.tp
+            + tokens * blocks * shape.recomputed_elements_per_token * wire / lay.tp / traffic_Bps * 1e3 + fixed)
 
 
 def shared_bubble(shape: Shape, system: HostSystem, lay: Layout, block: float, ms_per_flop: float,
