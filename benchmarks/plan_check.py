@@ -22,6 +22,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_deep --unseen-deep   # 8 blocks of 192, 8 x 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_wide --unseen-wide   # 4 blocks of 384, 8 x 64
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_eight --unseen-eight   # 8 blocks of 256, 8 x 64
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_six --unseen-six   # 6 blocks of 320, 8 x 64
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -52,7 +53,8 @@ bubble was priced as the fill and drain through the other stages and the step ra
 `--unseen-96`: context 96 and 16 sequences, the same pricing again. `--unseen-deep`: another model shape (8 blocks of
 width 192) at context 128 and 8 sequences, the same pricing again. `--unseen-wide`: the second (4 blocks of width 384)
 at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the cores. `--unseen-eight`: a third (8
-blocks of tiny's width) at the same context and batch, the same pricing again.
+blocks of tiny's width) at the same context and batch, the same pricing again. `--unseen-six`: a fourth (6 blocks of
+width 320) at the same context and batch, after selective checkpointing's cost was calibrated.
 """
 
 from __future__ import annotations
@@ -132,11 +134,17 @@ UNSEEN_EIGHT = {"context": 64, "sequences": 8, "model": {"num_layers": 8}}
 """`--unseen-eight`: a third model shape, tiny twice as deep at its own width (8 blocks of 256: 1.6x tiny's FLOPs a
 token, stages of 1 to 8 blocks), at `--unseen-wide`'s context and batch, with `--unseen-wide`'s pricing unchanged:
 the second check in a row of it."""
+UNSEEN_SIX = {"context": 64, "sequences": 8,
+              "model": {"num_layers": 6, "d_model": 320, "d_ff": 1280, "num_heads": 5}}
+"""`--unseen-six`: a fourth model shape, chosen before any of its rows ran: 6 blocks of width 320 (5 heads of 64, d_ff
+1280: 2.35x tiny's FLOPs a token, blocks that split unevenly over 4 stages), at `--unseen-wide`'s context and batch,
+run after selective checkpointing's cost was calibrated on the floor (host.py's `selective_costs`), nothing changed
+after."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
                    "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE,
-                   "unseen_eight": UNSEEN_EIGHT}
+                   "unseen_eight": UNSEEN_EIGHT, "unseen_six": UNSEEN_SIX}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
