@@ -137,9 +137,9 @@ the second check in a row of it."""
 UNSEEN_SIX = {"context": 64, "sequences": 8,
               "model": {"num_layers": 6, "d_model": 320, "d_ff": 1280, "num_heads": 5}}
 """`--unseen-six`: a fourth model shape, chosen before any of its rows ran: 6 blocks of width 320 (5 heads of 64, d_ff
-1280: 2.35x tiny's FLOPs a token, blocks that split unevenly over 4 stages), at `--unseen-wide`'s context and batch,
-run after selective checkpointing's cost was calibrated on the floor (host.py's `selective_costs`), nothing changed
-after."""
+1280: 1.9x tiny's FLOPs a token, the head counted; blocks that split unevenly over 4 stages), at `--unseen-wide`'s
+context and batch, run after selective checkpointing's cost was calibrated on the floor (host.py's
+`selective_costs`), nothing changed after."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,

@@ -31,6 +31,7 @@ until the figures here are made again.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ddp_lab.analysis.plan.host import HostSystem
@@ -78,9 +79,18 @@ def a_tie(system: System, pick_ms: float, runner_up_ms: float) -> bool:
 def said(system: System, step_ms: float, tokens_per_s: float, memory_gb: float) -> str:
     """One line: the step, tokens per second per GPU and memory, each with its range and where that comes from."""
     step = step_range(system)
-    lo, hi = step.of(step_ms)
-    text = (f"step {step_ms:,.1f} ms, {lo:,.1f} to {hi:,.1f} ({step.source}); tokens/s/GPU {tokens_per_s:,.0f}, "
+    ms, lo, hi = shown(step_ms, *step.of(step_ms))
+    text = (f"step {ms} ms, {lo} to {hi} ({step.source}); tokens/s/GPU {tokens_per_s:,.0f}, "
             f"{tokens_per_s / step.high:,.0f} to {tokens_per_s / step.low:,.0f}; ")
     memory = memory_range(system)
-    mlo, mhi = memory.of(memory_gb)
-    return text + f"memory {memory_gb:.1f} GB per GPU, {mlo:.1f} to {mhi:.1f} ({memory.source})"
+    gb, mlo, mhi = shown(memory_gb, *memory.of(memory_gb))
+    return text + f"memory {gb} GB per GPU, {mlo} to {mhi} ({memory.source})"
+
+
+def shown(*figures: float) -> list[str]:
+    """A figure and its range at one precision, enough for two significant digits of the least: 0.15 GB, 0.12 to
+    0.14, where one decimal printed 0.2, 0.1 to 0.1 (a range of no width, and not the figure's 0.80x to 0.95x);
+    one decimal at least."""
+    least = min((abs(f) for f in figures if f), default=1.0)
+    decimals = min(6, max(1, 1 - math.floor(math.log10(least))))
+    return [f"{f:,.{decimals}f}" for f in figures]
