@@ -32,7 +32,8 @@ fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, 
 context-parallel ring step takes with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner
 does not rank: its exposed ring time over its ring steps),
 gloo's all-reduce on loopback (16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined
-by the link.
+by the link, and the lab's own ring reduce-scatter and all-gather on loopback (16 MiB: what the sharded strategies
+run on gloo).
 `sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
 activation checkpointing and the 1F1B schedule (the other strategies, checkpointing and schedules multiply the jobs,
 about 25 s each here, by 16), and the fewest and the most micro-batches the planner tries; each job on two emulated
@@ -91,6 +92,7 @@ from ddp_lab.analysis.predict.costs import PredictError  # noqa: E402
 
 MODEL, SEQUENCES, GBPS, STEPS = "tiny", 16, 1.0, 8
 SIZE_MB, LATENCY_MB = 16, 1 / 1024
+LAB_RING_OPS = ("reduce_scatter", "all_gather")
 UNSEEN = {"context": 128, "sequences": 8}
 UNSEEN_BATCH = {"context": 128, "sequences": 16}
 """`--unseen-batch`: the unseen check's context at twice its global batch, a setting no pricing change has seen."""
@@ -200,6 +202,9 @@ def calibrate(out: Path) -> None:
         f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}", "parallel.cp_impl=zigzag")
     run("loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
     run("latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
+    for r in range(1, ROUNDS + 1):  # the lab's rings (strategies/rings.py): what zero2, FSDP2 and zero1_torch run
+        for op in LAB_RING_OPS:      # on gloo; the fastest of ROUNDS (one job ran from 0.85 to 1.07 GB/s)
+            run(f"ring_{op}_{r}", "task=allreduce", f"task.op={op}", "world_size=2", f"task.size_mb={SIZE_MB}")
     run("link", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}", "network=emulated",
         f"network.nodes={NODES}", f"network.gbps={GBPS:g}")
     for name, res in done.items():
@@ -234,6 +239,8 @@ def calibrate(out: Path) -> None:
         "core_flops": core_flops, "attention_flops": attention_flops,
         "optimizer_Bps": 28 * shape.params / (floor["optimizer_ms"] / 1e3),
         "loopback_busbw_Bps": loop["summary"]["busbw_GBps"] * 1e9,
+        "ring_busbw_Bps": {op: max(done[f"ring_{op}_{r}"]["summary"]["busbw_GBps"] for r in range(1, ROUNDS + 1)) * 1e9
+                           for op in LAB_RING_OPS},
         "link_busbw_Bps": link["summary"]["busbw_GBps"] * 1e9,
         "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
         "ring_wait_s": wait_s,

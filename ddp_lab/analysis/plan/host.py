@@ -11,11 +11,11 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
   runnable ranks sharing them evenly, as Linux's scheduler shares them (cores.py); the optimizer, every rank's at
   once, ranks / cores as long;
 - gloo's collectives: a ring of alpha-beta steps, all-reduce 2(n-1) steps moving 2(n-1)/n of the buffer,
-  all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (shared by
-  the ranks beyond the cores) or, when the group crosses nodes, at the link's measured bandwidth shared by the
-  groups crossing it at once; each step's latency, measured with a core per rank, ranks / cores as long beyond
-  the cores (a step waits for its peer to be scheduled: the predictor's held-out check found collectives slow so,
-  docs/notebook/predict_measured.md);
+  all-gather and reduce-scatter n-1 moving (n-1)/n, at loopback's measured bus bandwidth inside a node (gloo's
+  all-reduce's; the lab's own rings' where the sharded strategies run them; shared by the ranks beyond the cores)
+  or, when the group crosses nodes, at the link's measured bandwidth shared by the groups crossing it at once; each
+  step's latency, measured with a core per rank, ranks / cores as long beyond the cores (a step waits for its peer
+  to be scheduled: the predictor's held-out check found collectives slow so, docs/notebook/predict_measured.md);
 - a ring step's wait: with more ranks than cores, each step of the context-parallel ring (a rendezvous of its
   ranks' sends and receives) waits until the peer is scheduled and has reached it, about a scheduler's time slice
   whatever the ranks a core (measured on a context-parallel job that is no layout the planner ranks:
@@ -61,6 +61,7 @@ class HostSystem(System):
     ring_wait_s: float = 0.0     # the least a context-parallel ring step takes, ranks outnumbering cores
     selective_block_s: float = 0.0  # selective checkpointing's fixed cost a block and micro-batch, at a core a rank
     selective_Bps: float = 0.0   # the rate selective's recomputed memory-bound operations move bytes; 0: `hbm_Bps`
+    ring_busbw_Bps: tuple = ()   # (op, bus B/s) of the lab's rings on loopback; none: gloo's all-reduce's
     calibrated_on: str = ""      # the machine the calibration measured (`this_host()` there)
 
     def compute_share(self, ranks: int) -> float:
@@ -130,6 +131,7 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0),
         attention_flops=cal.get("attention_flops", 0.0), ring_wait_s=cal.get("ring_wait_s", 0.0),
         selective_block_s=cal.get("selective_block_s", 0.0), selective_Bps=cal.get("selective_Bps", 0.0),
+        ring_busbw_Bps=tuple(cal.get("ring_busbw_Bps", {}).items()),
         calibrated_on=cal.get("machine", ""))
 
 
@@ -191,14 +193,18 @@ RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}
 """Per op: (ring steps per n - 1, buffer fractions moved per (n - 1) / n)."""
 
 
-def gloo_collective_ms(system: HostSystem, op: str, nbytes: float, n: int, stride: int = 1) -> float:
+def gloo_collective_ms(system: HostSystem, op: str, nbytes: float, n: int, stride: int = 1,
+                       lab_ring: bool = False) -> float:
     """One gloo ring collective over `n` ranks `stride` apart, ms (module docstring). Every group of the same axis
-    runs at once: inside a node they share the cores, across they share the link."""
+    runs at once: inside a node they share the cores, across they share the link. `lab_ring`: a reduce-scatter or
+    all-gather on the lab's own rings (strategies/rings.py: zero2's, FSDP2's, zero1_torch's broadcasts), at their
+    calibrated bus bandwidth inside a node where calibrated (gloo's all-reduce's otherwise)."""
     steps, moved = RING[op]
     ranks = system.gpus_per_node * system.nodes
     per_node = max(1, min(n, system.gpus_per_node // max(1, stride)))
     share = system.compute_share(ranks)  # ranks beyond the cores: a step waits for its peer to get one
-    bandwidth = system.intra_busbw_Bps / share
+    busbw = dict(system.ring_busbw_Bps).get(op) if lab_ring else None
+    bandwidth = (busbw or system.intra_busbw_Bps) / share
     if per_node < n:  # the ring crosses the link: the groups crossing it at once share it
         bandwidth = min(bandwidth, system.inter_busbw_Bps * per_node / system.gpus_per_node)
     latency = system.latency_s * share

@@ -44,11 +44,12 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   cp - 1 ring steps takes at least the calibrated `ring_wait_s` (host.py) or the peer's compute between two of its
   steps, whichever is less (`cp_block_ms`);
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
-  node). DDP, ZeRO-1 and ZeRO-2: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch
-  DDP's first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients
-  first, each block's as its share of the last micro-batch's backward ends, the embedding's last (a lookup: no
-  FLOPs); what is exposed is what the last buckets leave after backward ends (`bucketed_exposed_ms`; on a small
-  model whose bytes fill one bucket, all of it). torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts
+  node). DDP and ZeRO-1: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch DDP's
+  first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients first,
+  each block's as its share of the last micro-batch's backward ends, the embedding's last (a lookup: no FLOPs);
+  what is exposed is what the last buckets leave after backward ends (`bucketed_exposed_ms`; on a small model whose
+  bytes fill one bucket, all of it). The lab's ZeRO-2: each bucket reduce-scattered so, and after the step every
+  bucket all-gathered, exposed (strategies/zero2.py). torch's ZeroRedundancyOptimizer (zero1_torch) then broadcasts
   every updated parameter from its owner, fp32, after the step (an all-gather's bytes, exposed: it measured 1.15x to
   1.34x zero2's step on every split without a pipeline, docs/measured/plan.md); FSDP (ZeRO-3): every parameter
   gathered for each micro-batch's forward, the blocks' again for its backward (the embedding's lookup needs no
@@ -59,11 +60,14 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   (the stage's weights and gradients held whole across the micro-batches, in memory too), plus FSDP2's copies
   around those two collectives, at the memory bandwidth (`fsdp_copies_ms`: the shard into the gather's flat input,
   the gathered buffer out into each parameter, every gradient into the reduce-scatter's flat input; the profiled
-  part of its measured 1.13x to 1.15x zero2's step at pp 2 x dp 2 on this machine, docs/pipelines.md). Only what
-  is not hidden is added;
+  part of its measured 1.13x to 1.15x zero2's step at pp 2 x dp 2 on this machine, docs/pipelines.md); FSDP2
+  issues one collective a unit (each block, the head, the embedding: `unit_collectives_ms`). Only what is not
+  hidden is added;
 - optimizer: AdamW at 28 bytes per parameter it updates, at the GPU's memory bandwidth (ZeRO: 1/(dp x cp) of them).
 
-On `this-machine` (host.py) the same terms, with gloo's ring for the collectives, fp32 on the wire, attention's
+On `this-machine` (host.py) the same terms, with gloo's ring for the collectives (the lab's own rings, at their
+calibrated bandwidth, for zero2's, FSDP2's and zero1_torch's reduce-scatters, all-gathers and broadcasts; each of
+FSDP2's units' rings at least its steps' calibrated wait where ranks outnumber cores), fp32 on the wire, attention's
 scores and weighted sum at the rate calibrated for them, and, where the ranks outnumber the host's cores, compute
 that takes all the ranks' work over the cores; a pipeline's bubble there is what its schedule, run with the
 runnable ranks sharing the cores evenly as Linux's scheduler shares them (cores.py: a heavy last stage gets no more
@@ -181,13 +185,15 @@ def group_system(system: System, n: int, stride: int) -> System:
 
 
 @lru_cache(maxsize=1 << 16)
-def collective_ms(system: System, op: str, nbytes: float, n: int, stride: int = 1, axis: str = "dp") -> float:
+def collective_ms(system: System, op: str, nbytes: float, n: int, stride: int = 1, axis: str = "dp",
+                  lab_ring: bool = False) -> float:
     """One collective over `n` ranks `stride` apart on the mesh's `axis`, ms: ddp-lab's NCCL model, gloo's ring on
-    this machine (host.py), the calculator's ring on a described system (described.py)."""
+    this machine (host.py; `lab_ring`: the lab's own rings, which the sharded strategies run on gloo), the
+    calculator's ring on a described system (described.py)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     if isinstance(system, HostSystem):
-        return gloo_collective_ms(system, op, nbytes, n, stride)
+        return gloo_collective_ms(system, op, nbytes, n, stride, lab_ring)
     if isinstance(system, DescribedSystem):
         return system.ring_ms(op, nbytes, n, axis)
     return collective_s(group_system(system, n, stride), op, nbytes, n)[0] * 1e3
@@ -304,7 +310,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
     segments = gradient_segments(shape, lay, blocks, busy / lay.microbatches * 2 / 3, wire)
-    regathered = blocks * shape.block_params * wire / lay.tp
+    regathered = [(shape.block_params * wire / lay.tp, 0.0)] * blocks  # the units FSDP2 gathers again for backward
     dp = dp_ms(system, lay, segments, busy / lay.microbatches, stage_params * FP32, regathered) if shards > 1 else 0.0
     if shards > 1 and stage >= 3 and lay.pp > 1:
         dp += fsdp_copies_ms(system, stage_params, shards, wire) * share
@@ -486,35 +492,47 @@ def bucketed_exposed_ms(segments: list[tuple], collective, first: float = BUCKET
 
 
 def dp_ms(system: System, lay: Layout, segments: list[tuple], micro_busy: float, params: float = 0.0,
-          regathered: float = 0.0) -> float:
+          regathered: list[tuple] = ()) -> float:
     """The data-parallel strategy's exposed collectives over the dp x cp ranks, one rank of each TP group (module
     docstring): `segments` the stage's gradients as backward produces them (`gradient_segments`), `micro_busy` one
     micro-batch's compute to hide under, `params` bytes of the stage's fp32 parameters (what torch's
-    ZeroRedundancyOptimizer broadcasts), `regathered` bytes of the parameters FSDP2 gathers again for backward
+    ZeroRedundancyOptimizer broadcasts), `regathered` (bytes, ms) of the units FSDP2 gathers again for backward
     without a pipeline (the blocks': the embedding's lookup needs no weight back, the head, its last unit, is not
     resharded after forward)."""
     shards, stride, hide = lay.dp * lay.cp, lay.tp, hides(system, lay)
     grads = sum(nbytes for nbytes, _ in segments)
+    if lay.strategy == "zero2":  # each bucket reduce-scattered as it fills; the step's all-gather after it, exposed
+        reduce = bucketed_exposed_ms(segments, lambda n: collective_ms(system, "reduce_scatter", n, shards, stride,
+                                                                       lab_ring=True), BUCKET_BYTES, hide=hide)
+        return reduce + collective_ms(system, "all_gather", grads, shards, stride, lab_ring=True)
     if STRATEGIES[lay.strategy] < 3:
-        first = FIRST_BUCKET_BYTES if lay.strategy in ("torch_ddp", "zero1_torch") else BUCKET_BYTES
         reduce = bucketed_exposed_ms(segments, lambda n: collective_ms(system, "all_reduce", n, shards, stride),
-                                     first, hide=hide)
+                                     FIRST_BUCKET_BYTES, hide=hide)
         if lay.strategy != "zero1_torch":
             return reduce
         # torch's ZeroRedundancyOptimizer: DDP's all-reduce, then each owner broadcasts its updated parameters
         # after the step, nothing left to hide under (an all-gather's bytes, in the parameters' fp32)
-        return reduce + collective_ms(system, "all_gather", params, shards, stride)
-    gather = collective_ms(system, "all_gather", grads, shards, stride)
-    scatter = collective_ms(system, "reduce_scatter", grads, shards, stride)
+        return reduce + collective_ms(system, "all_gather", params, shards, stride, lab_ring=True)
+    gather = unit_collectives_ms(system, lay, "all_gather", segments)
+    scatter = unit_collectives_ms(system, lay, "reduce_scatter", segments)
     under = micro_busy * hide
     if lay.pp > 1:  # FSDP under a pipeline (torchtitan's): gathered once a step, reduced once
         return max(0.0, gather - under / 3) + max(0.0, scatter - under * 2 / 3)
     # every micro-batch gathers the whole stage forward and the blocks again backward; the accumulating ones run
     # under no_sync (gradient sync off: no reduce-scatter), the last reduce-scatters all
-    again = collective_ms(system, "all_gather", regathered, shards, stride)
+    again = unit_collectives_ms(system, lay, "all_gather", regathered)
     forward = lay.microbatches * max(0.0, gather - under / 3)
     return (forward + (lay.microbatches - 1) * max(0.0, again - under * 2 / 3)
             + max(0.0, again + scatter - under * 2 / 3))
+
+
+def unit_collectives_ms(system: System, lay: Layout, op: str, segments: list[tuple]) -> float:
+    """FSDP2's `op` over the stage, one collective a unit (each block, the head, the embedding: `segments`' bytes),
+    ms. On this machine with more ranks than cores each unit's ring takes at least its n - 1 steps of the calibrated
+    ring wait (host.py): each step waits for its peer to be scheduled, as the context-parallel ring's do."""
+    shards, stride = lay.dp * lay.cp, lay.tp
+    floor = (shards - 1) * system.ring_wait_ms(lay.gpus) if isinstance(system, HostSystem) else 0.0
+    return sum(max(collective_ms(system, op, nbytes, shards, stride, lab_ring=True), floor) for nbytes, _ in segments)
 
 
 def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: int) -> float:
