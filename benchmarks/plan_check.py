@@ -23,6 +23,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_wide --unseen-wide   # 4 blocks of 384, 8 x 64
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_eight --unseen-eight   # 8 blocks of 256, 8 x 64
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_six --unseen-six   # 6 blocks of 320, 8 x 64
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_five --unseen-five   # 5 blocks of 288, 8 x 96
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -55,7 +56,8 @@ bubble was priced as the fill and drain through the other stages and the step ra
 width 192) at context 128 and 8 sequences, the same pricing again. `--unseen-wide`: the second (4 blocks of width 384)
 at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the cores. `--unseen-eight`: a third (8
 blocks of tiny's width) at the same context and batch, the same pricing again. `--unseen-six`: a fourth (6 blocks of
-width 320) at the same context and batch, after selective checkpointing's cost was calibrated.
+width 320) at the same context and batch, after selective checkpointing's cost was calibrated. `--unseen-five`: a
+fifth (5 blocks of width 288) at context 96, after the sharded strategies were priced on the lab's own rings.
 """
 
 from __future__ import annotations
@@ -142,11 +144,18 @@ UNSEEN_SIX = {"context": 64, "sequences": 8,
 1280: 1.9x tiny's FLOPs a token, the head counted; blocks that split unevenly over 4 stages), at `--unseen-wide`'s
 context and batch, run after selective checkpointing's cost was calibrated on the floor (host.py's
 `selective_costs`), nothing changed after."""
+UNSEEN_FIVE = {"context": 96, "sequences": 8,
+               "model": {"num_layers": 5, "d_model": 288, "d_ff": 1152, "num_heads": 6}}
+"""`--unseen-five`: a fifth model shape, chosen before any of its rows ran: 5 blocks of width 288 (6 heads of 48,
+d_ff 1152; blocks that split unevenly over 2 and 4 stages) at context 96 and 8 sequences, run after the sharded
+strategies' collectives were priced on the lab's own rings (docs/measured/plan_lab_rings.md), nothing changed
+after."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
                    "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE,
-                   "unseen_eight": UNSEEN_EIGHT, "unseen_six": UNSEEN_SIX}
+                   "unseen_eight": UNSEEN_EIGHT, "unseen_six": UNSEEN_SIX,
+                   "unseen_five": UNSEEN_FIVE}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
