@@ -89,7 +89,8 @@ keeps (shapes.py's `selective_saved_bytes_per_token`) plus the rest of one block
 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m;
 the loss's fp32 log-softmax of each micro-batch the last stage holds (GPipe all m, the others one); zero2's freed
 buckets it keeps for the next step (`zero2_pool_bytes`, in the state: the census counts them there). `held` is the
-busier of the first and the last stage, what the lab's census counts (model state and what autograd saved: the
+busier of the first and the last stage, each with its own blocks as the lab splits them (the first stages take the
+remainder: 5 blocks over 2 stages are 3 and 2), what the lab's census counts (model state and what autograd saved: the
 measured checks hold it to the census); `total` adds the log-softmax's gradient, alive while the head's backward
 runs, and a layout fits when its total is within the device's memory less 10% (the allocator's fragments, NCCL's
 buffers, the CUDA context).
@@ -548,53 +549,77 @@ def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: in
 
 def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int,
                  element: int = BF16) -> dict:
-    """The first stage's memory (module docstring): model state, activations in flight, the last stage's logits
-    (counted on every stage: a bound). `element`: the bytes of a weight, a gradient and an activation: bf16 on a GPU
-    (with an fp32 master copy in the optimizer's state), fp32 on this machine (the weights are the master: the
-    optimizer keeps AdamW's two moments only, as the lab's census counts them)."""
-    stage = STRATEGIES[lay.strategy]
-    optimizer_bytes = MOMENTS_BYTES + (FP32 if element < FP32 else 0)  # and an fp32 master below fp32
-    whole_across_microbatches = stage >= 3 and lay.pp > 1  # FSDP under a pipeline: gathered once, reduced once
-    weights = element * stage_params / (shards if stage >= 3 and not whole_across_microbatches else 1)
-    grads = element * stage_params / (shards if stage >= 2 and not whole_across_microbatches else 1)
-    if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
-        weights += FP32 * stage_params / shards
-    optimizer = optimizer_bytes * stage_params / (shards if stage >= 1 else 1)
-    if lay.strategy == "zero1_torch" and shards > 1:  # whole tensors to each rank: the busiest rank's share
-        optimizer = optimizer_bytes * busiest_share(stage_tensors(shape, lay), shards)
-    pool = zero2_pool_bytes(element * stage_params) if lay.strategy == "zero2" and shards > 1 else 0.0
+    """The busier of the first and the last stage's memory (module docstring), each its own blocks as the lab splits
+    them (`end_blocks`): model state, activations in flight, and on the last its loss's log-softmax. `element`: the
+    bytes of a weight, a gradient and an activation: bf16 on a GPU (with an fp32 master copy in the optimizer's
+    state), fp32 on this machine (the weights are the master: the optimizer keeps AdamW's two moments only, as the
+    lab's census counts them)."""
+    first_blocks, last_blocks = end_blocks(shape, lay)
+    # the embedding on the first stage, the head on the last: as many parameters (`stage_params` the priced stage's)
+    vocab = stage_params - stage_blocks(shape, lay.pp) * shape.block_params / lay.tp
     s, h = shape.context / lay.cp, shape.d_model
-    blocks = stage_blocks(shape, lay.pp)
     whole_block = shape.saved_bytes_per_token_on(lay.tp) * s * micro * element / BF16
     if lay.checkpointing == "full":
-        per_micro = blocks * element * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
+        per_block = element * s * micro * h / lay.tp  # each block's input, on sequence shards under TP's SP
         extra = whole_block
     elif lay.checkpointing == "selective":  # what the policy keeps, and the rest of one block while it recomputes
-        kept_block = shape.selective_saved_bytes_per_token * s * micro / lay.tp * element / BF16
-        per_micro = blocks * kept_block
-        extra = whole_block - kept_block
+        per_block = shape.selective_saved_bytes_per_token * s * micro / lay.tp * element / BF16
+        extra = whole_block - per_block
     else:
-        per_micro = blocks * whole_block
-        extra = 0.0
-    activations = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank) + extra
+        per_block, extra = whole_block, 0.0
+    activations = (first_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
+                   + extra)
     log_probs = FP32 * s * micro * shape.vocab / lay.tp  # the loss's log-softmax of one micro-batch, kept for backward
+    first_state = state_bytes(shape, lay, first_blocks, first_blocks * shape.block_params / lay.tp + vocab, shards,
+                              element)
     if lay.pp == 1:
-        saved = activations + log_probs
+        state, saved = first_state, activations + log_probs
     else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
-        last = per_micro * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank, last=True) + extra
-        saved = max(activations, last + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
-    state = weights + grads + optimizer + pool
+        last = (last_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank,
+                                                   last=True) + extra
+                + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
+        last_state = state_bytes(shape, lay, last_blocks, last_blocks * shape.block_params / lay.tp + vocab, shards,
+                                 element)
+        state, saved = max((first_state, activations), (last_state, last), key=sum)
     held = state + saved
     return {"state": state, "activations": activations, "logits": 2 * log_probs, "held": held,
             "total": held + log_probs}
 
 
-def stage_tensors(shape: Shape, lay: Layout) -> list[float]:
-    """The elements of each parameter tensor of the priced (last) stage on one GPU: its blocks', the output head's
-    (vocabulary-parallel under TP) and the final norm's; on a pipeline's only stage also the embedding's."""
+def end_blocks(shape: Shape, lay: Layout) -> tuple[int, int]:
+    """The blocks the first and the last rank hold, split over pp x v stages as the lab splits them (the first
+    stages take the remainder: 5 blocks over 2 stages are 3 and 2), rank r holding stages r, r + pp, ..."""
+    if lay.pp == 1:
+        return shape.layers, shape.layers
+    counts = [len(r) for r in split_blocks(shape.layers, lay.pp * lay.stages_per_rank)]
+    return sum(counts[0::lay.pp]), sum(counts[lay.pp - 1::lay.pp])
+
+
+def state_bytes(shape: Shape, lay: Layout, blocks: int, params: float, shards: int, element: int) -> float:
+    """A stage's model state on one GPU (module docstring): its `params` parameters' weights, gradients and optimizer
+    state by the strategy's ZeRO stage over `shards`, torch's ZeRO-1 by whole tensors (of its `blocks` and the
+    vocabulary's matrix), and zero2's pool of freed buckets."""
+    stage = STRATEGIES[lay.strategy]
+    optimizer_bytes = MOMENTS_BYTES + (FP32 if element < FP32 else 0)  # and an fp32 master below fp32
+    whole_across_microbatches = stage >= 3 and lay.pp > 1  # FSDP under a pipeline: gathered once, reduced once
+    weights = element * params / (shards if stage >= 3 and not whole_across_microbatches else 1)
+    grads = element * params / (shards if stage >= 2 and not whole_across_microbatches else 1)
+    if whole_across_microbatches:  # the sharded fp32 master of the weights stays too
+        weights += FP32 * params / shards
+    optimizer = optimizer_bytes * params / (shards if stage >= 1 else 1)
+    if lay.strategy == "zero1_torch" and shards > 1:  # whole tensors to each rank: the busiest rank's share
+        optimizer = optimizer_bytes * busiest_share(stage_tensors(shape, lay, blocks), shards)
+    pool = zero2_pool_bytes(element * params) if lay.strategy == "zero2" and shards > 1 else 0.0
+    return weights + grads + optimizer + pool
+
+
+def stage_tensors(shape: Shape, lay: Layout, blocks: int | None = None) -> list[float]:
+    """The elements of each parameter tensor of a stage on one GPU (`blocks` of them; None: the priced stage's, the
+    most a stage holds): its blocks', the output head's (vocabulary-parallel under TP) and the final norm's; on a
+    pipeline's only stage also the embedding's."""
     vocab = [shape.vocab * shape.d_model / lay.tp] * (2 if lay.pp == 1 else 1) if shape.vocab else []
     norm = [shape.d_model] if shape.vocab else []
-    return stage_blocks(shape, lay.pp) * shape.block_tensors(lay.tp) + vocab + norm
+    return (stage_blocks(shape, lay.pp) if blocks is None else blocks) * shape.block_tensors(lay.tp) + vocab + norm
 
 
 def busiest_share(tensors: list[float], ranks: int) -> float:
