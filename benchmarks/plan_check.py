@@ -24,6 +24,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_eight --unseen-eight   # 8 blocks of 256, 8 x 64
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_six --unseen-six   # 6 blocks of 320, 8 x 64
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_five --unseen-five   # 5 blocks of 288, 8 x 96
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_seven --unseen-seven   # 7 blocks of 224, 8 x 128
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -58,6 +59,7 @@ at context 64 and 8 sequences, after a pipeline's ranks were priced sharing the 
 blocks of tiny's width) at the same context and batch, the same pricing again. `--unseen-six`: a fourth (6 blocks of
 width 320) at the same context and batch, after selective checkpointing's cost was calibrated. `--unseen-five`: a
 fifth (5 blocks of width 288) at context 96, after the sharded strategies were priced on the lab's own rings.
+`--unseen-seven`: a sixth (7 blocks of width 224) at context 128, after each end stage's memory got its own blocks.
 """
 
 from __future__ import annotations
@@ -150,12 +152,17 @@ UNSEEN_FIVE = {"context": 96, "sequences": 8,
 d_ff 1152; blocks that split unevenly over 2 and 4 stages) at context 96 and 8 sequences, run after the sharded
 strategies' collectives were priced on the lab's own rings (docs/measured/plan_lab_rings.md), nothing changed
 after."""
+UNSEEN_SEVEN = {"context": 128, "sequences": 8,
+                "model": {"num_layers": 7, "d_model": 224, "d_ff": 896, "num_heads": 7}}
+"""`--unseen-seven`: a sixth model shape, chosen before any of its rows ran: 7 blocks of width 224 (7 heads of 32,
+d_ff 896; 4 and 3 blocks over 2 stages, 2, 2, 2 and 1 over 4) at context 128 and 8 sequences, run after each end
+stage's memory was priced with its own blocks, nothing changed after."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
                    "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE,
                    "unseen_eight": UNSEEN_EIGHT, "unseen_six": UNSEEN_SIX,
-                   "unseen_five": UNSEEN_FIVE}
+                   "unseen_five": UNSEEN_FIVE, "unseen_seven": UNSEEN_SEVEN}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
