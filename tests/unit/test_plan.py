@@ -988,6 +988,16 @@ def test_the_check_of_a_fifth_model_shape_meets_the_bar_as_the_docs_report():
     _assert_scored(scored, rho=[0.97, 0.92], picks=[1.0, 1.01], memory_near=(25, 28))
 
 
+def test_the_check_of_a_sixth_model_shape_meets_the_bar_as_the_docs_report():
+    """docs/measured/plan_unseen_seven.md (2026-12-01): 7 blocks of width 224 (7 heads, d_ff 896), 8 sequences of 128,
+    chosen before its rows ran and run after each end stage's memory got its own blocks, nothing changed after: the
+    bar met at both rank counts (+0.96 and +0.91, picks 1.03x and 1.08x, each best inside the pick's range); memory
+    within 10% of the census on 28 of 28, on blocks that split unevenly (17 before the end stages' own blocks)."""
+    seven = (("num_layers", 7), ("d_model", 224), ("d_ff", 896), ("num_heads", 7))
+    scored = _scored_unseen("plan_unseen_seven_2026-12-01.json", sequences=8, context=128, model_keys=seven)
+    _assert_scored(scored, rho=[0.96, 0.91], picks=[1.03, 1.08], memory_near=(28, 28))
+
+
 def _assert_scored(scored: list, rho: list, picks: list, memory_near: tuple | None = None,
                    inside: tuple = (True, True)) -> None:
     """A check's scores as its page reports them: the rank correlation and the pick over the best at each rank count
