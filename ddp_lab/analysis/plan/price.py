@@ -307,7 +307,8 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
         cp = blocks * lay.microbatches * cp_block_ms(shape, system, lay, micro_tokens, attend, flops_per_ms / stretch,
                                                      block_ms)
     # the embedding on the first stage, the head on the last (the busiest, priced): both on a pipeline's only stage
-    stage_params = (blocks * shape.block_params + shape.vocab * d * (2 if lay.pp == 1 else 1)) / lay.tp
+    vocab_params = shape.vocab * d * (2 if lay.pp == 1 else 1) / lay.tp
+    stage_params = blocks * shape.block_params / lay.tp + vocab_params
     shards = lay.dp * lay.cp
     stage = STRATEGIES[lay.strategy]
     segments = gradient_segments(shape, lay, blocks, busy / lay.microbatches * 2 / 3, wire)
@@ -320,7 +321,7 @@ def price(shape: Shape, system: System, layout: Layout, sequences: int, mfu: flo
     terms = {"compute": compute, "recompute": recompute, "micro": micro_cost, "bubble": bubble, "p2p": p2p, "tp": tp,
              "cp": cp, "dp": dp, "optimizer": optimizer}
     step = sum(terms.values())
-    memory = memory_bytes(shape, lay, micro, stage_params, shards, wire)
+    memory = memory_bytes(shape, lay, micro, vocab_params, shards, wire)
     memory["capacity"] = capacity
     per_gpu = sequences * shape.context / (step / 1e3) / lay.gpus
     model_flops = 3 * (shape.layers * shape.block_flops(shape.context) + shape.head_flops())
@@ -547,16 +548,15 @@ def fsdp_copies_ms(system: System, stage_params: float, shards: int, element: in
     return moved / system.hbm_Bps * 1e3
 
 
-def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, shards: int,
+def memory_bytes(shape: Shape, lay: Layout, micro: float, vocab_params: float, shards: int,
                  element: int = BF16) -> dict:
     """The busier of the first and the last stage's memory (module docstring), each its own blocks as the lab splits
     them (`end_blocks`): model state, activations in flight, and on the last its loss's log-softmax. `element`: the
     bytes of a weight, a gradient and an activation: bf16 on a GPU (with an fp32 master copy in the optimizer's
     state), fp32 on this machine (the weights are the master: the optimizer keeps AdamW's two moments only, as the
-    lab's census counts them)."""
+    lab's census counts them). `vocab_params`: the embedding's on the first stage, the head's on the last (as many),
+    both on a pipeline's only stage."""
     first_blocks, last_blocks = end_blocks(shape, lay)
-    # the embedding on the first stage, the head on the last: as many parameters (`stage_params` the priced stage's)
-    vocab = stage_params - stage_blocks(shape, lay.pp) * shape.block_params / lay.tp
     s, h = shape.context / lay.cp, shape.d_model
     whole_block = shape.saved_bytes_per_token_on(lay.tp) * s * micro * element / BF16
     if lay.checkpointing == "full":
@@ -570,16 +570,16 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, stage_params: float, s
     activations = (first_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
                    + extra)
     log_probs = FP32 * s * micro * shape.vocab / lay.tp  # the loss's log-softmax of one micro-batch, kept for backward
-    first_state = state_bytes(shape, lay, first_blocks, first_blocks * shape.block_params / lay.tp + vocab, shards,
-                              element)
+    first_state = state_bytes(shape, lay, first_blocks, first_blocks * shape.block_params / lay.tp + vocab_params,
+                              shards, element)
     if lay.pp == 1:
         state, saved = first_state, activations + log_probs
     else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
         last = (last_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank,
                                                    last=True) + extra
                 + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
-        last_state = state_bytes(shape, lay, last_blocks, last_blocks * shape.block_params / lay.tp + vocab, shards,
-                                 element)
+        last_state = first_state if last_blocks == first_blocks else state_bytes(  # as even as the first: the same
+            shape, lay, last_blocks, last_blocks * shape.block_params / lay.tp + vocab_params, shards, element)
         state, saved = max((first_state, activations), (last_state, last), key=sum)
     held = state + saved
     return {"state": state, "activations": activations, "logits": 2 * log_probs, "held": held,
