@@ -1,6 +1,6 @@
 """The planner against layouts measured on this machine (issue 66; docs/measured/plan.md).
 
-    python benchmarks/plan_check.py calibrate               # ddp_lab/analysis/plan/this_machine.json (about 4 min)
+    python benchmarks/plan_check.py calibrate          # ddp_lab/analysis/plan/this_machine.json (34 jobs, 15-40 s each)
     python benchmarks/plan_check.py sweep outputs/bench/plan --gpus 4 8      # every layout, launch.py each (25 min)
     python benchmarks/plan_check.py table outputs/bench/plan       # the tables, and OUT/measured.json
     python benchmarks/plan_check.py table docs/measured/plan_2026-11-28.json    # the docs' rows, scored again
@@ -32,7 +32,8 @@ and weighted sum from the floor at CONTEXTS (the least of ROUNDS jobs each, alte
 all: docs/measured/plan_floor_curve.md), a micro-batch's
 fixed cost from the floor again in 8 micro-batches (`train.grad_accum_steps=8`, the same FLOPs), the least a
 context-parallel ring step takes with 2 ranks a core (dp 2 x cp 2 under the lab's `flat` strategy, which the planner
-does not rank: its exposed ring time over its ring steps),
+does not rank: its exposed ring time over its ring steps) and the least a ring collective costs (the same job in 8
+micro-batches of one sequence, the least of ROUNDS: docs/measured/plan_context_collective.md),
 gloo's all-reduce on loopback (16 MiB: bandwidth; 1 KiB: a ring step's latency) and across two emulated nodes joined
 by the link, and the lab's own ring reduce-scatter and all-gather on loopback (16 MiB: what the sharded strategies
 run on gloo).
@@ -84,6 +85,7 @@ from ddp_lab.analysis.plan.host import (  # noqa: E402
     NODES,
     compute_rates,
     load_calibration,
+    ring_collective_s,
     ring_wait_s,
     selective_costs,
     this_host,
@@ -198,8 +200,8 @@ def p50(res: dict, key: str) -> float:
     return res["summary"][key]["p50"]
 
 
-def calibrate(out: Path) -> None:
-    shape = load_shape(MODEL)
+def calibration_jobs(out: Path) -> dict:
+    """Run (or reuse) calibrate's jobs under `out`: {job name: its results}; exits naming the first that failed."""
     floor_job = (f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={STEPS}", "strategy=none",
                  "world_size=2")
     done = {}  # job name, its folder under `out`: its results
@@ -214,8 +216,12 @@ def calibrate(out: Path) -> None:
         run(f"selective_{r}", *floor_job, "train.activation_checkpointing=selective")
         run(f"selective_accumulated_{r}", *floor_job, "train.activation_checkpointing=selective",
             f"train.grad_accum_steps={MICRO}")
-    run("ring", f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
-        f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}", "parallel.cp_impl=zigzag")
+    ring_job = (f"model={MODEL}", f"train.batch_size={SEQUENCES}", f"train.steps={RING_STEPS}",
+                f"strategy={RING_STRATEGY}", f"world_size={RING_RANKS}", f"parallel.cp={RING_CP}",
+                "parallel.cp_impl=zigzag")
+    run("ring", *ring_job)
+    for r in range(1, ROUNDS + 1):  # one sequence a micro-batch, the least of ROUNDS
+        run(f"ring_accumulated_{r}", *ring_job, f"train.grad_accum_steps={MICRO}")
     run("loopback", "task=allreduce", "world_size=2", f"task.size_mb={SIZE_MB}")
     run("latency", "task=allreduce", "world_size=2", f"task.size_mb={LATENCY_MB}")
     for r in range(1, ROUNDS + 1):  # the lab's rings (strategies/rings.py): what zero2, FSDP2 and zero1_torch run
@@ -226,6 +232,11 @@ def calibrate(out: Path) -> None:
     for name, res in done.items():
         if res.get("status") != "ok":
             sys.exit(f"calibrate: the {name} job did not end ok ({res.get('status')}); see {out / name}")
+    return done
+
+
+def calibrate(out: Path) -> None:
+    shape, done = load_shape(MODEL), calibration_jobs(out)
     floors = {c: [done[f"floor_{c}_{r}"] for r in range(1, ROUNDS + 1)] for c in CONTEXTS}
     ring, loop, tick, link = (done[k] for k in ("ring", "loopback", "latency", "link"))
     least = {c: min(p50(res, "fwd_bwd_ms") for res in floors[c]) for c in CONTEXTS}
@@ -234,20 +245,25 @@ def calibrate(out: Path) -> None:
     floor = {"fwd_bwd_ms": least[shape.context],
              "optimizer_ms": min(p50(res, "optimizer_ms") for res in floors[shape.context])}
     accumulated = min(rounds["accumulated"])
+    microbatch_s = (accumulated - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3  # the same FLOPs in MICRO micro-batches
+    most = max(ring["summary"]["mesh"]["context"]["per_rank"], key=lambda r: r["exposed_ms"])  # most-waiting cp rank
+    steps = ring_steps(Layout(dp=RING_RANKS // RING_CP, cp=RING_CP)) * shape.layers  # one micro-batch a step
+    many = [p50(done[f"ring_accumulated_{r}"], "fwd_bwd_ms") for r in range(1, ROUNDS + 1)]
+    collectives = 3 * shape.layers * MICRO  # forward's gather, backward's gather and reduce-scatter, each block
     try:
         core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, least)
         # selective's cost over the floor, in one micro-batch and in MICRO: the same tokens, MICRO times the blocks run
         block_s, selective_Bps = selective_costs(shape, SEQUENCES // 2, attention_flops, MICRO,
                                                  min(rounds["selective"]) - floor["fwd_bwd_ms"],
                                                  min(rounds["selective_accumulated"]) - accumulated)
+        collective_s = ring_collective_s(min(many), p50(ring, "fwd_bwd_ms"), most["exposed_ms"], MICRO, microbatch_s,
+                                         collectives, RING_RANKS / os.cpu_count())
     except PredictError as exc:
         sys.exit(f"calibrate: {exc}; measure again on an idle machine")
-    context = ring["summary"]["mesh"]["context"]["per_rank"]
-    most = max(context, key=lambda r: r["exposed_ms"])  # the most-waiting cp rank
-    steps = ring_steps(Layout(dp=RING_RANKS // RING_CP, cp=RING_CP)) * shape.layers  # one micro-batch a step
-    wait_s = ring_wait_s(most["exposed_ms"], steps)
     waited = {"ranks": RING_RANKS, "cp": RING_CP, "strategy": RING_STRATEGY, "exposed_ms": most["exposed_ms"],
-              "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps}
+              "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps,
+              "fwd_bwd_ms": p50(ring, "fwd_bwd_ms")}
+    accumulated_ring = {"micro_batches": MICRO, "fwd_bwd_ms": many, "collectives": collectives}
     cal = {
         "machine": this_host(), "date": datetime.date.today().isoformat(),
         "command": "python benchmarks/plan_check.py calibrate",
@@ -259,9 +275,8 @@ def calibrate(out: Path) -> None:
                            for op in LAB_RING_OPS},
         "link_busbw_Bps": link["summary"]["busbw_GBps"] * 1e9,
         "latency_s": p50(tick, "latency_ms") / 1e3 / 2,  # a 2-rank all-reduce: 2 ring steps
-        "ring_wait_s": wait_s,
-        # the same FLOPs in MICRO micro-batches: what each beyond the first adds
-        "microbatch_s": (accumulated - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3,
+        "ring_wait_s": ring_wait_s(most["exposed_ms"], steps), "ring_collective_s": collective_s,
+        "microbatch_s": microbatch_s,
         "selective_block_s": block_s, "selective_Bps": selective_Bps,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "from": {"model": MODEL, "sequences": SEQUENCES, "floor_rounds": ROUNDS,
@@ -270,7 +285,8 @@ def calibrate(out: Path) -> None:
                  "accumulated_micro_batches": MICRO, "accumulated_fwd_bwd_ms": rounds["accumulated"],
                  "selective_fwd_bwd_ms": rounds["selective"],
                  "selective_accumulated_fwd_bwd_ms": rounds["selective_accumulated"],
-                 "latency_all_reduce_ms": p50(tick, "latency_ms"), "ring_job": waited},
+                 "latency_all_reduce_ms": p50(tick, "latency_ms"), "ring_job": waited,
+                 "ring_accumulated_job": accumulated_ring},
     }
     CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
     print(json.dumps(cal, indent=1))

@@ -14,7 +14,7 @@ import pytest
 from ddp_lab.analysis.plan.against_runs import layout_of
 from ddp_lab.analysis.plan.cli import main
 from ddp_lab.analysis.plan.cores import shared_span
-from ddp_lab.analysis.plan.host import compute_rates, ring_wait_s, this_machine
+from ddp_lab.analysis.plan.host import compute_rates, ring_collective_s, ring_wait_s, this_machine
 from ddp_lab.analysis.plan.price import (
     BUCKET_BYTES,
     Layout,
@@ -656,6 +656,28 @@ def test_a_rings_floor_with_more_ranks_than_cores_by_hand():
     assert ring_wait_s(106.0, 12) == pytest.approx(0.00883, abs=1e-5)
 
 
+def test_a_ring_collectives_least_cost_with_more_ranks_than_cores_by_hand():
+    """cp 2 x dp 2 on 4 ranks of 2 cores, 8 sequences of 128 in 4 micro-batches: each block runs 3 ring collectives a
+    micro-batch (K and V forward and backward, dK and dV), each at least the calibrated 10 ms a rank a core, 20 ms at
+    2 ranks a core: 4 blocks x 4 micro-batches x 3 x 20 ms, where the bytes price far less; a fourth collective a
+    block under full checkpointing (the recompute's forward); twice as long at 8 ranks (4 a core); none with a core a
+    rank. The calibration's figure: the ring job took 906 ms in 8 micro-batches and 359 in one, of which it waited
+    84 on its ring; 8 micro-batches cost 7 x 16.25 ms at 2 ranks a core: 403.5 ms over its 96 collectives and the 2
+    ranks a core, 2.1 ms."""
+    def cp(gpus, cal, **kw):
+        return price(SHAPE, this_machine(gpus, cal), Layout(**kw), 8).terms["cp"]
+
+    least = {**CALIBRATED, "ring_collective_s": 0.01}
+    assert cp(4, CALIBRATED, dp=2, cp=2, microbatches=4) < 4 * 4 * 3 * 20
+    assert cp(4, least, dp=2, cp=2, microbatches=4) == pytest.approx(4 * 4 * 3 * 20)
+    assert cp(4, least, dp=2, cp=2, microbatches=4, checkpointing="full") == pytest.approx(4 * 4 * 4 * 20)
+    assert cp(8, least, dp=4, cp=2, microbatches=2) == pytest.approx(4 * 2 * 3 * 40)
+    assert cp(2, least, dp=1, cp=2) == cp(2, CALIBRATED, dp=1, cp=2)
+    assert ring_collective_s(906.0, 359.0, 84.0, 8, 0.01625, 96, 2.0) == pytest.approx(0.0021016, abs=1e-7)
+    with pytest.raises(PredictError, match="no positive cost a ring collective"):
+        ring_collective_s(500.0, 359.0, 84.0, 8, 0.01625, 96, 2.0)
+
+
 def test_a_tp_wait_with_more_ranks_than_cores_by_hand():
     """dp 2 x tp 2 on 4 ranks of 2 cores, 8 sequences of 128 in one micro-batch: 21 TP all-reduces a step (4 a block
     x 4 blocks, the embedding's output, the head's input gradient, the loss's three), as the lab's record counts them
@@ -807,11 +829,12 @@ def _measured_rows() -> list:
 def test_the_measured_rows_keep_the_order_the_docs_report():
     """A change to the planner's pricing that moves the measured rows' scores (Spearman's rho and the pick over the
     best) fails here; the docs' table of every check as the planner prices now (docs/measured/plan_rescored.md) and
-    ranges.py are then to be made again."""
+    ranges.py are then to be made again. The checked layouts +0.97 and +0.97 until a context-parallel ring's
+    collectives were priced at least their calibrated cost (docs/measured/plan_context_collective.md)."""
     scored = _measured_rows()
     checked, _, held_4, held_8 = scored
     assert (len(checked.rows), len(held_4.rows), len(held_8.rows)) == (20, 34, 74)
-    assert [round(s.rho, 2) for s in scored] == [0.97, 0.97, 0.93, 0.89]
+    assert [round(s.rho, 2) for s in scored] == [0.96, 0.95, 0.93, 0.89]
     assert [round(s.pick_over_best, 2) for s in scored] == [1.0, 1.0, 1.03, 1.01]
 
 
@@ -925,9 +948,10 @@ def test_the_check_at_context_96_scores_as_the_docs_report():
     """docs/measured/plan_unseen_96.md (2026-11-30, 16 sequences of 96, right after the check at context 224, nothing
     changed between them or after): the bar met at 4 ranks (+0.96, pick 1.01x, inside its range), missed at 8 (+0.88,
     the pick 1.11x the best, a tie the planner prices within 2% and says so, the best inside its range); memory
-    within 10% of the census on all 28."""
+    within 10% of the census on all 28. At 8 ranks +0.89 since a context-parallel ring's collectives were priced at
+    least their calibrated cost (docs/measured/plan_context_collective.md)."""
     scored = _scored_unseen("plan_unseen_96_2026-11-30.json", sequences=16, context=96)
-    _assert_scored(scored, rho=[0.96, 0.88], picks=[1.01, 1.11], memory_near=(28, 28))
+    _assert_scored(scored, rho=[0.96, 0.89], picks=[1.01, 1.11], memory_near=(28, 28))
 
 
 def test_the_check_of_another_model_shape_scores_as_the_docs_report():
@@ -938,10 +962,11 @@ def test_the_check_of_another_model_shape_scores_as_the_docs_report():
     prices now, with a pipeline's ranks sharing the cores as the scheduler shares them (cores.py, drawn from these
     rows: the 4-rank pick's heavy last stage), the bar met at 4 ranks (+0.93, pick 1.06x); and at 8 (+0.96, the pick
     the best, where +0.86 and 1.17x) since the sharded strategies' collectives are priced on the lab's own rings at
-    their calibrated bandwidth (docs/measured/plan_lab_rings.md, drawn after these rows)."""
+    their calibrated bandwidth (docs/measured/plan_lab_rings.md, drawn after these rows); +0.97 at 8 since a
+    context-parallel ring's collectives are priced at least their calibrated cost (plan_context_collective.md)."""
     deep = (("num_layers", 8), ("d_model", 192), ("d_ff", 768), ("num_heads", 4))
     scored = _scored_unseen("plan_unseen_deep_2026-11-30.json", sequences=8, context=128, model_keys=deep)
-    _assert_scored(scored, rho=[0.93, 0.96], picks=[1.06, 1.0], memory_near=(27, 28))
+    _assert_scored(scored, rho=[0.93, 0.97], picks=[1.06, 1.0], memory_near=(27, 28))
 
 
 def test_the_check_of_a_second_model_shape_meets_the_bar_as_the_docs_report():
@@ -960,10 +985,11 @@ def test_the_check_of_a_third_model_shape_scores_as_the_docs_report():
     second check in a row of the same pricing: met at 8 ranks (+0.92, the pick the best), missed at 4 (+0.87, under
     0.9, though the pick is 1.01x the best and inside its range); memory within 10% of the census on all 28. As the
     planner prices now (selective checkpointing's calibrated cost and the lab's rings' bandwidth, both drawn after
-    these rows): +0.89 and +0.95."""
+    these rows): +0.89 and +0.95; +0.90 at 4 ranks since a context-parallel ring's collectives were priced at least
+    their calibrated cost (docs/measured/plan_context_collective.md), the bar met there."""
     scored = _scored_unseen("plan_unseen_eight_2026-11-30.json", sequences=8, context=64,
                             model_keys=(("num_layers", 8),))
-    _assert_scored(scored, rho=[0.89, 0.95], picks=[1.01, 1.0], memory_near=(28, 28))
+    _assert_scored(scored, rho=[0.9, 0.95], picks=[1.01, 1.0], memory_near=(28, 28))
 
 
 def test_the_check_of_a_fourth_model_shape_meets_the_bar_as_the_docs_report():
@@ -982,10 +1008,11 @@ def test_the_check_of_a_fifth_model_shape_meets_the_bar_as_the_docs_report():
     changed after: the bar met at both rank counts (+0.97 and +0.92, picks 1.00x and 1.01x, each best inside the
     pick's range); memory within 10% of the census on 22 of 28 as it ran (the most blocks a stage holds counted on
     the last stage too, where the lab's holds fewer), 25 since each end stage is priced with its own blocks (drawn
-    from these rows)."""
+    from these rows). +0.93 at 8 ranks since a context-parallel ring's collectives are priced at least their
+    calibrated cost (docs/measured/plan_context_collective.md)."""
     five = (("num_layers", 5), ("d_model", 288), ("d_ff", 1152), ("num_heads", 6))
     scored = _scored_unseen("plan_unseen_five_2026-12-01.json", sequences=8, context=96, model_keys=five)
-    _assert_scored(scored, rho=[0.97, 0.92], picks=[1.0, 1.01], memory_near=(25, 28))
+    _assert_scored(scored, rho=[0.97, 0.93], picks=[1.0, 1.01], memory_near=(25, 28))
 
 
 def test_the_check_of_a_sixth_model_shape_meets_the_bar_as_the_docs_report():
@@ -1056,9 +1083,11 @@ def test_the_check_at_twice_the_batch_run_again_scores_as_the_docs_report():
     was drawn again with a pipeline's ranks sharing the cores, 0.91x where 0.92x, until the sharded strategies'
     collectives were priced on the lab's rings, which prices the pick higher); and the census within 10% of the
     planner's held figure on 26 of 28 (23 before torch's ZeRO-1 was priced by its partition, a change made after
-    these rows showed it)."""
+    these rows showed it). At 4 inside again (the bar met at both) since a context-parallel ring's collectives are
+    priced at least their calibrated cost, which widened the range's low side to 0.89x
+    (docs/measured/plan_context_collective.md)."""
     scored = _scored_unseen("plan_unseen_batch_2026-11-30.json", sequences=16)
-    _assert_scored(scored, rho=[0.98, 0.98], picks=[1.0, 1.05], memory_near=(26, 28), inside=(False, True))
+    _assert_scored(scored, rho=[0.98, 0.99], picks=[1.0, 1.05], memory_near=(26, 28))
 
 
 UNSEEN_ROWS = {  # (sequences, context) of the unseen checks' rows ranges.py is drawn from: all before context 224's

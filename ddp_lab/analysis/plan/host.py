@@ -20,7 +20,10 @@ priced here, and each from `python benchmarks/plan_check.py calibrate`'s measure
   ranks' sends and receives) waits until the peer is scheduled and has reached it, about a scheduler's time slice
   whatever the ranks a core (measured on a context-parallel job that is no layout the planner ranks:
   docs/measured/plan_context_wait.md). A floor under each step, not an addition: a long exchange covers it, and a
-  peer with little compute between its steps reaches the next sooner (docs/measured/plan_unseen_long.md);
+  peer with little compute between its steps reaches the next sooner (docs/measured/plan_unseen_long.md). But however
+  little the ranks compute, each of the ring's collectives (its cp - 1 steps) still costs a scheduler's rendezvous
+  and its chunks' own operations, longer the more ranks a core (`ring_collective_s`: the same ring job in 8
+  micro-batches of one sequence; docs/measured/plan_context_collective.md);
 - a micro-batch's fixed cost: each micro-batch a rank runs beyond its first (the accumulation's, the pipeline's:
   Python, autograd and the kernels' launch, whatever its FLOPs), measured as the floor's step at 8 micro-batches
   over its step at one, and stretched as compute is where the ranks share the cores;
@@ -59,6 +62,7 @@ class HostSystem(System):
     microbatch_s: float = 0.0    # a micro-batch's fixed cost beyond its FLOPs, at a core per rank
     attention_flops: float = 0.0  # one core's FLOP/s on attention's scores and weighted sum; 0: `peak_flops`
     ring_wait_s: float = 0.0     # the least a context-parallel ring step takes, ranks outnumbering cores
+    ring_collective_s: float = 0.0  # the least a context-parallel ring collective costs, a rank a core (beyond cores)
     selective_block_s: float = 0.0  # selective checkpointing's fixed cost a block and micro-batch, at a core a rank
     selective_Bps: float = 0.0   # the rate selective's recomputed memory-bound operations move bytes; 0: `hbm_Bps`
     ring_busbw_Bps: tuple = ()   # (op, bus B/s) of the lab's rings on loopback; none: gloo's all-reduce's
@@ -85,6 +89,11 @@ class HostSystem(System):
         """The least a context-parallel ring step takes with `ranks` ranks on the host's cores: no floor while each
         rank has a core of its own."""
         return self.ring_wait_s * 1e3 if ranks > self.cores else 0.0
+
+    def ring_collective_ms(self, ranks: int) -> float:
+        """The least each collective of a context-parallel ring costs with `ranks` ranks on the host's cores, however
+        little its ranks compute between its steps: the calibrated cost for each rank a core."""
+        return self.ring_collective_s * 1e3 * self.compute_share(ranks) if ranks > self.cores else 0.0
 
 
 def this_host() -> str:
@@ -130,6 +139,7 @@ def this_machine(gpus: int, calibration: dict | None = None) -> HostSystem:
         generation="gloo", channels=1, memory_bytes=cal["memory_bytes"] / gpus, cores=int(cal["cores"]),
         nodes=nodes, gbps=float(cal["gbps"]), latency_s=cal["latency_s"], microbatch_s=cal.get("microbatch_s", 0.0),
         attention_flops=cal.get("attention_flops", 0.0), ring_wait_s=cal.get("ring_wait_s", 0.0),
+        ring_collective_s=cal.get("ring_collective_s", 0.0),
         selective_block_s=cal.get("selective_block_s", 0.0), selective_Bps=cal.get("selective_Bps", 0.0),
         ring_busbw_Bps=tuple(cal.get("ring_busbw_Bps", {}).items()),
         calibrated_on=cal.get("machine", ""))
@@ -187,6 +197,20 @@ def ring_wait_s(exposed_ms: float, ring_steps: int) -> float:
     over the ring steps it ran, on a job whose exchange is short beside it and whose ranks compute long between
     steps (so neither covers nor cuts the wait: price.py's `cp_block_ms`)."""
     return exposed_ms / ring_steps / 1e3
+
+
+def ring_collective_s(many_ms: float, one_ms: float, one_exposed_ms: float, micro: int, microbatch_s: float,
+                      collectives: int, share: float) -> float:
+    """The least a ring collective costs, a rank a core: a context-parallel job's forward and backward in `micro`
+    micro-batches of one sequence (`many_ms`, its ranks computing little between their ring steps, so that each
+    collective costs the scheduler's rendezvous and its chunks' operations, not a peer's compute), less the same job's
+    compute in one micro-batch (`one_ms` less what it waited on its ring) and the micro-batches' fixed cost, over
+    the collectives it ran and the ranks a core."""
+    ring_ms = many_ms - (one_ms - one_exposed_ms) - (micro - 1) * microbatch_s * 1e3 * share
+    if ring_ms <= 0:
+        raise PredictError(f"a ring job took {many_ms:.0f} ms in {micro} micro-batches and {one_ms:.0f} in one: "
+                           "no positive cost a ring collective")
+    return ring_ms / collectives / share / 1e3
 
 
 RING = {"all_reduce": (2, 2), "all_gather": (1, 1), "reduce_scatter": (1, 1)}

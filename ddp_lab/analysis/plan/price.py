@@ -42,7 +42,7 @@ The terms, each in ms of one step (docs/plan.md works one of each by hand; tests
   exchange: counted in the lab, tests/parity/test_activation_checkpointing_mesh.py), hidden under the block's
   attention: only what outlasts it is added; on this machine with more ranks than cores each of those collectives'
   cp - 1 ring steps takes at least the calibrated `ring_wait_s` (host.py) or the peer's compute between two of its
-  steps, whichever is less (`cp_block_ms`);
+  steps, whichever is less, and each collective at least its calibrated `ring_collective_s` (`cp_block_ms`);
 - dp: the strategy's collectives over the dp x cp ranks (strided by tp x cp: across nodes once dp x cp x tp passes a
   node). DDP and ZeRO-1: one all-reduce's bytes of this GPU's gradients (bf16) in buckets of 25 MiB (torch DDP's
   first of 1 MiB), each sent when backward has produced it and the one before is done: the head's gradients first,
@@ -373,7 +373,8 @@ def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, 
     """The cp term of one block and micro-batch (module docstring): the ring's K/V exchange, less what the block's
     attention hides of it. On this machine with more ranks than cores each ring step takes at least the calibrated
     `ring_wait_s` (host.py): a rank's step waits until its peer is scheduled and reaches it, which a long exchange
-    covers, and which never outlasts the peer's compute since its last ring step (`block_ms` over the steps).
+    covers, and which never outlasts the peer's compute since its last ring step (`block_ms` over the steps); but each
+    collective, however little the peer computes, at least its calibrated least cost (`ring_collective_ms`).
     `flops_per_ms`: the rate attention's FLOPs run at, slowed where ranks share the cores."""
     wire = system.element_bytes if isinstance(system, HostSystem) else BF16
     kv = 2 * micro_tokens * lay.cp * shape.d_kv  # K and V of the whole sequence a ring moves, per micro-batch
@@ -383,11 +384,11 @@ def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, 
     attention = (3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
     attention /= flops_per_ms
     exposed = max(0.0, exchange - attention * hides(system, lay))
-    floor = system.ring_wait_ms(lay.gpus) if isinstance(system, HostSystem) else 0.0
-    if not floor:
+    if not isinstance(system, HostSystem):
         return exposed
     steps = ring_steps(lay)
-    return max(exposed, steps * min(floor, block_ms / steps))
+    least = (3 + recomputes(lay)) * system.ring_collective_ms(lay.gpus)
+    return max(exposed, least, steps * min(system.ring_wait_ms(lay.gpus), block_ms / steps))
 
 
 def ring_steps(lay: Layout) -> int:

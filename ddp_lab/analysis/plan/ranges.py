@@ -15,8 +15,9 @@ that kind (tokens per second per GPU with the same range inverted):
   1.42x from the 430 before context 320's and 160's, as priced before those changes; 0.85x to 1.31x from the first
   two days' 234, as priced then); and again after a pipeline's ranks were priced sharing the cores as the
   scheduler shares them (cores.py; 0.92x to 1.38x before), after selective checkpointing's cost was calibrated
-  (0.91x to 1.36x before) and after the sharded strategies' collectives were priced on the lab's own rings
-  (docs/measured/plan_lab_rings.md; 0.91x to 1.35x before);
+  (0.91x to 1.36x before), after the sharded strategies' collectives were priced on the lab's own rings
+  (docs/measured/plan_lab_rings.md; 0.91x to 1.35x before) and after each context-parallel ring collective was priced
+  at least its calibrated cost on shared cores (docs/measured/plan_context_collective.md; 0.91x to 1.31x before);
 - a GPU system: the 11 published torchtitan Llama 3.1 rows (`python -m ddp_lab.predict published`, at its calibrated
   MFU), from the least to the most; and memory, published over priced, from the least to the most (the planner
   counts what ZeRO and the activations need, not the allocator's reserve or the communication buffers).
@@ -51,7 +52,7 @@ class Range:
 
 
 STEP = {
-    "this-machine": Range(0.91, 1.31, "8 in 10 of 486 layouts measured here"),
+    "this-machine": Range(0.89, 1.30, "8 in 10 of 486 layouts measured here"),
     "gpu": Range(0.83, 2.64, "11 published torchtitan runs"),
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
