@@ -84,7 +84,8 @@ x s x b x h / tp bytes per block and micro-batch (Korthikanti et al., MLSys'23, 
 flash kernel; TP with sequence parallelism, as Megatron and torchtitan pair them; twice that in fp32 here; a conf
 model's block what the lab's keeps, its norms whole under TP, which the lab runs without sequence parallelism:
 shapes.py's `saved_bytes_per_token_on`), 2 x s x
-b x h / tp under full recomputation plus one block's whole set while it recomputes, under selective what its policy
+b x h / tp under full recomputation plus one block's whole set while it recomputes (after the loss's backward has
+freed its micro-batch's log-softmax: the larger of the two, not both), under selective what its policy
 keeps (shapes.py's `selective_saved_bytes_per_token`) plus the rest of one block while it recomputes; 1F1B and ZB-H1
 keep min(m, p) micro-batches in flight on the first stage, interleaved 1F1B that and (p - 1) / v more, GPipe all m;
 the loss's fp32 log-softmax of each micro-batch the last stage holds (GPipe all m, the others one); zero2's freed
@@ -571,14 +572,23 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, vocab_params: float, s
     activations = (first_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
                    + extra)
     log_probs = FP32 * s * micro * shape.vocab / lay.tp  # the loss's log-softmax of one micro-batch, kept for backward
+
+    def with_loss(kept: float) -> float:
+        """The recompute's block beside `kept` log-softmaxes: under full checkpointing the last block is recomputed
+        only once the loss's backward has freed its micro-batch's log-softmax, so the peak holds the larger of the
+        two (the census's peaks: docs/measured/plan_full_peak.md)."""
+        if lay.checkpointing == "full":
+            return kept - log_probs + max(extra, log_probs)
+        return kept + extra
+
     first_state = state_bytes(shape, lay, first_blocks, first_blocks * shape.block_params / lay.tp + vocab_params,
                               shards, element)
     if lay.pp == 1:
-        state, saved = first_state, activations + log_probs
+        state, saved = first_state, activations - extra + with_loss(log_probs)
     else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
         last = (last_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank,
-                                                   last=True) + extra
-                + log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1))
+                                                   last=True)
+                + with_loss(log_probs * (lay.microbatches if lay.schedule == "gpipe" else 1)))
         last_state = first_state if last_blocks == first_blocks else state_bytes(  # as even as the first: the same
             shape, lay, last_blocks, last_blocks * shape.block_params / lay.tp + vocab_params, shards, element)
         state, saved = max((first_state, activations), (last_state, last), key=sum)

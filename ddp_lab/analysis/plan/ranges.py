@@ -26,7 +26,9 @@ that kind (tokens per second per GPU with the same range inverted):
   printed figure (its total: what the census counts and the log-softmax's gradient, which the census cannot see), on
   the 28 layouts of the unseen check at twice the batch run again with the census and the memory pricing of
   2026-11-30 (docs/measured/plan_unseen_batch.md), 10th to 90th percentile; recomputed after the lab's block under
-  TP was counted with its norms whole (0.81x to 0.97x before).
+  TP was counted with its norms whole (0.81x to 0.97x before), and after a full-checkpointing peak was counted with
+  the larger of its recompute and the loss's log-softmax, not both (docs/measured/plan_full_peak.md; 0.80x to 0.95x
+  before).
 
 tests/unit/test_plan.py recomputes every range from those rows: a change to the pricing that moves one fails there
 until the figures here are made again.
@@ -57,7 +59,7 @@ STEP = {
 }
 """Measured step over predicted, by the kind of system (module docstring)."""
 
-MEMORY = {"this-machine": Range(0.80, 0.95, "8 in 10 of 28 layouts' census here"),
+MEMORY = {"this-machine": Range(0.84, 0.97, "8 in 10 of 28 layouts' census here"),
           "gpu": Range(1.32, 1.96, "11 published torchtitan runs")}
 """Measured memory per GPU over predicted, by the kind of system."""
 
