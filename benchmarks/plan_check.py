@@ -26,6 +26,7 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_five --unseen-five   # 5 blocks of 288, 8 x 96
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_seven --unseen-seven   # 7 blocks of 224, 8 x 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_nine --unseen-nine   # 9 blocks of 160, 8 x 192
+    python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_three --unseen-three   # 3 blocks of 416, 8 x 160
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -63,7 +64,8 @@ width 320) at the same context and batch, after selective checkpointing's cost w
 fifth (5 blocks of width 288) at context 96, after the sharded strategies were priced on the lab's own rings.
 `--unseen-seven`: a sixth (7 blocks of width 224) at context 128, after each end stage's memory got its own blocks.
 `--unseen-nine`: a seventh (9 blocks of width 160) at context 192, after a context-parallel ring collective's least
-cost was calibrated.
+cost was calibrated. `--unseen-three`: an eighth (3 blocks of width 416) at context 160, after full checkpointing's
+peak was counted as the recompute or the log-softmax.
 """
 
 from __future__ import annotations
@@ -168,12 +170,19 @@ UNSEEN_NINE = {"context": 192, "sequences": 8,
 d_ff 640; 5 and 4 blocks over 2 stages, 3, 2, 2 and 2 over 4) at context 192 and 8 sequences, run after each
 collective of a context-parallel ring was priced at least its calibrated cost on shared cores
 (docs/measured/plan_context_collective.md), nothing changed after."""
+UNSEEN_THREE = {"context": 160, "sequences": 8,
+                "model": {"num_layers": 3, "d_model": 416, "d_ff": 1664, "num_heads": 8}}
+"""`--unseen-three`: an eighth model shape, chosen before any of its rows ran: 3 blocks of width 416 (8 heads of
+52, d_ff 1664; 2 and 1 blocks over 2 stages, no 4-stage split) at context 160 and 8 sequences, run after full
+checkpointing's peak was counted as the larger of the recompute and the loss's log-softmax
+(docs/measured/plan_full_peak.md), nothing changed after."""
 UNSEEN_SETTINGS = {"unseen_batch": UNSEEN_BATCH, "unseen_context": UNSEEN_CONTEXT, "unseen_long": UNSEEN_LONG,
                    "unseen_384": UNSEEN_384, "unseen_192": UNSEEN_192, "unseen_320": UNSEEN_320,
                    "unseen_160": UNSEEN_160, "unseen_224": UNSEEN_224,
                    "unseen_96": UNSEEN_96, "unseen_deep": UNSEEN_DEEP, "unseen_wide": UNSEEN_WIDE,
                    "unseen_eight": UNSEEN_EIGHT, "unseen_six": UNSEEN_SIX,
-                   "unseen_five": UNSEEN_FIVE, "unseen_seven": UNSEEN_SEVEN, "unseen_nine": UNSEEN_NINE}
+                   "unseen_five": UNSEEN_FIVE, "unseen_seven": UNSEEN_SEVEN, "unseen_nine": UNSEEN_NINE,
+                   "unseen_three": UNSEEN_THREE}
 UNSEEN_TOP, UNSEEN_SPREAD = 6, 8
 MICRO = 8  # the floor's accumulated micro-batches (one sequence each per rank): a micro-batch's fixed cost
 CONTEXTS = (64, 128, 256, 512)  # the floor's contexts, for attention's own rate: 1 % of tiny's FLOPs at 64, 7 % at
