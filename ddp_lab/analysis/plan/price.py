@@ -576,7 +576,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, vocab_params: float, s
     def with_loss(kept: float) -> float:
         """The recompute's block beside `kept` log-softmaxes: under full checkpointing the last block is recomputed
         only once the loss's backward has freed its micro-batch's log-softmax, so the peak holds the larger of the
-        two (the census's peaks: docs/measured/plan_full_peak.md)."""
+        two, as torch frees them (docs/measured/plan_full_peak.md)."""
         if lay.checkpointing == "full":
             return kept - log_probs + max(extra, log_probs)
         return kept + extra
