@@ -96,7 +96,7 @@ from ddp_lab.analysis.plan.host import (  # noqa: E402
     this_host,
     this_machine,
 )
-from ddp_lab.analysis.plan.price import Layout, ring_steps  # noqa: E402
+from ddp_lab.analysis.plan.price import Layout, ring_collectives, ring_steps  # noqa: E402
 from ddp_lab.analysis.plan.search import layouts, microbatch_counts, plan  # noqa: E402
 from ddp_lab.analysis.plan.shapes import with_context  # noqa: E402
 from ddp_lab.analysis.predict.costs import PredictError  # noqa: E402
@@ -265,22 +265,22 @@ def calibrate(out: Path) -> None:
     accumulated = min(rounds["accumulated"])
     microbatch_s = (accumulated - floor["fwd_bwd_ms"]) / (MICRO - 1) / 1e3  # the same FLOPs in MICRO micro-batches
     most = max(ring["summary"]["mesh"]["context"]["per_rank"], key=lambda r: r["exposed_ms"])  # most-waiting cp rank
-    steps = ring_steps(Layout(dp=RING_RANKS // RING_CP, cp=RING_CP)) * shape.layers  # one micro-batch a step
+    ring_layout, one = Layout(dp=RING_RANKS // RING_CP, cp=RING_CP), p50(ring, "fwd_bwd_ms")
+    steps = ring_steps(ring_layout) * shape.layers  # one micro-batch a step
     many = [p50(done[f"ring_accumulated_{r}"], "fwd_bwd_ms") for r in range(1, ROUNDS + 1)]
-    collectives = 3 * shape.layers * MICRO  # forward's gather, backward's gather and reduce-scatter, each block
+    collectives = ring_collectives(ring_layout) * shape.layers * MICRO
     try:
         core_flops, attention_flops = compute_rates(shape, SEQUENCES // 2, least)
         # selective's cost over the floor, in one micro-batch and in MICRO: the same tokens, MICRO times the blocks run
         block_s, selective_Bps = selective_costs(shape, SEQUENCES // 2, attention_flops, MICRO,
                                                  min(rounds["selective"]) - floor["fwd_bwd_ms"],
                                                  min(rounds["selective_accumulated"]) - accumulated)
-        collective_s = ring_collective_s(min(many), p50(ring, "fwd_bwd_ms"), most["exposed_ms"], MICRO, microbatch_s,
-                                         collectives, RING_RANKS / os.cpu_count())
+        collective_s = ring_collective_s(min(many), one, most["exposed_ms"], MICRO, microbatch_s, collectives,
+                                         RING_RANKS / os.cpu_count())
     except PredictError as exc:
         sys.exit(f"calibrate: {exc}; measure again on an idle machine")
     waited = {"ranks": RING_RANKS, "cp": RING_CP, "strategy": RING_STRATEGY, "exposed_ms": most["exposed_ms"],
-              "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps,
-              "fwd_bwd_ms": p50(ring, "fwd_bwd_ms")}
+              "exchange_alone_ms": most["exchange_alone_ms"], "ring_steps": steps, "fwd_bwd_ms": one}
     accumulated_ring = {"micro_batches": MICRO, "fwd_bwd_ms": many, "collectives": collectives}
     cal = {
         "machine": this_host(), "date": datetime.date.today().isoformat(),

@@ -382,20 +382,25 @@ def cp_block_ms(shape: Shape, system: System, lay: Layout, micro_tokens: float, 
     gather = collective_ms(system, "all_gather", kv * wire, lay.cp, lay.tp, "cp")
     # forward, backward and each recompute's forward gather K and V; backward reduce-scatters dK and dV
     exchange = (2 + recomputes(lay)) * gather + collective_ms(system, "reduce_scatter", kv * FP32, lay.cp, lay.tp, "cp")
-    attention = (3 + recomputes(lay)) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
+    attention = ring_collectives(lay) * micro_tokens * attend * shape.attention_flops(shape.context) / lay.tp
     attention /= flops_per_ms
     exposed = max(0.0, exchange - attention * hides(system, lay))
     if not isinstance(system, HostSystem):
         return exposed
     steps = ring_steps(lay)
-    least = (3 + recomputes(lay)) * system.ring_collective_ms(lay.gpus)
+    least = ring_collectives(lay) * system.ring_collective_ms(lay.gpus)
     return max(exposed, least, steps * min(system.ring_wait_ms(lay.gpus), block_ms / steps))
 
 
+def ring_collectives(lay: Layout) -> int:
+    """A context-parallel ring's collectives a block and micro-batch: 3 (K and V forward and backward, dK and dV)
+    and one more forward a recompute."""
+    return 3 + recomputes(lay)
+
+
 def ring_steps(lay: Layout) -> int:
-    """A context-parallel ring's steps a block and micro-batch: its 3 collectives (K and V forward and backward, dK
-    and dV) and one more forward a recompute, each cp - 1 steps."""
-    return (3 + recomputes(lay)) * (lay.cp - 1)
+    """A context-parallel ring's steps a block and micro-batch: each of its collectives' cp - 1."""
+    return ring_collectives(lay) * (lay.cp - 1)
 
 
 def tp_ms(shape: Shape, system: System, lay: Layout, blocks: int, activation: float, micro_tokens: float,
@@ -569,8 +574,8 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, vocab_params: float, s
         extra = whole_block - per_block
     else:
         per_block, extra = whole_block, 0.0
-    activations = (first_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
-                   + extra)
+    first_inputs = first_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
+    activations = first_inputs + extra
     log_probs = FP32 * s * micro * shape.vocab / lay.tp  # the loss's log-softmax of one micro-batch, kept for backward
 
     def with_loss(kept: float) -> float:
@@ -584,7 +589,7 @@ def memory_bytes(shape: Shape, lay: Layout, micro: float, vocab_params: float, s
     first_state = state_bytes(shape, lay, first_blocks, first_blocks * shape.block_params / lay.tp + vocab_params,
                               shards, element)
     if lay.pp == 1:
-        state, saved = first_state, activations - extra + with_loss(log_probs)
+        state, saved = first_state, first_inputs + with_loss(log_probs)
     else:  # the last stage: its blocks' micro-batches in flight, and the log-softmax of those its loss has seen
         last = (last_blocks * per_block * in_flight(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank,
                                                    last=True)
