@@ -27,6 +27,8 @@
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_seven --unseen-seven   # 7 blocks of 224, 8 x 128
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_nine --unseen-nine   # 9 blocks of 160, 8 x 192
     python benchmarks/plan_check.py sweep outputs/bench/plan_unseen_three --unseen-three   # 3 blocks of 416, 8 x 160
+    python benchmarks/plan_check.py alternate outputs/bench/alt_three --unseen-three --gpus 4 --split 2 1 2 1
+    python benchmarks/plan_check.py alternate outputs/bench/alt_long --unseen-long --gpus 4 --schedule gpipe
 
 `calibrate` measures what `--system this-machine` needs, before any layout runs and never from one: one core's FLOP/s
 and the optimizer's bytes/s from the floor (`strategy=none`, 2 ranks, one per core), apart for attention's scores
@@ -42,7 +44,9 @@ run on gloo).
 `sweep` runs every layout the planner enumerates for the model and batch at each rank count, with torch_ddp, no
 activation checkpointing and the 1F1B schedule (the other strategies, checkpointing and schedules multiply the jobs,
 about 25 s each here, by 16), and the fewest and the most micro-batches the planner tries; each job on two emulated
-nodes joined by the calibrated link. A job already measured under OUT is kept. `table` prices each measured layout
+nodes joined by the calibrated link. A job already measured under OUT is kept. `alternate` runs the strategies
+the planner ranks on one split in turns, several rounds, to tell a strategy's cost from the hour's
+(docs/measured/plan_strategy_ties.md). `table` prices each measured layout
 with the planner and scores it (ddp_lab/analysis/plan/against_runs.py); it writes OUT/measured.json, the rows the
 docs keep. `--unseen`: a job the planner was not tuned on, scored as it ran (context 128, a global batch of 8
 sequences: the same tokens a step), at each rank count the planner's top UNSEEN_TOP and UNSEEN_SPREAD more spread
@@ -75,6 +79,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from functools import partial
@@ -392,6 +397,42 @@ def sweep(out: Path, gpus_list: list[int], check: str = "checked") -> None:
             print(f"{gpus} ranks {i}/{len(todo)} {lay.describe()}: {said}", flush=True)
 
 
+def alternate(out: Path, gpus: int, split: tuple, schedule: str, rounds: int, check: str = "checked") -> None:
+    """Each strategy the planner ranks on one split (dp, tp, pp, cp) at `gpus` ranks under `schedule`, the fewest
+    micro-batches, no checkpointing, run in turns for `rounds` rounds (each round's order rotated, so a slow spell of
+    the host falls on each alike): whether a gap between strategies the planner prices as a tie is the strategy or
+    the hour. Each job's p50 step as it ends, then each strategy's rounds, least and median beside its price."""
+    shape, sequences = setting(check)
+    system = this_machine(gpus)
+    ranked = plan(shape, system, gpus, sequences, lab=True).ranked
+    on_split = [p for p in ranked if split_of(p.layout) == split and (p.layout.schedule == schedule or p.layout.pp == 1)
+                and p.layout.checkpointing == "none"]
+    fewest = min((p.layout.microbatches for p in on_split), default=None)
+    chosen = [p for p in on_split if p.layout.microbatches == fewest]
+    if not chosen:
+        sys.exit(f"alternate: the planner ranks no {schedule} layout without checkpointing on split {split} at "
+                 f"{gpus} ranks")
+    steps = {p.layout.strategy: [] for p in chosen}
+    for r in range(rounds):
+        for p in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
+            line = launch_line(MODEL, p.layout, sequences, system, shape.context, model_keys(check))
+            res = launch(out / str(gpus) / f"round_{r + 1}" / job_name(p.layout),
+                         *shlex.split(line)[2:], f"train.steps={STEPS}")
+            if res.get("status") != "ok":
+                sys.exit(f"alternate: {p.layout.describe()} in round {r + 1} did not end ok ({res.get('status')})")
+            steps[p.layout.strategy].append(p50(res, "step_time_ms"))
+            print(f"round {r + 1} {p.layout.describe()}: {steps[p.layout.strategy][-1]:.0f} ms", flush=True)
+    print("\n| strategy | priced ms | each round's p50 step, ms | least | median |\n|---|---:|---|---:|---:|")
+    for p in chosen:
+        got = steps[p.layout.strategy]
+        print(f"| {p.layout.strategy} | {p.step_ms:.0f} | {', '.join(f'{s:.0f}' for s in got)} | {min(got):.0f} "
+              f"| {statistics.median(got):.0f} |")
+
+
+def split_of(lay) -> tuple:
+    return lay.dp, lay.tp, lay.pp, lay.cp
+
+
 def measured_rows(out: Path, check: str = "checked") -> list[dict]:
     """Every job under OUT with its layout and p50 step; failed ones with their status. A job is known by its name
     among every layout the planner enumerates at the check's setting, not among those it would choose now: a check
@@ -445,7 +486,7 @@ def table(out: Path, markdown_file: Path | None, check: str = "checked", calibra
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("calibrate", "sweep", "table"))
+    ap.add_argument("what", choices=("calibrate", "sweep", "table", "alternate"))
     ap.add_argument("out", nargs="?", type=Path, default=ROOT / "outputs" / "bench" / "plan",
                     help="the jobs' folder (table: or a measured.json)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
@@ -453,6 +494,10 @@ def main() -> None:
     ap.add_argument("--calibration", type=Path, default=None,
                     help="table: price with this calibration instead of the shipped this_machine.json (an older one: "
                          "git show COMMIT:ddp_lab/analysis/plan/this_machine.json > FILE)")
+    ap.add_argument("--split", type=int, nargs=4, default=(2, 1, 2, 1), metavar=("DP", "TP", "PP", "CP"),
+                    help="alternate: the split whose strategies run in turns")
+    ap.add_argument("--schedule", default="1f1b", help="alternate: the pipeline schedule")
+    ap.add_argument("--rounds", type=int, default=4, help="alternate: rounds of every strategy")
     ap.add_argument("--held-out", action="store_true", help="the layouts one choice apart from the checked ones")
     ap.add_argument("--unseen", action="store_true", help="another context and batch, scored as it ran")
     ap.add_argument("--fsdp-pipeline", action="store_true",
@@ -467,6 +512,10 @@ def main() -> None:
     check = next((name for name in reversed(CHECKS) if getattr(args, name, False)), "checked")
     if args.what == "calibrate":
         calibrate(args.out / "calibrate")
+    elif args.what == "alternate":
+        if args.rounds < 1:
+            ap.error(f"--rounds must be at least 1, got {args.rounds}")
+        alternate(args.out, args.gpus[0], tuple(args.split), args.schedule, args.rounds, check)
     elif args.what == "sweep":
         sweep(args.out, args.gpus, check)
     else:
