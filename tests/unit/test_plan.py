@@ -780,6 +780,27 @@ def test_the_measured_check_scores_by_hand():
     assert (scored.rho == pytest.approx(1.0)) == order_agrees
 
 
+def test_the_rank_correlations_ceiling_by_hand():
+    """Six layouts priced as two groups of three alike (two strategies under three schedules), measured in the
+    priced order between the groups: Spearman gives each group its mean rank, 1 and 4 against 0 to 5 (each 2.5
+    apart on average), so rho = 2 x 1.5 x 4.5 / sqrt(6 x 1.5^2 x 17.5) = 0.878, whatever the order within a group;
+    and that is the ceiling. Untied prices: 1."""
+    from ddp_lab.analysis.plan.against_runs import Scored, markdown, rank_ceiling
+    from ddp_lab.analysis.predict.validate import spearman
+
+    priced, measured = [386.0] * 3 + [416.0] * 3, [398.0, 425.0, 429.0, 482.0, 502.0, 569.0]
+    hand = 2 * 1.5 * 4.5 / (6 * 1.5 ** 2 * 17.5) ** 0.5
+    assert spearman(priced, measured) == pytest.approx(hand) == pytest.approx(0.8783, abs=1e-4)
+    assert rank_ceiling(priced) == pytest.approx(hand)
+    assert spearman(priced, [429.0, 398.0, 425.0, 569.0, 482.0, 502.0]) == pytest.approx(hand)  # within groups
+    assert rank_ceiling([1.0, 3.0, 2.0]) == 1.0 and rank_ceiling([5.0]) == 1.0
+    terms = dict.fromkeys(("compute", "recompute", "micro", "bubble", "p2p", "tp", "cp", "dp", "optimizer"), 0.0)
+    rows = [{"predicted_ms": p, "measured_ms": m, "describe": "x", "error": p / m - 1, "terms": terms}
+            for p, m in zip(priced, measured)]
+    scored = Scored(4, rows, spearman(priced, measured), rows[0], rows[0], 0.1, rows[0])
+    assert "| +0.88 (at most +0.88) |" in markdown([scored])[2]
+
+
 def test_stages_balanced_by_flops_by_hand():
     """parallel.stage_layers=auto: 4 equal blocks and a head worth 2.4 of them on 2 stages: 3 and 1 (the most expensive
     stage 3, where the even split's last is 4.4); no extra: 2 and 2; the lab's tiny model counts so (a block 2.13

@@ -37,6 +37,24 @@ class Scored:
     def pick_over_best(self) -> float:
         return self.pick["measured_ms"] / self.best["measured_ms"]
 
+    @property
+    def rho_ceiling(self) -> float:
+        """The most `rho` could be with these predictions (`rank_ceiling`)."""
+        return rank_ceiling([r["predicted_ms"] for r in self.rows])
+
+
+def rank_ceiling(predicted: list[float]) -> float:
+    """The most Spearman's correlation can score against `predicted`: ties take their mean rank, so where layouts
+    are priced alike no measured order scores 1 (two strategies under three schedules priced alike: +0.878). It is
+    what the measured order scores when it agrees with the predicted one wherever that does not tie."""
+    if len(predicted) < 2:
+        return 1.0
+    order = sorted(range(len(predicted)), key=predicted.__getitem__)
+    agreeing = [0] * len(predicted)
+    for rank, i in enumerate(order):
+        agreeing[i] = rank
+    return spearman(predicted, agreeing)
+
 
 def layout_of(row: dict) -> Layout:
     return Layout(**{k: row[k] for k in ("dp", "tp", "pp", "cp", "strategy", "schedule", "microbatches",
@@ -69,14 +87,16 @@ def score(shape: Shape, system_for, sequences: int, measured: list[dict]) -> lis
 
 
 def markdown(scored: list[Scored]) -> list[str]:
-    """The tables of docs/measured/plan.md: one summary line per rank count, then every layout."""
+    """The tables of docs/measured/plan.md: one summary line per rank count (its rank correlation with the most it
+    could be where prices tie so that it cannot reach 1), then every layout."""
     lines = ["| ranks | layouts | rank correlation | planner's pick, measured | measured best | pick / best | "
              "best inside the pick's range | median \\|error\\| | worst error |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in scored:
         low, high = STEP["this-machine"].of(s.pick["predicted_ms"])
         inside = "yes" if low <= s.best["measured_ms"] <= high else "no"
-        lines.append(f"| {s.gpus} | {len(s.rows)} | {s.rho:+.2f} | {s.pick['describe']}: {s.pick['measured_ms']:.0f} "
+        rho = f"{s.rho:+.2f}" + (f" (at most {s.rho_ceiling:+.2f})" if s.rho_ceiling < 0.995 else "")
+        lines.append(f"| {s.gpus} | {len(s.rows)} | {rho} | {s.pick['describe']}: {s.pick['measured_ms']:.0f} "
                      f"ms | {s.best['describe']}: {s.best['measured_ms']:.0f} ms | {s.pick_over_best:.2f}x | "
                      f"{inside} ({s.best['measured_ms']:.0f} in {low:.0f} to {high:.0f}) | "
                      f"{s.median_abs_error:.0%} | {s.worst['error']:+.0%} ({s.worst['describe']}) |")
