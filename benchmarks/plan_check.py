@@ -430,6 +430,7 @@ def alternate(out: Path, gpus: int, split: tuple, schedule: str, rounds: int, ch
 
 
 def split_of(lay) -> tuple:
+    """A layout's (dp, tp, pp, cp), as `--split` names it."""
     return lay.dp, lay.tp, lay.pp, lay.cp
 
 

@@ -782,9 +782,9 @@ def test_the_measured_check_scores_by_hand():
 
 def test_the_rank_correlations_ceiling_by_hand():
     """Six layouts priced as two groups of three alike (two strategies under three schedules), measured in the
-    priced order between the groups: Spearman gives each group its mean rank, 1 and 4 against 0 to 5 (each 2.5
-    apart on average), so rho = 2 x 1.5 x 4.5 / sqrt(6 x 1.5^2 x 17.5) = 0.878, whatever the order within a group;
-    and that is the ceiling. Untied prices: 1."""
+    priced order between the groups: Spearman gives each group its mean rank, 1 and 4, against measured ranks 0 to 5
+    (mean 2.5), so rho = 2 x 1.5 x 4.5 / sqrt(6 x 1.5^2 x 17.5) = 0.878, whatever the order within a group; and
+    that is the ceiling. Untied prices: 1."""
     from ddp_lab.analysis.plan.against_runs import Scored, markdown, rank_ceiling
     from ddp_lab.analysis.predict.validate import spearman
 
