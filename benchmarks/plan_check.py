@@ -412,7 +412,7 @@ def alternate(out: Path, gpus: int, split: tuple, schedule: str, rounds: int, ch
     if not chosen:
         sys.exit(f"alternate: the planner ranks no {schedule} layout without checkpointing on split {split} at "
                  f"{gpus} ranks")
-    steps = {p.layout.strategy: [] for p in chosen}
+    steps = {p.layout: [] for p in chosen}  # by layout: interleaved 1F1B may rank a strategy at several v
     for r in range(rounds):
         for p in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
             line = launch_line(MODEL, p.layout, sequences, system, shape.context, model_keys(check))
@@ -420,12 +420,13 @@ def alternate(out: Path, gpus: int, split: tuple, schedule: str, rounds: int, ch
                          *shlex.split(line)[2:], f"train.steps={STEPS}")
             if res.get("status") != "ok":
                 sys.exit(f"alternate: {p.layout.describe()} in round {r + 1} did not end ok ({res.get('status')})")
-            steps[p.layout.strategy].append(p50(res, "step_time_ms"))
-            print(f"round {r + 1} {p.layout.describe()}: {steps[p.layout.strategy][-1]:.0f} ms", flush=True)
+            steps[p.layout].append(p50(res, "step_time_ms"))
+            print(f"round {r + 1} {p.layout.describe()}: {steps[p.layout][-1]:.0f} ms", flush=True)
     print("\n| strategy | priced ms | each round's p50 step, ms | least | median |\n|---|---:|---|---:|---:|")
     for p in chosen:
-        got = steps[p.layout.strategy]
-        print(f"| {p.layout.strategy} | {p.step_ms:.0f} | {', '.join(f'{s:.0f}' for s in got)} | {min(got):.0f} "
+        got, v = steps[p.layout], p.layout.stages_per_rank
+        name = p.layout.strategy + (f" v{v}" if v > 1 else "")
+        print(f"| {name} | {p.step_ms:.0f} | {', '.join(f'{s:.0f}' for s in got)} | {min(got):.0f} "
               f"| {statistics.median(got):.0f} |")
 
 
